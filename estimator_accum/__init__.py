@@ -1,0 +1,24 @@
+"""Gradient accumulation for TensorFlow 1-style graphs and tf.estimator.
+
+k micro-batches of B train exactly as one batch of k*B would, on one device,
+under MirroredStrategy and MultiWorkerMirroredStrategy. See
+`build_accumulating_train_op`.
+"""
+
+from estimator_accum.accumulators import Accumulator
+from estimator_accum.hooks import AccumulationLoggingHook
+from estimator_accum.train_op import (
+    AccumulationState,
+    build_accumulating_train_op,
+    get_accumulation_state,
+    update_count,
+)
+
+__all__ = [
+    "Accumulator",
+    "AccumulationLoggingHook",
+    "AccumulationState",
+    "build_accumulating_train_op",
+    "get_accumulation_state",
+    "update_count",
+]

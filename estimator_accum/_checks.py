@@ -1,0 +1,144 @@
+"""Argument checks for the public API.
+
+Every check raises `TypeError` for a wrong type and `ValueError` for a wrong
+value; the message names the argument, shows the value, and says what would be
+accepted. They run while the graph is built, before any TensorFlow op sees the
+value, so a user never gets a traceback from deep inside TensorFlow.
+"""
+
+import numbers
+
+import tensorflow as tf
+
+REDUCTIONS = ("mean", "sum", "running_mean")
+
+
+def check_k(k):
+  """Returns `k` as a Python int after checking it is an integer >= 1."""
+  if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+    raise TypeError(
+        f"k must be a Python int (the number of micro-batches per update), "
+        f"got {k!r} of type {type(k).__name__}.")
+  if k < 1:
+    raise ValueError(f"k must be >= 1 (micro-batches per update), got {k!r}.")
+  return int(k)
+
+
+def check_loss(loss):
+  """Checks that `loss` is a floating-point scalar graph tensor."""
+  if not isinstance(loss, tf.Tensor):
+    raise TypeError(
+        f"loss must be a scalar floating-point tf.Tensor, got {loss!r} "
+        f"of type {type(loss).__name__}.")
+  if not loss.dtype.is_floating:
+    raise TypeError(
+        f"loss must have a floating-point dtype, got {loss.dtype.name} "
+        f"for {loss.name}.")
+  if loss.shape.rank is not None and loss.shape.rank != 0:
+    raise ValueError(
+        f"loss must be a scalar (rank 0), got shape {loss.shape} for "
+        f"{loss.name}; reduce it first, e.g. tf.reduce_mean(per_example_loss).")
+
+
+def check_optimizer(optimizer):
+  """Checks that `optimizer` is an optimizer the accumulation can drive."""
+  v1_optimizer = tf.compat.v1.train.Optimizer
+  keras_legacy = tf.keras.optimizers.legacy.Optimizer
+  loss_scale_types = (
+      tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,)
+  if isinstance(optimizer, loss_scale_types):
+    raise TypeError(
+        f"optimizer is a loss-scale wrapper ({type(optimizer).__name__}); "
+        "pass the inner optimizer instead. Wrapping the accumulation in a "
+        "loss-scale optimizer would unscale and apply gradients every "
+        "micro-batch, which is not the big batch.")
+  if isinstance(optimizer, (v1_optimizer, keras_legacy)):
+    return
+  if isinstance(optimizer, tf.keras.optimizers.Optimizer):
+    raise TypeError(
+        f"optimizer {type(optimizer).__name__} is a Keras optimizer of the new "
+        "kind, which does not run in tf.compat.v1 graphs; use its "
+        "tf.keras.optimizers.legacy counterpart or a tf.compat.v1.train "
+        "optimizer.")
+  raise TypeError(
+      f"optimizer must be a tf.compat.v1.train.Optimizer or a "
+      f"tf.keras.optimizers.legacy.Optimizer, got {optimizer!r} of type "
+      f"{type(optimizer).__name__}.")
+
+
+def check_clip_norm(clip_norm):
+  """Returns `clip_norm` as a float (or None) after checking it is > 0."""
+  if clip_norm is None:
+    return None
+  if isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real):
+    raise TypeError(
+        f"clip_norm must be a positive number or None, got {clip_norm!r} of "
+        f"type {type(clip_norm).__name__}.")
+  if not clip_norm > 0 or clip_norm == float("inf"):
+    raise ValueError(
+        f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}.")
+  return float(clip_norm)
+
+
+def check_reduction(reduction):
+  """Checks that `reduction` names a supported window reduction."""
+  if reduction not in REDUCTIONS:
+    raise ValueError(
+        f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}.")
+
+
+def check_accumulator_dtype(dtype):
+  """Returns `dtype` as a floating tf.DType."""
+  try:
+    dtype = tf.as_dtype(dtype)
+  except TypeError as error:
+    raise TypeError(
+        f"accumulator_dtype must be a floating-point dtype, got {dtype!r}."
+    ) from error
+  if not dtype.is_floating:
+    raise TypeError(
+        f"accumulator_dtype must be a floating-point dtype, got {dtype.name}.")
+  return dtype
+
+
+def check_var_list(var_list):
+  """Returns `var_list` as a list of variables, checking every element."""
+  if var_list is None:
+    return None
+  if isinstance(var_list, (tf.Variable, str)) or not hasattr(
+      var_list, "__iter__"):
+    raise TypeError(
+        f"var_list must be a list of tf.Variable or None, got {var_list!r}.")
+  var_list = list(var_list)
+  for position, var in enumerate(var_list):
+    if not isinstance(var, tf.Variable):
+      raise TypeError(
+          f"var_list[{position}] must be a tf.Variable, got {var!r} of type "
+          f"{type(var).__name__}.")
+  if not var_list:
+    raise ValueError("var_list is empty; pass None to train every trainable "
+                     "variable or a non-empty list.")
+  return var_list
+
+
+def check_num_examples(num_examples):
+  """Checks that `num_examples` is None or a numeric scalar tensor."""
+  if num_examples is None:
+    return None
+  if isinstance(num_examples, bool):
+    raise TypeError(f"num_examples must be a scalar tensor, got {num_examples!r}.")
+  try:
+    num_examples = tf.convert_to_tensor(num_examples)
+  except (TypeError, ValueError) as error:
+    raise TypeError(
+        f"num_examples must be a numeric scalar tensor, got {num_examples!r}."
+    ) from error
+  if not (num_examples.dtype.is_integer or num_examples.dtype.is_floating):
+    raise TypeError(
+        f"num_examples must be an integer or float scalar tensor, got dtype "
+        f"{num_examples.dtype.name}.")
+  if num_examples.shape.rank is not None and num_examples.shape.rank != 0:
+    raise ValueError(
+        f"num_examples must be a scalar (the size of this micro-batch), got "
+        f"shape {num_examples.shape}; use tf.shape(features)[0].")
+  return num_examples

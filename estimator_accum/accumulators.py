@@ -1,0 +1,171 @@
+"""Accumulator variables: one per trained variable, named `<var>/accum`.
+
+An `Accumulator` owns the window state of one variable and knows three things:
+how to add one micro-batch's gradient (dense `assign_add`, or `scatter_add` for
+`tf.IndexedSlices`), how to hand the window's sum back as a gradient of the same
+kind the big batch would have produced, and how to reset itself.
+
+Sparse gradients keep a row mask `<var>/accum_rows` beside the sum. The window
+is handed to the optimizer as `tf.IndexedSlices` over exactly the rows its
+micro-batches touched, because optimizers such as Momentum, RMSProp and Adadelta
+update only the touched rows on a sparse gradient: a dense zero row would move
+their slots and the result would no longer be the big batch.
+
+All state variables are non-trainable, saved in checkpoints, and created with
+`synchronization=ON_READ, aggregation=SUM`: under a distribution strategy each
+replica adds to its own copy with no communication, and a checkpoint stores the
+sum over replicas.
+"""
+
+import tensorflow as tf
+
+_ON_READ = tf.VariableSynchronization.ON_READ
+_SUM = tf.VariableAggregation.SUM
+
+
+def variable_base_name(var):
+  """Returns the strategy-wide name of `var` without the `:0` suffix.
+
+  Under a distribution strategy `var.op.name` is the per-replica component
+  (`.../replica_1`), which names no variable in replica 0; `var.name` is the
+  name every replica shares.
+  """
+  return var.name.split(":")[0]
+
+
+def state_variable(name, shape, dtype, *, per_replica):
+  """Creates a non-trainable state variable with exactly `name`.
+
+  Args:
+    name: str, the full variable name (no enclosing variable scope is added).
+    shape: the variable's shape.
+    dtype: the variable's tf.DType.
+    per_replica: bool. True for window state that each replica keeps for
+      itself (ON_READ, summed when read across replicas); False for state
+      shared by every replica (counters).
+
+  Returns:
+    The variable, initialized to zeros.
+
+  Raises:
+    ValueError: if a variable with that name already exists in the graph,
+      which means accumulation was built twice for the same variables.
+  """
+  current_scope = tf.compat.v1.get_variable_scope()
+  # Jump to the root scope, keeping `reuse`: under MirroredStrategy replicas
+  # after the first run with reuse=True and must find replica 0's variable.
+  root = tf.compat.v1.VariableScope(reuse=current_scope.reuse, name="")
+  extra = {}
+  if per_replica:
+    extra = dict(synchronization=_ON_READ, aggregation=_SUM)
+  else:
+    extra = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False):
+    try:
+      return tf.compat.v1.get_variable(
+          name, shape=shape, dtype=dtype, trainable=False,
+          initializer=tf.compat.v1.zeros_initializer(), use_resource=True,
+          **extra)
+    except ValueError as error:
+      if "already exists" not in str(error):
+        raise
+      raise ValueError(
+          f"variable {name!r} already exists: build_accumulating_train_op was "
+          "called twice for the same variables in one graph. Build one train "
+          "op per graph, or pass disjoint var_list values.") from error
+
+
+class Accumulator:
+  """Window state of one trained variable.
+
+  Attributes:
+    variable: the trained tf.Variable.
+    total: the accumulator variable `<var>/accum`, shape of `variable`.
+    rows: for sparse gradients, a float32 variable `<var>/accum_rows` of shape
+      [num_rows] holding 1.0 for every row touched in this window; else None.
+  """
+
+  def __init__(self, variable, gradient, dtype):
+    """Creates the state for `variable`.
+
+    Args:
+      variable: the trained tf.Variable.
+      gradient: a micro-batch gradient for `variable` (tf.Tensor or
+        tf.IndexedSlices); its kind decides dense or sparse accumulation.
+      dtype: tf.DType of the accumulator (float32 unless asked otherwise).
+    """
+    self.variable = variable
+    self.is_sparse = isinstance(gradient, tf.IndexedSlices)
+    base = variable_base_name(variable)
+    shape = variable.shape
+    if not shape.is_fully_defined():
+      raise ValueError(
+          f"variable {base} has shape {shape}, which is not fully defined; "
+          "accumulators need a static shape.")
+    self.total = state_variable(base + "/accum", shape, dtype,
+                                per_replica=True)
+    self.rows = None
+    if self.is_sparse:
+      self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
+                                 per_replica=True)
+
+  def add(self, gradient, weight):
+    """Returns an op that adds `weight * gradient` to the window sum.
+
+    Args:
+      gradient: tf.Tensor or tf.IndexedSlices, one micro-batch's gradient.
+      weight: scalar tensor of the accumulator dtype, or None for 1.
+    """
+    dtype = self.total.dtype.base_dtype
+    if not self.is_sparse:
+      gradient = tf.convert_to_tensor(gradient)
+      value = tf.cast(gradient, dtype)
+      if weight is not None:
+        value = value * weight
+      return self.total.assign_add(value, read_value=False)
+    values = tf.cast(gradient.values, dtype)
+    if weight is not None:
+      values = values * weight
+    indices = gradient.indices
+    add_values = self.total.scatter_add(
+        tf.IndexedSlices(values, indices, gradient.dense_shape))
+    mark_rows = self.rows.scatter_update(
+        tf.IndexedSlices(tf.ones_like(indices, dtype=tf.float32), indices))
+    return tf.group(add_values, mark_rows)
+
+  def decay(self, keep_fraction):
+    """Returns an op that multiplies the window sum by `keep_fraction`.
+
+    Used by the running mean, which rescales the whole sum each micro-batch.
+    """
+    return self.total.assign(self.total * keep_fraction, read_value=False)
+
+  def window_sum(self):
+    """Returns the local window sum as the kind of gradient the variable gets.
+
+    Returns:
+      A tf.Tensor for dense variables; for sparse ones a tf.IndexedSlices with
+      one row per row touched in the window (int64 indices).
+    """
+    if not self.is_sparse:
+      return self.total.read_value()
+    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
+    return tf.IndexedSlices(
+        tf.gather(self.total.read_value(), touched), touched,
+        tf.shape(self.total, out_type=tf.int64))
+
+  def reset(self):
+    """Returns an op that zeros the window state.
+
+    Sparse accumulators zero only the rows the window touched, so a window
+    over a large embedding table does not pay for the whole table.
+    """
+    if not self.is_sparse:
+      return self.total.assign(tf.zeros_like(self.total), read_value=False)
+    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
+    row_shape = tf.concat([tf.shape(touched), tf.shape(self.total)[1:]], 0)
+    clear_values = self.total.scatter_update(
+        tf.IndexedSlices(tf.zeros(row_shape, self.total.dtype), touched))
+    with tf.control_dependencies([clear_values]):
+      return self.rows.scatter_update(
+          tf.IndexedSlices(tf.zeros_like(touched, dtype=tf.float32), touched))

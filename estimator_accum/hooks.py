@@ -1,0 +1,93 @@
+"""`AccumulationLoggingHook`: a progress line for accumulating Estimator runs.
+
+Every `every_n_micro_batches` it logs one line through absl logging:
+
+  micro-batch 400 | update 100 (k=4) | skipped windows 0 | 812.3 examples/sec
+
+and a warning whenever a window has been skipped for a non-finite gradient
+since the previous line.
+"""
+
+import time
+
+import tensorflow as tf
+from absl import logging
+
+from estimator_accum.train_op import get_accumulation_state
+
+
+class AccumulationLoggingHook(tf.estimator.SessionRunHook):
+  """Logs micro-batch, update count and throughput while training.
+
+  Add it to `EstimatorSpec(training_hooks=[...])` in the model_fn that called
+  `build_accumulating_train_op`.
+  """
+
+  def __init__(self, every_n_micro_batches=100, micro_batch_size=None):
+    """Creates the hook.
+
+    Args:
+      every_n_micro_batches: int >= 1, micro-batches between two log lines.
+      micro_batch_size: optional int, examples per micro-batch on each
+        replica; when given, the line reports examples/sec over all replicas.
+
+    Raises:
+      ValueError: if an argument is not a positive int.
+    """
+    for name, value in (("every_n_micro_batches", every_n_micro_batches),
+                        ("micro_batch_size", micro_batch_size)):
+      if value is None and name == "micro_batch_size":
+        continue
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+    self._every_n = every_n_micro_batches
+    self._micro_batch_size = micro_batch_size
+    self._state = None
+    self._fetches = None
+    self._last_time = None
+    self._last_step = None
+    self._last_skipped = None
+    self._num_replicas = 1
+
+  def begin(self):
+    self._state = get_accumulation_state()
+    self._fetches = {
+        "step": self._state.global_step,
+        "updates": self._state.updates_applied,
+        "skipped": self._state.skipped_windows,
+    }
+    self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+
+  def after_create_session(self, session, coord):
+    del coord
+    values = session.run(self._fetches)
+    self._last_step = values["step"]
+    self._last_skipped = values["skipped"]
+    self._last_time = time.time()
+
+  def before_run(self, run_context):
+    del run_context
+    return tf.estimator.SessionRunArgs(self._fetches)
+
+  def after_run(self, run_context, run_values):
+    del run_context
+    values = run_values.results
+    # The fetched step was read before this run's increment.
+    step = values["step"] + 1
+    if step - self._last_step < self._every_n:
+      return
+    now = time.time()
+    rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
+    line = (f"micro-batch {step} | update {values['updates']} "
+            f"(k={self._state.k}) | skipped windows {values['skipped']} | "
+            f"{rate:.1f} micro-batches/sec")
+    if self._micro_batch_size is not None:
+      examples = rate * self._micro_batch_size * self._num_replicas
+      line += f" | {examples:.1f} examples/sec"
+    logging.info(line)
+    if values["skipped"] > self._last_skipped:
+      logging.warning(
+          "%d window(s) skipped for non-finite gradients since micro-batch %d",
+          values["skipped"] - self._last_skipped, self._last_step)
+    self._last_step, self._last_time = step, now
+    self._last_skipped = values["skipped"]

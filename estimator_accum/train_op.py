@@ -1,0 +1,431 @@
+"""`build_accumulating_train_op`: k micro-batches that train as one big batch.
+
+Each run of the returned op is one micro-batch, counted by `global_step`:
+
+1. the micro-batch gradient is added to per-variable float32 accumulators
+   (`<var>/accum`), on its own replica, with no communication;
+2. if it is the k-th micro-batch of the window (`(global_step + 1) % k == 0`),
+   the window's gradient is formed (mean over the window and the replicas,
+   weighted by `num_examples` if given), all-reduced once, checked for
+   NaN/Inf, clipped by global norm, handed to the optimizer, and the
+   accumulators are zeroed; a non-finite window is skipped whole (no update,
+   accumulators zeroed, `skipped_windows` incremented, a warning logged);
+3. `global_step` is incremented by one, after all of the above.
+
+On the other k-1 micro-batches the optimizer is not called at all, so no
+weight and no slot (momentum, Adam moments, beta powers) moves.
+
+The end-of-window decision is taken in cross-replica context (a `merge_call`
+around the `tf.cond`), and the optimizer runs from there through
+`call_for_each_replica`. That is what lets the optimizer's own `merge_call`
+work under MirroredStrategy and MultiWorkerMirroredStrategy with control flow
+v2, where calling it inside a `tf.cond` built in replica context fails. With no
+strategy the same code runs under TensorFlow's default strategy, whose
+`merge_call` and `call_for_each_replica` are plain function calls.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from estimator_accum import _checks
+from estimator_accum.accumulators import Accumulator, state_variable
+
+STATE_COLLECTION = "estimator_accum_state"
+
+AccumulationState = collections.namedtuple(
+    "AccumulationState",
+    ["k", "global_step", "updates_applied", "skipped_windows",
+     "applied_gradient_norm", "accumulators"])
+AccumulationState.__doc__ = """What a built accumulation keeps, for hooks and tests.
+
+Fields:
+  k: int, micro-batches per update.
+  global_step: the int64 variable counting micro-batches.
+  updates_applied: int64 variable, windows applied so far.
+  skipped_windows: int64 variable, windows skipped for NaN/Inf gradients.
+  applied_gradient_norm: float32 variable, global norm of the last window's
+    gradient (after the mean and the all-reduce, before clipping).
+  accumulators: list of `Accumulator`, one per trained variable.
+"""
+
+_STATUS_ACCUMULATED = 0
+_STATUS_APPLIED = 1
+_STATUS_SKIPPED = 2
+
+
+def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
+                                var_list=None, clip_norm=None,
+                                num_examples=None, reduction="mean",
+                                accumulator_dtype=tf.float32,
+                                colocate_gradients_with_ops=False,
+                                summaries=True,
+                                name="gradient_accumulation"):
+  """Returns a train op that applies one update every `k` micro-batches.
+
+  Call it where you would call `optimizer.minimize(loss, global_step)`, e.g.
+  in a `model_fn`:
+
+  ```python
+  def model_fn(features, labels, mode, params):
+    loss = ...
+    optimizer = tf.compat.v1.train.AdamOptimizer(1e-3)
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, optimizer, k=params["k"], clip_norm=1.0)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op,
+        training_hooks=[estimator_accum.AccumulationLoggingHook()])
+  ```
+
+  Do not divide the loss by k or by the number of replicas: the library forms
+  the mean over the window and over the replicas itself. `global_step`
+  counts micro-batches (so Estimator's `max_steps` does too); use
+  `update_count(k)` for learning-rate schedules that count updates.
+
+  Args:
+    loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
+      averaged over its examples (or summed, with `reduction="sum"`).
+    optimizer: a `tf.compat.v1.train.Optimizer` (any subclass, including
+      BERT's AdamWeightDecay) or a `tf.keras.optimizers.legacy.Optimizer`.
+    k: int >= 1, micro-batches per update.
+    global_step: int64 scalar variable counting micro-batches; default
+      `tf.compat.v1.train.get_or_create_global_step()`. It is incremented by
+      one every micro-batch, after the accumulate/apply work.
+    var_list: list of tf.Variable to train; default all trainable variables.
+    clip_norm: float > 0 or None. Clips the window's gradient (the mean, after
+      the all-reduce) by global norm, as clipping the big batch would.
+    num_examples: optional scalar tensor, the number of examples in this
+      micro-batch. Each micro-batch's gradient is then weighted by its size,
+      so a window with a short micro-batch equals its big batch exactly.
+    reduction: "mean" (default: the big batch's mean), "sum" (no division;
+      for summed losses), or "running_mean" (the accumulator holds the mean so
+      far, which keeps low-precision accumulators in range).
+    accumulator_dtype: floating tf.DType of the accumulators; float32.
+    colocate_gradients_with_ops: bool, passed to `tf.gradients`.
+    summaries: bool, whether to add TensorBoard scalars under `name`.
+    name: str, name scope of the ops and prefix of the counters.
+
+  Returns:
+    A tf.Operation: run it once per micro-batch.
+
+  Raises:
+    TypeError: `k` is not an int, `loss` is not a floating tensor, or
+      `optimizer` is not an optimizer this function can drive.
+    ValueError: `k < 1`, `loss` is not a scalar, no trainable variable has a
+      gradient, or the arguments conflict.
+    RuntimeError: called in cross-replica context.
+  """
+  k = _checks.check_k(k)
+  _checks.check_loss(loss)
+  _checks.check_optimizer(optimizer)
+  clip_norm = _checks.check_clip_norm(clip_norm)
+  _checks.check_reduction(reduction)
+  accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
+  var_list = _checks.check_var_list(var_list)
+  num_examples = _checks.check_num_examples(num_examples)
+  if reduction == "sum" and num_examples is not None:
+    raise ValueError(
+        "num_examples weights each micro-batch's mean gradient by its size and "
+        "has no meaning with reduction='sum'; pass num_examples=None or use "
+        "reduction='mean'.")
+  replica_context = tf.distribute.get_replica_context()
+  if replica_context is None:
+    raise RuntimeError(
+        "build_accumulating_train_op must be called in replica context (a "
+        "model_fn, or a function run by strategy.run), not in cross-replica "
+        "context such as directly under strategy.scope().")
+  if global_step is None:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+  if not global_step.dtype.base_dtype.is_integer:
+    raise TypeError(
+        f"global_step must be an integer variable, got dtype "
+        f"{global_step.dtype.name}.")
+  if var_list is None:
+    var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+        tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+    var_list = list({id(v): v for v in var_list}.values())
+    if not var_list:
+      raise ValueError(
+          f"loss {loss.name} cannot be trained: the graph has no trainable "
+          "variables.")
+
+  with tf.compat.v1.name_scope(name):
+    gradients = tf.compat.v1.gradients(
+        loss, var_list,
+        colocate_gradients_with_ops=colocate_gradients_with_ops)
+    trained = [(g, v) for g, v in zip(gradients, var_list) if g is not None]
+    if not trained:
+      raise ValueError(
+          f"loss {loss.name} has no gradient with respect to any of the "
+          f"{len(var_list)} trainable variables; check that the loss depends "
+          "on them (var_list, stop_gradient, integer casts).")
+    window = _Window(
+        trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
+        accumulator_dtype, name)
+    accumulated = window.accumulate_micro_batch()
+    train_op = replica_context.merge_call(
+        window.end_micro_batch, args=(accumulated,))
+  if summaries:
+    window.add_summaries()
+  tf.compat.v1.add_to_collection(STATE_COLLECTION, window.state)
+  return train_op
+
+
+def update_count(k, global_step=None):
+  """Returns the number of updates applied so far: `global_step // k`.
+
+  Args:
+    k: int >= 1, micro-batches per update, as given to
+      `build_accumulating_train_op`.
+    global_step: the micro-batch counter; default the graph's global step.
+
+  Returns:
+    int64 scalar tf.Tensor. Use it where a learning-rate schedule would use
+    the global step of big-batch training.
+  """
+  k = _checks.check_k(k)
+  if global_step is None:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+  return tf.math.floordiv(tf.cast(global_step, tf.int64), k)
+
+
+def get_accumulation_state(graph=None):
+  """Returns the `AccumulationState` built in `graph` (default graph).
+
+  Raises:
+    ValueError: if no accumulating train op was built in the graph.
+  """
+  graph = graph or tf.compat.v1.get_default_graph()
+  states = graph.get_collection(STATE_COLLECTION)
+  if not states:
+    raise ValueError("no accumulating train op was built in this graph; call "
+                     "build_accumulating_train_op first.")
+  return states[-1]
+
+
+def _scale(gradient, factor):
+  """Multiplies a tf.Tensor or tf.IndexedSlices by a scalar."""
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(gradient.values * factor, gradient.indices,
+                            gradient.dense_shape)
+  return gradient * factor
+
+
+def _cast(gradient, dtype):
+  """Casts a tf.Tensor or tf.IndexedSlices to `dtype`."""
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.cast(gradient.values, dtype), gradient.indices,
+                            gradient.dense_shape)
+  return tf.cast(gradient, dtype)
+
+
+def _create_outside_control_flow(next_creator, **kwargs):
+  """Variable creator that builds variables outside any cond branch.
+
+  Optimizers such as BERT's AdamWeightDecay create their slots with
+  `tf.compat.v1.get_variable` inside `apply_gradients`. Called from inside the
+  end-of-window `tf.cond`, such a variable would be built in the branch (its
+  own function graph under control flow v2); `init_scope` lifts it to the
+  outer graph, as TensorFlow's own optimizers do for their slots.
+  """
+  with tf.init_scope():
+    return next_creator(**kwargs)
+
+
+class _Window:
+  """Builds the graph of one accumulation window. Internal to this module."""
+
+  def __init__(self, trained, optimizer, k, global_step, clip_norm,
+               num_examples, reduction, accumulator_dtype, name):
+    self._gradients = [g for g, _ in trained]
+    self._optimizer = optimizer
+    self._k = k
+    self._global_step = global_step
+    self._clip_norm = clip_norm
+    self._num_examples = num_examples
+    self._reduction = reduction
+    self._dtype = accumulator_dtype
+    self._name = name
+    self._accumulators = [Accumulator(v, g, accumulator_dtype)
+                          for g, v in trained]
+    self._examples = None
+    if num_examples is not None:
+      self._examples = state_variable(
+          name + "/window_examples", [], accumulator_dtype, per_replica=True)
+    self._updates = state_variable(
+        name + "/updates_applied", [], tf.int64, per_replica=False)
+    self._skipped = state_variable(
+        name + "/skipped_windows", [], tf.int64, per_replica=False)
+    self._norm = state_variable(
+        name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
+    self.state = AccumulationState(
+        k, global_step, self._updates, self._skipped, self._norm,
+        self._accumulators)
+
+  # Replica context: every micro-batch.
+
+  def accumulate_micro_batch(self):
+    """Adds this micro-batch to the local window; returns a done tensor."""
+    weight = None
+    adds = []
+    if self._num_examples is not None:
+      weight = tf.cast(self._num_examples, self._dtype)
+      adds.append(self._examples.assign_add(weight, read_value=False))
+    if self._reduction == "running_mean":
+      adds = self._running_mean_updates(weight)
+    else:
+      adds += [a.add(g, weight)
+               for a, g in zip(self._accumulators, self._gradients)]
+    with tf.control_dependencies(adds):
+      return tf.constant(True, name="accumulated")
+
+  def _running_mean_updates(self, weight):
+    """Ops that keep the accumulators equal to the window's mean so far.
+
+    mean_t = mean_{t-1} * (1 - f) + f * g_t, with f = n_t / N_t (the share of
+    this micro-batch in the examples seen so far in the window).
+    """
+    if weight is None:
+      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      fraction = 1.0 / tf.cast(position + 1, self._dtype)
+      weight_update = []
+    else:
+      seen = self._examples.assign_add(weight)
+      fraction = weight / seen
+      weight_update = [seen]
+    with tf.control_dependencies(weight_update):
+      decays = [a.decay(1.0 - fraction) for a in self._accumulators]
+    with tf.control_dependencies(decays):
+      return [a.add(g, fraction)
+              for a, g in zip(self._accumulators, self._gradients)]
+
+  # Cross-replica context: the end-of-micro-batch decision.
+
+  def end_micro_batch(self, strategy, accumulated):
+    """merge_call body: maybe end the window, then count the micro-batch."""
+    with tf.control_dependencies(strategy.experimental_local_results(
+        accumulated)):
+      position = tf.cast(self._global_step.read_value(), tf.int64)
+    ends_window = tf.equal(tf.math.floormod(position + 1, self._k), 0)
+    status = tf.cond(
+        ends_window,
+        lambda: self._end_window(strategy, position),
+        lambda: tf.constant(_STATUS_ACCUMULATED),
+        name="end_of_window")
+    with tf.control_dependencies([status]):
+      return tf.group(
+          self._global_step.assign_add(
+              tf.constant(1, self._global_step.dtype.base_dtype),
+              read_value=False),
+          name="train_op")
+
+  def _end_window(self, strategy, position):
+    """True branch: form, check and apply the window; reset it; count it."""
+    gradients, norm, finite = strategy.extended.call_for_each_replica(
+        self._window_gradients)
+    first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
+    finite, norm = first(finite), first(norm)
+    applied = tf.cond(
+        finite,
+        lambda: self._apply(strategy, gradients),
+        lambda: self._skip(position, norm))
+    resets = strategy.extended.call_for_each_replica(
+        self._reset, args=(applied,))
+    with tf.control_dependencies(strategy.experimental_local_results(resets)):
+      counters = [
+          self._updates.assign_add(tf.cast(applied, tf.int64),
+                                   read_value=False),
+          self._skipped.assign_add(tf.cast(tf.logical_not(applied), tf.int64),
+                                   read_value=False),
+          self._norm.assign(norm, read_value=False),
+      ]
+    with tf.control_dependencies(counters):
+      return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
+
+  def _apply(self, strategy, gradients):
+    applied = strategy.extended.call_for_each_replica(
+        self._apply_on_replica, args=(gradients,))
+    with tf.control_dependencies(strategy.experimental_local_results(applied)):
+      return tf.constant(True)
+
+  def _skip(self, position, norm):
+    warn = tf.print(
+        "estimator_accum: skipped the window ending at micro-batch", position,
+        "because its gradient is not finite (global norm", norm, ")",
+        output_stream=tf.compat.v1.logging.warning)
+    with tf.control_dependencies([warn]):
+      return tf.constant(False)
+
+  # Replica context, inside the end-of-window branch.
+
+  def _window_gradients(self):
+    """The window's gradient on this replica, reduced over all replicas.
+
+    Returns:
+      (gradients, norm, finite): the list of window gradients (tf.Tensor or
+      tf.IndexedSlices, the variables' dtypes, clipped if asked), their global
+      norm before clipping (float32), and whether that norm is finite. A
+      NaN or Inf anywhere in the window makes the norm non-finite.
+    """
+    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    sums = [a.window_sum() for a in self._accumulators]
+    if self._examples is not None:
+      weight = self._examples.read_value()
+    else:
+      weight = tf.constant(float(self._k), self._dtype)
+    if self._reduction == "running_mean":
+      sums = [_scale(s, weight) for s in sums]
+    if num_replicas > 1:
+      context = tf.distribute.get_replica_context()
+      sums, weight = context.all_reduce(
+          tf.distribute.ReduceOp.SUM, (sums, weight))
+    if self._reduction == "sum":
+      gradients = sums
+    else:
+      gradients = [_scale(s, 1.0 / weight) for s in sums]
+    gradients = [_cast(g, tf.float32) for g in gradients]
+    norm = tf.linalg.global_norm(gradients)
+    finite = tf.math.is_finite(norm)
+    if self._clip_norm is not None:
+      gradients, _ = tf.clip_by_global_norm(
+          gradients, self._clip_norm, use_norm=norm)
+    gradients = [_cast(g, a.variable.dtype.base_dtype)
+                 for g, a in zip(gradients, self._accumulators)]
+    return gradients, norm, finite
+
+  def _apply_on_replica(self, gradients):
+    """Hands the window's gradient to the optimizer on this replica."""
+    strategy = tf.distribute.get_strategy()
+    num_replicas = strategy.num_replicas_in_sync
+    variables = [a.variable for a in self._accumulators]
+    extra = {}
+    if isinstance(self._optimizer, tf.keras.optimizers.legacy.Optimizer):
+      # Already reduced: tell Keras not to reduce again.
+      extra = dict(experimental_aggregate_gradients=False)
+    elif num_replicas > 1:
+      # A v1 optimizer sums over replicas itself; give it each replica's share.
+      gradients = [_scale(g, 1.0 / num_replicas) for g in gradients]
+    with tf.variable_creator_scope(_create_outside_control_flow):
+      apply_op = self._optimizer.apply_gradients(
+          list(zip(gradients, variables)), **extra)
+    with tf.control_dependencies([apply_op]):
+      return tf.constant(True)
+
+  def _reset(self, after):
+    with tf.control_dependencies([after]):
+      resets = [a.reset() for a in self._accumulators]
+      if self._examples is not None:
+        resets.append(self._examples.assign(
+            tf.zeros_like(self._examples), read_value=False))
+    with tf.control_dependencies(resets):
+      return tf.constant(True)
+
+  def add_summaries(self):
+    """TensorBoard scalars: updates, skipped windows, applied gradient norm."""
+    with tf.compat.v1.name_scope(None):
+      tf.compat.v1.summary.scalar(self._name + "/updates_applied",
+                                  self._updates)
+      tf.compat.v1.summary.scalar(self._name + "/skipped_windows",
+                                  self._skipped)
+      tf.compat.v1.summary.scalar(self._name + "/applied_gradient_norm",
+                                  self._norm)
