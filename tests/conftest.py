@@ -1,0 +1,20 @@
+"""pytest fixtures shared by the test suite."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+@pytest.fixture(params=["cf_v2", "cf_v1"])
+def control_flow(request):
+  """Runs the test under control flow v2 (TF 2 default) and v1."""
+  if request.param == "cf_v1":
+    tf.compat.v1.disable_control_flow_v2()
+  else:
+    tf.compat.v1.enable_control_flow_v2()
+  yield request.param
+  tf.compat.v1.enable_control_flow_v2()

@@ -1,0 +1,197 @@
+"""Shared pieces of the accumulation tests.
+
+`reference_train` is plain TensorFlow big-batch training (`optimizer.minimize`
+on a batch of k*B); it does not import estimator_accum. `estimator_train` runs
+the same model in a real `tf.estimator.Estimator` whose model_fn calls
+`build_accumulating_train_op` on micro-batches of B.
+
+The model has a dense part and an embedding lookup, so every optimizer test
+covers both dense gradients and tf.IndexedSlices.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import estimator_accum
+
+NUM_FEATURES = 5
+HIDDEN = 7
+NUM_CLASSES = 3
+VOCAB = 40
+IDS_PER_EXAMPLE = 3
+EMBED = 4
+
+
+def make_data(num_examples, seed=0):
+  """Returns a dict of numpy arrays: features x, ids, and labels."""
+  rng = np.random.RandomState(seed)
+  return {
+      "x": rng.normal(size=(num_examples, NUM_FEATURES)).astype(np.float32),
+      # Ids from the first half of the vocabulary only: the other rows never
+      # get a gradient, and some rows of the first half miss whole windows.
+      "ids": rng.randint(0, VOCAB // 2,
+                         size=(num_examples, IDS_PER_EXAMPLE)).astype(np.int32),
+      "labels": rng.randint(0, NUM_CLASSES, size=num_examples).astype(np.int32),
+  }
+
+
+def initial_weights(seed=1):
+  rng = np.random.RandomState(seed)
+  return {
+      "embedding": rng.normal(scale=0.5, size=(VOCAB, EMBED)),
+      "dense/kernel": rng.normal(scale=0.5, size=(NUM_FEATURES + EMBED,
+                                                  HIDDEN)),
+      "dense/bias": rng.normal(scale=0.1, size=(HIDDEN,)),
+      "logits/kernel": rng.normal(scale=0.5, size=(HIDDEN, NUM_CLASSES)),
+      "logits/bias": np.zeros(NUM_CLASSES),
+  }
+
+
+def model_loss(features, labels, reduction="mean"):
+  """Builds the model with tf.compat.v1.get_variable; returns the loss."""
+  weights = {
+      name: tf.compat.v1.get_variable(
+          name, initializer=tf.constant(value, tf.float32))
+      for name, value in initial_weights().items()
+  }
+  embedded = tf.reduce_mean(
+      tf.nn.embedding_lookup(weights["embedding"], features["ids"]), axis=1)
+  inputs = tf.concat([features["x"], embedded], axis=1)
+  hidden = tf.tanh(tf.matmul(inputs, weights["dense/kernel"]) +
+                   weights["dense/bias"])
+  logits = tf.matmul(hidden, weights["logits/kernel"]) + weights["logits/bias"]
+  per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits)
+  if reduction == "sum":
+    return tf.reduce_sum(per_example)
+  return tf.reduce_mean(per_example)
+
+
+def weight_names():
+  return list(initial_weights())
+
+
+def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
+                    loss_reduction="mean", minimize=True):
+  """Plain big-batch training in a fresh graph; returns the final weights.
+
+  Args:
+    optimizer_fn: callable returning a fresh optimizer.
+    data: dict from make_data; batches are taken in order.
+    batch_size: the big batch, k*B.
+    steps: number of updates.
+    clip_norm: if set, gradients are clipped by global norm before applying.
+    loss_reduction: "mean" or "sum" over the batch.
+    minimize: use optimizer.minimize(loss, global_step); False uses
+      tf.gradients + apply_gradients (Keras legacy, BERT AdamWeightDecay).
+  """
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(0)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    placeholders = {
+        key: tf.compat.v1.placeholder(tf.as_dtype(value.dtype),
+                                      (None,) + value.shape[1:])
+        for key, value in data.items()}
+    loss = model_loss(placeholders, placeholders["labels"], loss_reduction)
+    optimizer = optimizer_fn()
+    variables = tf.compat.v1.trainable_variables()
+    if minimize and clip_norm is None:
+      train_op = optimizer.minimize(loss, global_step=global_step)
+    else:
+      gradients = tf.compat.v1.gradients(loss, variables)
+      if clip_norm is not None:
+        gradients, norm = tf.clip_by_global_norm(gradients, clip_norm)
+      apply = optimizer.apply_gradients(list(zip(gradients, variables)))
+      with tf.control_dependencies([apply]):
+        train_op = global_step.assign_add(1)
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(steps):
+        batch = slice(step * batch_size, (step + 1) * batch_size)
+        feed = {placeholders[key]: value[batch] for key, value in data.items()}
+        session.run(train_op, feed)
+      return {v.op.name: session.run(v) for v in variables}
+
+
+def reference_gradient_norm(data, batch_size):
+  """Global norm of the first big batch's gradient at the initial weights."""
+  graph = tf.Graph()
+  with graph.as_default():
+    features = {key: tf.constant(value[:batch_size])
+                for key, value in data.items()}
+    loss = model_loss(features, features["labels"])
+    gradients = tf.compat.v1.gradients(loss,
+                                       tf.compat.v1.trainable_variables())
+    norm = tf.linalg.global_norm(gradients)
+    with tf.compat.v1.Session(graph=graph) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      return session.run(norm)
+
+
+def accumulating_model_fn(features, labels, mode, params):
+  """model_fn: the test model trained with build_accumulating_train_op."""
+  loss = model_loss(features, labels, params.get("loss_reduction", "mean"))
+  num_examples = None
+  if params.get("weight_by_examples"):
+    num_examples = tf.shape(labels)[0]
+  train_op = estimator_accum.build_accumulating_train_op(
+      loss, params["optimizer_fn"](), params["k"],
+      clip_norm=params.get("clip_norm"), num_examples=num_examples,
+      reduction=params.get("reduction", "mean"))
+  hooks = list(params.get("training_hooks", []))
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                    training_hooks=hooks)
+
+
+def micro_batch_input_fn(data, batch_size, skip=0):
+  """Input fn yielding micro-batches of `batch_size` in order, once."""
+
+  def input_fn():
+    features = {key: value for key, value in data.items() if key != "labels"}
+    dataset = tf.data.Dataset.from_tensor_slices((features, data["labels"]))
+    return dataset.batch(batch_size).skip(skip)
+
+  return input_fn
+
+
+def make_estimator(model_dir, params, save_checkpoints_steps=None,
+                   keep_checkpoint_max=5):
+  config = tf.estimator.RunConfig(
+      model_dir=str(model_dir), tf_random_seed=0,
+      save_checkpoints_steps=save_checkpoints_steps,
+      save_checkpoints_secs=None if save_checkpoints_steps else 10_000,
+      keep_checkpoint_max=keep_checkpoint_max,
+      log_step_count_steps=1_000_000,
+      session_config=tf.compat.v1.ConfigProto(
+          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+  return tf.estimator.Estimator(accumulating_model_fn, config=config,
+                                params=params)
+
+
+def estimator_train(model_dir, optimizer_fn, data, micro_batch, k,
+                    micro_batches, **params):
+  """Trains in a real Estimator; returns (estimator, final weights)."""
+  estimator = make_estimator(
+      model_dir, dict(params, optimizer_fn=optimizer_fn, k=k))
+  estimator.train(micro_batch_input_fn(data, micro_batch),
+                  max_steps=micro_batches)
+  return estimator, {name: estimator.get_variable_value(name)
+                     for name in weight_names()}
+
+
+def assert_weights_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
+  """Asserts two weight dicts agree, naming the variable and the worst error."""
+  assert set(actual) == set(expected), (sorted(actual), sorted(expected))
+  for name in sorted(expected):
+    np.testing.assert_allclose(
+        actual[name], expected[name], rtol=rtol, atol=atol,
+        err_msg=f"{what}: variable {name} differs from big-batch training")
+
+
+def assert_weights_moved(actual, what=""):
+  """Guards against a vacuous comparison: training must move the weights."""
+  start = initial_weights()
+  moved = [n for n in actual if not np.allclose(actual[n], start[n])]
+  assert len(moved) == len(actual), f"{what}: weights that never moved: " + str(
+      sorted(set(actual) - set(moved)))

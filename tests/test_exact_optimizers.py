@@ -1,0 +1,70 @@
+"""k micro-batches of B in an Estimator == one batch of k*B in plain TensorFlow.
+
+For every optimizer users train with, under control flow v1 and v2, after 3
+updates, at <= 1e-5 relative. The model has dense and embedding (sparse)
+gradients, so the sparse path is checked for every optimizer too.
+"""
+
+import pytest
+import tensorflow as tf
+
+from tests import support
+from tests.google_style_adamw import GoogleStyleAdamWeightDecay
+
+v1 = tf.compat.v1.train
+
+OPTIMIZERS = {
+    "sgd": (lambda: v1.GradientDescentOptimizer(0.5), True),
+    "momentum": (lambda: v1.MomentumOptimizer(0.2, 0.9), True),
+    "nesterov": (lambda: v1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
+                 True),
+    "adam": (lambda: v1.AdamOptimizer(0.05), True),
+    "adagrad": (lambda: v1.AdagradOptimizer(0.3), True),
+    "rmsprop": (lambda: v1.RMSPropOptimizer(0.05), True),
+    "rmsprop_centered_momentum": (
+        lambda: v1.RMSPropOptimizer(0.05, momentum=0.5, centered=True), True),
+    "adadelta": (lambda: v1.AdadeltaOptimizer(5.0), True),
+    "ftrl": (lambda: v1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
+                                      l2_regularization_strength=0.001), True),
+    "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
+                          False),
+    "keras_legacy_sgd_momentum": (
+        lambda: tf.keras.optimizers.legacy.SGD(0.2, momentum=0.9,
+                                               nesterov=True), False),
+    "bert_adam_weight_decay": (
+        lambda: GoogleStyleAdamWeightDecay(
+            0.05, weight_decay_rate=0.01,
+            exclude_from_weight_decay=["bias"]), False),
+}
+
+K = 4
+MICRO_BATCH = 4
+UPDATES = 3
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_accumulation_equals_big_batch(optimizer_name, control_flow,
+                                       tmp_path):
+  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
+  data = support.make_data(K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(
+      optimizer_fn, data, K * MICRO_BATCH, UPDATES, minimize=uses_minimize)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES)
+
+  what = f"{optimizer_name} under {control_flow}"
+  support.assert_weights_moved(actual, what)
+  support.assert_weights_close(actual, expected, what=what)
+  assert estimator.get_variable_value("global_step") == K * UPDATES
+  assert estimator.get_variable_value(
+      "gradient_accumulation/updates_applied") == UPDATES
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_other_window_sizes(k, tmp_path):
+  optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
+  data = support.make_data(k * 2 * 3)
+  expected = support.reference_train(optimizer_fn, data, k * 2, 3)
+  _, actual = support.estimator_train(tmp_path, optimizer_fn, data, 2, k,
+                                      k * 3)
+  support.assert_weights_close(actual, expected, what=f"k={k}")
