@@ -11,6 +11,7 @@ from estimator_accum.train_op import (
     AccumulationState,
     build_accumulating_train_op,
     get_accumulation_state,
+    reportable_loss,
     update_count,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "AccumulationState",
     "build_accumulating_train_op",
     "get_accumulation_state",
+    "reportable_loss",
     "update_count",
 ]

@@ -24,9 +24,17 @@ def check_k(k):
   return int(k)
 
 
+def check_graph_mode():
+  """Raises RuntimeError when called eagerly: the train op is a graph op."""
+  if tf.executing_eagerly():
+    raise RuntimeError(
+        "build_accumulating_train_op builds a tf.compat.v1 graph; call it in a "
+        "model_fn or under `with tf.Graph().as_default():`, not eagerly.")
+
+
 def check_loss(loss):
   """Checks that `loss` is a floating-point scalar graph tensor."""
-  if not isinstance(loss, tf.Tensor):
+  if not isinstance(loss, tf.Tensor) or not hasattr(loss, "op"):
     raise TypeError(
         f"loss must be a scalar floating-point tf.Tensor, got {loss!r} "
         f"of type {type(loss).__name__}.")

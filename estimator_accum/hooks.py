@@ -47,6 +47,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._last_time = None
     self._last_step = None
     self._last_skipped = None
+    self._step = None
     self._num_replicas = 1
 
   def begin(self):
@@ -61,21 +62,19 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
   def after_create_session(self, session, coord):
     del coord
     values = session.run(self._fetches)
-    self._last_step = values["step"]
+    self._last_step = self._step = values["step"]
     self._last_skipped = values["skipped"]
     self._last_time = time.time()
 
-  def before_run(self, run_context):
-    del run_context
-    return tf.estimator.SessionRunArgs(self._fetches)
-
   def after_run(self, run_context, run_values):
-    del run_context
-    values = run_values.results
-    # The fetched step was read before this run's increment.
-    step = values["step"] + 1
-    if step - self._last_step < self._every_n:
+    del run_values
+    self._step += 1
+    if self._step - self._last_step < self._every_n:
       return
+    # Read after the micro-batch has finished: a fetch in before_run would
+    # race with the train op's own updates of these counters.
+    values = run_context.session.run(self._fetches)
+    step = values["step"]
     now = time.time()
     rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
     line = (f"micro-batch {step} | update {values['updates']} "

@@ -25,13 +25,17 @@ strategy the same code runs under TensorFlow's default strategy, whose
 """
 
 import collections
+import sys
+import weakref
 
 import tensorflow as tf
 
 from estimator_accum import _checks
 from estimator_accum.accumulators import Accumulator, state_variable
 
-STATE_COLLECTION = "estimator_accum_state"
+# Graph -> AccumulationState. Not a graph collection: collections are
+# exported with every checkpoint's meta graph, which cannot hold this object.
+_STATES = weakref.WeakKeyDictionary()
 
 AccumulationState = collections.namedtuple(
     "AccumulationState",
@@ -102,7 +106,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       far, which keeps low-precision accumulators in range).
     accumulator_dtype: floating tf.DType of the accumulators; float32.
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
-    summaries: bool, whether to add TensorBoard scalars under `name`.
+    summaries: bool, whether to add TensorBoard scalars `accumulation/*`.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -113,9 +117,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       `optimizer` is not an optimizer this function can drive.
     ValueError: `k < 1`, `loss` is not a scalar, no trainable variable has a
       gradient, or the arguments conflict.
-    RuntimeError: called in cross-replica context.
+    RuntimeError: called eagerly, or in cross-replica context.
   """
   k = _checks.check_k(k)
+  _checks.check_graph_mode()
   _checks.check_loss(loss)
   _checks.check_optimizer(optimizer)
   clip_norm = _checks.check_clip_norm(clip_norm)
@@ -167,7 +172,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         window.end_micro_batch, args=(accumulated,))
   if summaries:
     window.add_summaries()
-  tf.compat.v1.add_to_collection(STATE_COLLECTION, window.state)
+  # Under MirroredStrategy every replica builds the same state; keep the first.
+  _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
   return train_op
 
 
@@ -189,6 +195,31 @@ def update_count(k, global_step=None):
   return tf.math.floordiv(tf.cast(global_step, tf.int64), k)
 
 
+def reportable_loss(loss, name="gradient_accumulation"):
+  """Returns `loss` where it is finite, else the last finite loss reported.
+
+  Estimator stops training with `NanTensorHook` when the loss it is given is
+  NaN. A micro-batch with a NaN loss only costs its window, which
+  `build_accumulating_train_op` skips, counts and logs; pass this tensor as
+  `EstimatorSpec(loss=...)` so that Estimator keeps training past it.
+
+  Args:
+    loss: scalar floating tf.Tensor, the micro-batch loss.
+    name: str, prefix of the variable holding the last finite loss.
+
+  Returns:
+    float32 scalar tf.Tensor.
+  """
+  _checks.check_graph_mode()
+  _checks.check_loss(loss)
+  last_finite = state_variable(name + "/last_finite_loss", [], tf.float32,
+                               per_replica=True)
+  loss = tf.cast(loss, tf.float32)
+  value = tf.where(tf.math.is_finite(loss), loss, last_finite.read_value())
+  with tf.control_dependencies([last_finite.assign(value, read_value=False)]):
+    return tf.identity(value, name="reportable_loss")
+
+
 def get_accumulation_state(graph=None):
   """Returns the `AccumulationState` built in `graph` (default graph).
 
@@ -196,11 +227,11 @@ def get_accumulation_state(graph=None):
     ValueError: if no accumulating train op was built in the graph.
   """
   graph = graph or tf.compat.v1.get_default_graph()
-  states = graph.get_collection(STATE_COLLECTION)
-  if not states:
+  state = _STATES.get(graph)
+  if state is None:
     raise ValueError("no accumulating train op was built in this graph; call "
                      "build_accumulating_train_op first.")
-  return states[-1]
+  return state
 
 
 def _scale(gradient, factor):
@@ -313,6 +344,13 @@ class _Window:
         lambda: tf.constant(_STATUS_ACCUMULATED),
         name="end_of_window")
     with tf.control_dependencies([status]):
+      # Counters as they stand after this micro-batch, for the summaries:
+      # a plain read of the variables would race with the cond.
+      self._counters_after_step = {
+          "updates_applied": self._updates.read_value(),
+          "skipped_windows": self._skipped.read_value(),
+          "applied_gradient_norm": self._norm.read_value(),
+      }
       return tf.group(
           self._global_step.assign_add(
               tf.constant(1, self._global_step.dtype.base_dtype),
@@ -349,10 +387,12 @@ class _Window:
       return tf.constant(True)
 
   def _skip(self, position, norm):
+    # Printed from the graph, to stderr: TF's C++ log (tf.print's logging
+    # streams) is often silenced by TF_CPP_MIN_LOG_LEVEL.
     warn = tf.print(
-        "estimator_accum: skipped the window ending at micro-batch", position,
-        "because its gradient is not finite (global norm", norm, ")",
-        output_stream=tf.compat.v1.logging.warning)
+        "WARNING estimator_accum: skipped the window ending at micro-batch",
+        position, "because its gradient is not finite (global norm", norm,
+        ")", output_stream=sys.stderr)
     with tf.control_dependencies([warn]):
       return tf.constant(False)
 
@@ -421,11 +461,13 @@ class _Window:
       return tf.constant(True)
 
   def add_summaries(self):
-    """TensorBoard scalars: updates, skipped windows, applied gradient norm."""
+    """TensorBoard scalars: updates, skipped windows, applied gradient norm.
+
+    The values are read after the micro-batch's work, so the scalar at step s
+    is the state after micro-batch s; fetching them runs that micro-batch,
+    which is what Estimator's SummarySaverHook does. Tagged `accumulation/*`:
+    a tag equal to a counter's own op name would be uniquified into `..._1`.
+    """
     with tf.compat.v1.name_scope(None):
-      tf.compat.v1.summary.scalar(self._name + "/updates_applied",
-                                  self._updates)
-      tf.compat.v1.summary.scalar(self._name + "/skipped_windows",
-                                  self._skipped)
-      tf.compat.v1.summary.scalar(self._name + "/applied_gradient_norm",
-                                  self._norm)
+      for tag, value in self._counters_after_step.items():
+        tf.compat.v1.summary.scalar("accumulation/" + tag, value)
