@@ -101,7 +101,12 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
     else:
       gradients = tf.compat.v1.gradients(loss, variables)
       if clip_norm is not None:
-        gradients, norm = tf.clip_by_global_norm(gradients, clip_norm)
+        # The norm of the gradient itself: tf.linalg.global_norm on raw
+        # IndexedSlices counts a row once per duplicate index instead.
+        norm = tf.linalg.global_norm(
+            [tf.convert_to_tensor(g) for g in gradients])
+        gradients, _ = tf.clip_by_global_norm(gradients, clip_norm,
+                                              use_norm=norm)
       apply = optimizer.apply_gradients(list(zip(gradients, variables)))
       with tf.control_dependencies([apply]):
         train_op = global_step.assign_add(1)
@@ -123,7 +128,7 @@ def reference_gradient_norm(data, batch_size):
     loss = model_loss(features, features["labels"])
     gradients = tf.compat.v1.gradients(loss,
                                        tf.compat.v1.trainable_variables())
-    norm = tf.linalg.global_norm(gradients)
+    norm = tf.linalg.global_norm([tf.convert_to_tensor(g) for g in gradients])
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(tf.compat.v1.global_variables_initializer())
       return session.run(norm)
@@ -140,6 +145,8 @@ def accumulating_model_fn(features, labels, mode, params):
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
       reduction=params.get("reduction", "mean"))
   hooks = list(params.get("training_hooks", []))
+  if params.get("reportable_loss"):
+    loss = estimator_accum.reportable_loss(loss)
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
                                     training_hooks=hooks)
 

@@ -1,0 +1,160 @@
+"""Bad input raises TypeError/ValueError naming the argument and the value."""
+
+import pytest
+import tensorflow as tf
+
+import estimator_accum
+
+
+def _build(**overrides):
+  graph = tf.Graph()
+  with graph.as_default():
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    arguments = dict(loss=tf.reduce_sum(w * 2.0),
+                     optimizer=tf.compat.v1.train.GradientDescentOptimizer(0.1),
+                     k=4)
+    arguments.update({key: value(w) if callable(value) else value
+                      for key, value in overrides.items()})
+    return estimator_accum.build_accumulating_train_op(
+        arguments.pop("loss"), arguments.pop("optimizer"), arguments.pop("k"),
+        **arguments)
+
+
+@pytest.mark.parametrize("k, error, text", [
+    (0, ValueError, "k must be >= 1 (micro-batches per update), got 0"),
+    (-3, ValueError, "got -3"),
+    (2.5, TypeError, "k must be a Python int (the number of micro-batches "
+     "per update), got 2.5 of type float"),
+    ("4", TypeError, "got '4' of type str"),
+    (True, TypeError, "got True of type bool"),
+    (None, TypeError, "got None"),
+])
+def test_bad_k(k, error, text):
+  with pytest.raises(error) as raised:
+    _build(k=k)
+  assert text in str(raised.value)
+
+
+def test_eager_call_is_refused():
+  with pytest.raises(RuntimeError, match="builds a tf.compat.v1 graph"):
+    estimator_accum.build_accumulating_train_op(
+        tf.constant(1.0), tf.compat.v1.train.AdamOptimizer(), 2)
+
+
+def test_non_scalar_loss():
+  with pytest.raises(ValueError, match=r"loss must be a scalar \(rank 0\), "
+                     r"got shape \(3,\)"):
+    _build(loss=lambda w: w * 2.0)
+
+
+def test_integer_loss():
+  with pytest.raises(TypeError, match="loss must have a floating-point dtype, "
+                     "got int32"):
+    _build(loss=lambda w: tf.constant(1))
+
+
+def test_loss_that_is_not_a_tensor():
+  with pytest.raises(TypeError, match="loss must be a scalar floating-point "
+                     "tf.Tensor, got 1.5 of type float"):
+    _build(loss=1.5)
+
+
+def test_loss_with_no_trainable_variable_reachable():
+  with pytest.raises(ValueError, match="has no gradient with respect to any "
+                     "of the 1 trainable variables"):
+    _build(loss=lambda w: tf.reduce_sum(tf.stop_gradient(w)) + 1.0)
+
+
+def test_graph_without_trainable_variables():
+  graph = tf.Graph()
+  with graph.as_default():
+    loss = tf.constant(1.0) * 2.0
+    with pytest.raises(ValueError, match="the graph has no trainable"):
+      estimator_accum.build_accumulating_train_op(
+          loss, tf.compat.v1.train.AdamOptimizer(), 2)
+
+
+@pytest.mark.parametrize("optimizer, text", [
+    ("adam", "got 'adam' of type str"),
+    (lambda w: object(), "of type object"),
+    (tf.keras.optimizers.Adam(), "Keras optimizer of the new kind"),
+])
+def test_not_an_optimizer(optimizer, text):
+  with pytest.raises(TypeError) as raised:
+    _build(optimizer=optimizer)
+  assert "optimizer" in str(raised.value) and text in str(raised.value)
+
+
+def test_loss_scale_wrapper_is_refused_with_a_reason():
+  wrapped = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      tf.compat.v1.train.GradientDescentOptimizer(0.1), "dynamic")
+  with pytest.raises(TypeError, match="loss-scale wrapper"):
+    _build(optimizer=wrapped)
+
+
+@pytest.mark.parametrize("clip_norm, error, text", [
+    (0.0, ValueError, "clip_norm must be a finite number > 0 or None, got 0.0"),
+    (-1, ValueError, "got -1"),
+    (float("inf"), ValueError, "got inf"),
+    ("1", TypeError, "got '1' of type str"),
+])
+def test_bad_clip_norm(clip_norm, error, text):
+  with pytest.raises(error) as raised:
+    _build(clip_norm=clip_norm)
+  assert text in str(raised.value)
+
+
+def test_bad_reduction():
+  with pytest.raises(ValueError, match="reduction must be one of mean, sum, "
+                     "running_mean, got 'avg'"):
+    _build(reduction="avg")
+
+
+def test_sum_with_num_examples_conflicts():
+  with pytest.raises(ValueError, match="num_examples .* reduction='sum'"):
+    _build(reduction="sum", num_examples=lambda w: tf.constant(4))
+
+
+def test_non_scalar_num_examples():
+  with pytest.raises(ValueError, match=r"num_examples must be a scalar"):
+    _build(num_examples=lambda w: tf.constant([4, 4]))
+
+
+def test_bad_accumulator_dtype():
+  with pytest.raises(TypeError, match="accumulator_dtype must be a "
+                     "floating-point dtype, got int32"):
+    _build(accumulator_dtype=tf.int32)
+
+
+def test_bad_var_list():
+  with pytest.raises(TypeError, match=r"var_list\[0\] must be a tf.Variable, "
+                     "got 'w'"):
+    _build(var_list=["w"])
+
+
+def test_building_twice_in_one_graph_names_the_variable():
+  graph = tf.Graph()
+  with graph.as_default():
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    loss = tf.reduce_sum(w * 2.0)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
+    with pytest.raises(ValueError, match="'w/accum' already exists"):
+      estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
+
+
+def test_cross_replica_context_is_refused():
+  graph = tf.Graph()
+  with graph.as_default(), tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    with pytest.raises(RuntimeError, match="must be called in replica context"):
+      estimator_accum.build_accumulating_train_op(
+          tf.reduce_sum(w), tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+
+
+@pytest.mark.parametrize("argument, value", [
+    ("every_n_micro_batches", 0), ("micro_batch_size", 2.0)])
+def test_bad_hook_arguments(argument, value):
+  with pytest.raises(ValueError, match=f"{argument} must be an int >= 1, "
+                     f"got {value!r}"):
+    estimator_accum.AccumulationLoggingHook(**{argument: value})

@@ -1,0 +1,84 @@
+"""Public API pin, TensorBoard scalars, the progress line and update_count."""
+
+import glob
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+import estimator_accum
+from tests import support
+
+
+def test_public_api_is_pinned():
+  assert sorted(estimator_accum.__all__) == [
+      "AccumulationLoggingHook",
+      "AccumulationState",
+      "Accumulator",
+      "build_accumulating_train_op",
+      "get_accumulation_state",
+      "reportable_loss",
+      "update_count",
+  ]
+  for name in estimator_accum.__all__:
+    assert getattr(estimator_accum, name).__doc__, f"{name} has no docstring"
+
+
+def _scalars(model_dir):
+  values = {}
+  for path in glob.glob(str(model_dir / "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        values.setdefault(value.tag, []).append((event.step,
+                                                 value.simple_value))
+  return values
+
+
+def test_tensorboard_scalars_and_progress_line(tmp_path, caplog):
+  k, micro_batch = 2, 4
+  data = support.make_data(k * micro_batch * 4)
+  hook = estimator_accum.AccumulationLoggingHook(
+      every_n_micro_batches=2, micro_batch_size=micro_batch)
+  config = tf.estimator.RunConfig(model_dir=str(tmp_path),
+                                  save_summary_steps=1,
+                                  log_step_count_steps=1_000_000)
+  estimator = tf.estimator.Estimator(
+      support.accumulating_model_fn, config=config,
+      params=dict(optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+                  k=k, training_hooks=[hook]))
+  with caplog.at_level(logging.INFO, logger="absl"):
+    estimator.train(support.micro_batch_input_fn(data, micro_batch),
+                    max_steps=8)
+
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("micro-batch")]
+  assert lines[-1].startswith("micro-batch 8 | update 4 (k=2) | skipped "
+                              "windows 0 |"), lines
+  assert "examples/sec" in lines[-1]
+
+  scalars = _scalars(tmp_path)
+  updates = dict(scalars["accumulation/updates_applied"])
+  assert updates[8] == 4, updates
+  assert dict(scalars["accumulation/skipped_windows"])[8] == 0
+  norms = dict(scalars["accumulation/applied_gradient_norm"])
+  assert norms[8] > 0 and np.isfinite(norms[8])
+
+
+def test_update_count_follows_windows():
+  graph = tf.Graph()
+  with graph.as_default():
+    w = tf.compat.v1.get_variable("w", initializer=1.0)
+    count = estimator_accum.update_count(3)
+    # A learning rate on the update count, read inside the apply branch.
+    learning_rate = 0.1 * tf.cast(count + 1, tf.float32)
+    train_op = estimator_accum.build_accumulating_train_op(
+        w * 1.0, tf.compat.v1.train.GradientDescentOptimizer(learning_rate), 3)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      seen = []
+      for _ in range(9):
+        seen.append(session.run(count))
+        session.run(train_op)
+      assert seen == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+      # Updates used learning rates 0.1, 0.2, 0.3 on a gradient of 1.
+      np.testing.assert_allclose(session.run(w), 1.0 - 0.6, rtol=1e-6)

@@ -1,0 +1,188 @@
+"""The window contract, checked in real Estimator runs against plain TensorFlow.
+
+- nothing moves (weights or optimizer slots) before the k-th micro-batch;
+- clip_norm equals clipping the big batch's gradient by global norm;
+- a window with a NaN/Inf gradient is skipped whole and training goes on;
+- a job stopped mid-window and restarted from its checkpoint loses nothing;
+- uneven micro-batches weighted by num_examples equal the uneven big batch;
+- reduction="sum" and "running_mean".
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import support
+
+v1 = tf.compat.v1.train
+
+
+def _checkpoint_values(path):
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()}
+
+
+def _is_window_state(name):
+  return (name.endswith("/accum") or name.endswith("/accum_rows") or
+          name.startswith("gradient_accumulation/") or name == "global_step")
+
+
+@pytest.mark.parametrize("optimizer_fn", [
+    lambda: v1.AdamOptimizer(0.05),
+    lambda: v1.MomentumOptimizer(0.1, 0.9),
+], ids=["adam", "momentum"])
+def test_nothing_moves_before_the_kth_micro_batch(optimizer_fn, control_flow,
+                                                  tmp_path):
+  k = 4
+  data = support.make_data(k * 2 * 2)
+  estimator = support.make_estimator(
+      tmp_path, dict(optimizer_fn=optimizer_fn, k=k),
+      save_checkpoints_steps=1, keep_checkpoint_max=20)
+  estimator.train(support.micro_batch_input_fn(data, 2), max_steps=2 * k)
+
+  snapshots = {step: _checkpoint_values(str(tmp_path / f"model.ckpt-{step}"))
+               for step in range(2 * k + 1)}
+  model_state = [n for n in snapshots[0] if not _is_window_state(n)]
+  slots = [n for n in model_state if n not in support.weight_names()]
+  assert slots, "the optimizer should have slot variables in the checkpoint"
+  for step in range(2 * k + 1):
+    assert snapshots[step]["global_step"] == step
+    assert snapshots[step]["gradient_accumulation/updates_applied"] == step // k
+  for step in range(1, 2 * k + 1):
+    changed = [n for n in model_state
+               if not np.array_equal(snapshots[step][n], snapshots[step - 1][n])]
+    if step % k == 0:
+      assert set(support.weight_names()) <= set(changed), (
+          f"micro-batch {step} ends a window but left {changed} only changed")
+    else:
+      assert not changed, (
+          f"micro-batch {step} is inside a window but changed {changed}")
+  # The accumulator holds the window so far, and is zero after an update.
+  assert np.any(snapshots[k - 1]["dense/kernel/accum"] != 0)
+  assert not np.any(snapshots[k]["dense/kernel/accum"])
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_clip_norm_equals_clipping_the_big_batch(optimizer_name, control_flow,
+                                                 tmp_path):
+  optimizer_fn = {"sgd": lambda: v1.GradientDescentOptimizer(0.5),
+                  "adam": lambda: v1.AdamOptimizer(0.05)}[optimizer_name]
+  k, micro_batch, updates = 4, 4, 3
+  data = support.make_data(k * micro_batch * updates)
+  clip_norm = 0.5 * support.reference_gradient_norm(data, k * micro_batch)
+  expected = support.reference_train(optimizer_fn, data, k * micro_batch,
+                                     updates, clip_norm=clip_norm)
+  unclipped = support.reference_train(optimizer_fn, data, k * micro_batch,
+                                      updates)
+  assert not np.allclose(expected["dense/kernel"], unclipped["dense/kernel"],
+                         rtol=1e-3), "clip_norm is too large to clip anything"
+  _, actual = support.estimator_train(tmp_path, optimizer_fn, data,
+                                      micro_batch, k, k * updates,
+                                      clip_norm=clip_norm)
+  support.assert_weights_close(actual, expected, what="clip_norm")
+
+
+@pytest.mark.parametrize("bad_value", [np.nan, np.inf], ids=["nan", "inf"])
+def test_non_finite_window_is_skipped_whole(bad_value, control_flow, tmp_path,
+                                            capfd):
+  k, micro_batch, windows = 4, 4, 4
+  window_size = k * micro_batch
+  data = support.make_data(window_size * windows)
+  bad_window = 1
+  # One example in the third micro-batch of the second window.
+  data["x"][bad_window * window_size + 2 * micro_batch + 1, 0] = bad_value
+  clean = {key: np.delete(value, np.s_[bad_window * window_size:
+                                       (bad_window + 1) * window_size], axis=0)
+           for key, value in data.items()}
+  optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
+  expected = support.reference_train(optimizer_fn, clean, window_size,
+                                     windows - 1)
+
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, micro_batch, k, k * windows,
+      reportable_loss=True)
+  assert "skipped the window ending at micro-batch 7" in capfd.readouterr().err
+  support.assert_weights_moved(actual, "non-finite window")
+  support.assert_weights_close(actual, expected, what="skipped window")
+  value = estimator.get_variable_value
+  assert value("global_step") == k * windows
+  assert value("gradient_accumulation/skipped_windows") == 1
+  assert value("gradient_accumulation/updates_applied") == windows - 1
+  assert np.isfinite(value("dense/kernel/accum")).all()
+
+
+def test_restart_mid_window_loses_nothing(control_flow, tmp_path):
+  k, micro_batch, updates = 4, 4, 3
+  stop_at = k + 2  # two micro-batches into the second window
+  data = support.make_data(k * micro_batch * updates)
+  params = dict(optimizer_fn=lambda: v1.AdamOptimizer(0.05), k=k)
+
+  uninterrupted = support.make_estimator(tmp_path / "once", params)
+  uninterrupted.train(support.micro_batch_input_fn(data, micro_batch),
+                      max_steps=k * updates)
+
+  first = support.make_estimator(tmp_path / "twice", params)
+  first.train(support.micro_batch_input_fn(data, micro_batch),
+              max_steps=stop_at)
+  assert np.any(first.get_variable_value("dense/kernel/accum") != 0)
+  assert np.any(first.get_variable_value("embedding/accum_rows") != 0)
+  # A new Estimator, as after a crash: it restores the checkpoint, window too.
+  second = support.make_estimator(tmp_path / "twice", params)
+  second.train(support.micro_batch_input_fn(data, micro_batch, skip=stop_at),
+               max_steps=k * updates)
+
+  for name in support.weight_names():
+    np.testing.assert_allclose(
+        second.get_variable_value(name),
+        uninterrupted.get_variable_value(name), rtol=1e-6, atol=1e-7,
+        err_msg=f"{name} after restart differs from the uninterrupted run")
+  expected = support.reference_train(params["optimizer_fn"], data,
+                                     k * micro_batch, updates)
+  support.assert_weights_close(
+      {n: second.get_variable_value(n) for n in support.weight_names()},
+      expected, what="restart")
+
+
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+@pytest.mark.parametrize("reduction", ["mean", "running_mean"])
+def test_uneven_micro_batches_weighted_by_num_examples(optimizer_name,
+                                                       reduction, tmp_path):
+  """30 examples, micro-batch 4 (the last has 2), k=4 == batches 16 and 14."""
+  optimizer_fn = {"sgd": lambda: v1.GradientDescentOptimizer(0.5),
+                  "adam": lambda: v1.AdamOptimizer(0.05)}[optimizer_name]
+  data = support.make_data(30)
+  expected = support.reference_train(optimizer_fn, data, 16, 2)
+  _, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, 4, 4, 8, weight_by_examples=True,
+      reduction=reduction)
+  support.assert_weights_close(actual, expected,
+                               what=f"num_examples, {reduction}")
+
+  # Without num_examples the short micro-batch counts as a full one: the
+  # window is the plain mean of its four micro-batch means, not the big batch.
+  _, unweighted = support.estimator_train(
+      tmp_path / "unweighted", optimizer_fn, data, 4, 4, 8)
+  assert not np.allclose(unweighted["dense/kernel"], expected["dense/kernel"],
+                         rtol=1e-4)
+
+
+def test_sum_reduction_equals_big_batch_with_summed_loss(tmp_path):
+  optimizer_fn = lambda: v1.MomentumOptimizer(0.02, 0.9)  # noqa: E731
+  data = support.make_data(48)
+  expected = support.reference_train(optimizer_fn, data, 16, 3,
+                                     loss_reduction="sum")
+  _, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, 4, 4, 12, reduction="sum",
+      loss_reduction="sum")
+  support.assert_weights_close(actual, expected, what="sum reduction")
+
+
+def test_running_mean_equals_mean(tmp_path):
+  optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
+  data = support.make_data(48)
+  _, mean = support.estimator_train(tmp_path / "mean", optimizer_fn, data, 4,
+                                    4, 12)
+  _, running = support.estimator_train(tmp_path / "running", optimizer_fn,
+                                       data, 4, 4, 12, reduction="running_mean")
+  support.assert_weights_close(running, mean, rtol=2e-6, what="running_mean")
