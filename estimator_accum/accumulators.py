@@ -75,6 +75,29 @@ def state_variable(name, shape, dtype, *, per_replica):
           "op per graph, or pass disjoint var_list values.") from error
 
 
+def _scatter(op, variable, indices, values):
+  """Scatters into this replica's copy of `variable`.
+
+  `SyncOnReadVariable.scatter_add` is not implemented, but in replica context
+  `variable.handle` is this replica's own component, which the resource
+  scatter ops update directly; for a plain variable it is the variable.
+  """
+  return op(resource=variable.handle, indices=indices,
+            updates=tf.cast(values, variable.dtype.base_dtype))
+
+
+def rows_to_slices(total, rows):
+  """Returns the rows of `total` whose `rows` entry is > 0, as IndexedSlices.
+
+  Args:
+    total: float Tensor of shape [num_rows, ...], a window sum.
+    rows: float32 Tensor of shape [num_rows], > 0 for the touched rows.
+  """
+  touched = tf.reshape(tf.where(rows > 0), [-1])
+  return tf.IndexedSlices(tf.gather(total, touched), touched,
+                          tf.shape(total, out_type=tf.int64))
+
+
 class Accumulator:
   """Window state of one trained variable.
 
@@ -127,10 +150,10 @@ class Accumulator:
     if weight is not None:
       values = values * weight
     indices = gradient.indices
-    add_values = self.total.scatter_add(
-        tf.IndexedSlices(values, indices, gradient.dense_shape))
-    mark_rows = self.rows.scatter_update(
-        tf.IndexedSlices(tf.ones_like(indices, dtype=tf.float32), indices))
+    add_values = _scatter(tf.raw_ops.ResourceScatterAdd, self.total, indices,
+                          values)
+    mark_rows = _scatter(tf.raw_ops.ResourceScatterUpdate, self.rows, indices,
+                         tf.ones_like(indices, dtype=tf.float32))
     return tf.group(add_values, mark_rows)
 
   def decay(self, keep_fraction):
@@ -149,10 +172,7 @@ class Accumulator:
     """
     if not self.is_sparse:
       return self.total.read_value()
-    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
-    return tf.IndexedSlices(
-        tf.gather(self.total.read_value(), touched), touched,
-        tf.shape(self.total, out_type=tf.int64))
+    return rows_to_slices(self.total.read_value(), self.rows.read_value())
 
   def reset(self):
     """Returns an op that zeros the window state.
@@ -164,8 +184,8 @@ class Accumulator:
       return self.total.assign(tf.zeros_like(self.total), read_value=False)
     touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
     row_shape = tf.concat([tf.shape(touched), tf.shape(self.total)[1:]], 0)
-    clear_values = self.total.scatter_update(
-        tf.IndexedSlices(tf.zeros(row_shape, self.total.dtype), touched))
+    clear_values = _scatter(tf.raw_ops.ResourceScatterUpdate, self.total,
+                            touched, tf.zeros(row_shape))
     with tf.control_dependencies([clear_values]):
-      return self.rows.scatter_update(
-          tf.IndexedSlices(tf.zeros_like(touched, dtype=tf.float32), touched))
+      return _scatter(tf.raw_ops.ResourceScatterUpdate, self.rows, touched,
+                      tf.zeros_like(touched, dtype=tf.float32))

@@ -31,7 +31,11 @@ import weakref
 import tensorflow as tf
 
 from estimator_accum import _checks
-from estimator_accum.accumulators import Accumulator, state_variable
+from estimator_accum.accumulators import (
+    Accumulator,
+    rows_to_slices,
+    state_variable,
+)
 
 # Graph -> AccumulationState. Not a graph collection: collections are
 # exported with every checkpoint's meta graph, which cannot hold this object.
@@ -166,12 +170,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           "on them (var_list, stop_gradient, integer casts).")
     window = _Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
-        accumulator_dtype, name)
+        accumulator_dtype, summaries, name)
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))
-  if summaries:
-    window.add_summaries()
   # Under MirroredStrategy every replica builds the same state; keep the first.
   _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
   return train_op
@@ -250,6 +252,30 @@ def _cast(gradient, dtype):
   return tf.cast(gradient, dtype)
 
 
+def _fixed_row_count(gradient):
+  """Pads a tf.IndexedSlices to one row per table row; a Tensor is returned.
+
+  A v1 optimizer all-gathers IndexedSlices across replicas, and TensorFlow's
+  graph-mode collectives keep the shape they first saw: a window touching a
+  different number of rows than the last one aborts the collective. The
+  padding repeats a touched row with zero values; optimizers sum duplicate
+  rows before a sparse update, so the update is the same. (A window that
+  touched no row at all pads with row 0, which then counts as touched.)
+  """
+  if not isinstance(gradient, tf.IndexedSlices):
+    return gradient
+  num_rows = tf.cast(gradient.dense_shape[0], tf.int32)
+  padding = num_rows - tf.shape(gradient.indices)[0]
+  indices = tf.cast(gradient.indices, tf.int64)
+  filler = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
+  value_shape = tf.concat([[padding], tf.shape(gradient.values)[1:]], 0)
+  return tf.IndexedSlices(
+      tf.concat([gradient.values,
+                 tf.zeros(value_shape, gradient.values.dtype)], 0),
+      tf.concat([indices, tf.fill([padding], filler)], 0),
+      gradient.dense_shape)
+
+
 def _create_outside_control_flow(next_creator, **kwargs):
   """Variable creator that builds variables outside any cond branch.
 
@@ -267,7 +293,7 @@ class _Window:
   """Builds the graph of one accumulation window. Internal to this module."""
 
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
-               num_examples, reduction, accumulator_dtype, name):
+               num_examples, reduction, accumulator_dtype, summaries, name):
     self._gradients = [g for g, _ in trained]
     self._optimizer = optimizer
     self._k = k
@@ -276,6 +302,7 @@ class _Window:
     self._num_examples = num_examples
     self._reduction = reduction
     self._dtype = accumulator_dtype
+    self._summaries = summaries
     self._name = name
     self._accumulators = [Accumulator(v, g, accumulator_dtype)
                           for g, v in trained]
@@ -343,14 +370,9 @@ class _Window:
         lambda: self._end_window(strategy, position),
         lambda: tf.constant(_STATUS_ACCUMULATED),
         name="end_of_window")
+    if self._summaries:
+      self._add_summaries(status)
     with tf.control_dependencies([status]):
-      # Counters as they stand after this micro-batch, for the summaries:
-      # a plain read of the variables would race with the cond.
-      self._counters_after_step = {
-          "updates_applied": self._updates.read_value(),
-          "skipped_windows": self._skipped.read_value(),
-          "applied_gradient_norm": self._norm.read_value(),
-      }
       return tf.group(
           self._global_step.assign_add(
               tf.constant(1, self._global_step.dtype.base_dtype),
@@ -359,8 +381,21 @@ class _Window:
 
   def _end_window(self, strategy, position):
     """True branch: form, check and apply the window; reset it; count it."""
+    local = strategy.extended.call_for_each_replica(self._local_window)
+    if strategy.num_replicas_in_sync > 1:
+      # The window's one all-reduce, batched over every variable. It is made
+      # here, in cross-replica context: ReplicaContext.all_reduce wraps itself
+      # in tf.custom_gradient, which looks variables up by op name and cannot
+      # find a replica's component of an ON_READ accumulator.
+      flat = tf.nest.flatten(local)
+      present = [i for i, value in enumerate(flat) if value is not None]
+      reduced = strategy.extended.batch_reduce_to(
+          tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in present])
+      for i, value in zip(present, reduced):
+        flat[i] = value
+      local = tf.nest.pack_sequence_as(local, flat)
     gradients, norm, finite = strategy.extended.call_for_each_replica(
-        self._window_gradients)
+        self._window_gradients, args=local)
     first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
     finite, norm = first(finite), first(norm)
     applied = tf.cond(
@@ -398,27 +433,50 @@ class _Window:
 
   # Replica context, inside the end-of-window branch.
 
-  def _window_gradients(self):
-    """The window's gradient on this replica, reduced over all replicas.
+  def _local_window(self):
+    """This replica's window before any communication: (sums, rows, weight).
 
-    Returns:
-      (gradients, norm, finite): the list of window gradients (tf.Tensor or
-      tf.IndexedSlices, the variables' dtypes, clipped if asked), their global
-      norm before clipping (float32), and whether that norm is finite. A
-      NaN or Inf anywhere in the window makes the norm non-finite.
+    `sums` holds one tensor per variable, summed over the replica's
+    micro-batches (weighted by their sizes with num_examples); `weight` is
+    what they must be divided by for the mean: the examples seen, or k. For
+    the running mean, whose accumulators hold a mean, the sums are rebuilt as
+    mean * weight so replicas combine as for the other reductions.
+
+    On one replica a sparse variable's sum is already a tf.IndexedSlices and
+    `rows` holds None. With several replicas the dense sum and its touched-row
+    mask are returned instead, so that the all-reduce has the same shapes on
+    every replica (IndexedSlices are all-gathered, and their row counts
+    differ); `_window_gradients` rebuilds the IndexedSlices afterwards.
     """
-    num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    sums = [a.window_sum() for a in self._accumulators]
+    several = tf.distribute.get_strategy().num_replicas_in_sync > 1
+    sums, rows = [], []
+    for accumulator in self._accumulators:
+      if accumulator.is_sparse and several:
+        sums.append(accumulator.total.read_value())
+        rows.append(accumulator.rows.read_value())
+      else:
+        sums.append(accumulator.window_sum())
+        rows.append(None)
     if self._examples is not None:
       weight = self._examples.read_value()
     else:
       weight = tf.constant(float(self._k), self._dtype)
     if self._reduction == "running_mean":
       sums = [_scale(s, weight) for s in sums]
-    if num_replicas > 1:
-      context = tf.distribute.get_replica_context()
-      sums, weight = context.all_reduce(
-          tf.distribute.ReduceOp.SUM, (sums, weight))
+    return sums, rows, weight
+
+  def _window_gradients(self, sums, rows, weight):
+    """The window's gradient on this replica, from sums over all replicas.
+
+    Returns:
+      (gradients, norm, finite): the list of window gradients (tf.Tensor or
+      tf.IndexedSlices with unique rows, the variables' dtypes, clipped if
+      asked), their global norm before clipping (float32), and whether that
+      norm is finite. A NaN or Inf anywhere in the window makes the norm
+      non-finite, and every replica sees the same reduced values.
+    """
+    sums = [s if r is None else rows_to_slices(s, r)
+            for s, r in zip(sums, rows)]
     if self._reduction == "sum":
       gradients = sums
     else:
@@ -444,7 +502,8 @@ class _Window:
       extra = dict(experimental_aggregate_gradients=False)
     elif num_replicas > 1:
       # A v1 optimizer sums over replicas itself; give it each replica's share.
-      gradients = [_scale(g, 1.0 / num_replicas) for g in gradients]
+      gradients = [_fixed_row_count(_scale(g, 1.0 / num_replicas))
+                   for g in gradients]
     with tf.variable_creator_scope(_create_outside_control_flow):
       apply_op = self._optimizer.apply_gradients(
           list(zip(gradients, variables)), **extra)
@@ -460,14 +519,20 @@ class _Window:
     with tf.control_dependencies(resets):
       return tf.constant(True)
 
-  def add_summaries(self):
+  def _add_summaries(self, after):
     """TensorBoard scalars: updates, skipped windows, applied gradient norm.
 
-    The values are read after the micro-batch's work, so the scalar at step s
-    is the state after micro-batch s; fetching them runs that micro-batch,
-    which is what Estimator's SummarySaverHook does. Tagged `accumulation/*`:
-    a tag equal to a counter's own op name would be uniquified into `..._1`.
+    Built once, in cross-replica context. The values are read after `after`
+    (the micro-batch's work), so the scalar at step s is the state after
+    micro-batch s; a plain read of the variables would race with the cond.
+    Fetching them runs that micro-batch, which is what Estimator's
+    SummarySaverHook does. Tagged `accumulation/*`: a tag equal to a
+    counter's own op name would be uniquified into `..._1`.
     """
+    with tf.control_dependencies([after]):
+      values = {"updates_applied": self._updates.read_value(),
+                "skipped_windows": self._skipped.read_value(),
+                "applied_gradient_norm": self._norm.read_value()}
     with tf.compat.v1.name_scope(None):
-      for tag, value in self._counters_after_step.items():
+      for tag, value in values.items():
         tf.compat.v1.summary.scalar("accumulation/" + tag, value)
