@@ -8,6 +8,13 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# Two logical CPU devices for the MirroredStrategy tests. This must happen
+# before TensorFlow's runtime starts, so at import, before any test.
+NUM_LOGICAL_CPUS = 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0],
+    [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
+
 
 @pytest.fixture(params=["cf_v2", "cf_v1"])
 def control_flow(request):

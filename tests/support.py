@@ -163,24 +163,37 @@ def micro_batch_input_fn(data, batch_size, skip=0):
 
 
 def make_estimator(model_dir, params, save_checkpoints_steps=None,
-                   keep_checkpoint_max=5):
+                   keep_checkpoint_max=5, train_distribute=None):
+  device_count = {}
+  if train_distribute is not None:
+    # Graph sessions see one CPU unless told: without this, Estimator's
+    # session hangs on ops placed on the second logical CPU.
+    device_count = {"CPU": train_distribute.num_replicas_in_sync}
   config = tf.estimator.RunConfig(
       model_dir=str(model_dir), tf_random_seed=0,
+      train_distribute=train_distribute,
       save_checkpoints_steps=save_checkpoints_steps,
       save_checkpoints_secs=None if save_checkpoints_steps else 10_000,
       keep_checkpoint_max=keep_checkpoint_max,
       log_step_count_steps=1_000_000,
       session_config=tf.compat.v1.ConfigProto(
-          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+          device_count=device_count, intra_op_parallelism_threads=1,
+          inter_op_parallelism_threads=1 if train_distribute is None else 0))
   return tf.estimator.Estimator(accumulating_model_fn, config=config,
                                 params=params)
 
 
 def estimator_train(model_dir, optimizer_fn, data, micro_batch, k,
-                    micro_batches, **params):
-  """Trains in a real Estimator; returns (estimator, final weights)."""
+                    micro_batches, train_distribute=None, **params):
+  """Trains in a real Estimator; returns (estimator, final weights).
+
+  Under a strategy with R replicas, each micro-batch step takes R
+  consecutive batches of `micro_batch` (one per replica), so step j covers
+  the same examples as the reference's slice j of R * micro_batch.
+  """
   estimator = make_estimator(
-      model_dir, dict(params, optimizer_fn=optimizer_fn, k=k))
+      model_dir, dict(params, optimizer_fn=optimizer_fn, k=k),
+      train_distribute=train_distribute)
   estimator.train(micro_batch_input_fn(data, micro_batch),
                   max_steps=micro_batches)
   return estimator, {name: estimator.get_variable_value(name)

@@ -1,0 +1,62 @@
+"""MirroredStrategy over 2 logical CPUs, in Estimator: R*k micro-batches of B
+equal one device with batch R*k*B (plain TF), at <= 1e-5."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import support
+
+v1 = tf.compat.v1.train
+REPLICAS = 2
+K, MICRO_BATCH, UPDATES = 2, 4, 3
+
+OPTIMIZERS = {
+    "sgd": (lambda: v1.GradientDescentOptimizer(0.5), True),
+    "momentum": (lambda: v1.MomentumOptimizer(0.2, 0.9), True),
+    "adam": (lambda: v1.AdamOptimizer(0.05), True),
+    "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
+                          False),
+}
+
+
+def _strategy():
+  return tf.distribute.MirroredStrategy(
+      [f"/cpu:{i}" for i in range(REPLICAS)])
+
+
+@pytest.mark.parametrize("clipped", [False, True], ids=["noclip", "clip"])
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
+                                              control_flow, tmp_path):
+  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
+  big_batch = REPLICAS * K * MICRO_BATCH
+  data = support.make_data(big_batch * UPDATES)
+  clip_norm = None
+  if clipped:
+    clip_norm = 0.5 * support.reference_gradient_norm(data, big_batch)
+  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
+                                     clip_norm=clip_norm,
+                                     minimize=uses_minimize)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
+      train_distribute=_strategy(), clip_norm=clip_norm)
+
+  what = f"{optimizer_name} mirrored x{REPLICAS}, {control_flow}"
+  support.assert_weights_moved(actual, what)
+  support.assert_weights_close(actual, expected, what=what)
+  assert estimator.get_variable_value("global_step") == K * UPDATES
+  assert estimator.get_variable_value(
+      "gradient_accumulation/updates_applied") == UPDATES
+
+
+def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
+  """Guards the test above: one replica's data alone is not the big batch."""
+  optimizer_fn = OPTIMIZERS["sgd"][0]
+  data = support.make_data(REPLICAS * K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(optimizer_fn, data,
+                                     REPLICAS * K * MICRO_BATCH, UPDATES)
+  single = support.reference_train(optimizer_fn, data, K * MICRO_BATCH,
+                                   UPDATES)
+  assert not np.allclose(single["dense/kernel"], expected["dense/kernel"],
+                         rtol=1e-3)
