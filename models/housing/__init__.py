@@ -1,0 +1,1 @@
+"""Housing-price regression: a linear model trained with accumulation."""

@@ -1,0 +1,44 @@
+"""model_fn of a linear regressor of housing prices.
+
+params:
+  k: micro-batches per update (gradient_accumulation_multiplier); 1 trains
+    without accumulation through plain `optimizer.minimize`.
+  learning_rate: float.
+  micro_batch_size: int, for the progress line.
+"""
+
+import tensorflow as tf
+
+import estimator_accum
+
+NUM_FEATURES = 13
+
+
+def model_fn(features, labels, mode, params):
+  """A linear regressor, y = x·w + b, with squared-error loss."""
+  weights = tf.compat.v1.get_variable(
+      "linear/kernel", [NUM_FEATURES, 1],
+      initializer=tf.compat.v1.zeros_initializer())
+  bias = tf.compat.v1.get_variable(
+      "linear/bias", [1], initializer=tf.compat.v1.constant_initializer(22.0))
+  predictions = tf.squeeze(tf.matmul(features, weights) + bias, axis=1)
+  if mode == tf.estimator.ModeKeys.PREDICT:
+    return tf.estimator.EstimatorSpec(mode, predictions={"price": predictions})
+  loss = tf.reduce_mean(tf.square(predictions - labels))
+  if mode == tf.estimator.ModeKeys.EVAL:
+    rmse = tf.compat.v1.metrics.root_mean_squared_error(labels, predictions)
+    return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                      eval_metric_ops={"rmse": rmse})
+  optimizer = tf.compat.v1.train.MomentumOptimizer(params["learning_rate"],
+                                                   0.9)
+  k = params.get("k", 1)
+  hooks = []
+  if k > 1:
+    train_op = estimator_accum.build_accumulating_train_op(loss, optimizer, k)
+    hooks.append(estimator_accum.AccumulationLoggingHook(
+        every_n_micro_batches=200,
+        micro_batch_size=params.get("micro_batch_size")))
+  else:
+    train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
+                                    training_hooks=hooks)

