@@ -16,12 +16,20 @@ against the trainable variables.
 
   python benchmarks/accumulation_overhead.py                  # both models
   python benchmarks/accumulation_overhead.py --models mlp --rounds 3
+  python benchmarks/accumulation_overhead.py --memory     # peak RSS instead
+
+With --memory each variant runs two windows in a process of its own and the
+peak resident memory (ru_maxrss) of each is printed, with the difference
+between accumulating and plain training against the trainable variables.
 """
 
 import argparse
 import os
 import platform
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -145,6 +153,29 @@ def run(model_name, k, rounds, windows_per_round):
   }
 
 
+def peak_rss_mb(model_name, variant, k):
+  """Runs `variant` for two windows in a fresh process; returns its peak RSS."""
+  output = subprocess.run(
+      [sys.executable, __file__, "--models", model_name, "--k", str(k),
+       "--peak-rss-of", variant], capture_output=True, text=True, check=True,
+      env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+  return float(output.stdout.strip().splitlines()[-1])
+
+
+def measure_memory(model_names, k):
+  print("model | k | peak MB fwd+bwd | peak MB plain | peak MB accum | "
+        "accum - plain MB | trainable MB | (accum - plain)/trainable")
+  for model_name in model_names:
+    peaks = {v: peak_rss_mb(model_name, v, k)
+             for v in ("fwd_bwd", "plain", "accum")}
+    _, _, trainable, _ = build(model_name, "fwd_bwd", k)
+    trainable_mb = trainable / 2**20
+    extra = peaks["accum"] - peaks["plain"]
+    print(f"{model_name} | {k} | {peaks['fwd_bwd']:.0f} | {peaks['plain']:.0f}"
+          f" | {peaks['accum']:.0f} | {extra:.0f} | {trainable_mb:.1f} | "
+          f"{extra / trainable_mb:.2f}", flush=True)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models", nargs="+", default=list(MODELS),
@@ -152,7 +183,19 @@ def main():
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--windows-per-round", type=int, default=2)
+  parser.add_argument("--memory", action="store_true",
+                      help="measure peak resident memory instead of time")
+  parser.add_argument("--peak-rss-of", choices=VARIANTS,
+                      help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.peak_rss_of:
+    session, train_op, _, _ = build(args.models[0], args.peak_rss_of, args.k)
+    seconds_per_micro_batch(session, train_op, 2 * args.k)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    return
+  if args.memory:
+    measure_memory(args.models, args.k)
+    return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
         f"TensorFlow {tf.__version__}")
   header = ("model", "k", "ms fwd+bwd", "ms plain", "ms accum",
