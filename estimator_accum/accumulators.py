@@ -132,12 +132,15 @@ class Accumulator:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
                                  per_replica=True)
 
-  def add(self, gradient, weight):
+  def add(self, gradient, weight, first=False):
     """Returns an op that adds `weight * gradient` to the window sum.
 
     Args:
       gradient: tf.Tensor or tf.IndexedSlices, one micro-batch's gradient.
       weight: scalar tensor of the accumulator dtype, or None for 1.
+      first: Python bool, True for the first micro-batch of a window. A dense
+        sum is then overwritten rather than added to, which is why dense
+        accumulators never need to be zeroed (see `reset`).
     """
     dtype = self.total.dtype.base_dtype
     if not self.is_sparse:
@@ -145,6 +148,8 @@ class Accumulator:
       value = tf.cast(gradient, dtype)
       if weight is not None:
         value = value * weight
+      if first:
+        return self.total.assign(value, read_value=False)
       return self.total.assign_add(value, read_value=False)
     values = tf.cast(gradient.values, dtype)
     if weight is not None:
@@ -175,13 +180,16 @@ class Accumulator:
     return rows_to_slices(self.total.read_value(), self.rows.read_value())
 
   def reset(self):
-    """Returns an op that zeros the window state.
+    """Returns an op that clears the window state for the next window.
 
-    Sparse accumulators zero only the rows the window touched, so a window
-    over a large embedding table does not pay for the whole table.
+    A dense sum needs nothing: the next window's first micro-batch overwrites
+    it (`add(first=True)`), which spares a full tensor of zeros and a write
+    pass at every window's end. Sparse accumulators zero only the rows the
+    window touched, so a window over a large embedding table does not pay
+    for the whole table.
     """
     if not self.is_sparse:
-      return self.total.assign(tf.zeros_like(self.total), read_value=False)
+      return tf.no_op()
     touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
     row_shape = tf.concat([tf.shape(touched), tf.shape(self.total)[1:]], 0)
     clear_values = _scatter(tf.raw_ops.ResourceScatterUpdate, self.total,

@@ -323,19 +323,41 @@ class _Window:
   # Replica context: every micro-batch.
 
   def accumulate_micro_batch(self):
-    """Adds this micro-batch to the local window; returns a done tensor."""
+    """Adds this micro-batch to the local window; returns a done tensor.
+
+    The first micro-batch of a window overwrites the dense sums and the
+    example count instead of adding to them, so they need no reset.
+    """
+    if self._k == 1:
+      updates = self._window_updates(first=True)
+    else:
+      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      updates = tf.cond(tf.equal(position, 0),
+                        lambda: self._window_updates(first=True),
+                        lambda: self._window_updates(first=False),
+                        name="accumulate")
+    with tf.control_dependencies([updates]):
+      return tf.constant(True, name="accumulated")
+
+  def _window_updates(self, first):
+    """The accumulate ops of one micro-batch, as a done tensor."""
     weight = None
-    adds = []
+    updates = []
     if self._num_examples is not None:
       weight = tf.cast(self._num_examples, self._dtype)
-      adds.append(self._examples.assign_add(weight, read_value=False))
-    if self._reduction == "running_mean":
-      adds = self._running_mean_updates(weight)
+      if first:
+        updates.append(self._examples.assign(weight, read_value=False))
+      elif self._reduction != "running_mean":
+        updates.append(self._examples.assign_add(weight, read_value=False))
+    if self._reduction == "running_mean" and not first:
+      updates = self._running_mean_updates(weight)
     else:
-      adds += [a.add(g, weight)
-               for a, g in zip(self._accumulators, self._gradients)]
-    with tf.control_dependencies(adds):
-      return tf.constant(True, name="accumulated")
+      # The running mean of one micro-batch is the micro-batch itself.
+      scale = None if self._reduction == "running_mean" else weight
+      updates += [a.add(g, scale, first=first)
+                  for a, g in zip(self._accumulators, self._gradients)]
+    with tf.control_dependencies(updates):
+      return tf.constant(True)
 
   def _running_mean_updates(self, weight):
     """Ops that keep the accumulators equal to the window's mean so far.
@@ -513,9 +535,6 @@ class _Window:
   def _reset(self, after):
     with tf.control_dependencies([after]):
       resets = [a.reset() for a in self._accumulators]
-      if self._examples is not None:
-        resets.append(self._examples.assign(
-            tf.zeros_like(self._examples), read_value=False))
     with tf.control_dependencies(resets):
       return tf.constant(True)
 

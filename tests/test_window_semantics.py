@@ -58,9 +58,11 @@ def test_nothing_moves_before_the_kth_micro_batch(optimizer_fn, control_flow,
     else:
       assert not changed, (
           f"micro-batch {step} is inside a window but changed {changed}")
-  # The accumulator holds the window so far, and is zero after an update.
+  # The accumulator holds the window so far; the touched-row mask of the
+  # sparse one is cleared after an update.
   assert np.any(snapshots[k - 1]["dense/kernel/accum"] != 0)
-  assert not np.any(snapshots[k]["dense/kernel/accum"])
+  assert np.any(snapshots[k - 1]["embedding/accum_rows"] != 0)
+  assert not np.any(snapshots[k]["embedding/accum_rows"])
 
 
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
