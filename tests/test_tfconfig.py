@@ -1,0 +1,129 @@
+"""tfconfig: validation messages, show/print, and real local launches."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tfconfig
+
+
+def _cluster(**cluster):
+  return {"cluster": cluster}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "TF_CONFIG: not valid JSON: Expecting property name "
+     "enclosed in double quotes at line 1 column 2"),
+    (json.dumps(_cluster(master=["a:1"])), "TF_CONFIG: unknown task type "
+     "'master' in 'cluster'; expected one of chief, worker, ps, evaluator"),
+    (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "worker",
+                                                     "index": 1})),
+     "TF_CONFIG: task index 1 is out of range for 'worker', which has 1 "
+     "task(s)"),
+    (json.dumps(_cluster(worker=["localhost"])), "TF_CONFIG: worker:0 address "
+     "'localhost' has no port; expected host:port"),
+    (json.dumps(_cluster(worker=["a:1"], ps=["b:2"])), "TF_CONFIG: "
+     "parameter-server training needs a chief; 'cluster' has ps but no chief"),
+    (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "chief"})),
+     "TF_CONFIG: task type 'chief' is not in 'cluster' (which has worker)"),
+    (json.dumps({"cluster": {}}), "TF_CONFIG: 'cluster' must be a non-empty "
+     "object of task type -> addresses, got {}"),
+])
+def test_parse_errors_are_one_clear_line(text, message):
+  with pytest.raises(tfconfig.TFConfigError) as raised:
+    tfconfig.parse(text)
+  assert str(raised.value) == message
+
+
+def test_missing_chief_where_required():
+  with pytest.raises(tfconfig.TFConfigError, match="this job needs a chief"):
+    tfconfig.parse(json.dumps(_cluster(worker=["a:1"])), require_chief=True)
+
+
+def test_build_and_for_task():
+  cluster = tfconfig.build(workers=["h1:2222", "h2:2222"], chief="h0:2222",
+                           ps=["h3:2222"], evaluator="h4:2222")
+  assert tfconfig.tasks(cluster) == [("chief", 0), ("worker", 0),
+                                     ("worker", 1), ("ps", 0),
+                                     ("evaluator", 0)]
+  worker = tfconfig.for_task(cluster, "worker", 1)
+  assert worker == {"cluster": {"chief": ["h0:2222"],
+                                "worker": ["h1:2222", "h2:2222"],
+                                "ps": ["h3:2222"]},
+                    "task": {"type": "worker", "index": 1}}
+  assert "evaluator" not in tfconfig.for_task(cluster, "evaluator",
+                                              0)["cluster"]
+
+
+def _tfconfig(*args, env=None, timeout=120):
+  return subprocess.run([sys.executable, "-m", "tfconfig", *args],
+                        capture_output=True, text=True, timeout=timeout,
+                        env=env)
+
+
+def test_show_and_print(monkeypatch):
+  printed = _tfconfig("print", "--workers", "h1:2222", "h2:2222",
+                      "--chief", "h0:2222")
+  assert printed.returncode == 0
+  lines = printed.stdout.splitlines()
+  assert lines[0] == "# chief:0 on h0:2222"
+  value = lines[5].split("=", 1)[1].strip("'")
+  assert json.loads(value)["task"] == {"type": "worker", "index": 1}
+
+  import os
+  env = dict(os.environ, TF_CONFIG=value)
+  shown = _tfconfig("show", env=env)
+  assert shown.stdout.splitlines() == [
+      "chief:0  h0:2222", "worker:0  h1:2222", "worker:1  h2:2222  (this task)"]
+  bad = _tfconfig("show", env=dict(os.environ, TF_CONFIG="{"))
+  assert bad.returncode == 2
+  assert bad.stderr.strip().startswith("error: TF_CONFIG: not valid JSON")
+
+
+PRINT_TASK = ("import json, os; t = json.loads(os.environ['TF_CONFIG']); "
+              "print('I am', t['task']['type'], t['task']['index'], "
+              "len(t['cluster']['worker']))")
+
+
+def test_launch_runs_every_task_with_its_config():
+  result = _tfconfig("launch", "--workers", "2", "--chief", "--",
+                     sys.executable, "-c", PRINT_TASK)
+  assert result.returncode == 0, result.stdout + result.stderr
+  out = result.stdout
+  for task in ("chief:0] I am chief 0 2", "worker:0] I am worker 0 2",
+               "worker:1] I am worker 1 2"):
+    assert "[" + task in out, out
+  assert "[tfconfig] all training tasks finished" in out
+  assert "127.0.0.1:" in out.splitlines()[0]
+
+
+def test_failing_task_stops_the_others_and_is_named():
+  script = ("import json, os, sys, time; "
+            "t = json.loads(os.environ['TF_CONFIG'])['task']; "
+            "sys.exit(3) if t['index'] == 1 else time.sleep(120)")
+  started = time.monotonic()
+  result = _tfconfig("launch", "--workers", "2", "--chief", "--ps", "1", "--",
+                     sys.executable, "-c", script)
+  assert result.returncode == 3
+  assert ("[tfconfig] task worker:1 failed with exit code 3; stopping the "
+          "other tasks") in result.stdout
+  assert time.monotonic() - started < 60, "the sleeping tasks were not stopped"
+
+
+def test_parameter_servers_are_stopped_when_training_ends():
+  script = ("import json, os, time; "
+            "t = json.loads(os.environ['TF_CONFIG'])['task']; "
+            "time.sleep(600) if t['type'] == 'ps' else print('trained')")
+  result = _tfconfig("launch", "--workers", "1", "--chief", "--ps", "1", "--",
+                     sys.executable, "-c", script, timeout=90)
+  assert result.returncode == 0
+  assert "[worker:0] trained" in result.stdout
+
+
+def test_launch_needs_a_command():
+  result = _tfconfig("launch", "--workers", "2")
+  assert result.returncode == 2
+  assert "launch needs a command after --" in result.stderr

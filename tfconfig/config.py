@@ -1,0 +1,167 @@
+"""Build, parse and validate TF_CONFIG, the JSON that describes a cluster.
+
+```python
+config = tfconfig.build(workers=["10.0.0.1:2222", "10.0.0.2:2222"],
+                        chief="10.0.0.0:2222", task=("worker", 1))
+os.environ["TF_CONFIG"] = json.dumps(config)
+tfconfig.parse(os.environ["TF_CONFIG"])   # dict, or TFConfigError
+```
+
+Every problem is reported as a `TFConfigError` (a ValueError) with one line
+that names it and says the value may come from the TF_CONFIG variable.
+"""
+
+import json
+
+CLUSTER = "cluster"
+TASK = "task"
+TYPE = "type"
+INDEX = "index"
+CHIEF = "chief"
+WORKER = "worker"
+PS = "ps"
+EVALUATOR = "evaluator"
+TASK_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
+TRAINING_TYPES = (CHIEF, WORKER)
+
+
+class TFConfigError(ValueError):
+  """A TF_CONFIG that cannot describe a cluster; the message is one line."""
+
+
+def _fail(message):
+  raise TFConfigError(f"TF_CONFIG: {message}")
+
+
+def _check_address(address, where):
+  if not isinstance(address, str) or address.count(":") < 1:
+    _fail(f"{where} address {address!r} has no port; expected host:port")
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    _fail(f"{where} address {address!r} is not host:port with a port in "
+          "1..65535")
+
+
+def validate(config, require_chief=False):
+  """Checks a TF_CONFIG dict; returns it unchanged.
+
+  Args:
+    config: dict with "cluster" and optionally "task".
+    require_chief: bool, whether the cluster must have a chief (parameter
+      server training does).
+
+  Raises:
+    TFConfigError: naming the first problem found.
+  """
+  if not isinstance(config, dict):
+    _fail(f"expected a JSON object, got {type(config).__name__}")
+  cluster = config.get(CLUSTER)
+  if not isinstance(cluster, dict) or not cluster:
+    _fail(f"'{CLUSTER}' must be a non-empty object of task type -> "
+          f"addresses, got {cluster!r}")
+  for task_type, addresses in cluster.items():
+    if task_type not in TASK_TYPES:
+      _fail(f"unknown task type {task_type!r} in '{CLUSTER}'; expected one "
+            f"of {', '.join(TASK_TYPES)}")
+    if not isinstance(addresses, list) or not addresses:
+      _fail(f"'{CLUSTER}.{task_type}' must be a non-empty list of "
+            f"host:port, got {addresses!r}")
+    for index, address in enumerate(addresses):
+      _check_address(address, f"{task_type}:{index}")
+  if len(cluster.get(CHIEF, [])) > 1:
+    _fail(f"a cluster has at most one chief, got {len(cluster[CHIEF])}")
+  if require_chief and CHIEF not in cluster:
+    _fail(f"this job needs a chief, and '{CLUSTER}' has none (task types: "
+          f"{', '.join(cluster)})")
+  if PS in cluster and CHIEF not in cluster:
+    _fail(f"parameter-server training needs a chief; '{CLUSTER}' has ps but "
+          "no chief")
+  task = config.get(TASK)
+  if task is not None:
+    if not isinstance(task, dict):
+      _fail(f"'{TASK}' must be an object with 'type' and 'index', got {task!r}")
+    task_type, index = task.get(TYPE), task.get(INDEX, 0)
+    if task_type not in TASK_TYPES:
+      _fail(f"unknown task type {task_type!r} in '{TASK}'; expected one of "
+            f"{', '.join(TASK_TYPES)}")
+    if task_type not in cluster:
+      _fail(f"task type {task_type!r} is not in '{CLUSTER}' (which has "
+            f"{', '.join(cluster)})")
+    if isinstance(index, bool) or not isinstance(index, int) or not (
+        0 <= index < len(cluster[task_type])):
+      _fail(f"task index {index!r} is out of range for {task_type!r}, which "
+            f"has {len(cluster[task_type])} task(s)")
+  return config
+
+
+def parse(text, require_chief=False):
+  """Parses and validates TF_CONFIG text; returns the dict.
+
+  Raises:
+    TFConfigError: for bad JSON (with line and column) or a bad cluster.
+  """
+  try:
+    config = json.loads(text)
+  except json.JSONDecodeError as error:
+    _fail(f"not valid JSON: {error.msg} at line {error.lineno} column "
+          f"{error.colno}")
+  return validate(config, require_chief=require_chief)
+
+
+def build(workers, chief=None, ps=(), evaluator=None, task=None):
+  """Returns a validated TF_CONFIG dict.
+
+  Args:
+    workers: list of "host:port" for the workers.
+    chief: optional "host:port" of the chief.
+    ps: list of "host:port" for parameter servers.
+    evaluator: optional "host:port" of the evaluator. (TensorFlow expects the
+      evaluator in "task" only; it is listed in the cluster here so that the
+      launcher can address it, and removed by `for_task` where it must be.)
+    task: optional (type, index) of the task this config is for.
+  """
+  cluster = {}
+  if chief:
+    cluster[CHIEF] = [chief]
+  if workers:
+    cluster[WORKER] = list(workers)
+  if ps:
+    cluster[PS] = list(ps)
+  if evaluator:
+    cluster[EVALUATOR] = [evaluator]
+  config = {CLUSTER: cluster}
+  if task is not None:
+    config[TASK] = {TYPE: task[0], INDEX: task[1]}
+  return validate(config)
+
+
+def for_task(config, task_type, index):
+  """The TF_CONFIG value one task runs with, as TensorFlow expects it.
+
+  The evaluator is not part of the training cluster: TensorFlow wants it only
+  in "task", so it is dropped from "cluster" here.
+  """
+  cluster = {t: a for t, a in config[CLUSTER].items() if t != EVALUATOR}
+  value = {CLUSTER: cluster, TASK: {TYPE: task_type, INDEX: index}}
+  if task_type != EVALUATOR:
+    validate(value)
+  return value
+
+
+def tasks(config):
+  """All (type, index) pairs of a cluster, chief first."""
+  ordered = sorted(config[CLUSTER], key=TASK_TYPES.index)
+  return [(t, i) for t in ordered for i in range(len(config[CLUSTER][t]))]
+
+
+def describe(config):
+  """One line per task: `worker:1  10.0.0.2:2222  (this task)`."""
+  this = config.get(TASK) or {}
+  lines = []
+  for task_type, index in tasks(config):
+    marker = ""
+    if this.get(TYPE) == task_type and this.get(INDEX, 0) == index:
+      marker = "  (this task)"
+    lines.append(f"{task_type}:{index}  "
+                 f"{config[CLUSTER][task_type][index]}{marker}")
+  return "\n".join(lines)
