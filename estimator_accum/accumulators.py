@@ -146,11 +146,17 @@ class Accumulator:
     if not self.is_sparse:
       gradient = tf.convert_to_tensor(gradient)
       value = tf.cast(gradient, dtype)
-      if weight is not None:
-        value = value * weight
       if first:
+        # The product can reuse the gradient's buffer: it has no other use.
+        if weight is not None:
+          value = value * weight
         return self.total.assign(value, read_value=False)
-      return self.total.assign_add(value, read_value=False)
+      if weight is None:
+        return self.total.assign_add(value, read_value=False)
+      # total += weight * value in place, with no temporary the size of the
+      # variable: the gradient-descent kernel computes var - alpha * delta.
+      return tf.raw_ops.ResourceApplyGradientDescent(
+          var=self.total.handle, alpha=-tf.cast(weight, dtype), delta=value)
     values = tf.cast(gradient.values, dtype)
     if weight is not None:
       values = values * weight

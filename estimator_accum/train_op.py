@@ -302,6 +302,15 @@ class _Window:
     self._num_examples = num_examples
     self._reduction = reduction
     self._dtype = accumulator_dtype
+    # For the plain mean, each micro-batch is added already divided by
+    # k * num_replicas, so the window's sum is its gradient: the apply step
+    # hands the optimizer the accumulator itself instead of a scaled copy the
+    # size of the model. With num_examples the divisor is known only at the
+    # window's end.
+    self._prescale = None
+    if reduction == "mean" and num_examples is None:
+      num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+      self._prescale = 1.0 / (k * num_replicas)
     self._summaries = summaries
     self._name = name
     self._accumulators = [Accumulator(v, g, accumulator_dtype)
@@ -354,6 +363,8 @@ class _Window:
     else:
       # The running mean of one micro-batch is the micro-batch itself.
       scale = None if self._reduction == "running_mean" else weight
+      if self._prescale is not None:
+        scale = tf.constant(self._prescale, self._dtype)
       updates += [a.add(g, scale, first=first)
                   for a, g in zip(self._accumulators, self._gradients)]
     with tf.control_dependencies(updates):
@@ -481,6 +492,9 @@ class _Window:
         rows.append(None)
     if self._examples is not None:
       weight = self._examples.read_value()
+    elif self._prescale is not None:
+      weight = tf.constant(1.0 / tf.distribute.get_strategy()
+                           .num_replicas_in_sync, self._dtype)
     else:
       weight = tf.constant(float(self._k), self._dtype)
     if self._reduction == "running_mean":
@@ -499,7 +513,7 @@ class _Window:
     """
     sums = [s if r is None else rows_to_slices(s, r)
             for s, r in zip(sums, rows)]
-    if self._reduction == "sum":
+    if self._reduction == "sum" or self._prescale is not None:
       gradients = sums
     else:
       gradients = [_scale(s, 1.0 / weight) for s in sums]
