@@ -1,0 +1,81 @@
+"""One worker of a MultiWorkerMirroredStrategy Estimator job (for the tests).
+
+Run by `python -m tfconfig launch --workers 2 -- python tests/multiworker_job.py
+--model_dir D --optimizer adam [--clip_norm C]`. Each worker reads its shard of
+the test data (examples w, w+2, ...), so micro-step j of the job covers the
+same examples as slice j of 2*B in order, and window n the reference's big
+batch n of 2*k*B. Worker 0 writes the final weights to D/final_weights.npz.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tests import support  # noqa: E402
+
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+}
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--model_dir", required=True)
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS),
+                      default="adam")
+  parser.add_argument("--k", type=int, default=2)
+  parser.add_argument("--micro_batch", type=int, default=4)
+  parser.add_argument("--updates", type=int, default=3)
+  parser.add_argument("--clip_norm", type=float, default=None)
+  parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
+  args = parser.parse_args()
+  if args.control_flow == "v1":
+    tf.compat.v1.disable_control_flow_v2()
+  if args.clip_norm is not None and args.clip_norm <= 0:
+    args.clip_norm = None
+
+  workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+  data = support.make_data(workers * args.k * args.micro_batch * args.updates)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+  def input_fn(input_context=None):
+    features = {key: value for key, value in data.items() if key != "labels"}
+    dataset = tf.data.Dataset.from_tensor_slices((features, data["labels"]))
+    if input_context is not None:
+      dataset = dataset.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id)
+    return dataset.batch(args.micro_batch).repeat()
+
+  config = tf.estimator.RunConfig(
+      model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
+      save_checkpoints_steps=10_000, log_step_count_steps=10_000)
+  estimator = tf.estimator.Estimator(
+      support.accumulating_model_fn, config=config,
+      params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
+                  clip_norm=args.clip_norm))
+  tf.estimator.train_and_evaluate(
+      estimator,
+      tf.estimator.TrainSpec(input_fn, max_steps=args.k * args.updates),
+      tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
+                            throttle_secs=0))
+  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  if task["index"] == 0:
+    weights = {name: estimator.get_variable_value(name)
+               for name in support.weight_names()}
+    weights["global_step"] = estimator.get_variable_value("global_step")
+    np.savez(os.path.join(args.model_dir, "final_weights.npz"),
+             **{n.replace("/", "__"): v for n, v in weights.items()})
+    print("saved final weights at global step", weights["global_step"])
+
+
+if __name__ == "__main__":
+  main()

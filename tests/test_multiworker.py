@@ -1,0 +1,52 @@
+"""MultiWorkerMirroredStrategy, 2 worker processes from TF_CONFIG on loopback.
+
+Each worker reads its own shard; the job must equal one device training on
+batch 2*k*B (plain TF), at <= 1e-5, with and without clip_norm. The workers
+are started and always stopped by `python -m tfconfig launch`.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import support
+from tests.multiworker_job import OPTIMIZERS
+
+WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 3
+BIG_BATCH = WORKERS * K * MICRO_BATCH
+
+
+@pytest.mark.parametrize("optimizer_name, clipped, control_flow", [
+    ("sgd", False, "v2"), ("sgd", True, "v2"),
+    ("momentum", False, "v2"), ("momentum", True, "v2"),
+    ("adam", False, "v2"), ("adam", True, "v2"),
+    ("adam", True, "v1"),
+])
+def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
+                                                control_flow, tmp_path):
+  data = support.make_data(BIG_BATCH * UPDATES)
+  clip_norm = None
+  if clipped:
+    clip_norm = 0.5 * support.reference_gradient_norm(data, BIG_BATCH)
+  expected = support.reference_train(OPTIMIZERS[optimizer_name], data,
+                                     BIG_BATCH, UPDATES, clip_norm=clip_norm)
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", optimizer_name,
+      "--k", str(K), "--micro_batch", str(MICRO_BATCH),
+      "--updates", str(UPDATES), "--control_flow", control_flow]
+  if clip_norm is not None:
+    command += ["--clip_norm", repr(float(clip_norm))]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+  assert "[worker:0] saved final weights at global step 6" in result.stdout
+
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  what = f"{optimizer_name} on {WORKERS} workers, control flow {control_flow}"
+  support.assert_weights_moved(actual, what)
+  support.assert_weights_close(actual, expected, what=what)
