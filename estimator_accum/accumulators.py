@@ -183,7 +183,15 @@ class Accumulator:
     """
     if not self.is_sparse:
       return self.total.read_value()
-    return rows_to_slices(self.total.read_value(), self.rows.read_value())
+    # Gather the touched rows from the resource itself: reading the whole
+    # table (read_value) of a variable that scatter ops update makes
+    # TensorFlow copy its entire buffer (copy-on-write).
+    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
+    values = tf.raw_ops.ResourceGather(
+        resource=self.total.handle, indices=touched,
+        dtype=self.total.dtype.base_dtype)
+    return tf.IndexedSlices(values, touched,
+                            tf.constant(self.total.shape.as_list(), tf.int64))
 
   def reset(self):
     """Returns an op that clears the window state for the next window.
