@@ -24,6 +24,13 @@ def check_k(k):
   return int(k)
 
 
+def _require_scalar(argument, tensor, hint):
+  """Raises ValueError unless `tensor` has rank 0 (or an unknown rank)."""
+  if tensor.shape.rank is not None and tensor.shape.rank != 0:
+    raise ValueError(f"{argument} must be a scalar (rank 0), got shape "
+                     f"{tensor.shape} {hint}.")
+
+
 def check_graph_mode():
   """Raises RuntimeError when called eagerly: the train op is a graph op."""
   if tf.executing_eagerly():
@@ -42,10 +49,8 @@ def check_loss(loss):
     raise TypeError(
         f"loss must have a floating-point dtype, got {loss.dtype.name} "
         f"for {loss.name}.")
-  if loss.shape.rank is not None and loss.shape.rank != 0:
-    raise ValueError(
-        f"loss must be a scalar (rank 0), got shape {loss.shape} for "
-        f"{loss.name}; reduce it first, e.g. tf.reduce_mean(per_example_loss).")
+  _require_scalar("loss", loss, f"for {loss.name}; reduce it first, e.g. "
+                  "tf.reduce_mean(per_example_loss)")
 
 
 def check_optimizer(optimizer):
@@ -145,8 +150,7 @@ def check_num_examples(num_examples):
     raise TypeError(
         f"num_examples must be an integer or float scalar tensor, got dtype "
         f"{num_examples.dtype.name}.")
-  if num_examples.shape.rank is not None and num_examples.shape.rank != 0:
-    raise ValueError(
-        f"num_examples must be a scalar (the size of this micro-batch), got "
-        f"shape {num_examples.shape}; use tf.shape(features)[0].")
+  _require_scalar("num_examples", num_examples,
+                  "; pass the size of this micro-batch, e.g. "
+                  "tf.shape(labels)[0]")
   return num_examples

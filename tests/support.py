@@ -209,6 +209,17 @@ def assert_weights_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
         err_msg=f"{what}: variable {name} differs from big-batch training")
 
 
+def assert_trained_like_big_batch(estimator, actual, expected, micro_batches,
+                                  updates, what):
+  """The accumulating run moved every weight, matches the big batch, and
+  counted its micro-batches and updates."""
+  assert_weights_moved(actual, what)
+  assert_weights_close(actual, expected, what=what)
+  assert estimator.get_variable_value("global_step") == micro_batches
+  assert estimator.get_variable_value(
+      "gradient_accumulation/updates_applied") == updates
+
+
 def assert_weights_moved(actual, what=""):
   """Guards against a vacuous comparison: training must move the weights."""
   start = initial_weights()

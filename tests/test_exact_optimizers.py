@@ -53,11 +53,8 @@ def test_accumulation_equals_big_batch(optimizer_name, control_flow,
       tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES)
 
   what = f"{optimizer_name} under {control_flow}"
-  support.assert_weights_moved(actual, what)
-  support.assert_weights_close(actual, expected, what=what)
-  assert estimator.get_variable_value("global_step") == K * UPDATES
-  assert estimator.get_variable_value(
-      "gradient_accumulation/updates_applied") == UPDATES
+  support.assert_trained_like_big_batch(estimator, actual, expected,
+                                        K * UPDATES, UPDATES, what)
 
 
 @pytest.mark.parametrize("k", [1, 3])

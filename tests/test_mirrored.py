@@ -43,11 +43,8 @@ def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
       train_distribute=_strategy(), clip_norm=clip_norm)
 
   what = f"{optimizer_name} mirrored x{REPLICAS}, {control_flow}"
-  support.assert_weights_moved(actual, what)
-  support.assert_weights_close(actual, expected, what=what)
-  assert estimator.get_variable_value("global_step") == K * UPDATES
-  assert estimator.get_variable_value(
-      "gradient_accumulation/updates_applied") == UPDATES
+  support.assert_trained_like_big_batch(estimator, actual, expected,
+                                        K * UPDATES, UPDATES, what)
 
 
 def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
