@@ -41,6 +41,10 @@ import estimator_accum  # noqa: E402
 from models.bert import modeling  # noqa: E402
 
 VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step")
+OPTIMIZERS = {
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(1e-4),
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(1e-4),
+}
 
 
 def mlp_loss(seed=0):
@@ -74,13 +78,13 @@ def bert_small_loss(seed=0, batch_size=8, seq_length=128):
 MODELS = {"mlp": mlp_loss, "bert_small": bert_small_loss}
 
 
-def build(model_name, variant, k):
+def build(model_name, variant, k, optimizer_name="adam"):
   """Returns (session, train_op, state bytes) for one variant."""
   graph = tf.Graph()
   with graph.as_default():
     tf.compat.v1.set_random_seed(0)
     loss = MODELS[model_name]()
-    optimizer = tf.compat.v1.train.AdamOptimizer(1e-4)
+    optimizer = OPTIMIZERS[optimizer_name]()
     if variant == "fwd_bwd":
       gradients = tf.compat.v1.gradients(
           loss, tf.compat.v1.trainable_variables())
@@ -123,8 +127,9 @@ def seconds_per_micro_batch(session, train_op, micro_batches):
   return (time.perf_counter() - start) / micro_batches
 
 
-def run(model_name, k, rounds, windows_per_round):
-  built = {variant: build(model_name, variant, k) for variant in VARIANTS}
+def run(model_name, k, rounds, windows_per_round, optimizer_name):
+  built = {variant: build(model_name, variant, k, optimizer_name)
+           for variant in VARIANTS}
   micro_batches = k * windows_per_round
   for session, train_op, _, _ in built.values():
     seconds_per_micro_batch(session, train_op, k)  # warm-up, one window
@@ -153,21 +158,22 @@ def run(model_name, k, rounds, windows_per_round):
   }
 
 
-def peak_rss_mb(model_name, variant, k):
+def peak_rss_mb(model_name, variant, k, optimizer_name):
   """Runs `variant` for two windows in a fresh process; returns its peak RSS."""
   output = subprocess.run(
       [sys.executable, __file__, "--models", model_name, "--k", str(k),
-       "--peak-rss-of", variant], capture_output=True, text=True, check=True,
+       "--optimizer", optimizer_name, "--peak-rss-of", variant], capture_output=True, text=True, check=True,
       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
   return float(output.stdout.strip().splitlines()[-1])
 
 
-def measure_memory(model_names, k):
+def measure_memory(model_names, k, optimizer_name):
   print("model | k | peak MB fwd+bwd | peak MB plain | peak MB accum | "
         "peak MB accumulate steps only | accum - plain MB | trainable MB | "
         "(accum - plain)/trainable")
   for model_name in model_names:
-    peaks = {v: peak_rss_mb(model_name, v, k) for v in VARIANTS}
+    peaks = {v: peak_rss_mb(model_name, v, k, optimizer_name)
+             for v in VARIANTS}
     _, _, trainable, _ = build(model_name, "fwd_bwd", k)
     trainable_mb = trainable / 2**20
     extra = peaks["accum"] - peaks["plain"]
@@ -182,6 +188,8 @@ def main():
   parser.add_argument("--models", nargs="+", default=list(MODELS),
                       choices=list(MODELS))
   parser.add_argument("--k", type=int, default=4)
+  parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS),
+                      default="adam")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--windows-per-round", type=int, default=2)
   parser.add_argument("--memory", action="store_true",
@@ -190,22 +198,24 @@ def main():
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.peak_rss_of:
-    session, train_op, _, _ = build(args.models[0], args.peak_rss_of, args.k)
+    session, train_op, _, _ = build(args.models[0], args.peak_rss_of, args.k,
+                                    args.optimizer)
     seconds_per_micro_batch(session, train_op, 2 * args.k)
     print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     return
   if args.memory:
-    measure_memory(args.models, args.k)
+    measure_memory(args.models, args.k, args.optimizer)
     return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"TensorFlow {tf.__version__}")
+        f"TensorFlow {tf.__version__}, optimizer {args.optimizer}")
   header = ("model", "k", "ms fwd+bwd", "ms plain", "ms accum",
             "accum/fwd+bwd", "accum/plain", "accumulate step/fwd+bwd",
             "trainable MB", "accum MB",
             "accum/trainable")
   print(" | ".join(header))
   for model_name in args.models:
-    result = run(model_name, args.k, args.rounds, args.windows_per_round)
+    result = run(model_name, args.k, args.rounds, args.windows_per_round,
+                 args.optimizer)
     print(" | ".join([
         result["model"], str(result["k"]),
         f"{result['ms_fwd_bwd']:.1f}", f"{result['ms_plain']:.1f}",

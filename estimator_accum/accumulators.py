@@ -23,6 +23,20 @@ _ON_READ = tf.VariableSynchronization.ON_READ
 _SUM = tf.VariableAggregation.SUM
 
 
+def _unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
+  """Initializer of zeros that Grappler cannot fold into a constant.
+
+  `zeros_initializer` builds Fill(shape, 0), which Grappler folds into a
+  Const node for tensors under its 10 MB limit; the cached initialization
+  executor then keeps that constant alive for the whole session: a hidden
+  extra copy of every accumulator (measured: 45 MB on BERT-Small). A zero
+  scalar from `Empty(init=True)` is not a constant, so neither is the fill.
+  """
+  del partition_info
+  zero = tf.raw_ops.Empty(shape=[], dtype=dtype, init=True)
+  return tf.fill(shape, zero)
+
+
 def variable_base_name(var):
   """Returns the strategy-wide name of `var` without the `:0` suffix.
 
@@ -64,7 +78,7 @@ def state_variable(name, shape, dtype, *, per_replica):
     try:
       return tf.compat.v1.get_variable(
           name, shape=shape, dtype=dtype, trainable=False,
-          initializer=tf.compat.v1.zeros_initializer(), use_resource=True,
+          initializer=_unfolded_zeros, use_resource=True,
           **extra)
     except ValueError as error:
       if "already exists" not in str(error):
