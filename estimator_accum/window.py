@@ -1,0 +1,374 @@
+"""The graph of one accumulation window (internal to estimator_accum).
+
+`Window` builds, for one call of `build_accumulating_train_op`: the state
+variables, the per-micro-batch accumulate ops (replica context), and the
+end-of-micro-batch decision (cross-replica context, inside `merge_call`):
+form the window's gradient, all-reduce it once, check it, clip it, apply it
+through `call_for_each_replica`, and count it.
+"""
+
+import collections
+import sys
+
+import tensorflow as tf
+
+from estimator_accum.accumulators import (
+    Accumulator,
+    rows_to_slices,
+    state_variable,
+)
+
+AccumulationState = collections.namedtuple(
+    "AccumulationState",
+    ["k", "global_step", "updates_applied", "skipped_windows",
+     "applied_gradient_norm", "accumulators"])
+AccumulationState.__doc__ = """What a built accumulation keeps, for hooks and tests.
+
+Fields:
+  k: int, micro-batches per update.
+  global_step: the int64 variable counting micro-batches.
+  updates_applied: int64 variable, windows applied so far.
+  skipped_windows: int64 variable, windows skipped for NaN/Inf gradients.
+  applied_gradient_norm: float32 variable, global norm of the last window's
+    gradient (after the mean and the all-reduce, before clipping).
+  accumulators: list of `Accumulator`, one per trained variable.
+"""
+
+_STATUS_ACCUMULATED = 0
+_STATUS_APPLIED = 1
+_STATUS_SKIPPED = 2
+
+
+def _scale(gradient, factor):
+  """Multiplies a tf.Tensor or tf.IndexedSlices by a scalar."""
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(gradient.values * factor, gradient.indices,
+                            gradient.dense_shape)
+  return gradient * factor
+
+
+def _cast(gradient, dtype):
+  """Casts a tf.Tensor or tf.IndexedSlices to `dtype`."""
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(tf.cast(gradient.values, dtype), gradient.indices,
+                            gradient.dense_shape)
+  return tf.cast(gradient, dtype)
+
+
+def _fixed_row_count(gradient):
+  """Pads a tf.IndexedSlices to one row per table row; a Tensor is returned.
+
+  A v1 optimizer all-gathers IndexedSlices across replicas, and TensorFlow's
+  graph-mode collectives keep the shape they first saw: a window touching a
+  different number of rows than the last one aborts the collective. The
+  padding repeats a touched row with zero values; optimizers sum duplicate
+  rows before a sparse update, so the update is the same. (A window that
+  touched no row at all pads with row 0, which then counts as touched.)
+  """
+  if not isinstance(gradient, tf.IndexedSlices):
+    return gradient
+  num_rows = tf.cast(gradient.dense_shape[0], tf.int32)
+  padding = num_rows - tf.shape(gradient.indices)[0]
+  indices = tf.cast(gradient.indices, tf.int64)
+  filler = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
+  value_shape = tf.concat([[padding], tf.shape(gradient.values)[1:]], 0)
+  return tf.IndexedSlices(
+      tf.concat([gradient.values,
+                 tf.zeros(value_shape, gradient.values.dtype)], 0),
+      tf.concat([indices, tf.fill([padding], filler)], 0),
+      gradient.dense_shape)
+
+
+def _create_outside_control_flow(next_creator, **kwargs):
+  """Variable creator that builds variables outside any cond branch.
+
+  Optimizers such as BERT's AdamWeightDecay create their slots with
+  `tf.compat.v1.get_variable` inside `apply_gradients`. Called from inside the
+  end-of-window `tf.cond`, such a variable would be built in the branch (its
+  own function graph under control flow v2); `init_scope` lifts it to the
+  outer graph, as TensorFlow's own optimizers do for their slots.
+  """
+  with tf.init_scope():
+    return next_creator(**kwargs)
+
+
+class Window:
+  """Builds the graph of one accumulation window."""
+
+  def __init__(self, trained, optimizer, k, global_step, clip_norm,
+               num_examples, reduction, accumulator_dtype, summaries, name):
+    self._gradients = [g for g, _ in trained]
+    self._optimizer = optimizer
+    self._k = k
+    self._global_step = global_step
+    self._clip_norm = clip_norm
+    self._num_examples = num_examples
+    self._reduction = reduction
+    self._dtype = accumulator_dtype
+    # For the plain mean, each micro-batch is added already divided by
+    # k * num_replicas, so the window's sum is its gradient: the apply step
+    # hands the optimizer the accumulator itself instead of a scaled copy the
+    # size of the model. With num_examples the divisor is known only at the
+    # window's end.
+    self._prescale = None
+    if reduction == "mean" and num_examples is None:
+      num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+      self._prescale = 1.0 / (k * num_replicas)
+    self._summaries = summaries
+    self._name = name
+    self._accumulators = [Accumulator(v, g, accumulator_dtype)
+                          for g, v in trained]
+    self._examples = None
+    if num_examples is not None:
+      self._examples = state_variable(
+          name + "/window_examples", [], accumulator_dtype, per_replica=True)
+    self._updates = state_variable(
+        name + "/updates_applied", [], tf.int64, per_replica=False)
+    self._skipped = state_variable(
+        name + "/skipped_windows", [], tf.int64, per_replica=False)
+    self._norm = state_variable(
+        name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
+    self.state = AccumulationState(
+        k, global_step, self._updates, self._skipped, self._norm,
+        self._accumulators)
+
+  # Replica context: every micro-batch.
+
+  def accumulate_micro_batch(self):
+    """Adds this micro-batch to the local window; returns a done tensor.
+
+    The first micro-batch of a window overwrites the dense sums and the
+    example count instead of adding to them, so they need no reset.
+    """
+    if self._k == 1:
+      updates = self._window_updates(first=True)
+    else:
+      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      updates = tf.cond(tf.equal(position, 0),
+                        lambda: self._window_updates(first=True),
+                        lambda: self._window_updates(first=False),
+                        name="accumulate")
+    with tf.control_dependencies([updates]):
+      return tf.constant(True, name="accumulated")
+
+  def _window_updates(self, first):
+    """The accumulate ops of one micro-batch, as a done tensor."""
+    weight = None
+    updates = []
+    if self._num_examples is not None:
+      weight = tf.cast(self._num_examples, self._dtype)
+      if first:
+        updates.append(self._examples.assign(weight, read_value=False))
+      elif self._reduction != "running_mean":
+        updates.append(self._examples.assign_add(weight, read_value=False))
+    if self._reduction == "running_mean" and not first:
+      updates = self._running_mean_updates(weight)
+    else:
+      # The running mean of one micro-batch is the micro-batch itself.
+      scale = None if self._reduction == "running_mean" else weight
+      if self._prescale is not None:
+        scale = tf.constant(self._prescale, self._dtype)
+      updates += [a.add(g, scale, first=first)
+                  for a, g in zip(self._accumulators, self._gradients)]
+    with tf.control_dependencies(updates):
+      return tf.constant(True)
+
+  def _running_mean_updates(self, weight):
+    """Ops that keep the accumulators equal to the window's mean so far.
+
+    mean_t = mean_{t-1} * (1 - f) + f * g_t, with f = n_t / N_t (the share of
+    this micro-batch in the examples seen so far in the window).
+    """
+    if weight is None:
+      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      fraction = 1.0 / tf.cast(position + 1, self._dtype)
+      weight_update = []
+    else:
+      seen = self._examples.assign_add(weight)
+      fraction = weight / seen
+      weight_update = [seen]
+    with tf.control_dependencies(weight_update):
+      decays = [a.decay(1.0 - fraction) for a in self._accumulators]
+    with tf.control_dependencies(decays):
+      return [a.add(g, fraction)
+              for a, g in zip(self._accumulators, self._gradients)]
+
+  # Cross-replica context: the end-of-micro-batch decision.
+
+  def end_micro_batch(self, strategy, accumulated):
+    """merge_call body: maybe end the window, then count the micro-batch."""
+    with tf.control_dependencies(strategy.experimental_local_results(
+        accumulated)):
+      position = tf.cast(self._global_step.read_value(), tf.int64)
+    ends_window = tf.equal(tf.math.floormod(position + 1, self._k), 0)
+    status = tf.cond(
+        ends_window,
+        lambda: self._end_window(strategy, position),
+        lambda: tf.constant(_STATUS_ACCUMULATED),
+        name="end_of_window")
+    if self._summaries:
+      self._add_summaries(status)
+    with tf.control_dependencies([status]):
+      return tf.group(
+          self._global_step.assign_add(
+              tf.constant(1, self._global_step.dtype.base_dtype),
+              read_value=False),
+          name="train_op")
+
+  def _end_window(self, strategy, position):
+    """True branch: form, check and apply the window; reset it; count it."""
+    local = strategy.extended.call_for_each_replica(self._local_window)
+    if strategy.num_replicas_in_sync > 1:
+      # The window's one all-reduce, batched over every variable. It is made
+      # here, in cross-replica context: ReplicaContext.all_reduce wraps itself
+      # in tf.custom_gradient, which looks variables up by op name and cannot
+      # find a replica's component of an ON_READ accumulator.
+      flat = tf.nest.flatten(local)
+      present = [i for i, value in enumerate(flat) if value is not None]
+      reduced = strategy.extended.batch_reduce_to(
+          tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in present])
+      for i, value in zip(present, reduced):
+        flat[i] = value
+      local = tf.nest.pack_sequence_as(local, flat)
+    gradients, norm, finite = strategy.extended.call_for_each_replica(
+        self._window_gradients, args=local)
+    first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
+    finite, norm = first(finite), first(norm)
+    applied = tf.cond(
+        finite,
+        lambda: self._apply(strategy, gradients),
+        lambda: self._skip(position, norm))
+    resets = strategy.extended.call_for_each_replica(
+        self._reset, args=(applied,))
+    with tf.control_dependencies(strategy.experimental_local_results(resets)):
+      counters = [
+          self._updates.assign_add(tf.cast(applied, tf.int64),
+                                   read_value=False),
+          self._skipped.assign_add(tf.cast(tf.logical_not(applied), tf.int64),
+                                   read_value=False),
+          self._norm.assign(norm, read_value=False),
+      ]
+    with tf.control_dependencies(counters):
+      return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
+
+  def _apply(self, strategy, gradients):
+    applied = strategy.extended.call_for_each_replica(
+        self._apply_on_replica, args=(gradients,))
+    with tf.control_dependencies(strategy.experimental_local_results(applied)):
+      return tf.constant(True)
+
+  def _skip(self, position, norm):
+    # Printed from the graph, to stderr: TF's C++ log (tf.print's logging
+    # streams) is often silenced by TF_CPP_MIN_LOG_LEVEL.
+    warn = tf.print(
+        "WARNING estimator_accum: skipped the window ending at micro-batch",
+        position, "because its gradient is not finite (global norm", norm,
+        ")", output_stream=sys.stderr)
+    with tf.control_dependencies([warn]):
+      return tf.constant(False)
+
+  # Replica context, inside the end-of-window branch.
+
+  def _local_window(self):
+    """This replica's window before any communication: (sums, rows, weight).
+
+    `sums` holds one tensor per variable, summed over the replica's
+    micro-batches (weighted by their sizes with num_examples); `weight` is
+    what they must be divided by for the mean: the examples seen, or k. For
+    the running mean, whose accumulators hold a mean, the sums are rebuilt as
+    mean * weight so replicas combine as for the other reductions.
+
+    On one replica a sparse variable's sum is already a tf.IndexedSlices and
+    `rows` holds None. With several replicas the dense sum and its touched-row
+    mask are returned instead, so that the all-reduce has the same shapes on
+    every replica (IndexedSlices are all-gathered, and their row counts
+    differ); `_window_gradients` rebuilds the IndexedSlices afterwards.
+    """
+    several = tf.distribute.get_strategy().num_replicas_in_sync > 1
+    sums, rows = [], []
+    for accumulator in self._accumulators:
+      if accumulator.is_sparse and several:
+        sums.append(accumulator.total.read_value())
+        rows.append(accumulator.rows.read_value())
+      else:
+        sums.append(accumulator.window_sum())
+        rows.append(None)
+    if self._examples is not None:
+      weight = self._examples.read_value()
+    elif self._prescale is not None:
+      weight = tf.constant(1.0 / tf.distribute.get_strategy()
+                           .num_replicas_in_sync, self._dtype)
+    else:
+      weight = tf.constant(float(self._k), self._dtype)
+    if self._reduction == "running_mean":
+      sums = [_scale(s, weight) for s in sums]
+    return sums, rows, weight
+
+  def _window_gradients(self, sums, rows, weight):
+    """The window's gradient on this replica, from sums over all replicas.
+
+    Returns:
+      (gradients, norm, finite): the list of window gradients (tf.Tensor or
+      tf.IndexedSlices with unique rows, the variables' dtypes, clipped if
+      asked), their global norm before clipping (float32), and whether that
+      norm is finite. A NaN or Inf anywhere in the window makes the norm
+      non-finite, and every replica sees the same reduced values.
+    """
+    sums = [s if r is None else rows_to_slices(s, r)
+            for s, r in zip(sums, rows)]
+    if self._reduction == "sum" or self._prescale is not None:
+      gradients = sums
+    else:
+      gradients = [_scale(s, 1.0 / weight) for s in sums]
+    gradients = [_cast(g, tf.float32) for g in gradients]
+    norm = tf.linalg.global_norm(gradients)
+    finite = tf.math.is_finite(norm)
+    if self._clip_norm is not None:
+      gradients, _ = tf.clip_by_global_norm(
+          gradients, self._clip_norm, use_norm=norm)
+    gradients = [_cast(g, a.variable.dtype.base_dtype)
+                 for g, a in zip(gradients, self._accumulators)]
+    return gradients, norm, finite
+
+  def _apply_on_replica(self, gradients):
+    """Hands the window's gradient to the optimizer on this replica."""
+    strategy = tf.distribute.get_strategy()
+    num_replicas = strategy.num_replicas_in_sync
+    variables = [a.variable for a in self._accumulators]
+    extra = {}
+    if isinstance(self._optimizer, tf.keras.optimizers.legacy.Optimizer):
+      # Already reduced: tell Keras not to reduce again.
+      extra = dict(experimental_aggregate_gradients=False)
+    elif num_replicas > 1:
+      # A v1 optimizer sums over replicas itself; give it each replica's share.
+      gradients = [_fixed_row_count(_scale(g, 1.0 / num_replicas))
+                   for g in gradients]
+    with tf.variable_creator_scope(_create_outside_control_flow):
+      apply_op = self._optimizer.apply_gradients(
+          list(zip(gradients, variables)), **extra)
+    with tf.control_dependencies([apply_op]):
+      return tf.constant(True)
+
+  def _reset(self, after):
+    with tf.control_dependencies([after]):
+      resets = [a.reset() for a in self._accumulators]
+    with tf.control_dependencies(resets):
+      return tf.constant(True)
+
+  def _add_summaries(self, after):
+    """TensorBoard scalars: updates, skipped windows, applied gradient norm.
+
+    Built once, in cross-replica context. The values are read after `after`
+    (the micro-batch's work), so the scalar at step s is the state after
+    micro-batch s; a plain read of the variables would race with the cond.
+    Fetching them runs that micro-batch, which is what Estimator's
+    SummarySaverHook does. Tagged `accumulation/*`: a tag equal to a
+    counter's own op name would be uniquified into `..._1`.
+    """
+    with tf.control_dependencies([after]):
+      values = {"updates_applied": self._updates.read_value(),
+                "skipped_windows": self._skipped.read_value(),
+                "applied_gradient_norm": self._norm.read_value()}
+    with tf.compat.v1.name_scope(None):
+      for tag, value in values.items():
+        tf.compat.v1.summary.scalar("accumulation/" + tag, value)
