@@ -1,0 +1,181 @@
+"""BERT's optimizers and learning-rate schedule, for accumulated training.
+
+`AdamWeightDecayOptimizer` is google-research/bert's Adam with decoupled
+weight decay and no bias correction; `LambOptimizer` is LAMB (You et al.,
+2019): Adam with bias correction and weight decay, scaled per variable by the
+trust ratio ||w|| / ||update||. Both are `tf.compat.v1.train.Optimizer`
+subclasses built from the standard slot machinery, so they work inside
+`build_accumulating_train_op` and under distribution strategies. Slots are
+named like Google's (`<var>/adam_m`, `<var>/adam_v`), and sparse gradients are
+applied densely, as Google's code does, so every row's moments decay.
+
+`learning_rate_schedule` is Google's warmup-then-linear-decay, driven by the
+number of optimizer updates (not micro-batches): with accumulation that is
+`estimator_accum.update_count(k)`.
+"""
+
+import re
+
+import tensorflow as tf
+
+DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
+OPTIMIZERS = ("adamw", "lamb")
+
+
+def learning_rate_schedule(init_lr, update_count, num_train_updates,
+                           num_warmup_updates):
+  """Linear warmup to init_lr over num_warmup_updates, then linear decay to 0
+  at num_train_updates (Google's create_optimizer schedule)."""
+  if num_train_updates < 1:
+    raise ValueError(f"num_train_updates must be >= 1, got "
+                     f"{num_train_updates!r}.")
+  if not 0 <= num_warmup_updates <= num_train_updates:
+    raise ValueError(f"num_warmup_updates must be in [0, num_train_updates="
+                     f"{num_train_updates}], got {num_warmup_updates!r}.")
+  step = tf.cast(update_count, tf.float32)
+  decayed = init_lr * tf.maximum(
+      1.0 - tf.minimum(step, num_train_updates) / num_train_updates, 0.0)
+  if not num_warmup_updates:
+    return decayed
+  warmup = init_lr * step / num_warmup_updates
+  return tf.where(step < num_warmup_updates, warmup, decayed)
+
+
+def create_optimizer(name, learning_rate, weight_decay_rate=0.01):
+  """`adamw` or `lamb` with BERT's defaults (epsilon 1e-6, weight decay off
+  for LayerNorm and biases)."""
+  if name == "adamw":
+    return AdamWeightDecayOptimizer(learning_rate, weight_decay_rate)
+  if name == "lamb":
+    return LambOptimizer(learning_rate, weight_decay_rate)
+  raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}.")
+
+
+def _var_name(var):
+  return re.sub(r":\d+$", "", var.name)
+
+
+class _BertAdamBase(tf.compat.v1.train.Optimizer):
+  """Shared slots, weight-decay selection and dense application."""
+
+  def __init__(self, learning_rate, weight_decay_rate, beta_1, beta_2,
+               epsilon, exclude_from_weight_decay, name):
+    super().__init__(use_locking=False, name=name)
+    self._lr = learning_rate
+    self.weight_decay_rate = weight_decay_rate
+    self.beta_1 = beta_1
+    self.beta_2 = beta_2
+    self.epsilon = epsilon
+    self.exclude_from_weight_decay = tuple(exclude_from_weight_decay or ())
+
+  def _do_use_weight_decay(self, var):
+    if not self.weight_decay_rate:
+      return False
+    name = _var_name(var)
+    return not any(re.search(pattern, name)
+                   for pattern in self.exclude_from_weight_decay)
+
+  def _create_slots(self, var_list):
+    for var in var_list:
+      self._zeros_slot(var, "m", "adam_m")
+      self._zeros_slot(var, "v", "adam_v")
+
+  def _prepare(self):
+    self._lr_t = tf.convert_to_tensor(self._call_if_callable(self._lr),
+                                      tf.float32, name="learning_rate")
+
+  def _moments(self, grad, var):
+    m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
+    next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
+    next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+    return m, v, next_m, next_v
+
+  def _update(self, var, next_m, next_v):
+    raise NotImplementedError
+
+  def _resource_apply_dense(self, grad, var):
+    m, v, next_m, next_v = self._moments(grad, var)
+    new_var = var - self._update(var, next_m, next_v)
+    return tf.group(var.assign(new_var), m.assign(next_m), v.assign(next_v))
+
+  def _apply_dense(self, grad, var):
+    return self._resource_apply_dense(grad, var)
+
+  def _resource_apply_sparse_duplicate_indices(self, grad, var, indices):
+    # Google's optimizer densifies IndexedSlices: every row's moments decay.
+    dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var)[0])
+    return self._resource_apply_dense(dense, var)
+
+  def _apply_sparse_duplicate_indices(self, grad, var):
+    dense = tf.math.unsorted_segment_sum(grad.values, grad.indices,
+                                         tf.shape(var)[0])
+    return self._resource_apply_dense(dense, var)
+
+
+class AdamWeightDecayOptimizer(_BertAdamBase):
+  """google-research/bert's Adam with decoupled weight decay.
+
+  No bias correction; weight decay is added to the Adam step (not to the
+  gradient) for variables whose names match none of
+  exclude_from_weight_decay. `global_step` in apply_gradients is incremented
+  if given, as for every tf.compat.v1 optimizer.
+  """
+
+  def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9,
+               beta_2=0.999, epsilon=1e-6,
+               exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY,
+               name="AdamWeightDecayOptimizer"):
+    super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2,
+                     epsilon, exclude_from_weight_decay, name)
+
+  def _update(self, var, next_m, next_v):
+    update = next_m / (tf.sqrt(next_v) + self.epsilon)
+    if self._do_use_weight_decay(var):
+      update += self.weight_decay_rate * var
+    return self._lr_t * update
+
+
+class LambOptimizer(_BertAdamBase):
+  """LAMB: bias-corrected Adam plus decoupled weight decay, with each
+  variable's step scaled by the trust ratio ||w|| / ||step|| (1 when either
+  norm is zero). The bias correction counts this optimizer's own updates, in
+  a `<name>/step` variable that is saved in checkpoints.
+  """
+
+  def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9,
+               beta_2=0.999, epsilon=1e-6,
+               exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY,
+               name="LambOptimizer"):
+    super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2,
+                     epsilon, exclude_from_weight_decay, name)
+
+  def _create_slots(self, var_list):
+    super()._create_slots(var_list)
+    first = min(var_list, key=lambda var: var.name)
+    self._create_non_slot_variable(initial_value=0.0, name="step",
+                                   colocate_with=first)
+
+  def _step(self):
+    # init_scope: inside a tf.cond branch the default graph is the branch's.
+    with tf.init_scope():
+      graph = (None if tf.executing_eagerly()
+               else tf.compat.v1.get_default_graph())
+      return self._get_non_slot_variable("step", graph=graph)
+
+  def _update(self, var, next_m, next_v):
+    step = self._step() + 1.0
+    m_hat = next_m / (1.0 - tf.pow(self.beta_1, step))
+    v_hat = next_v / (1.0 - tf.pow(self.beta_2, step))
+    update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+    if self._do_use_weight_decay(var):
+      update += self.weight_decay_rate * var
+    w_norm, u_norm = tf.norm(var), tf.norm(update)
+    ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
+    return self._lr_t * ratio * update
+
+  def _finish(self, update_ops, name_scope):
+    with tf.control_dependencies(update_ops):
+      step = self._step()
+      with tf.compat.v1.colocate_with(step):
+        increment = step.assign_add(1.0, read_value=False)
+    return tf.group(*update_ops, increment, name=name_scope)

@@ -1,0 +1,98 @@
+"""BERT's WordPiece tokenizer with google-research/bert's public interface.
+
+```python
+tokenizer = tokenization.FullTokenizer("vocab.txt", do_lower_case=True)
+tokens = tokenizer.tokenize("Hello, world!")   # ['hello', ',', 'world', '!']
+ids = tokenizer.convert_tokens_to_ids(tokens)
+```
+
+The work is done by Hugging Face's `tokenizers` library (basic tokenization,
+lower-casing and accent stripping, then greedy longest-match WordPiece), which
+gives the same tokens as Google's reference code. `tokenize_batch` runs it over
+many texts at once in native code, which is what feature conversion uses.
+"""
+
+import collections
+
+import tensorflow as tf
+from tokenizers import BertWordPieceTokenizer
+
+# Tokens such as [CLS], [unused12] are not words; leave them out when deciding
+# whether a vocabulary is cased.
+_SPECIAL_PREFIX = "["
+
+
+def load_vocab(vocab_file):
+  """Reads a vocab.txt (one token per line) into an ordered token → id map."""
+  if not tf.io.gfile.exists(vocab_file):
+    raise FileNotFoundError(f"vocab_file {vocab_file!r} does not exist.")
+  vocab = collections.OrderedDict()
+  with tf.io.gfile.GFile(vocab_file, "r") as reader:
+    for index, line in enumerate(reader):
+      token = line.rstrip("\n")
+      if token in vocab:
+        raise ValueError(f"{vocab_file}:{index + 1}: token {token!r} appears "
+                         f"twice in the vocabulary.")
+      vocab[token] = index
+  if not vocab:
+    raise ValueError(f"vocab_file {vocab_file!r} is empty.")
+  return vocab
+
+
+def vocab_is_cased(vocab):
+  """True when the vocabulary has word pieces with capital letters."""
+  return any(token[:1] != _SPECIAL_PREFIX and token != token.lower()
+             for token in vocab)
+
+
+def validate_case_matches_vocab(do_lower_case, vocab_file):
+  """Raises ValueError when do_lower_case contradicts the vocabulary.
+
+  An uncased vocabulary has no capital letters, so do_lower_case=False would
+  turn every capitalized word into [UNK]; a cased one read with
+  do_lower_case=True loses the case the model was trained with. Both train
+  silently worse, so both are refused.
+  """
+  cased = vocab_is_cased(load_vocab(vocab_file))
+  if do_lower_case and cased:
+    raise ValueError(
+        f"do_lower_case=True but vocab_file {vocab_file!r} is a cased "
+        f"vocabulary (it has capital letters); pass do_lower_case=False.")
+  if not do_lower_case and not cased:
+    raise ValueError(
+        f"do_lower_case=False but vocab_file {vocab_file!r} is an uncased "
+        f"vocabulary (no capital letters); pass do_lower_case=True.")
+
+
+class FullTokenizer:
+  """Basic tokenization (punctuation, whitespace, case) followed by WordPiece."""
+
+  def __init__(self, vocab_file, do_lower_case=True):
+    self.vocab = load_vocab(vocab_file)
+    self.inv_vocab = {index: token for token, index in self.vocab.items()}
+    self.do_lower_case = do_lower_case
+    unk = "[UNK]" if "[UNK]" in self.vocab else None
+    self._tokenizer = BertWordPieceTokenizer(
+        dict(self.vocab), unk_token=unk or "[UNK]", clean_text=True,
+        handle_chinese_chars=True, strip_accents=None,
+        lowercase=do_lower_case)
+
+  def tokenize(self, text):
+    """The word pieces of `text`, without [CLS]/[SEP]."""
+    return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+  def tokenize_batch(self, texts):
+    """`tokenize` over a list of texts, in parallel native code."""
+    encodings = self._tokenizer.encode_batch(list(texts),
+                                             add_special_tokens=False)
+    return [encoding.tokens for encoding in encodings]
+
+  def convert_tokens_to_ids(self, tokens):
+    try:
+      return [self.vocab[token] for token in tokens]
+    except KeyError as error:
+      raise ValueError(f"token {error.args[0]!r} is not in the vocabulary."
+                       ) from None
+
+  def convert_ids_to_tokens(self, ids):
+    return [self.inv_vocab[index] for index in ids]
