@@ -23,25 +23,33 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
   `build_accumulating_train_op`.
   """
 
-  def __init__(self, every_n_micro_batches=100, micro_batch_size=None):
+  def __init__(self, every_n_micro_batches=100, micro_batch_size=None,
+               total_micro_batches=None, loss=None):
     """Creates the hook.
 
     Args:
       every_n_micro_batches: int >= 1, micro-batches between two log lines.
       micro_batch_size: optional int, examples per micro-batch on each
         replica; when given, the line reports examples/sec over all replicas.
+      total_micro_batches: optional int, the micro-batches training will run
+        (Estimator's max_steps); when given, the line shows progress and the
+        time left.
+      loss: optional scalar tensor, the micro-batch loss, shown on the line.
 
     Raises:
       ValueError: if an argument is not a positive int.
     """
     for name, value in (("every_n_micro_batches", every_n_micro_batches),
-                        ("micro_batch_size", micro_batch_size)):
-      if value is None and name == "micro_batch_size":
+                        ("micro_batch_size", micro_batch_size),
+                        ("total_micro_batches", total_micro_batches)):
+      if value is None and name != "every_n_micro_batches":
         continue
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
     self._every_n = every_n_micro_batches
     self._micro_batch_size = micro_batch_size
+    self._total = total_micro_batches
+    self._loss = loss
     self._state = None
     self._fetches = None
     self._last_time = None
@@ -66,8 +74,14 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._last_skipped = values["skipped"]
     self._last_time = time.time()
 
+  def before_run(self, run_context):
+    del run_context
+    if self._loss is not None and self._step + 1 - self._last_step >= (
+        self._every_n):
+      return tf.estimator.SessionRunArgs(self._loss)
+    return None
+
   def after_run(self, run_context, run_values):
-    del run_values
     self._step += 1
     if self._step - self._last_step < self._every_n:
       return
@@ -77,12 +91,20 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     step = values["step"]
     now = time.time()
     rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
-    line = (f"micro-batch {step} | update {values['updates']} "
+    progress = f"micro-batch {step}"
+    if self._total is not None:
+      progress += f"/{self._total} ({100 * step / self._total:.0f}%)"
+    line = (f"{progress} | update {values['updates']} "
             f"(k={self._state.k}) | skipped windows {values['skipped']} | "
             f"{rate:.1f} micro-batches/sec")
     if self._micro_batch_size is not None:
       examples = rate * self._micro_batch_size * self._num_replicas
       line += f" | {examples:.1f} examples/sec"
+    if run_values.results is not None:
+      line += f" | loss {run_values.results:.4f}"
+    if self._total is not None and rate > 0:
+      left = max(self._total - step, 0) / rate
+      line += f" | {int(left // 60)}m{int(left % 60):02d}s left"
     logging.info(line)
     if values["skipped"] > self._last_skipped:
       logging.warning(

@@ -1,0 +1,142 @@
+"""BERT input features: examples → token ids → TFRecord files → input_fn.
+
+The record format is google-research/bert's (`input_ids`, `input_mask`,
+`segment_ids`, `label_ids`, `is_real_example`, padded to max_seq_length), so
+files written here and there are interchangeable. The input_fn trims each
+batch to its longest real sequence: padding past it changes nothing in the
+model's output (it is masked out of attention) but costs compute.
+"""
+
+import collections
+import os
+import uuid
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+
+
+def _truncate_pair(tokens_a, tokens_b, max_length):
+  """Removes tokens from the longer sequence until both fit (Google's rule)."""
+  while len(tokens_a) + len(tokens_b) > max_length:
+    longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    longer.pop()
+
+
+def convert_examples_to_features(examples, label_list, max_seq_length,
+                                 tokenizer):
+  """Returns a dict of int32 arrays [num_examples, ...] for the examples.
+
+  Examples without a label (test sets) get label id 0; `is_real_example` is 1
+  for every example here.
+  """
+  if max_seq_length < 3:
+    raise ValueError(f"max_seq_length must be >= 3 ([CLS] x [SEP]), got "
+                     f"{max_seq_length}.")
+  label_map = {label: index for index, label in enumerate(label_list)}
+  tokens_a = tokenizer.tokenize_batch([ex.text_a for ex in examples])
+  pairs = [ex for ex in examples if ex.text_b is not None]
+  tokens_b = iter(tokenizer.tokenize_batch([ex.text_b for ex in pairs]))
+  count = len(examples)
+  arrays = {name: np.zeros((count, max_seq_length), np.int32)
+            for name in FEATURE_NAMES}
+  arrays["label_ids"] = np.zeros(count, np.int32)
+  arrays["is_real_example"] = np.ones(count, np.int32)
+  cls_id, sep_id = tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]"])
+  truncated = 0
+  for row, (example, a) in enumerate(zip(examples, tokens_a, strict=True)):
+    b = next(tokens_b) if example.text_b is not None else []
+    room = max_seq_length - (3 if example.text_b is not None else 2)
+    truncated += len(a) + len(b) > room
+    a, b = list(a), list(b)
+    _truncate_pair(a, b, room)
+    ids = ([cls_id] + tokenizer.convert_tokens_to_ids(a) + [sep_id])
+    segments = [0] * len(ids)
+    if example.text_b is not None:
+      ids += tokenizer.convert_tokens_to_ids(b) + [sep_id]
+      segments += [1] * (len(b) + 1)
+    arrays["input_ids"][row, :len(ids)] = ids
+    arrays["input_mask"][row, :len(ids)] = 1
+    arrays["segment_ids"][row, :len(ids)] = segments
+    if example.label is not None:
+      arrays["label_ids"][row] = label_map[example.label]
+  if truncated:
+    logging.info("%d of %d examples were truncated to max_seq_length=%d.",
+                 truncated, count, max_seq_length)
+  return arrays
+
+
+def write_tfrecord(features, output_file):
+  """Writes the feature arrays as tf.train.Examples; returns the count."""
+  count = len(features["label_ids"])
+  # Unique per process: workers of one job may write the same file at once;
+  # the rename is atomic and their contents are identical.
+  temporary = f"{output_file}.incomplete-{os.getpid()}-{uuid.uuid4().hex}"
+  with tf.io.TFRecordWriter(temporary) as writer:
+    for row in range(count):
+      feature = collections.OrderedDict()
+      for name in FEATURE_NAMES:
+        feature[name] = _int_feature(features[name][row])
+      feature["label_ids"] = _int_feature([features["label_ids"][row]])
+      feature["is_real_example"] = _int_feature(
+          [features["is_real_example"][row]])
+      writer.write(tf.train.Example(features=tf.train.Features(
+          feature=feature)).SerializeToString())
+  tf.io.gfile.rename(temporary, output_file, overwrite=True)
+  return count
+
+
+def _int_feature(values):
+  return tf.train.Feature(int64_list=tf.train.Int64List(
+      value=[int(value) for value in values]))
+
+
+def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
+                    output_file):
+  """Writes output_file once (skipped when it exists); returns its example
+  count."""
+  if tf.io.gfile.exists(output_file):
+    return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(output_file))
+  tf.io.gfile.makedirs(os.path.dirname(output_file) or ".")
+  features = convert_examples_to_features(examples, label_list,
+                                          max_seq_length, tokenizer)
+  return write_tfrecord(features, output_file)
+
+
+def input_fn_builder(input_file, seq_length, batch_size, is_training,
+                     drop_remainder, seed=None):
+  """An Estimator input_fn over the TFRecord file.
+
+  Training repeats forever and shuffles; Estimator's max_steps ends it.
+  Under a distribution strategy with an input context (multi-worker), each
+  input pipeline reads its own shard of the file.
+  """
+  schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
+            for name in FEATURE_NAMES}
+  schema["label_ids"] = tf.io.FixedLenFeature([], tf.int64)
+  schema["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
+
+  def decode(records):
+    parsed = tf.io.parse_example(records, schema)
+    parsed = {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+    length = tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1))
+    for name in FEATURE_NAMES:
+      parsed[name] = parsed[name][:, :length]
+    return parsed
+
+  def input_fn(params=None, input_context=None):
+    del params
+    dataset = tf.data.TFRecordDataset(input_file)
+    if input_context is not None and input_context.num_input_pipelines > 1:
+      dataset = dataset.shard(input_context.num_input_pipelines,
+                              input_context.input_pipeline_id)
+    if is_training:
+      dataset = dataset.shuffle(10_000, seed=seed,
+                                reshuffle_each_iteration=True).repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+        tf.data.AUTOTUNE)
+
+  return input_fn

@@ -1,0 +1,116 @@
+"""BERT sequence classification: the model_fn run_classifier.py trains.
+
+The head is google-research/bert's (`output_weights` [num_labels, hidden],
+`output_bias`, dropout 0.1 on the pooled output), so its checkpoints and
+fine-tuned models carry over. Training goes through
+`estimator_accum.build_accumulating_train_op`; the learning rate follows the
+number of optimizer updates, not micro-batches.
+"""
+
+import dataclasses
+import re
+
+import tensorflow as tf
+from absl import logging
+
+import estimator_accum
+from models.bert import modeling, optimization
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingConfig:
+  """What the model_fn needs to train; plain values, no flags."""
+  num_labels: int
+  learning_rate: float = 5e-5
+  num_train_updates: int = 1
+  num_warmup_updates: int = 0
+  k: int = 1
+  clip_norm: float | None = 1.0
+  optimizer: str = "adamw"
+  init_checkpoint: str | None = None
+  micro_batch_size: int | None = None
+  total_micro_batches: int | None = None
+  log_every_n_micro_batches: int = 50
+
+
+def create_model(bert_config, is_training, features, num_labels):
+  """Returns (logits, probabilities) for features from bert_features."""
+  model = modeling.BertModel(
+      bert_config, is_training, features["input_ids"],
+      features["input_mask"], features["segment_ids"])
+  pooled = model.get_pooled_output()
+  hidden_size = pooled.shape[-1]
+  output_weights = tf.compat.v1.get_variable(
+      "output_weights", [num_labels, hidden_size],
+      initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.02))
+  output_bias = tf.compat.v1.get_variable(
+      "output_bias", [num_labels], initializer=tf.compat.v1.zeros_initializer())
+  if is_training:
+    pooled = tf.nn.dropout(pooled, rate=0.1)
+  logits = tf.matmul(pooled, output_weights, transpose_b=True) + output_bias
+  return logits, tf.nn.softmax(logits, axis=-1)
+
+
+def assignment_map(init_checkpoint):
+  """Maps every trainable variable whose name and shape are in the
+  checkpoint to itself; returns (map, names initialized)."""
+  shapes = tf.train.load_checkpoint(init_checkpoint).get_variable_to_shape_map()
+  mapping = {}
+  for var in tf.compat.v1.trainable_variables():
+    name = re.sub(r":\d+$", "", var.name)
+    if name in shapes and list(shapes[name]) == var.shape.as_list():
+      mapping[name] = name
+  return mapping
+
+
+def model_fn_builder(bert_config, training):
+  """Returns an Estimator model_fn for a TrainingConfig."""
+
+  def model_fn(features, labels, mode):
+    del labels
+    is_training = mode == tf.estimator.ModeKeys.TRAIN
+    logits, probabilities = create_model(bert_config, is_training, features,
+                                         training.num_labels)
+    if training.init_checkpoint:
+      mapping = assignment_map(training.init_checkpoint)
+      tf.compat.v1.train.init_from_checkpoint(training.init_checkpoint,
+                                              mapping)
+      if is_training:
+        logging.info("Initialized %d of %d variables from %s.", len(mapping),
+                     len(tf.compat.v1.trainable_variables()),
+                     training.init_checkpoint)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+      return tf.estimator.EstimatorSpec(
+          mode, predictions={"probabilities": probabilities})
+    label_ids = features["label_ids"]
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=label_ids, logits=logits))
+    if mode == tf.estimator.ModeKeys.EVAL:
+      weights = tf.cast(features["is_real_example"], tf.float32)
+      predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
+      metrics = {
+          "eval_accuracy": tf.compat.v1.metrics.accuracy(
+              label_ids, predictions, weights=weights),
+          "eval_loss": tf.compat.v1.metrics.mean(
+              tf.nn.sparse_softmax_cross_entropy_with_logits(
+                  labels=label_ids, logits=logits), weights=weights),
+      }
+      return tf.estimator.EstimatorSpec(mode, loss=loss,
+                                        eval_metric_ops=metrics)
+    learning_rate = optimization.learning_rate_schedule(
+        training.learning_rate, estimator_accum.update_count(training.k),
+        training.num_train_updates, training.num_warmup_updates)
+    optimizer = optimization.create_optimizer(training.optimizer,
+                                              learning_rate)
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, optimizer, training.k, clip_norm=training.clip_norm)
+    tf.compat.v1.summary.scalar("learning_rate", learning_rate)
+    hook = estimator_accum.AccumulationLoggingHook(
+        every_n_micro_batches=training.log_every_n_micro_batches,
+        micro_batch_size=training.micro_batch_size,
+        total_micro_batches=training.total_micro_batches, loss=loss)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=estimator_accum.reportable_loss(loss), train_op=train_op,
+        training_hooks=[hook])
+
+  return model_fn

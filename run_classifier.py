@@ -1,0 +1,270 @@
+"""Fine-tunes BERT for sentence (pair) classification with gradient
+accumulation, on one device, several (mirrored) or a TF_CONFIG cluster.
+
+With no flags it runs the project's main job: all-MiniLM-L6-v2 (converted once
+from its offline package) fine-tuned on Rotten Tomatoes polarity with
+micro-batch 8 and k=4, evaluated on a held-out split of movies it never
+trains on:
+
+    python run_classifier.py
+
+Google's flags work as in google-research/bert, except that
+`train_batch_size` is the micro-batch per replica: the effective batch is
+workers x replicas x train_batch_size x gradient_accumulation_multiplier.
+"""
+
+import datetime
+import json
+import math
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging
+
+from data import bert_features, classification
+from models.bert import (
+  classifier,
+  modeling,
+  optimization,
+  pretrained,
+  tokenization,
+)
+
+FLAGS = flags.FLAGS
+STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
+
+flags.DEFINE_string("task_name", "rotten_tomatoes",
+                    f"One of {sorted(classification.PROCESSORS)}.")
+flags.DEFINE_string("data_dir", None, "The task's data files (GLUE TSVs, "
+                    "Yelp CSVs); Rotten Tomatoes defaults to its package.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json; default "
+                    "all-MiniLM-L6-v2 from its offline package.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
+flags.DEFINE_string("init_checkpoint", None, "Pretrained checkpoint prefix.")
+flags.DEFINE_string("output_dir", None, "Checkpoints, features and results; "
+                    "default runs/<task>-<time>.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case the input; must match "
+                  "the vocabulary (checked).")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, after "
+                     "WordPiece, with [CLS] and [SEP].", lower_bound=3)
+flags.DEFINE_bool("do_train", True, "Fine-tune on the train split.")
+flags.DEFINE_bool("do_eval", True, "Evaluate on the dev split.")
+flags.DEFINE_bool("do_predict", False, "Predict the test split.")
+flags.DEFINE_integer("train_batch_size", 8, "Micro-batch per replica.",
+                     lower_bound=1)
+flags.DEFINE_integer("eval_batch_size", 64, "Eval batch.", lower_bound=1)
+flags.DEFINE_integer("predict_batch_size", 64, "Predict batch.",
+                     lower_bound=1)
+flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate.",
+                   lower_bound=0.0)
+flags.DEFINE_float("num_train_epochs", 1.0, "Epochs over the train split.",
+                   lower_bound=0.0)
+flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates spent "
+                   "warming the learning rate up.", lower_bound=0.0,
+                   upper_bound=1.0)
+flags.DEFINE_integer("save_checkpoints_steps", 1000, "Micro-batches between "
+                     "checkpoints.", lower_bound=1)
+flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
+                     "accumulated per optimizer update.", lower_bound=1)
+flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
+                   "global norm; 0 disables.", lower_bound=0.0)
+flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
+flags.DEFINE_bool("use_fp16", False, "float16 compute with loss scaling.")
+flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
+                  "none, mirrored (local devices), or multi_worker / "
+                  "parameter_server with the cluster from TF_CONFIG.")
+flags.DEFINE_integer("log_every", 50, "Micro-batches between progress lines.",
+                     lower_bound=1)
+flags.DEFINE_integer("seed", 42, "Random seed.")
+
+
+class UsageError(ValueError):
+  """Bad flags or inputs: reported as one line and a non-zero exit."""
+
+
+def _model_files():
+  """(bert_config_file, vocab_file, init_checkpoint), the default model's
+  when none of them is given."""
+  given = (FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.init_checkpoint)
+  if not any(given):
+    checkpoint = pretrained.minilm_checkpoint()
+    return (checkpoint.bert_config_file, checkpoint.vocab_file,
+            checkpoint.init_checkpoint)
+  if not FLAGS.bert_config_file or not FLAGS.vocab_file:
+    raise UsageError("--bert_config_file and --vocab_file go together (and "
+                     "--init_checkpoint with them unless training from "
+                     "scratch).")
+  for flag, path in (("bert_config_file", FLAGS.bert_config_file),
+                     ("vocab_file", FLAGS.vocab_file)):
+    if not tf.io.gfile.exists(path):
+      raise UsageError(f"--{flag}={path} does not exist.")
+  if FLAGS.init_checkpoint and not tf.io.gfile.exists(
+      FLAGS.init_checkpoint + ".index"):
+    raise UsageError(f"--init_checkpoint={FLAGS.init_checkpoint} is not a "
+                     f"checkpoint ({FLAGS.init_checkpoint}.index is missing).")
+  return given
+
+
+def _strategy():
+  """(strategy or None, workers, replicas per worker)."""
+  name = FLAGS.distribution_strategy
+  if name == "none":
+    return None, 1, 1
+  if name == "mirrored":
+    strategy = tf.distribute.MirroredStrategy()
+    return strategy, 1, strategy.num_replicas_in_sync
+  cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+  workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
+  if not workers:
+    raise UsageError(f"--distribution_strategy={name} needs TF_CONFIG with "
+                     f"a cluster (see python -m tfconfig print).")
+  if name == "parameter_server":
+    raise UsageError("--distribution_strategy=parameter_server is not "
+                     "supported yet: accumulation keeps each worker's window "
+                     "on the ps tasks. Use multi_worker.")
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  return strategy, workers, strategy.num_replicas_in_sync // workers
+
+
+def _is_chief():
+  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  return task.get("type", "chief") == "chief" or (
+      task.get("type") == "worker" and task.get("index") == 0 and not
+      json.loads(os.environ["TF_CONFIG"])["cluster"].get("chief"))
+
+
+def _features(processor, split, tokenizer, label_list):
+  getter = {"train": processor.get_train_examples,
+            "dev": processor.get_dev_examples,
+            "test": processor.get_test_examples}[split]
+  examples = getter(FLAGS.data_dir)
+  path = os.path.join(FLAGS.output_dir, "features",
+                      f"{split}-{FLAGS.max_seq_length}.tf_record")
+  count = bert_features.cached_tfrecord(examples, label_list,
+                                        FLAGS.max_seq_length, tokenizer, path)
+  return examples, path, count
+
+
+def run():
+  if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
+    raise UsageError("at least one of --do_train, --do_eval, --do_predict "
+                     "must be true.")
+  if FLAGS.use_fp16:
+    raise UsageError("--use_fp16 is not supported yet (loss-scaled float16 "
+                     "accumulation is open work); train in float32.")
+  processor = classification.get_processor(FLAGS.task_name)
+  label_list = processor.get_labels()
+  bert_config_file, vocab_file, init_checkpoint = _model_files()
+  bert_config = modeling.BertConfig.from_json_file(bert_config_file)
+  if FLAGS.max_seq_length > bert_config.max_position_embeddings:
+    raise UsageError(
+        f"--max_seq_length={FLAGS.max_seq_length} is above the model's "
+        f"max_position_embeddings ({bert_config.max_position_embeddings}).")
+  try:
+    tokenization.validate_case_matches_vocab(FLAGS.do_lower_case, vocab_file)
+  except ValueError as error:
+    raise UsageError(str(error).replace("do_lower_case", "--do_lower_case")
+                     ) from None
+  tokenizer = tokenization.FullTokenizer(vocab_file, FLAGS.do_lower_case)
+  strategy, workers, replicas = _strategy()
+  if FLAGS.output_dir is None:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    FLAGS.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
+  tf.io.gfile.makedirs(FLAGS.output_dir)
+
+  k = FLAGS.gradient_accumulation_multiplier
+  effective_batch = workers * replicas * FLAGS.train_batch_size * k
+  num_train_updates, train_file = 1, None
+  if FLAGS.do_train:
+    _, train_file, num_train = _features(processor, "train", tokenizer,
+                                         label_list)
+    num_train_updates = max(1, math.ceil(
+        num_train * FLAGS.num_train_epochs / effective_batch))
+    print(f"effective batch {effective_batch} = {workers} worker(s) x "
+          f"{replicas} replica(s) x micro-batch {FLAGS.train_batch_size} x "
+          f"k={k}; {num_train_updates} updates "
+          f"({num_train_updates * k} micro-batches) over {num_train} "
+          f"examples, {FLAGS.num_train_epochs:g} epoch(s)", flush=True)
+  training = classifier.TrainingConfig(
+      num_labels=len(label_list), learning_rate=FLAGS.learning_rate,
+      num_train_updates=num_train_updates,
+      num_warmup_updates=int(num_train_updates * FLAGS.warmup_proportion),
+      k=k, clip_norm=FLAGS.clip_norm or None, optimizer=FLAGS.optimizer,
+      init_checkpoint=init_checkpoint,
+      micro_batch_size=FLAGS.train_batch_size,
+      total_micro_batches=num_train_updates * k,
+      log_every_n_micro_batches=FLAGS.log_every)
+  session_config = None
+  if strategy is not None and not tf.config.list_physical_devices("GPU"):
+    session_config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": max(replicas, 1)})
+  run_config = tf.estimator.RunConfig(
+      model_dir=FLAGS.output_dir, tf_random_seed=FLAGS.seed,
+      train_distribute=strategy, session_config=session_config,
+      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+      log_step_count_steps=FLAGS.log_every * 1000)
+  estimator = tf.estimator.Estimator(
+      classifier.model_fn_builder(bert_config, training), config=run_config)
+
+  if FLAGS.do_train:
+    train_input = bert_features.input_fn_builder(
+        train_file, FLAGS.max_seq_length, FLAGS.train_batch_size,
+        is_training=True, drop_remainder=True, seed=FLAGS.seed)
+    if FLAGS.distribution_strategy == "multi_worker":
+      tf.estimator.train_and_evaluate(
+          estimator,
+          tf.estimator.TrainSpec(train_input, max_steps=num_train_updates * k),
+          tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                                throttle_secs=0))
+    else:
+      estimator.train(train_input, max_steps=num_train_updates * k)
+  if not _is_chief():
+    return
+  if FLAGS.do_eval:
+    _, eval_file, num_eval = _features(processor, "dev", tokenizer,
+                                       label_list)
+    result = estimator.evaluate(bert_features.input_fn_builder(
+        eval_file, FLAGS.max_seq_length, FLAGS.eval_batch_size,
+        is_training=False, drop_remainder=False))
+    result["num_examples"] = num_eval
+    path = os.path.join(FLAGS.output_dir, "eval_results.txt")
+    with tf.io.gfile.GFile(path, "w") as writer:
+      for key in sorted(result):
+        writer.write(f"{key} = {result[key]}\n")
+    print(f"eval on {num_eval} held-out examples: accuracy "
+          f"{result['eval_accuracy']:.4f}, loss {result['eval_loss']:.4f} "
+          f"(written to {path})", flush=True)
+  if FLAGS.do_predict:
+    _, test_file, num_test = _features(processor, "test", tokenizer,
+                                       label_list)
+    path = os.path.join(FLAGS.output_dir, "test_results.tsv")
+    predictions = estimator.predict(bert_features.input_fn_builder(
+        test_file, FLAGS.max_seq_length, FLAGS.predict_batch_size,
+        is_training=False, drop_remainder=False))
+    written = 0
+    with tf.io.gfile.GFile(path, "w") as writer:
+      for prediction in predictions:
+        writer.write("\t".join(f"{p:.6f}" for p in prediction[
+            "probabilities"]) + "\n")
+        written += 1
+    if written != num_test:
+      raise RuntimeError(f"predicted {written} of {num_test} test examples.")
+    print(f"predictions for {num_test} test examples written to {path}",
+          flush=True)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
+  try:
+    run()
+  except (UsageError, classification.DataError, FileNotFoundError) as error:
+    sys.exit(f"run_classifier: error: {error}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,142 @@
+"""run_classifier.py end to end on a tiny random BERT and tiny SST-2 files:
+train + eval + predict with k=2, one-line errors for bad input, and a
+2-worker TF_CONFIG job through `python -m tfconfig launch`."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.bert import convert_hf
+from tests import bert_fixtures
+
+POSITIVE = ["the film was great fun", "a very good movie", "great acting",
+            "the plot is good and fun", "a fun , fun film !"]
+NEGATIVE = ["the film was dull", "a very bad movie", "awful acting",
+            "the plot is dull and bad", "not good , not fun ."]
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+  root = tmp_path_factory.mktemp("tiny_bert")
+  bert_fixtures.write_tiny_hf_bert(str(root / "hf"))
+  convert_hf.convert(str(root / "hf"), str(root / "ckpt"))
+  return root / "ckpt"
+
+
+@pytest.fixture
+def sst2(tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  rows = [(t, 1) for t in POSITIVE] + [(t, 0) for t in NEGATIVE]
+  body = "".join(f"{text}\t{label}\n" for text, label in rows)
+  (data / "train.tsv").write_text("sentence\tlabel\n" + body * 4)
+  (data / "dev.tsv").write_text("sentence\tlabel\n" + body)
+  (data / "test.tsv").write_text("index\tsentence\n" + "".join(
+      f"{i}\t{text}\n" for i, (text, _) in enumerate(rows)))
+  return data
+
+
+def _flags(model, data, output_dir, **extra):
+  flags = {"task_name": "sst-2", "data_dir": data,
+           "bert_config_file": model / "bert_config.json",
+           "vocab_file": model / "vocab.txt",
+           "init_checkpoint": model / "bert_model.ckpt",
+           "output_dir": output_dir, "max_seq_length": 16,
+           "train_batch_size": 4, "gradient_accumulation_multiplier": 2,
+           "num_train_epochs": 2, "learning_rate": 1e-3,
+           "eval_batch_size": 3, "predict_batch_size": 3, "log_every": 2}
+  flags.update(extra)
+  return [f"--{name}={value}" for name, value in flags.items()]
+
+
+def _run(args, timeout=TIMEOUT):
+  return subprocess.run([sys.executable, "run_classifier.py", *args],
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  result = _run(_flags(tiny_model, sst2, output_dir, do_predict=True))
+  assert result.returncode == 0, result.stderr[-3000:]
+  # 40 examples x 2 epochs / (1 x 1 x 4 x 2) = 10 updates, 20 micro-batches.
+  assert ("effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 4 x "
+          "k=2; 10 updates (20 micro-batches)") in result.stdout
+  assert re.search(r"micro-batch 20/20 \(100%\) \| update 10 \(k=2\)",
+                   result.stderr)
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  name = "bert/encoder/layer_0/attention/self/query/kernel"
+  assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
+  results = dict(line.split(" = ") for line in (
+      output_dir / "eval_results.txt").read_text().splitlines())
+  assert 0.0 <= float(results["eval_accuracy"]) <= 1.0
+  assert results["num_examples"] == "10"
+  rows = (output_dir / "test_results.tsv").read_text().splitlines()
+  assert len(rows) == 10
+  for row in rows:
+    probabilities = [float(value) for value in row.split("\t")]
+    assert len(probabilities) == 2
+    assert abs(sum(probabilities) - 1.0) < 1e-4
+
+
+@pytest.mark.parametrize("change, message", [
+    ("missing_file", "has no train.tsv"),
+    ("malformed_row", r"train.tsv:3: expected at least 2 tab-separated"),
+    ("bad_label", r"dev.tsv:2: label 'maybe' is not one of \['0', '1'\]"),
+    ("long_sequence", r"--max_seq_length=65 is above the model's "
+                      r"max_position_embeddings \(64\)"),
+    ("cased", r"--do_lower_case=False but vocab_file .* is an uncased"),
+    ("k0", r"gradient_accumulation_multiplier.*0"),
+])
+def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
+                                                  tiny_model, sst2, tmp_path):
+  extra = {}
+  if change == "missing_file":
+    os.remove(sst2 / "train.tsv")
+  elif change == "malformed_row":
+    (sst2 / "train.tsv").write_text(
+        "sentence\tlabel\ngood fun\t1\na line without its label\n")
+  elif change == "bad_label":
+    (sst2 / "dev.tsv").write_text("sentence\tlabel\ngood\tmaybe\n")
+    extra["do_train"] = False
+  elif change == "long_sequence":
+    extra["max_seq_length"] = 65
+  elif change == "cased":
+    extra["do_lower_case"] = False
+  elif change == "k0":
+    extra["gradient_accumulation_multiplier"] = 0
+  result = _run(_flags(tiny_model, sst2, tmp_path / "run", **extra))
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if "error" in line.lower()]
+  assert errors and re.search(message, errors[0]), result.stderr[-2000:]
+
+
+def test_two_workers_train_with_the_effective_batch_they_print(
+    tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", str(TIMEOUT), "--", sys.executable,
+             "run_classifier.py", *_flags(
+                 tiny_model, sst2, output_dir,
+                 distribution_strategy="multi_worker")]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # 40 x 2 / (2 workers x 1 replica x 4 x k=2) = 5 updates, 10 micro-batches.
+  for worker in (0, 1):
+    assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
+            f"replica(s) x micro-batch 4 x k=2; 5 updates (10 micro-batches)"
+            ) in result.stdout
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 10
+  assert "[worker:0] eval on 10 held-out examples" in result.stdout
+  assert (output_dir / "eval_results.txt").exists()
