@@ -72,7 +72,8 @@ flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
 flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
                    "global norm; 0 disables.", lower_bound=0.0)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
-flags.DEFINE_bool("use_fp16", False, "float16 compute with loss scaling.")
+flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
+                  "with dynamic loss scaling.")
 flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
                   "none, mirrored (local devices), or multi_worker / "
                   "parameter_server with the cluster from TF_CONFIG.")
@@ -152,9 +153,6 @@ def run():
   if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
     raise UsageError("at least one of --do_train, --do_eval, --do_predict "
                      "must be true.")
-  if FLAGS.use_fp16:
-    raise UsageError("--use_fp16 is not supported yet (loss-scaled float16 "
-                     "accumulation is open work); train in float32.")
   processor = classification.get_processor(FLAGS.task_name)
   label_list = processor.get_labels()
   bert_config_file, vocab_file, init_checkpoint = _model_files()
@@ -196,7 +194,7 @@ def run():
       init_checkpoint=init_checkpoint,
       micro_batch_size=FLAGS.train_batch_size,
       total_micro_batches=num_train_updates * k,
-      log_every_n_micro_batches=FLAGS.log_every)
+      log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16)
   session_config = None
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(

@@ -57,14 +57,6 @@ def check_optimizer(optimizer):
   """Checks that `optimizer` is an optimizer the accumulation can drive."""
   v1_optimizer = tf.compat.v1.train.Optimizer
   keras_legacy = tf.keras.optimizers.legacy.Optimizer
-  loss_scale_types = (
-      tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer,)
-  if isinstance(optimizer, loss_scale_types):
-    raise TypeError(
-        f"optimizer is a loss-scale wrapper ({type(optimizer).__name__}); "
-        "pass the inner optimizer instead. Wrapping the accumulation in a "
-        "loss-scale optimizer would unscale and apply gradients every "
-        "micro-batch, which is not the big batch.")
   if isinstance(optimizer, (v1_optimizer, keras_legacy)):
     return
   if isinstance(optimizer, tf.keras.optimizers.Optimizer):

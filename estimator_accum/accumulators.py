@@ -47,7 +47,7 @@ def variable_base_name(var):
   return var.name.split(":")[0]
 
 
-def state_variable(name, shape, dtype, *, per_replica):
+def state_variable(name, shape, dtype, *, per_replica, initial_value=None):
   """Creates a non-trainable state variable with exactly `name`.
 
   Args:
@@ -57,9 +57,10 @@ def state_variable(name, shape, dtype, *, per_replica):
     per_replica: bool. True for window state that each replica keeps for
       itself (ON_READ, summed when read across replicas); False for state
       shared by every replica (counters).
+    initial_value: optional Python number; default zero.
 
   Returns:
-    The variable, initialized to zeros.
+    The variable, initialized to zeros (or initial_value).
 
   Raises:
     ValueError: if a variable with that name already exists in the graph,
@@ -78,7 +79,9 @@ def state_variable(name, shape, dtype, *, per_replica):
     try:
       return tf.compat.v1.get_variable(
           name, shape=shape, dtype=dtype, trainable=False,
-          initializer=_unfolded_zeros, use_resource=True,
+          initializer=(_unfolded_zeros if initial_value is None else
+                       tf.compat.v1.constant_initializer(initial_value)),
+          use_resource=True,
           **extra)
     except ValueError as error:
       if "already exists" not in str(error):

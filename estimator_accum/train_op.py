@@ -29,6 +29,7 @@ import weakref
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import state_variable
 from estimator_accum.window import AccumulationState, Window
 
@@ -45,7 +46,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 num_examples=None, reduction="mean",
                                 accumulator_dtype=tf.float32,
                                 colocate_gradients_with_ops=False,
-                                summaries=True,
+                                summaries=True, loss_scale=None,
                                 name="gradient_accumulation"):
   """Returns a train op that applies one update every `k` micro-batches.
 
@@ -89,6 +90,12 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     accumulator_dtype: floating tf.DType of the accumulators; float32.
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
     summaries: bool, whether to add TensorBoard scalars `accumulation/*`.
+    loss_scale: None, "dynamic" or a number > 0: scale the loss for float16
+      models. Gradients are unscaled in float32 as they enter the
+      accumulators; a window with an overflow is skipped whole, and a dynamic
+      scale is halved there and doubled after 2000 good windows in a row. A
+      `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` passed
+      as `optimizer` is unwrapped and its settings used instead.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -104,6 +111,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   k = _checks.check_k(k)
   _checks.check_graph_mode()
   _checks.check_loss(loss)
+  optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
+      optimizer, loss_scale)
   _checks.check_optimizer(optimizer)
   clip_norm = _checks.check_clip_norm(clip_norm)
   _checks.check_reduction(reduction)
@@ -137,8 +146,13 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           "variables.")
 
   with tf.compat.v1.name_scope(name):
+    scaler = None
+    scaled_loss = loss
+    if loss_scale_config is not None:
+      scaler = _loss_scale.LossScaler(loss_scale_config, name)
+      scaled_loss = scaler.scale_loss(loss)
     gradients = tf.compat.v1.gradients(
-        loss, var_list,
+        scaled_loss, var_list,
         colocate_gradients_with_ops=colocate_gradients_with_ops)
     trained = [(g, v) for g, v in zip(gradients, var_list) if g is not None]
     if not trained:
@@ -148,7 +162,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           "on them (var_list, stop_gradient, integer casts).")
     window = Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
-        accumulator_dtype, summaries, name)
+        accumulator_dtype, summaries, name, loss_scaler=scaler)
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))

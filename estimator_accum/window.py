@@ -21,7 +21,7 @@ from estimator_accum.accumulators import (
 AccumulationState = collections.namedtuple(
     "AccumulationState",
     ["k", "global_step", "updates_applied", "skipped_windows",
-     "applied_gradient_norm", "accumulators"])
+     "applied_gradient_norm", "accumulators", "loss_scale"])
 AccumulationState.__doc__ = """What a built accumulation keeps, for hooks and tests.
 
 Fields:
@@ -32,6 +32,8 @@ Fields:
   applied_gradient_norm: float32 variable, global norm of the last window's
     gradient (after the mean and the all-reduce, before clipping).
   accumulators: list of `Accumulator`, one per trained variable.
+  loss_scale: float32 variable holding the loss scale, or None without loss
+    scaling.
 """
 
 _STATUS_ACCUMULATED = 0
@@ -96,7 +98,8 @@ class Window:
   """Builds the graph of one accumulation window."""
 
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
-               num_examples, reduction, accumulator_dtype, summaries, name):
+               num_examples, reduction, accumulator_dtype, summaries, name,
+               loss_scaler=None):
     self._gradients = [g for g, _ in trained]
     self._optimizer = optimizer
     self._k = k
@@ -116,6 +119,7 @@ class Window:
       self._prescale = 1.0 / (k * num_replicas)
     self._summaries = summaries
     self._name = name
+    self._loss_scaler = loss_scaler
     self._accumulators = [Accumulator(v, g, accumulator_dtype)
                           for g, v in trained]
     self._examples = None
@@ -130,7 +134,7 @@ class Window:
         name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
     self.state = AccumulationState(
         k, global_step, self._updates, self._skipped, self._norm,
-        self._accumulators)
+        self._accumulators, loss_scaler.scale if loss_scaler else None)
 
   # Replica context: every micro-batch.
 
@@ -168,6 +172,7 @@ class Window:
       scale = None if self._reduction == "running_mean" else weight
       if self._prescale is not None:
         scale = tf.constant(self._prescale, self._dtype)
+      scale = self._unscaled(scale)
       updates += [a.add(g, scale, first=first)
                   for a, g in zip(self._accumulators, self._gradients)]
     with tf.control_dependencies(updates):
@@ -190,8 +195,17 @@ class Window:
     with tf.control_dependencies(weight_update):
       decays = [a.decay(1.0 - fraction) for a in self._accumulators]
     with tf.control_dependencies(decays):
+      fraction = self._unscaled(fraction)
       return [a.add(g, fraction)
               for a, g in zip(self._accumulators, self._gradients)]
+
+  def _unscaled(self, weight):
+    """`weight` (None for 1) times 1/loss scale, when the loss is scaled: the
+    gradients are unscaled in float32 as they enter the accumulators."""
+    if self._loss_scaler is None:
+      return weight
+    inverse = tf.cast(self._loss_scaler.inverse(), self._dtype)
+    return inverse if weight is None else weight * inverse
 
   # Cross-replica context: the end-of-micro-batch decision.
 
@@ -248,6 +262,8 @@ class Window:
                                    read_value=False),
           self._norm.assign(norm, read_value=False),
       ]
+      if self._loss_scaler is not None:
+        counters.append(self._loss_scaler.update(finite))
     with tf.control_dependencies(counters):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
@@ -369,6 +385,8 @@ class Window:
       values = {"updates_applied": self._updates.read_value(),
                 "skipped_windows": self._skipped.read_value(),
                 "applied_gradient_norm": self._norm.read_value()}
+      if self._loss_scaler is not None:
+        values["loss_scale"] = self._loss_scaler.scale.read_value()
     with tf.compat.v1.name_scope(None):
       for tag, value in values.items():
         tf.compat.v1.summary.scalar("accumulation/" + tag, value)

@@ -47,21 +47,27 @@ def initial_weights(seed=1):
   }
 
 
-def model_loss(features, labels, reduction="mean"):
-  """Builds the model with tf.compat.v1.get_variable; returns the loss."""
+def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32):
+  """Builds the model with tf.compat.v1.get_variable; returns the loss.
+
+  With compute_dtype float16 or bfloat16 the variables stay float32 and are
+  cast for the forward pass (mixed precision); the loss is float32.
+  """
   weights = {
       name: tf.compat.v1.get_variable(
           name, initializer=tf.constant(value, tf.float32))
       for name, value in initial_weights().items()
   }
+  weights = {name: tf.cast(value, compute_dtype)
+             for name, value in weights.items()}
   embedded = tf.reduce_mean(
       tf.nn.embedding_lookup(weights["embedding"], features["ids"]), axis=1)
-  inputs = tf.concat([features["x"], embedded], axis=1)
+  inputs = tf.concat([tf.cast(features["x"], compute_dtype), embedded], axis=1)
   hidden = tf.tanh(tf.matmul(inputs, weights["dense/kernel"]) +
                    weights["dense/bias"])
   logits = tf.matmul(hidden, weights["logits/kernel"]) + weights["logits/bias"]
   per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=labels, logits=logits)
+      labels=labels, logits=tf.cast(logits, tf.float32))
   if reduction == "sum":
     return tf.reduce_sum(per_example)
   return tf.reduce_mean(per_example)
@@ -136,14 +142,17 @@ def reference_gradient_norm(data, batch_size):
 
 def accumulating_model_fn(features, labels, mode, params):
   """model_fn: the test model trained with build_accumulating_train_op."""
-  loss = model_loss(features, labels, params.get("loss_reduction", "mean"))
+  loss = model_loss(features, labels, params.get("loss_reduction", "mean"),
+                    params.get("compute_dtype", tf.float32))
+  loss *= params.get("loss_multiplier", 1.0)
   num_examples = None
   if params.get("weight_by_examples"):
     num_examples = tf.shape(labels)[0]
   train_op = estimator_accum.build_accumulating_train_op(
       loss, params["optimizer_fn"](), params["k"],
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
-      reduction=params.get("reduction", "mean"))
+      reduction=params.get("reduction", "mean"),
+      loss_scale=params.get("loss_scale"))
   hooks = list(params.get("training_hooks", []))
   if params.get("reportable_loss"):
     loss = estimator_accum.reportable_loss(loss)

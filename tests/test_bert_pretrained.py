@@ -142,3 +142,25 @@ def test_do_lower_case_must_match_the_vocabulary(minilm, tmp_path):
     tokenization.validate_case_matches_vocab(True, str(cased))
   tokenization.validate_case_matches_vocab(False, str(cased))
   tokenization.validate_case_matches_vocab(True, minilm.vocab_file)
+
+
+def test_float16_compute_keeps_float32_variables_and_outputs(minilm):
+  tokenizer = tokenization.FullTokenizer(minilm.vocab_file, True)
+  ids, mask = _encode(tokenizer, SENTENCES[:3], 20)
+  outputs = {}
+  for compute_type in (tf.float32, tf.float16):
+    with tf.Graph().as_default():
+      model = modeling.BertModel(
+          modeling.BertConfig.from_json_file(minilm.bert_config_file), False,
+          tf.constant(ids), tf.constant(mask), compute_type=compute_type)
+      tf.compat.v1.train.init_from_checkpoint(minilm.init_checkpoint,
+                                              {"bert/": "bert/"})
+      assert {v.dtype.base_dtype for v in
+              tf.compat.v1.global_variables()} == {tf.float32}
+      assert model.get_pooled_output().dtype == tf.float32
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        outputs[compute_type] = session.run(model.get_pooled_output())
+  np.testing.assert_allclose(outputs[tf.float16], outputs[tf.float32],
+                             atol=2e-2)
+  assert np.abs(outputs[tf.float32]).max() > 0.1

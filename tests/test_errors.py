@@ -85,13 +85,6 @@ def test_not_an_optimizer(optimizer, text):
   assert "optimizer" in str(raised.value) and text in str(raised.value)
 
 
-def test_loss_scale_wrapper_is_refused_with_a_reason():
-  wrapped = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
-      tf.compat.v1.train.GradientDescentOptimizer(0.1), "dynamic")
-  with pytest.raises(TypeError, match="loss-scale wrapper"):
-    _build(optimizer=wrapped)
-
-
 @pytest.mark.parametrize("clip_norm, error, text", [
     (0.0, ValueError, "clip_norm must be a finite number > 0 or None, got 0.0"),
     (-1, ValueError, "got -1"),

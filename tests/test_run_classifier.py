@@ -86,6 +86,20 @@ def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
     assert abs(sum(probabilities) - 1.0) < 1e-4
 
 
+def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
+                                                   tmp_path):
+  output_dir = tmp_path / "run"
+  result = _run(_flags(tiny_model, sst2, output_dir, use_fp16=True))
+  assert result.returncode == 0, result.stderr[-3000:]
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  assert reader.get_tensor("gradient_accumulation/loss_scale") >= 2.0 ** 10
+  assert reader.get_tensor("gradient_accumulation/updates_applied") >= 9
+  name = "bert/encoder/layer_0/attention/self/query/kernel"
+  assert reader.get_variable_to_dtype_map()[name] == tf.float32
+  assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
+
+
 @pytest.mark.parametrize("change, message", [
     ("missing_file", "has no train.tsv"),
     ("malformed_row", r"train.tsv:3: expected at least 2 tab-separated"),

@@ -31,13 +31,16 @@ class TrainingConfig:
   micro_batch_size: int | None = None
   total_micro_batches: int | None = None
   log_every_n_micro_batches: int = 50
+  use_fp16: bool = False
 
 
-def create_model(bert_config, is_training, features, num_labels):
+def create_model(bert_config, is_training, features, num_labels,
+                 compute_type=tf.float32):
   """Returns (logits, probabilities) for features from bert_features."""
   model = modeling.BertModel(
       bert_config, is_training, features["input_ids"],
-      features["input_mask"], features["segment_ids"])
+      features["input_mask"], features["segment_ids"],
+      compute_type=compute_type)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -69,8 +72,9 @@ def model_fn_builder(bert_config, training):
   def model_fn(features, labels, mode):
     del labels
     is_training = mode == tf.estimator.ModeKeys.TRAIN
-    logits, probabilities = create_model(bert_config, is_training, features,
-                                         training.num_labels)
+    logits, probabilities = create_model(
+        bert_config, is_training, features, training.num_labels,
+        tf.float16 if training.use_fp16 else tf.float32)
     if training.init_checkpoint:
       mapping = assignment_map(training.init_checkpoint)
       tf.compat.v1.train.init_from_checkpoint(training.init_checkpoint,
@@ -103,7 +107,8 @@ def model_fn_builder(bert_config, training):
     optimizer = optimization.create_optimizer(training.optimizer,
                                               learning_rate)
     train_op = estimator_accum.build_accumulating_train_op(
-        loss, optimizer, training.k, clip_norm=training.clip_norm)
+        loss, optimizer, training.k, clip_norm=training.clip_norm,
+        loss_scale="dynamic" if training.use_fp16 else None)
     tf.compat.v1.summary.scalar("learning_rate", learning_rate)
     hook = estimator_accum.AccumulationLoggingHook(
         every_n_micro_batches=training.log_every_n_micro_batches,

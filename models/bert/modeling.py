@@ -87,7 +87,7 @@ class BertModel:
   """The BERT encoder: embeddings, transformer layers and the pooler."""
 
   def __init__(self, config, is_training, input_ids, input_mask=None,
-               token_type_ids=None, scope=None):
+               token_type_ids=None, scope=None, compute_type=tf.float32):
     """Builds the encoder in the current graph.
 
     Args:
@@ -99,6 +99,10 @@ class BertModel:
       token_type_ids: optional int32 Tensor [batch_size, seq_length]; default
         all zeros.
       scope: variable scope, default "bert".
+      compute_type: tf.float32, or tf.float16 / tf.bfloat16 for mixed
+        precision: variables stay float32 (so checkpoints are unchanged) and
+        are cast for the matrix products; layer normalization and softmax
+        run in float32; the outputs are float32.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -121,6 +125,7 @@ class BertModel:
     if token_type_ids is None:
       token_type_ids = tf.zeros_like(input_ids)
     self._config = config
+    self._compute_type = tf.as_dtype(compute_type)
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
       with tf.compat.v1.variable_scope("embeddings"):
@@ -129,16 +134,16 @@ class BertModel:
         bias = (1.0 - tf.cast(input_mask[:, tf.newaxis, tf.newaxis, :],
                               tf.float32)) * -10000.0
         self.all_encoder_layers = []
-        layer_input = self.embedding_output
+        layer_input = tf.cast(self.embedding_output, self._compute_type)
         for index in range(config.num_hidden_layers):
           with tf.compat.v1.variable_scope(f"layer_{index}"):
             layer_input = self._layer(layer_input, bias)
-          self.all_encoder_layers.append(layer_input)
+          self.all_encoder_layers.append(tf.cast(layer_input, tf.float32))
       self.sequence_output = self.all_encoder_layers[-1]
       with tf.compat.v1.variable_scope("pooler"):
-        self.pooled_output = _dense(
-            self.sequence_output[:, 0], config.hidden_size, "dense",
-            config.initializer_range, activation=tf.tanh)
+        self.pooled_output = tf.cast(_dense(
+            layer_input[:, 0], config.hidden_size, "dense",
+            config.initializer_range, activation=tf.tanh), tf.float32)
 
   def _embeddings(self, input_ids, token_type_ids):
     config = self._config
@@ -176,7 +181,8 @@ class BertModel:
                                config.initializer_range))
             for name in ("query", "key", "value"))
         scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(head_size)
-        probs = _dropout(tf.nn.softmax(scores + attention_bias),
+        probs = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias)
+        probs = _dropout(tf.cast(probs, layer_input.dtype),
                          config.attention_probs_dropout_prob)
         context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
         context = tf.reshape(context, [batch, length, config.hidden_size])
@@ -229,6 +235,7 @@ def _dense(inputs, units, name, initializer_range, activation=None):
         initializer=_initializer(initializer_range))
     bias = tf.compat.v1.get_variable(
         "bias", [units], initializer=tf.compat.v1.zeros_initializer())
+  kernel, bias = tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
   output = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]]) + bias
   return activation(output) if activation else output
 
@@ -241,8 +248,11 @@ def _layer_norm(inputs, epsilon):
         "beta", [size], initializer=tf.compat.v1.zeros_initializer())
     gamma = tf.compat.v1.get_variable(
         "gamma", [size], initializer=tf.compat.v1.ones_initializer())
+  dtype = inputs.dtype
+  inputs = tf.cast(inputs, tf.float32)  # Statistics in float32.
   mean, variance = tf.nn.moments(inputs, [-1], keepdims=True)
-  return (inputs - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+  output = (inputs - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
+  return tf.cast(output, dtype)
 
 
 def _dropout(inputs, rate):

@@ -1,0 +1,143 @@
+"""Loss scaling for float16 models, integrated with the window.
+
+A float16 backward pass underflows small gradients to zero. Loss scaling
+multiplies the loss by S before differentiating and divides the gradients by
+S again, in float32, before they enter the float32 accumulators. The decision
+what to do with a window is the window's: one whose gradient is not finite
+(a micro-batch overflowed; Inf and NaN survive being summed) is skipped whole
+and, with dynamic scaling, S is divided by `multiplier`; after
+`increment_period` applied windows in a row, S is multiplied by it.
+
+S lives in `<name>/loss_scale` and the run of good windows in
+`<name>/good_windows`: both are in the checkpoint, so a restarted job goes on
+with the scale it had.
+
+Users can pass `loss_scale="dynamic"` or a number, or hand in a
+`tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`: it is
+unwrapped and its settings are used here, so that unscaling and the
+finiteness decision happen once per window, not once per micro-batch.
+"""
+
+import dataclasses
+import numbers
+
+import tensorflow as tf
+
+from estimator_accum.accumulators import state_variable
+
+_V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
+_V1_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale
+_V1_FIXED = tf.compat.v1.mixed_precision.FixedLossScale
+
+
+@dataclasses.dataclass(frozen=True)
+class LossScaleConfig:
+  """Initial scale and, for dynamic scaling, how it moves."""
+  initial: float
+  dynamic: bool
+  increment_period: int = 2000
+  multiplier: float = 2.0
+
+
+def _keras_wrapper_types():
+  try:
+    return (tf.keras.mixed_precision.LossScaleOptimizer,)
+  except AttributeError:  # pragma: no cover - Keras without mixed precision.
+    return ()
+
+
+def _from_v1_loss_scale(loss_scale):
+  if isinstance(loss_scale, _V1_DYNAMIC):
+    return LossScaleConfig(float(loss_scale.initial_loss_scale), True,
+                           int(loss_scale.increment_period),
+                           float(loss_scale.multiplier))
+  if isinstance(loss_scale, _V1_FIXED):
+    return LossScaleConfig(float(loss_scale._loss_scale_value), False)  # noqa: SLF001
+  raise TypeError(f"the loss-scale optimizer's loss scale {loss_scale!r} is "
+                  f"neither dynamic nor fixed.")
+
+
+def check_loss_scale(loss_scale):
+  """Returns a LossScaleConfig for loss_scale (None, "dynamic" or > 0)."""
+  if loss_scale is None:
+    return None
+  if loss_scale == "dynamic":
+    return LossScaleConfig(2.0 ** 15, True)
+  if isinstance(loss_scale, (_V1_DYNAMIC, _V1_FIXED)):
+    return _from_v1_loss_scale(loss_scale)
+  if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real):
+    raise TypeError(f"loss_scale must be None, 'dynamic' or a number > 0, got "
+                    f"{loss_scale!r}.")
+  if not 0 < loss_scale < float("inf"):
+    raise ValueError(f"loss_scale must be a finite number > 0, got "
+                     f"{loss_scale!r}.")
+  return LossScaleConfig(float(loss_scale), False)
+
+
+def unwrap_optimizer(optimizer, loss_scale):
+  """Returns (inner optimizer, LossScaleConfig or None).
+
+  A MixedPrecisionLossScaleOptimizer is taken apart: its inner optimizer
+  applies the window, its loss scale settings scale the loss. Wrapping it
+  twice, combining it with loss_scale=, or a Keras LossScaleOptimizer (which
+  would unscale and skip per micro-batch, inside the window) is an error.
+  """
+  config = check_loss_scale(loss_scale)
+  if isinstance(optimizer, _keras_wrapper_types()):
+    raise TypeError(
+        f"optimizer is a Keras {type(optimizer).__name__}: inside the window "
+        f"it would unscale, check and skip every micro-batch on its own. Pass "
+        f"its inner optimizer and loss_scale='dynamic' (or a number) instead.")
+  if not isinstance(optimizer, _V1_WRAPPER):
+    return optimizer, config
+  inner = optimizer._optimizer  # noqa: SLF001
+  if isinstance(inner, (_V1_WRAPPER,) + _keras_wrapper_types()):
+    raise TypeError(
+        f"optimizer is a MixedPrecisionLossScaleOptimizer wrapped around "
+        f"another loss-scale optimizer ({type(inner).__name__}): the loss "
+        f"would be scaled twice. Wrap the optimizer once.")
+  if config is not None:
+    raise ValueError(
+        f"optimizer is a MixedPrecisionLossScaleOptimizer and loss_scale="
+        f"{loss_scale!r} was given too: the loss would be scaled twice. Pass "
+        f"one of them.")
+  return inner, _from_v1_loss_scale(optimizer._loss_scale)  # noqa: SLF001
+
+
+class LossScaler:
+  """The scale variable, the scaled loss, unscaling and the scale update."""
+
+  def __init__(self, config, name):
+    self.config = config
+    self.scale = state_variable(name + "/loss_scale", [], tf.float32,
+                                per_replica=False,
+                                initial_value=config.initial)
+    self.good_windows = None
+    if config.dynamic:
+      self.good_windows = state_variable(name + "/good_windows", [], tf.int64,
+                                         per_replica=False)
+
+  def scale_loss(self, loss):
+    return loss * tf.cast(self.scale.read_value(), loss.dtype)
+
+  def inverse(self):
+    """1/S as a float32 scalar, read once per micro-batch."""
+    return tf.math.reciprocal(self.scale.read_value())
+
+  def update(self, finite):
+    """After a window (cross-replica context): move S; returns the op."""
+    if not self.config.dynamic:
+      return tf.no_op()
+    config = self.config
+    good = self.good_windows.read_value()
+    scale = self.scale.read_value()
+    grown = scale * config.multiplier
+    grow = tf.logical_and(finite, good + 1 >= config.increment_period)
+    new_scale = tf.where(
+        finite,
+        tf.where(tf.logical_and(grow, tf.math.is_finite(grown)), grown, scale),
+        tf.maximum(scale / config.multiplier, 1.0))
+    new_good = tf.where(tf.logical_and(finite, tf.logical_not(grow)),
+                        good + 1, tf.zeros_like(good))
+    return tf.group(self.scale.assign(new_scale, read_value=False),
+                    self.good_windows.assign(new_good, read_value=False))
