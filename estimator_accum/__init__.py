@@ -6,6 +6,7 @@ under MirroredStrategy and MultiWorkerMirroredStrategy. See
 """
 
 from estimator_accum.accumulators import Accumulator
+from estimator_accum.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.hooks import AccumulationLoggingHook
 from estimator_accum.train_op import (
     AccumulationState,
@@ -19,6 +20,8 @@ __all__ = [
     "Accumulator",
     "AccumulationLoggingHook",
     "AccumulationState",
+    "adjusted_momentum",
+    "batch_norm",
     "build_accumulating_train_op",
     "get_accumulation_state",
     "reportable_loss",

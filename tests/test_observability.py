@@ -15,6 +15,8 @@ def test_public_api_is_pinned():
       "AccumulationLoggingHook",
       "AccumulationState",
       "Accumulator",
+      "adjusted_momentum",
+      "batch_norm",
       "build_accumulating_train_op",
       "get_accumulation_state",
       "reportable_loss",
