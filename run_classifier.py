@@ -58,7 +58,7 @@ flags.DEFINE_integer("train_batch_size", 8, "Micro-batch per replica.",
 flags.DEFINE_integer("eval_batch_size", 64, "Eval batch.", lower_bound=1)
 flags.DEFINE_integer("predict_batch_size", 64, "Predict batch.",
                      lower_bound=1)
-flags.DEFINE_float("learning_rate", 1e-4, "Peak learning rate.",
+flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.",
                    lower_bound=0.0)
 flags.DEFINE_float("num_train_epochs", 1.0, "Epochs over the train split.",
                    lower_bound=0.0)
