@@ -123,9 +123,10 @@ def _strategy():
     raise UsageError(f"--distribution_strategy={name} needs TF_CONFIG with "
                      f"a cluster (see python -m tfconfig print).")
   if name == "parameter_server":
-    raise UsageError("--distribution_strategy=parameter_server is not "
-                     "supported yet: accumulation keeps each worker's window "
-                     "on the ps tasks. Use multi_worker.")
+    if not cluster.get("ps"):
+      raise UsageError("--distribution_strategy=parameter_server needs ps "
+                       "tasks in TF_CONFIG's cluster.")
+    return None, workers, 1
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   return strategy, workers, strategy.num_replicas_in_sync // workers
 
@@ -135,6 +136,16 @@ def _is_chief():
   return task.get("type", "chief") == "chief" or (
       task.get("type") == "worker" and task.get("index") == 0 and not
       json.loads(os.environ["TF_CONFIG"])["cluster"].get("chief"))
+
+
+def _trainer_shard():
+  """(trainers, this trainer's index) over the chief and the workers."""
+  config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+  cluster, task = config.get("cluster", {}), config.get("task", {})
+  chiefs = len(cluster.get("chief", []))
+  index = task.get("index", 0) + (chiefs if task.get("type") == "worker"
+                                  else 0)
+  return chiefs + len(cluster.get("worker", [])), index
 
 
 def _features(processor, split, tokenizer, label_list):
@@ -174,16 +185,23 @@ def run():
   tf.io.gfile.makedirs(FLAGS.output_dir)
 
   k = FLAGS.gradient_accumulation_multiplier
+  between_graph = FLAGS.distribution_strategy == "parameter_server"
   effective_batch = workers * replicas * FLAGS.train_batch_size * k
+  if between_graph:  # Each worker applies its own windows, asynchronously.
+    effective_batch = FLAGS.train_batch_size * k
   num_train_updates, train_file = 1, None
   if FLAGS.do_train:
     _, train_file, num_train = _features(processor, "train", tokenizer,
                                          label_list)
     num_train_updates = max(1, math.ceil(
         num_train * FLAGS.num_train_epochs / effective_batch))
-    print(f"effective batch {effective_batch} = {workers} worker(s) x "
-          f"{replicas} replica(s) x micro-batch {FLAGS.train_batch_size} x "
-          f"k={k}; {num_train_updates} updates "
+    how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
+           f"{FLAGS.train_batch_size} x k={k}")
+    if between_graph:
+      how = (f"micro-batch {FLAGS.train_batch_size} x k={k} per update, each "
+             f"of {workers} worker(s) applying its own windows to the ps")
+    print(f"effective batch {effective_batch} = {how}; {num_train_updates} "
+          f"updates "
           f"({num_train_updates * k} micro-batches) over {num_train} "
           f"examples, {FLAGS.num_train_epochs:g} epoch(s)", flush=True)
   training = classifier.TrainingConfig(
@@ -210,8 +228,9 @@ def run():
   if FLAGS.do_train:
     train_input = bert_features.input_fn_builder(
         train_file, FLAGS.max_seq_length, FLAGS.train_batch_size,
-        is_training=True, drop_remainder=True, seed=FLAGS.seed)
-    if FLAGS.distribution_strategy == "multi_worker":
+        is_training=True, drop_remainder=True, seed=FLAGS.seed,
+        shard=_trainer_shard() if between_graph else None)
+    if FLAGS.distribution_strategy in ("multi_worker", "parameter_server"):
       tf.estimator.train_and_evaluate(
           estimator,
           tf.estimator.TrainSpec(train_input, max_steps=num_train_updates * k),

@@ -106,12 +106,13 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
-                     drop_remainder, seed=None):
+                     drop_remainder, seed=None, shard=None):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
   Under a distribution strategy with an input context (multi-worker), each
-  input pipeline reads its own shard of the file.
+  input pipeline reads its own shard of the file; `shard` = (count, index)
+  does the same without a strategy (parameter-server workers).
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
@@ -132,6 +133,8 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if input_context is not None and input_context.num_input_pipelines > 1:
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
+    elif shard is not None and shard[0] > 1:
+      dataset = dataset.shard(*shard)
     if is_training:
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()

@@ -17,6 +17,8 @@ replica adds to its own copy with no communication, and a checkpoint stores the
 sum over replicas.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 _ON_READ = tf.VariableSynchronization.ON_READ
@@ -47,7 +49,8 @@ def variable_base_name(var):
   return var.name.split(":")[0]
 
 
-def state_variable(name, shape, dtype, *, per_replica, initial_value=None):
+def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
+                   local_device=None):
   """Creates a non-trainable state variable with exactly `name`.
 
   Args:
@@ -58,6 +61,9 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None):
       itself (ON_READ, summed when read across replicas); False for state
       shared by every replica (counters).
     initial_value: optional Python number; default zero.
+    local_device: for between-graph (parameter-server) training, the
+      worker's device: the variable is placed there and is a local variable
+      (initialized by each worker, not shared, not checkpointed).
 
   Returns:
     The variable, initialized to zeros (or initial_value).
@@ -71,11 +77,17 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None):
   # after the first run with reuse=True and must find replica 0's variable.
   root = tf.compat.v1.VariableScope(reuse=current_scope.reuse, name="")
   extra = {}
-  if per_replica:
+  if local_device is not None:
+    extra = dict(collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+  elif per_replica:
     extra = dict(synchronization=_ON_READ, aggregation=_SUM)
   else:
     extra = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False):
+  # tf.device(None) would also drop the device function of the graph (the
+  # ps placement), so enter a device only when there is one.
+  device = (tf.device(local_device) if local_device is not None
+            else contextlib.nullcontext())
+  with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), device:
     try:
       return tf.compat.v1.get_variable(
           name, shape=shape, dtype=dtype, trainable=False,
@@ -125,7 +137,7 @@ class Accumulator:
       [num_rows] holding 1.0 for every row touched in this window; else None.
   """
 
-  def __init__(self, variable, gradient, dtype):
+  def __init__(self, variable, gradient, dtype, local_device=None):
     """Creates the state for `variable`.
 
     Args:
@@ -133,6 +145,8 @@ class Accumulator:
       gradient: a micro-batch gradient for `variable` (tf.Tensor or
         tf.IndexedSlices); its kind decides dense or sparse accumulation.
       dtype: tf.DType of the accumulator (float32 unless asked otherwise).
+      local_device: the worker's device in between-graph training, where the
+        state is kept as local variables; None otherwise.
     """
     self.variable = variable
     self.is_sparse = isinstance(gradient, tf.IndexedSlices)
@@ -143,11 +157,11 @@ class Accumulator:
           f"variable {base} has shape {shape}, which is not fully defined; "
           "accumulators need a static shape.")
     self.total = state_variable(base + "/accum", shape, dtype,
-                                per_replica=True)
+                                per_replica=True, local_device=local_device)
     self.rows = None
     if self.is_sparse:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
-                                 per_replica=True)
+                                 per_replica=True, local_device=local_device)
 
   def add(self, gradient, weight, first=False):
     """Returns an op that adds `weight * gradient` to the window sum.

@@ -162,13 +162,31 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           "on them (var_list, stop_gradient, integer casts).")
     window = Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
-        accumulator_dtype, summaries, name, loss_scaler=scaler)
+        accumulator_dtype, summaries, name, loss_scaler=scaler,
+        local_device=_between_graph_worker_device(loss, global_step))
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))
   # Under MirroredStrategy every replica builds the same state; keep the first.
   _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
   return train_op
+
+
+def _between_graph_worker_device(loss, global_step):
+  """The worker's device in parameter-server (between-graph) training.
+
+  Estimator places variables on the ps tasks and the rest on the worker
+  (replica_device_setter): a global step on a ps job and a loss on another
+  job mean each worker must keep its own window, on its own device.
+  """
+  if tf.distribute.has_strategy():
+    return None
+  shared = tf.DeviceSpec.from_string(global_step.device or "")
+  here = tf.DeviceSpec.from_string(loss.device or "")
+  if shared.job != "ps" or not here.job or here.job == "ps":
+    return None
+  return tf.DeviceSpec(job=here.job, replica=here.replica,
+                       task=here.task).to_string()
 
 
 def update_count(k, global_step=None):

@@ -99,7 +99,7 @@ class Window:
 
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
                num_examples, reduction, accumulator_dtype, summaries, name,
-               loss_scaler=None):
+               loss_scaler=None, local_device=None):
     self._gradients = [g for g, _ in trained]
     self._optimizer = optimizer
     self._k = k
@@ -120,12 +120,21 @@ class Window:
     self._summaries = summaries
     self._name = name
     self._loss_scaler = loss_scaler
-    self._accumulators = [Accumulator(v, g, accumulator_dtype)
+    self._accumulators = [Accumulator(v, g, accumulator_dtype, local_device)
                           for g, v in trained]
     self._examples = None
     if num_examples is not None:
       self._examples = state_variable(
-          name + "/window_examples", [], accumulator_dtype, per_replica=True)
+          name + "/window_examples", [], accumulator_dtype, per_replica=True,
+          local_device=local_device)
+    # The window's position: the global step, except in between-graph
+    # training, where the global step is shared by workers that each keep
+    # their own window and count their own micro-batches.
+    self._position_counter = global_step
+    if local_device is not None:
+      self._position_counter = state_variable(
+          name + "/local_micro_batches", [], tf.int64, per_replica=True,
+          local_device=local_device)
     self._updates = state_variable(
         name + "/updates_applied", [], tf.int64, per_replica=False)
     self._skipped = state_variable(
@@ -147,7 +156,8 @@ class Window:
     if self._k == 1:
       updates = self._window_updates(first=True)
     else:
-      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      position = tf.math.floormod(
+          tf.cast(self._position_counter.read_value(), tf.int64), self._k)
       updates = tf.cond(tf.equal(position, 0),
                         lambda: self._window_updates(first=True),
                         lambda: self._window_updates(first=False),
@@ -185,7 +195,8 @@ class Window:
     this micro-batch in the examples seen so far in the window).
     """
     if weight is None:
-      position = tf.math.floormod(self._global_step.read_value(), self._k)
+      position = tf.math.floormod(
+          tf.cast(self._position_counter.read_value(), tf.int64), self._k)
       fraction = 1.0 / tf.cast(position + 1, self._dtype)
       weight_update = []
     else:
@@ -213,7 +224,7 @@ class Window:
     """merge_call body: maybe end the window, then count the micro-batch."""
     with tf.control_dependencies(strategy.experimental_local_results(
         accumulated)):
-      position = tf.cast(self._global_step.read_value(), tf.int64)
+      position = tf.cast(self._position_counter.read_value(), tf.int64)
     ends_window = tf.equal(tf.math.floormod(position + 1, self._k), 0)
     status = tf.cond(
         ends_window,
@@ -223,11 +234,13 @@ class Window:
     if self._summaries:
       self._add_summaries(status)
     with tf.control_dependencies([status]):
-      return tf.group(
-          self._global_step.assign_add(
-              tf.constant(1, self._global_step.dtype.base_dtype),
-              read_value=False),
-          name="train_op")
+      counters = [self._global_step.assign_add(
+          tf.constant(1, self._global_step.dtype.base_dtype),
+          read_value=False)]
+      if self._position_counter is not self._global_step:
+        counters.append(self._position_counter.assign_add(
+            tf.constant(1, tf.int64), read_value=False))
+      return tf.group(*counters, name="train_op")
 
   def _end_window(self, strategy, position):
     """True branch: form, check and apply the window; reset it; count it."""

@@ -154,3 +154,24 @@ def test_two_workers_train_with_the_effective_batch_they_print(
       "global_step") == 10
   assert "[worker:0] eval on 10 held-out examples" in result.stdout
   assert (output_dir / "eval_results.txt").exists()
+
+
+def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
+                                                         tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
+             "--workers", "1", "--ps", "1", "--timeout", str(TIMEOUT), "--",
+             sys.executable, "run_classifier.py", *_flags(
+                 tiny_model, sst2, output_dir,
+                 distribution_strategy="parameter_server")]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # 40 x 2 / (4 x k=2) = 10 updates, 20 micro-batches between both trainers.
+  assert ("[chief:0] effective batch 8 = micro-batch 4 x k=2 per update, each "
+          "of 2 worker(s) applying its own windows to the ps; 10 updates (20 "
+          "micro-batches)") in result.stdout
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") >= 20
+  assert reader.get_tensor("gradient_accumulation/updates_applied") >= 8
+  assert "[chief:0] eval on 10 held-out examples" in result.stdout

@@ -1,0 +1,95 @@
+"""One task of a parameter-server Estimator job (for the tests).
+
+Run by `python -m tfconfig launch --chief --workers 2 --ps 1 -- python
+tests/ps_job.py --model_dir D`. The model is one scalar w with loss
+w * mean(x); each task feeds its own constant x (chief 1, worker 0 10,
+worker 1 100) for its own number of micro-batches (7, 9, 5), then stops. With
+SGD at learning rate 1 and k=2, every window a task completes subtracts its
+constant once, so at the end w must be -(1*3 + 10*4 + 100*2) = -243 exactly:
+any window mixing tasks, or a partial window, shows in the digits.
+
+Each worker writes D/done_<task>.json (its micro-batch count) when it stops;
+the chief then waits for them and writes D/final.json from the shared state.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+import estimator_accum  # noqa: E402
+
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
+
+K = 2
+PLAN = {"chief:0": (1.0, 7), "worker:0": (10.0, 9), "worker:1": (100.0, 5)}
+
+
+class _Record(tf.estimator.SessionRunHook):
+  """Counts this task's micro-batches; the chief gathers the final state."""
+
+  def __init__(self, model_dir, task):
+    self._model_dir, self._task, self._runs = model_dir, task, 0
+
+  def after_run(self, run_context, run_values):
+    self._runs += 1
+
+  def end(self, session):
+    path = os.path.join(self._model_dir, f"done_{self._task}.json")
+    with open(path, "w") as writer:
+      json.dump({"micro_batches": self._runs}, writer)
+    if self._task != "chief:0":
+      return
+    deadline = time.time() + 120
+    others = [t for t in PLAN if t != "chief:0"]
+    while not all(os.path.exists(os.path.join(
+        self._model_dir, f"done_{t}.json")) for t in others):
+      if time.time() > deadline:
+        raise RuntimeError("workers did not finish")
+      time.sleep(0.2)
+    state = estimator_accum.get_accumulation_state()
+    (weight,) = [v for v in tf.compat.v1.global_variables()
+                 if v.op.name == "w"]
+    values = session.run({"w": weight, "updates": state.updates_applied,
+                          "global_step": state.global_step})
+    with open(os.path.join(self._model_dir, "final.json"), "w") as writer:
+      json.dump({key: float(value) for key, value in values.items()}, writer)
+
+
+def main():
+  model_dir = sys.argv[sys.argv.index("--model_dir") + 1]
+  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  name = f"{task['type']}:{task['index']}"
+  constant, micro_batches = PLAN.get(name, (0.0, 0))
+
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf.compat.v1.get_variable("w", [], initializer=tf.zeros_initializer())
+    loss = w * tf.reduce_mean(features)
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.GradientDescentOptimizer(1.0), K)
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op,
+        training_hooks=[_Record(model_dir, name)])
+
+  def input_fn():
+    dataset = tf.data.Dataset.from_tensors(tf.fill([4], constant))
+    return dataset.repeat(micro_batches).map(lambda x: (x, 0))
+
+  config = tf.estimator.RunConfig(
+      model_dir=model_dir, save_checkpoints_steps=10_000,
+      experimental_max_worker_delay_secs=1, log_step_count_steps=10_000)
+  estimator = tf.estimator.Estimator(model_fn, config=config)
+  tf.estimator.train_and_evaluate(
+      estimator, tf.estimator.TrainSpec(input_fn, max_steps=10_000),
+      tf.estimator.EvalSpec(input_fn, steps=1))
+  print(f"{name} finished", flush=True)
+
+
+if __name__ == "__main__":
+  main()

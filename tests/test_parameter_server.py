@@ -1,0 +1,27 @@
+"""Parameter-server (between-graph) training from TF_CONFIG: chief, 2
+workers and a ps on loopback. Each worker keeps its own window (accumulators
+and micro-batch counter on the worker) and applies to the shared variables
+every k of its own micro-batches."""
+
+import json
+import subprocess
+import sys
+
+from tests.ps_job import PLAN, K
+
+
+def test_each_worker_applies_its_own_windows(tmp_path):
+  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
+             "--workers", "2", "--ps", "1", "--timeout", "240", "--",
+             sys.executable, "tests/ps_job.py", "--model_dir", str(tmp_path)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-5000:]
+  final = json.loads((tmp_path / "final.json").read_text())
+  counts = {task: json.loads((tmp_path / f"done_{task}.json").read_text())[
+      "micro_batches"] for task in PLAN}
+  assert counts == {task: n for task, (_, n) in PLAN.items()}
+  windows = {task: n // K for task, n in counts.items()}
+  assert final["updates"] == sum(windows.values())  # 3 + 4 + 2
+  assert final["global_step"] == sum(counts.values())
+  assert final["w"] == -sum(PLAN[task][0] * windows[task] for task in PLAN)
