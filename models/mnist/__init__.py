@@ -1,0 +1,1 @@
+"""MNIST digits: a tf-slim CNN trained with accumulation."""

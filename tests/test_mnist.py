@@ -1,0 +1,149 @@
+"""MNIST: the idx reader, accumulated vs plain training weight for weight,
+the four example variants (one or two worker processes, with and without
+accumulation), and the loss-curve picture."""
+
+import gzip
+import re
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from PIL import Image
+
+from data import mnist
+from models.mnist.model import weight_names
+
+TIMEOUT = 240
+
+
+def _write_idx(path, magic, array, truncate=0):
+  header = struct.pack(">I", magic) + struct.pack(
+      f">{array.ndim}I", *array.shape)
+  data = header + array.astype(np.uint8).tobytes()
+  with gzip.open(path, "wb") as writer:
+    writer.write(data[:len(data) - truncate])
+
+
+def _write_pair(directory, prefix, images, labels, **kwargs):
+  _write_idx(directory / f"{prefix}-images-idx3-ubyte.gz", mnist.IMAGE_MAGIC,
+             images, **kwargs)
+  _write_idx(directory / f"{prefix}-labels-idx1-ubyte.gz", mnist.LABEL_MAGIC,
+             labels)
+
+
+def _mnist(*args, timeout=TIMEOUT):
+  return subprocess.run([sys.executable, "-m", "models.mnist", *args],
+                        capture_output=True, text=True, timeout=timeout)
+
+
+def test_idx_files_read_back(tmp_path):
+  rng = np.random.default_rng(0)
+  images = rng.integers(0, 256, size=(5, 28, 28))
+  labels = np.array([3, 1, 4, 1, 5])
+  _write_pair(tmp_path, "train", images, labels)
+  data = mnist.read_idx_pair(tmp_path / "train-images-idx3-ubyte.gz",
+                             tmp_path / "train-labels-idx1-ubyte.gz")
+  np.testing.assert_allclose(data["images"][..., 0], images / 255.0,
+                             rtol=1e-6)
+  np.testing.assert_array_equal(data["labels"], labels)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncated", r"train-images-idx3-ubyte.gz: 7843 bytes, but its header "
+                  r"\(10, 28, 28\) needs 7856 \(truncated or padded\)"),
+    ("magic", r"train-images-idx3-ubyte.gz: magic number 2049, expected "
+              r"2051 \(images idx file\)"),
+])
+def test_bad_idx_file_gets_one_clear_line(damage, message, tmp_path):
+  images = np.zeros((10, 28, 28))
+  labels = np.zeros(10)
+  if damage == "truncated":
+    _write_pair(tmp_path, "train", images, labels, truncate=13)
+  else:
+    _write_pair(tmp_path, "train", images, labels)
+    _write_idx(tmp_path / "train-images-idx3-ubyte.gz", mnist.LABEL_MAGIC,
+               images)
+  _write_pair(tmp_path, "t10k", images, labels)
+  with pytest.raises(mnist.MnistFileError, match=message):
+    mnist.read_idx_images(tmp_path / "train-images-idx3-ubyte.gz")
+  result = _mnist("--idx_dir", str(tmp_path))
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("mnist: error: ") and re.search(
+      message, last), result.stderr[-2000:]
+
+
+def test_offline_csv_is_mixed_before_the_split():
+  train, test = mnist.load()
+  assert train["images"].shape == (4000, 28, 28, 1)
+  assert sorted(set(test["labels"])) == list(range(10))
+  assert 0.0 <= train["images"].min() and train["images"].max() <= 1.0
+
+
+def test_one_epoch_accumulated_equals_big_batch_weights(tmp_path):
+  result = _mnist("--model_dir", str(tmp_path), "--k", "4", "--batch", "8")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "effective batch 32 = 1 worker(s) x micro-batch 8 x k=4" in (
+      result.stdout)
+  accumulated = tf.train.load_checkpoint(str(tmp_path / "b8_k4"))
+  plain = tf.train.load_checkpoint(str(tmp_path / "b32_k1"))
+  assert accumulated.get_tensor("global_step") == 500
+  assert plain.get_tensor("global_step") == 125
+  for name in weight_names():
+    np.testing.assert_allclose(accumulated.get_tensor(name),
+                               plain.get_tensor(name), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_single_worker_variants(k, tmp_path):
+  result = _mnist("--model_dir", str(tmp_path), "--k", str(k), "--batch", "8",
+                  "--train_size", "64", "--nocompare")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"effective batch {8 * k} = 1 worker(s)" in result.stdout
+  assert "test accuracy" in result.stdout
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_multi_worker_variants(k, tmp_path):
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", str(TIMEOUT), "--", sys.executable, "-m",
+             "models.mnist", "--strategy", "multi_worker", "--k", str(k),
+             "--batch", "8", "--train_size", "64", "--model_dir",
+             str(tmp_path), "--nocompare"]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-4000:]
+  name = f"b8_k{k}_w2"
+  assert (f"[worker:0] mnist: 64 train / 1000 test images; effective batch "
+          f"{16 * k} = 2 worker(s)") in result.stdout
+  assert f"[worker:0] {name}: test accuracy" in result.stdout
+  # 64 examples / (2 workers x 8) = 4 micro-batch steps, whole windows.
+  assert tf.train.load_checkpoint(str(tmp_path / name)).get_tensor(
+      "global_step") == 4
+
+
+def test_plot_runs_writes_a_png(tmp_path):
+  for k, batch in ((2, 8), (1, 16)):
+    result = _mnist("--model_dir", str(tmp_path), "--k", str(k), "--batch",
+                    str(batch), "--train_size", "320", "--nocompare")
+    assert result.returncode == 0, result.stderr[-3000:]
+  output = tmp_path / "loss.png"
+  result = subprocess.run(
+      [sys.executable, "-m", "models.plot_runs", "--output", str(output),
+       str(tmp_path / "b8_k2"), str(tmp_path / "b16_k1")],
+      capture_output=True, text=True, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "(2 runs)" in result.stdout
+  with Image.open(output) as image:
+    assert image.format == "PNG" and image.size == (800, 500)
+    assert len(image.getcolors(maxcolors=100_000) or []) > 10
+  result = subprocess.run(
+      [sys.executable, "-m", "models.plot_runs", str(tmp_path / "missing")],
+      capture_output=True, text=True, timeout=TIMEOUT)
+  assert result.returncode != 0
+  assert "no run_info.json" in result.stderr.strip().splitlines()[-1]
