@@ -167,6 +167,11 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))
+  if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+    # The window is the mean over replicas, as optimizer.minimize's is; say
+    # so the way it does, so that Estimator reports the replicas' mean loss
+    # rather than their sum.
+    tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
   # Under MirroredStrategy every replica builds the same state; keep the first.
   _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
   return train_op
