@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.collectives import CollectiveCounter  # noqa: E402
 from tests import support  # noqa: E402
 
 OPTIMIZERS = {
@@ -37,6 +38,7 @@ def main():
   parser.add_argument("--updates", type=int, default=3)
   parser.add_argument("--clip_norm", type=float, default=None)
   parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
+  parser.add_argument("--count_collectives", action="store_true")
   args = parser.parse_args()
   if args.control_flow == "v1":
     tf.compat.v1.disable_control_flow_v2()
@@ -55,19 +57,24 @@ def main():
                               input_context.input_pipeline_id)
     return dataset.batch(args.micro_batch).repeat()
 
+  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  counter = None
+  if args.count_collectives:
+    counter = CollectiveCounter(os.path.join(
+        args.model_dir, f"collectives_{task['index']}.json"))
   config = tf.estimator.RunConfig(
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
       save_checkpoints_steps=10_000, log_step_count_steps=10_000)
   estimator = tf.estimator.Estimator(
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
-                  clip_norm=args.clip_norm))
+                  clip_norm=args.clip_norm,
+                  training_hooks=[counter] if counter else []))
   tf.estimator.train_and_evaluate(
       estimator,
       tf.estimator.TrainSpec(input_fn, max_steps=args.k * args.updates),
       tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
                             throttle_secs=0))
-  task = json.loads(os.environ["TF_CONFIG"])["task"]
   if task["index"] == 0:
     weights = {name: estimator.get_variable_value(name)
                for name in support.weight_names()}

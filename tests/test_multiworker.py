@@ -5,6 +5,7 @@ batch 2*k*B (plain TF), at <= 1e-5, with and without clip_norm. The workers
 are started and always stopped by `python -m tfconfig launch`.
 """
 
+import json
 import subprocess
 import sys
 
@@ -50,3 +51,29 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   what = f"{optimizer_name} on {WORKERS} workers, control flow {control_flow}"
   support.assert_weights_moved(actual, what)
   support.assert_weights_close(actual, expected, what=what)
+
+
+def test_gradients_cross_workers_only_when_a_window_ends(tmp_path):
+  """Traced collectives per micro-batch: between window ends only the
+  scalars Estimator reports (the loss) cross workers; the gradients travel
+  once per window."""
+  k = 3
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", "sgd", "--k", str(k),
+      "--micro_batch", str(MICRO_BATCH), "--updates", "2",
+      "--count_collectives"]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:]
+  for worker in range(WORKERS):
+    steps = json.loads((tmp_path / f"collectives_{worker}.json").read_text())
+    assert len(steps) == 2 * k
+    gradient_bytes = sum(value.size * 4 for value in
+                         support.initial_weights().values())
+    for step, (count, size, _) in enumerate(steps):
+      if (step + 1) % k:
+        assert size <= 16, (worker, step, count, size)
+      else:
+        assert size >= gradient_bytes, (worker, step, count, size)

@@ -1,0 +1,56 @@
+"""A SessionRunHook that counts the collective ops each step runs.
+
+Traces every run (RunOptions FULL_TRACE) and records, per step, the number
+of collective kernels (all-reduce, all-gather, broadcast) executed on this
+task and the bytes they produced, and the step's wall time. Used by the MultiWorkerMirroredStrategy
+comparison in benchmarks/public_recipe.py and by the tests.
+"""
+
+import json
+import time
+
+import tensorflow as tf
+
+_COLLECTIVE_OPS = ("CollectiveReduce", "CollectiveGather", "CollectiveBcast",
+                   "CollectiveAllToAll", "NcclAllReduce")
+
+
+class CollectiveCounter(tf.estimator.SessionRunHook):
+  """Collects [(collective ops, bytes reduced, seconds)] per step.
+
+  Estimator deep-copies its params, hooks passed through them included: give
+  output_path, and the copy that ran writes its steps there as JSON at the
+  end.
+  """
+
+  def __init__(self, output_path=None):
+    self.steps = []
+    self._output_path = output_path
+    self._start = None
+
+  def before_run(self, run_context):
+    del run_context
+    self._start = time.perf_counter()
+    return tf.estimator.SessionRunArgs(
+        None, options=tf.compat.v1.RunOptions(
+            trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
+
+  def after_run(self, run_context, run_values):
+    del run_context
+    seconds = time.perf_counter() - self._start
+    count, size = 0, 0
+    for device in run_values.run_metadata.step_stats.dev_stats:
+      for node in device.node_stats:
+        op = node.timeline_label.split("(")[0].split(" = ")[-1].strip()
+        if any(op.startswith(name) or name in node.node_name
+               for name in _COLLECTIVE_OPS):
+          count += 1
+          size += sum(output.tensor_description.allocation_description
+                      .requested_bytes for output in node.output)
+    self.steps.append((count, size, seconds))
+
+  def end(self, session):
+    del session
+    if self._output_path:
+      with open(self._output_path, "w") as writer:
+        json.dump(self.steps, writer)
