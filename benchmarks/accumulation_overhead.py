@@ -60,10 +60,10 @@ def mlp_loss(seed=0):
   return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
 
 
-def bert_small_loss(seed=0, batch_size=8, seq_length=128):
+def bert_small_loss(seed=0, batch_size=8, seq_length=128, config=None):
   """BERT-Small (L=4, H=512, 28.8M parameters) classifying random tokens."""
   rng = np.random.RandomState(seed)
-  config = modeling.BertConfig(
+  config = config or modeling.BertConfig(
       vocab_size=30522, hidden_size=512, num_hidden_layers=4,
       num_attention_heads=8, intermediate_size=2048)
   ids = tf.constant(rng.randint(0, config.vocab_size,
@@ -75,7 +75,15 @@ def bert_small_loss(seed=0, batch_size=8, seq_length=128):
   return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
 
 
-MODELS = {"mlp": mlp_loss, "bert_small": bert_small_loss}
+def minilm_loss(seed=0, batch_size=8, seq_length=128):
+  """all-MiniLM-L6-v2's shape (L=6, H=384, 22.7M parameters)."""
+  return bert_small_loss(seed, batch_size, seq_length, modeling.BertConfig(
+      vocab_size=30522, hidden_size=384, num_hidden_layers=6,
+      num_attention_heads=12, intermediate_size=1536))
+
+
+MODELS = {"mlp": mlp_loss, "bert_small": bert_small_loss,
+          "minilm": minilm_loss}
 
 
 def build(model_name, variant, k, optimizer_name="adam"):

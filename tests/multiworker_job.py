@@ -28,6 +28,20 @@ OPTIMIZERS = {
 }
 
 
+class _DieAfter(tf.estimator.SessionRunHook):
+  """Kills this process after n micro-batches, leaving a marker file."""
+
+  def __init__(self, n, marker):
+    self._n, self._marker, self._runs = n, marker, 0
+
+  def after_run(self, run_context, run_values):
+    self._runs += 1
+    if self._runs == self._n:
+      open(self._marker, "w").close()
+      print(f"dying after {self._n} micro-batches", flush=True)
+      os._exit(3)
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--model_dir", required=True)
@@ -39,6 +53,10 @@ def main():
   parser.add_argument("--clip_norm", type=float, default=None)
   parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
   parser.add_argument("--count_collectives", action="store_true")
+  parser.add_argument("--die_at", type=int, default=None,
+                      help="worker 1 exits after this many micro-batches, "
+                      "once (a marker file remembers it died)")
+  parser.add_argument("--save_every", type=int, default=10_000)
   args = parser.parse_args()
   if args.control_flow == "v1":
     tf.compat.v1.disable_control_flow_v2()
@@ -49,27 +67,38 @@ def main():
   data = support.make_data(workers * args.k * args.micro_batch * args.updates)
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
+  # A restarted job goes on from its checkpoint's step: skip the
+  # micro-batches it already trained on (the pipeline is not checkpointed).
+  latest = tf.train.latest_checkpoint(args.model_dir)
+  start = int(latest.rsplit("-", 1)[1]) if latest else 0
+  print(f"starting at micro-batch {start}", flush=True)
+
   def input_fn(input_context=None):
     features = {key: value for key, value in data.items() if key != "labels"}
     dataset = tf.data.Dataset.from_tensor_slices((features, data["labels"]))
     if input_context is not None:
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
-    return dataset.batch(args.micro_batch).repeat()
+    return dataset.batch(args.micro_batch).skip(start).repeat()
 
   task = json.loads(os.environ["TF_CONFIG"])["task"]
   counter = None
+  dier = None
+  marker = os.path.join(args.model_dir, "worker_1_died")
+  if (args.die_at is not None and task["index"] == 1
+      and not os.path.exists(marker)):
+    dier = _DieAfter(args.die_at, marker)
   if args.count_collectives:
     counter = CollectiveCounter(os.path.join(
         args.model_dir, f"collectives_{task['index']}.json"))
   config = tf.estimator.RunConfig(
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
-      save_checkpoints_steps=10_000, log_step_count_steps=10_000)
+      save_checkpoints_steps=args.save_every, log_step_count_steps=10_000)
   estimator = tf.estimator.Estimator(
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm,
-                  training_hooks=[counter] if counter else []))
+                  training_hooks=[h for h in (counter, dier) if h]))
   tf.estimator.train_and_evaluate(
       estimator,
       tf.estimator.TrainSpec(input_fn, max_steps=args.k * args.updates),

@@ -40,9 +40,12 @@ class _Record(tf.estimator.SessionRunHook):
     self._runs += 1
 
   def end(self, session):
+    state = estimator_accum.get_accumulation_state()
+    devices = sorted({a.total.device for a in state.accumulators})
     path = os.path.join(self._model_dir, f"done_{self._task}.json")
     with open(path, "w") as writer:
-      json.dump({"micro_batches": self._runs}, writer)
+      json.dump({"micro_batches": self._runs, "accumulator_devices": devices},
+                writer)
     if self._task != "chief:0":
       return
     deadline = time.time() + 120
@@ -52,7 +55,6 @@ class _Record(tf.estimator.SessionRunHook):
       if time.time() > deadline:
         raise RuntimeError("workers did not finish")
       time.sleep(0.2)
-    state = estimator_accum.get_accumulation_state()
     (weight,) = [v for v in tf.compat.v1.global_variables()
                  if v.op.name == "w"]
     values = session.run({"w": weight, "updates": state.updates_applied,

@@ -50,3 +50,18 @@ def test_main_job_rejects_bad_k():
                           capture_output=True, text=True, timeout=120)
   assert result.returncode != 0
   assert "--k must be >= 1, got 0" in result.stderr
+
+
+def test_two_workers_train_and_evaluate(tmp_path):
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", "240", "--", sys.executable, "-m", "models.housing",
+             "--strategy", "multi_worker", "--k", "2", "--batch", "8",
+             "--epochs", "2", "--model_dir", str(tmp_path)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:]
+  assert ("[worker:0] housing: effective batch 32 = 2 worker(s) x "
+          "micro-batch 8 x k=2") in result.stdout
+  # 2 epochs x (405 train rows // 32) windows x k=2 micro-batches.
+  assert "[worker:0] eval RMSE" in result.stdout
+  assert "after 48 micro-batches" in result.stdout

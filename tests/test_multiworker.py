@@ -53,11 +53,11 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   support.assert_weights_close(actual, expected, what=what)
 
 
-def test_gradients_cross_workers_only_when_a_window_ends(tmp_path):
+@pytest.mark.parametrize("k", [3, 1])
+def test_gradients_cross_workers_only_when_a_window_ends(k, tmp_path):
   """Traced collectives per micro-batch: between window ends only the
   scalars Estimator reports (the loss) cross workers; the gradients travel
-  once per window."""
-  k = 3
+  once per window, and with k=1 (no accumulation) on every micro-batch."""
   command = [
       sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
       "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
@@ -77,3 +77,32 @@ def test_gradients_cross_workers_only_when_a_window_ends(tmp_path):
         assert size <= 16, (worker, step, count, size)
       else:
         assert size >= gradient_bytes, (worker, step, count, size)
+
+
+def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
+  """Worker 1 dies mid-window after micro-batch 3; launch stops worker 0
+  and names the task; the same command again resumes from the checkpoint
+  of micro-batch 2 and ends equal to the big batch."""
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(K),
+      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES),
+      "--die_at", "3", "--save_every", "2"]
+  first = subprocess.run(command, capture_output=True, text=True,
+                         timeout=300)
+  assert first.returncode != 0
+  assert "[worker:1] dying after 3 micro-batches" in first.stdout
+  assert ("[tfconfig] task worker:1 failed with exit code 3; stopping the "
+          "other tasks") in first.stdout, first.stdout[-3000:]
+  second = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert second.returncode == 0, second.stdout[-4000:]
+  assert "[worker:0] starting at micro-batch 2" in second.stdout
+  assert "[worker:0] saved final weights at global step 6" in second.stdout
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="restarted job")

@@ -18,8 +18,12 @@ def test_each_worker_applies_its_own_windows(tmp_path):
                           timeout=300)
   assert result.returncode == 0, result.stdout[-5000:]
   final = json.loads((tmp_path / "final.json").read_text())
-  counts = {task: json.loads((tmp_path / f"done_{task}.json").read_text())[
-      "micro_batches"] for task in PLAN}
+  done = {task: json.loads((tmp_path / f"done_{task}.json").read_text())
+          for task in PLAN}
+  counts = {task: report["micro_batches"] for task, report in done.items()}
+  for task, report in done.items():
+    job, index = task.split(":")
+    assert report["accumulator_devices"] == [f"/job:{job}/task:{index}"]
   assert counts == {task: n for task, (_, n) in PLAN.items()}
   windows = {task: n // K for task, n in counts.items()}
   assert final["updates"] == sum(windows.values())  # 3 + 4 + 2

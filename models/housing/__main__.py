@@ -2,12 +2,17 @@
 
   python -m models.housing                 # micro-batch 8, k=4, vs batch 32
   python -m models.housing --k 8 --batch 4 --epochs 100
+  python -m tfconfig launch --workers 2 -- \
+      python -m models.housing --strategy multi_worker --k 2
 
 Both runs see the same examples in the same order; the script prints the
 effective batch, the eval RMSE of each run (in $1000s) and the largest
-relative difference between their weights.
+relative difference between their weights. With --strategy multi_worker
+(under a TF_CONFIG cluster) it trains once, each worker on its shard, and
+worker 0 prints the eval RMSE.
 """
 
+import json
 import os
 import tempfile
 
@@ -29,17 +34,34 @@ flags.DEFINE_string("model_dir", None, "Where to write runs; default a "
                     "temporary directory.")
 flags.DEFINE_string("data_csv", None, "Housing CSV; default the one in the "
                     "mlxtend package.")
+flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
+                  "multi_worker: the cluster from TF_CONFIG; trains once.")
 
 
-def train_and_evaluate(model_dir, train, evaluation, k, micro_batch):
+def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
+                       strategy=None):
   estimator = tf.estimator.Estimator(
       model_fn, model_dir=model_dir,
       config=tf.estimator.RunConfig(tf_random_seed=0,
+                                    train_distribute=strategy,
                                     log_step_count_steps=10_000),
       params=dict(k=k, learning_rate=FLAGS.learning_rate,
                   micro_batch_size=micro_batch))
-  estimator.train(lambda: housing.input_fn(
-      train, micro_batch, k=k, epochs=FLAGS.epochs, shuffle_seed=0))
+
+  def train_input(input_context=None):
+    return housing.input_fn(train, micro_batch, k=k, epochs=FLAGS.epochs,
+                            shuffle_seed=0, input_context=input_context)
+
+  if strategy is None:
+    estimator.train(train_input)
+  else:
+    workers = strategy.num_replicas_in_sync
+    window = workers * micro_batch * k
+    steps = FLAGS.epochs * (len(train["price"]) // window) * k
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(train_input, max_steps=steps),
+        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                              throttle_secs=0))
   metrics = estimator.evaluate(lambda: housing.input_fn(evaluation, 64))
   weights = {name: estimator.get_variable_value(name)
              for name in ("linear/kernel", "linear/bias")}
@@ -54,6 +76,9 @@ def main(argv):
     raise app.UsageError(f"--batch must be >= 1, got {FLAGS.batch}")
   train, evaluation = housing.load_housing(FLAGS.data_csv)
   model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="housing_")
+  if FLAGS.strategy == "multi_worker":
+    _multi_worker(model_dir, train, evaluation)
+    return
   big_batch = FLAGS.k * FLAGS.batch
   print(f"housing: {len(train['price'])} train / {len(evaluation['price'])} "
         f"eval examples; effective batch {big_batch} = micro-batch "
@@ -74,6 +99,21 @@ def main(argv):
   print(f"plain       (batch {big_batch}):      eval RMSE "
         f"{plain['rmse']:.3f}, {plain['global_step']} steps")
   print(f"largest relative weight difference: {worst:.2e}")
+
+
+def _multi_worker(model_dir, train, evaluation):
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  workers = strategy.num_replicas_in_sync
+  print(f"housing: effective batch {workers * FLAGS.batch * FLAGS.k} = "
+        f"{workers} worker(s) x micro-batch {FLAGS.batch} x k={FLAGS.k}; "
+        f"runs in {model_dir}", flush=True)
+  metrics, _ = train_and_evaluate(
+      os.path.join(model_dir, f"b{FLAGS.batch}_k{FLAGS.k}_w{workers}"),
+      train, evaluation, FLAGS.k, FLAGS.batch, strategy)
+  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  if task.get("index", 0) == 0:
+    print(f"eval RMSE {metrics['rmse']:.3f} after {metrics['global_step']} "
+          f"micro-batches", flush=True)
 
 
 if __name__ == "__main__":
