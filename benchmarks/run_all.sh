@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every benchmark in one go and prints the figures the README quotes.
+#   benchmarks/run_all.sh | tee benchmarks/results.md
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+echo "# benchmarks/run_all.sh, $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $(nproc) cores"
+echo
+echo "## Cost per micro-batch (Adam, k=4)"
+$PY benchmarks/accumulation_overhead.py --models mlp bert_small minilm
+echo
+echo "## Peak memory, BERT-Small, k=4 (Adam, then SGD)"
+$PY benchmarks/accumulation_overhead.py --memory --models bert_small
+$PY benchmarks/accumulation_overhead.py --memory --models bert_small --optimizer sgd
+echo
+echo "## Memory and time per update against k"
+$PY benchmarks/memory_vs_k.py --output docs/memory_vs_k.png
+echo
+echo "## Sparse gradients"
+$PY benchmarks/sparse_accumulation.py
+echo
+echo "## The public recipe under MultiWorkerMirroredStrategy"
+$PY benchmarks/recipe_comparison.py
