@@ -15,6 +15,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from data import sharding
+
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 
 
@@ -130,11 +132,8 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   def input_fn(params=None, input_context=None):
     del params
     dataset = tf.data.TFRecordDataset(input_file)
-    if input_context is not None and input_context.num_input_pipelines > 1:
-      dataset = dataset.shard(input_context.num_input_pipelines,
-                              input_context.input_pipeline_id)
-    elif shard is not None and shard[0] > 1:
-      dataset = dataset.shard(*shard)
+    dataset = sharding.shard(dataset, input_context,
+                             *(shard or (None, None)))
     if is_training:
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()

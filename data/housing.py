@@ -10,6 +10,8 @@ import importlib.metadata
 import numpy as np
 import tensorflow as tf
 
+from data import sharding
+
 PACKAGE = "mlxtend"
 CSV_PATH = "mlxtend/data/data/boston_housing.csv"
 NUM_COLUMNS = 14  # 13 features, then the median price in $1000s
@@ -88,9 +90,7 @@ def input_fn(data, micro_batch_size, k=1, epochs=1, shuffle_seed=None,
       strategy; each input pipeline then reads its own shard.
   """
   dataset = tf.data.Dataset.from_tensor_slices((data["x"], data["price"]))
-  if input_context is not None and input_context.num_input_pipelines > 1:
-    dataset = dataset.shard(input_context.num_input_pipelines,
-                            input_context.input_pipeline_id)
+  dataset = sharding.shard(dataset, input_context)
   if shuffle_seed is not None:
     dataset = dataset.shuffle(len(data["price"]), seed=shuffle_seed,
                               reshuffle_each_iteration=True)

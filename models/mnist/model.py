@@ -10,7 +10,7 @@ params:
 import tensorflow as tf
 import tf_slim as slim
 
-import estimator_accum
+from models import training
 
 
 def cnn(images):
@@ -47,17 +47,7 @@ def model_fn(features, labels, mode, params):
                                       eval_metric_ops={"accuracy": accuracy})
   optimizer = tf.compat.v1.train.MomentumOptimizer(params["learning_rate"],
                                                    0.9)
-  k = params.get("k", 1)
-  hooks = []
-  if k > 1:
-    train_op = estimator_accum.build_accumulating_train_op(loss, optimizer, k)
-    hooks.append(estimator_accum.AccumulationLoggingHook(
-        every_n_micro_batches=100,
-        micro_batch_size=params.get("micro_batch_size")))
-  else:
-    train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
-  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
-                                    training_hooks=hooks)
+  return training.train_spec(loss, optimizer, params, log_every=100)
 
 
 def weight_names():
