@@ -57,3 +57,26 @@ def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
                                    UPDATES)
   assert not np.allclose(single["dense/kernel"], expected["dense/kernel"],
                          rtol=1e-3)
+
+
+def test_estimator_reports_the_replicas_mean_loss(tmp_path):
+  """As with optimizer.minimize: Estimator sums the replicas' losses unless
+  the graph says the optimizer averages them, which the window does."""
+  data = support.make_data(REPLICAS * K * MICRO_BATCH)
+  with tf.Graph().as_default():
+    first = {key: tf.constant(value[:REPLICAS * MICRO_BATCH])
+             for key, value in data.items()}
+    loss = support.model_loss(first, first["labels"])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      expected = session.run(loss)
+  support.estimator_train(tmp_path, OPTIMIZERS["sgd"][0], data, MICRO_BATCH,
+                          K, K, train_distribute=_strategy())
+  reported = {}
+  for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        if value.tag == "loss":
+          reported[event.step] = value.simple_value
+  assert reported, "no loss summary"
+  np.testing.assert_allclose(reported[min(reported)], expected, rtol=1e-5)
