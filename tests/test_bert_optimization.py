@@ -64,7 +64,7 @@ def test_optimizer_matches_numpy_reference(name):
   target = {key: rng.normal(size=value.shape).astype(np.float32)
             for key, value in start.items()}
   actual = _tf_optimizer_run(
-      optimization.create_optimizer(name, LR, DECAY), start, target)
+      optimization.make_optimizer(name, LR, DECAY), start, target)
   expected = _numpy_optimizer_run(name, start, target, {"layer/kernel"})
   for key in start:
     np.testing.assert_allclose(actual[key], expected[key], rtol=1e-5,
@@ -90,7 +90,7 @@ def test_bert_optimizers_accumulate_like_big_batch(name, tmp_path):
   data = support.make_data(k * micro_batch * updates)
 
   def optimizer_fn():
-    return optimization.create_optimizer(name, LR, DECAY)
+    return optimization.make_optimizer(name, LR, DECAY)
 
   expected = support.reference_train(optimizer_fn, data, k * micro_batch,
                                      updates)
@@ -106,7 +106,7 @@ def test_bert_optimizers_under_mirrored_strategy(name, tmp_path):
   data = support.make_data(replicas * k * micro_batch * updates)
 
   def optimizer_fn():
-    return optimization.create_optimizer(name, LR, DECAY)
+    return optimization.make_optimizer(name, LR, DECAY)
 
   expected = support.reference_train(
       optimizer_fn, data, replicas * k * micro_batch, updates)
@@ -141,4 +141,28 @@ def test_schedule_rejects_bad_counts(kwargs, match):
 
 def test_unknown_optimizer_name():
   with pytest.raises(ValueError, match="optimizer.*'sgd'"):
-    optimization.create_optimizer("sgd", 0.1)
+    optimization.make_optimizer("sgd", 0.1)
+
+
+def test_google_signature_create_optimizer_accumulates():
+  """create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps,
+  use_tpu) as in google-research/bert, plus k: nothing moves until the k-th
+  micro-batch, then the weights do; global_step counts micro-batches."""
+  with tf.Graph().as_default():
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, -2.0])
+    loss = tf.reduce_sum(tf.square(w - 3.0))
+    train_op = optimization.create_optimizer(
+        loss, 0.1, num_train_steps=10, num_warmup_steps=0, use_tpu=False,
+        gradient_accumulation_multiplier=4)
+    step = tf.compat.v1.train.get_global_step()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(3):
+        session.run(train_op)
+      np.testing.assert_array_equal(session.run(w), [1.0, -2.0])
+      session.run(train_op)
+      assert not np.allclose(session.run(w), [1.0, -2.0])
+      assert session.run(step) == 4
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="use_tpu"):
+    w = tf.compat.v1.get_variable("w", initializer=1.0)
+    optimization.create_optimizer(w * w, 0.1, 10, 0, use_tpu=True)

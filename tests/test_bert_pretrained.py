@@ -164,3 +164,29 @@ def test_float16_compute_keeps_float32_variables_and_outputs(minilm):
   np.testing.assert_allclose(outputs[tf.float16], outputs[tf.float32],
                              atol=2e-2)
   assert np.abs(outputs[tf.float32]).max() > 0.1
+
+
+def test_google_compatible_helpers(minilm):
+  tokenizer = tokenization.FullTokenizer(minilm.vocab_file, True)
+  ids, mask = _encode(tokenizer, SENTENCES[:2], 12)
+  outputs = []
+  for one_hot in (False, True):
+    with tf.Graph().as_default():
+      model = modeling.BertModel(
+          modeling.BertConfig.from_json_file(minilm.bert_config_file), False,
+          tf.constant(ids), tf.constant(mask), None, one_hot)
+      assignment, initialized = modeling.get_assignment_map_from_checkpoint(
+          tf.compat.v1.trainable_variables(), minilm.init_checkpoint)
+      assert len(assignment) == len(tf.compat.v1.trainable_variables()) == 103
+      assert "bert/pooler/dense/kernel:0" in initialized
+      tf.compat.v1.train.init_from_checkpoint(minilm.init_checkpoint,
+                                              assignment)
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        outputs.append(session.run(model.get_sequence_output()))
+  np.testing.assert_allclose(outputs[1], outputs[0], atol=1e-5)
+  assert tokenization.convert_to_unicode(b"caf\xc3\xa9") == "café"
+  tokenization.validate_case_matches_checkpoint(True, minilm.init_checkpoint)
+  with pytest.raises(ValueError, match="uncased"):
+    tokenization.validate_case_matches_checkpoint(False,
+                                                  minilm.init_checkpoint)

@@ -8,7 +8,6 @@ number of optimizer updates, not micro-batches.
 """
 
 import dataclasses
-import re
 
 import tensorflow as tf
 from absl import logging
@@ -54,16 +53,6 @@ def create_model(bert_config, is_training, features, num_labels,
   return logits, tf.nn.softmax(logits, axis=-1)
 
 
-def assignment_map(init_checkpoint):
-  """Maps every trainable variable whose name and shape are in the
-  checkpoint to itself; returns (map, names initialized)."""
-  shapes = tf.train.load_checkpoint(init_checkpoint).get_variable_to_shape_map()
-  mapping = {}
-  for var in tf.compat.v1.trainable_variables():
-    name = re.sub(r":\d+$", "", var.name)
-    if name in shapes and list(shapes[name]) == var.shape.as_list():
-      mapping[name] = name
-  return mapping
 
 
 def model_fn_builder(bert_config, training):
@@ -76,7 +65,8 @@ def model_fn_builder(bert_config, training):
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32)
     if training.init_checkpoint:
-      mapping = assignment_map(training.init_checkpoint)
+      mapping, _ = modeling.get_assignment_map_from_checkpoint(
+          tf.compat.v1.trainable_variables(), training.init_checkpoint)
       tf.compat.v1.train.init_from_checkpoint(training.init_checkpoint,
                                               mapping)
       if is_training:
@@ -104,7 +94,7 @@ def model_fn_builder(bert_config, training):
     learning_rate = optimization.learning_rate_schedule(
         training.learning_rate, estimator_accum.update_count(training.k),
         training.num_train_updates, training.num_warmup_updates)
-    optimizer = optimization.create_optimizer(training.optimizer,
+    optimizer = optimization.make_optimizer(training.optimizer,
                                               learning_rate)
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,

@@ -87,7 +87,8 @@ class BertModel:
   """The BERT encoder: embeddings, transformer layers and the pooler."""
 
   def __init__(self, config, is_training, input_ids, input_mask=None,
-               token_type_ids=None, scope=None, compute_type=tf.float32):
+               token_type_ids=None, use_one_hot_embeddings=False, scope=None,
+               compute_type=tf.float32):
     """Builds the encoder in the current graph.
 
     Args:
@@ -98,6 +99,8 @@ class BertModel:
         tokens and 0 for padding; default all ones.
       token_type_ids: optional int32 Tensor [batch_size, seq_length]; default
         all zeros.
+      use_one_hot_embeddings: look word pieces up by a one-hot matrix
+        product (TPU style; dense gradient) instead of a gather (sparse).
       scope: variable scope, default "bert".
       compute_type: tf.float32, or tf.float16 / tf.bfloat16 for mixed
         precision: variables stay float32 (so checkpoints are unchanged) and
@@ -126,6 +129,7 @@ class BertModel:
       token_type_ids = tf.zeros_like(input_ids)
     self._config = config
     self._compute_type = tf.as_dtype(compute_type)
+    self._one_hot = use_one_hot_embeddings
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
       with tf.compat.v1.variable_scope("embeddings"):
@@ -158,7 +162,13 @@ class BertModel:
         "position_embeddings",
         [config.max_position_embeddings, config.hidden_size], initializer=init)
     seq_length = tf.shape(input_ids)[1]
-    output = (tf.gather(self.embedding_table, input_ids) +
+    if self._one_hot:
+      words = tf.einsum("bsv,vh->bsh",
+                        tf.one_hot(input_ids, config.vocab_size),
+                        self.embedding_table)
+    else:
+      words = tf.gather(self.embedding_table, input_ids)
+    output = (words +
               tf.gather(token_types, token_type_ids) +
               positions[tf.newaxis, :seq_length])
     output = _layer_norm(output, config.layer_norm_eps)
@@ -221,6 +231,25 @@ class BertModel:
   def get_embedding_table(self):
     """float32 Variable [vocab_size, hidden_size]."""
     return self.embedding_table
+
+
+def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
+  """google-research/bert's helper: maps the variables in `tvars` that the
+  checkpoint has (same name and shape) to themselves.
+
+  Returns:
+    (assignment_map, initialized_variable_names), the second with both
+    `name` and `name:0` keys, as Google's.
+  """
+  shapes = tf.train.load_checkpoint(init_checkpoint).get_variable_to_shape_map()
+  assignment_map, initialized = {}, {}
+  for var in tvars:
+    name = var.name.split(":")[0]
+    if name in shapes and list(shapes[name]) == var.shape.as_list():
+      assignment_map[name] = name
+      initialized[name] = 1
+      initialized[name + ":0"] = 1
+  return assignment_map, initialized
 
 
 def _initializer(stddev):

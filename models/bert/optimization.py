@@ -12,11 +12,18 @@ applied densely, as Google's code does, so every row's moments decay.
 `learning_rate_schedule` is Google's warmup-then-linear-decay, driven by the
 number of optimizer updates (not micro-batches): with accumulation that is
 `estimator_accum.update_count(k)`.
+
+`create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps, use_tpu)`
+keeps google-research/bert's signature and returns the train op, so a script
+written for Google's code gains accumulation with one argument
+(`gradient_accumulation_multiplier=k`).
 """
 
 import re
 
 import tensorflow as tf
+
+import estimator_accum
 
 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 OPTIMIZERS = ("adamw", "lamb")
@@ -41,14 +48,51 @@ def learning_rate_schedule(init_lr, update_count, num_train_updates,
   return tf.where(step < num_warmup_updates, warmup, decayed)
 
 
-def create_optimizer(name, learning_rate, weight_decay_rate=0.01):
+def make_optimizer(name, learning_rate, weight_decay_rate=0.01):
   """`adamw` or `lamb` with BERT's defaults (epsilon 1e-6, weight decay off
   for LayerNorm and biases)."""
   if name == "adamw":
-    return AdamWeightDecayOptimizer(learning_rate, weight_decay_rate)
+    return AdamWeightDecayOptimizer(
+        learning_rate, weight_decay_rate,
+        exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY)
   if name == "lamb":
     return LambOptimizer(learning_rate, weight_decay_rate)
   raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {name!r}.")
+
+
+def create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps,
+                     use_tpu=False, *, gradient_accumulation_multiplier=1,
+                     optimizer="adamw", clip_norm=1.0, loss_scale=None):
+  """google-research/bert's create_optimizer, with accumulation: returns the
+  train op.
+
+  As Google's: AdamWeightDecay (weight decay 0.01, not on LayerNorm and
+  biases), warmup then linear decay, gradients clipped to global norm 1.0,
+  `global_step` incremented. Here `num_train_steps` and `num_warmup_steps`
+  count optimizer updates, and `global_step` counts micro-batches (k per
+  update), as `estimator_accum.build_accumulating_train_op` defines it.
+
+  Args:
+    loss: the micro-batch's scalar loss (its mean; do not divide by k).
+    init_lr: peak learning rate.
+    num_train_steps: updates in the whole training.
+    num_warmup_steps: updates of linear warmup.
+    use_tpu: must be False (TPUs are not supported by this project).
+    gradient_accumulation_multiplier: k, micro-batches per update.
+    optimizer: "adamw" or "lamb".
+    clip_norm: global-norm clip of the accumulated gradient; None disables.
+    loss_scale: None, "dynamic" or a number, for float16 models.
+  """
+  if use_tpu:
+    raise ValueError("use_tpu=True is not supported: this project trains on "
+                     "CPUs and GPUs.")
+  k = gradient_accumulation_multiplier
+  learning_rate = learning_rate_schedule(
+      init_lr, estimator_accum.update_count(k), num_train_steps,
+      num_warmup_steps)
+  return estimator_accum.build_accumulating_train_op(
+      loss, make_optimizer(optimizer, learning_rate), k,
+      clip_norm=clip_norm, loss_scale=loss_scale)
 
 
 def _var_name(var):
@@ -118,12 +162,12 @@ class AdamWeightDecayOptimizer(_BertAdamBase):
   No bias correction; weight decay is added to the Adam step (not to the
   gradient) for variables whose names match none of
   exclude_from_weight_decay. `global_step` in apply_gradients is incremented
-  if given, as for every tf.compat.v1 optimizer.
+  if given, as for every tf.compat.v1 optimizer. The defaults are Google's
+  (no weight decay unless asked); `make_optimizer` sets BERT's.
   """
 
-  def __init__(self, learning_rate, weight_decay_rate=0.01, beta_1=0.9,
-               beta_2=0.999, epsilon=1e-6,
-               exclude_from_weight_decay=DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY,
+  def __init__(self, learning_rate, weight_decay_rate=0.0, beta_1=0.9,
+               beta_2=0.999, epsilon=1e-6, exclude_from_weight_decay=None,
                name="AdamWeightDecayOptimizer"):
     super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2,
                      epsilon, exclude_from_weight_decay, name)

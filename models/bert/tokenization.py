@@ -13,6 +13,7 @@ many texts at once in native code, which is what feature conversion uses.
 """
 
 import collections
+import os
 
 import tensorflow as tf
 from tokenizers import BertWordPieceTokenizer
@@ -20,6 +21,28 @@ from tokenizers import BertWordPieceTokenizer
 # Tokens such as [CLS], [unused12] are not words; leave them out when deciding
 # whether a vocabulary is cased.
 _SPECIAL_PREFIX = "["
+
+
+def convert_to_unicode(text):
+  """str for str or UTF-8 bytes (google-research/bert's helper)."""
+  if isinstance(text, bytes):
+    return text.decode("utf-8", "ignore")
+  if isinstance(text, str):
+    return text
+  raise ValueError(f"text must be str or bytes, got {type(text).__name__}.")
+
+
+printable_text = convert_to_unicode
+
+
+def validate_case_matches_checkpoint(do_lower_case, init_checkpoint):
+  """Google's check, done from the vocabulary: the vocab.txt beside the
+  checkpoint, when there is one, must match do_lower_case."""
+  if not init_checkpoint:
+    return
+  vocab_file = os.path.join(os.path.dirname(init_checkpoint), "vocab.txt")
+  if tf.io.gfile.exists(vocab_file):
+    validate_case_matches_vocab(do_lower_case, vocab_file)
 
 
 def load_vocab(vocab_file):
