@@ -27,6 +27,7 @@ strategy the same code runs under TensorFlow's default strategy, whose
 import weakref
 
 import tensorflow as tf
+from absl import logging
 
 from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
@@ -173,8 +174,29 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     # rather than their sum.
     tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
   # Under MirroredStrategy every replica builds the same state; keep the first.
+  if tf.compat.v1.get_default_graph() not in _STATES:
+    _log_state_size(window.state)
   _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
   return train_op
+
+
+def _log_state_size(state):
+  """Logs the memory the window's state takes, once per graph."""
+  trained = sum(a.variable.shape.num_elements() *
+                a.variable.dtype.base_dtype.size for a in state.accumulators)
+  sizes = {"dense": 0, "sparse": 0}
+  for accumulator in state.accumulators:
+    for variable in (accumulator.total, accumulator.rows):
+      if variable is not None:
+        sizes["sparse" if accumulator.is_sparse else "dense"] += (
+            variable.shape.num_elements() * variable.dtype.base_dtype.size)
+  total = sizes["dense"] + sizes["sparse"]
+  logging.info(
+      "gradient accumulation: k=%d over %d variables; accumulators take "
+      "%.1f MB (%.2fx the trained variables' %.1f MB; %.1f MB for sparse "
+      "gradients, with their row masks)", state.k, len(state.accumulators),
+      total / 2**20, total / max(trained, 1), trained / 2**20,
+      sizes["sparse"] / 2**20)
 
 
 def _between_graph_worker_device(loss, global_step):

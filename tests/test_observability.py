@@ -84,3 +84,19 @@ def test_update_count_follows_windows():
       assert seen == [0, 0, 0, 1, 1, 1, 2, 2, 2]
       # Updates used learning rates 0.1, 0.2, 0.3 on a gradient of 1.
       np.testing.assert_allclose(session.run(w), 1.0 - 0.6, rtol=1e-6)
+
+
+def test_accumulator_memory_is_logged_at_start(caplog):
+  with tf.Graph().as_default(), caplog.at_level(logging.INFO, logger="absl"):
+    features = {key: tf.constant(value)
+                for key, value in support.make_data(4).items()}
+    loss = support.model_loss(features, features["labels"])
+    estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.GradientDescentOptimizer(0.1), 4)
+  trained = sum(value.size * 4 for value in support.initial_weights().values())
+  rows = support.VOCAB * 4  # One float32 per embedding row.
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("gradient accumulation: k=4")]
+  assert len(lines) == 1
+  assert (f"accumulators take {(trained + rows) / 2**20:.1f} MB" in lines[0]
+          and "over 5 variables" in lines[0]), lines[0]
