@@ -1,13 +1,17 @@
 """Gradient accumulation for TensorFlow 1-style graphs and tf.estimator.
 
 k micro-batches of B train exactly as one batch of k*B would, on one device,
-under MirroredStrategy and MultiWorkerMirroredStrategy. See
-`build_accumulating_train_op`.
+under MirroredStrategy and MultiWorkerMirroredStrategy, and on
+parameter-server workers. See `build_accumulating_train_op`.
 """
 
 from estimator_accum.accumulators import Accumulator
 from estimator_accum.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.hooks import AccumulationLoggingHook
+from estimator_accum.sparse import (
+    SPARSE_THRESHOLD_BYTES,
+    CompactSparseAccumulator,
+)
 from estimator_accum.train_op import (
     AccumulationState,
     build_accumulating_train_op,
@@ -18,6 +22,8 @@ from estimator_accum.train_op import (
 
 __all__ = [
     "Accumulator",
+    "CompactSparseAccumulator",
+    "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
     "AccumulationState",
     "adjusted_momentum",

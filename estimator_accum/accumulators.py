@@ -135,7 +135,12 @@ class Accumulator:
     total: the accumulator variable `<var>/accum`, shape of `variable`.
     rows: for sparse gradients, a float32 variable `<var>/accum_rows` of shape
       [num_rows] holding 1.0 for every row touched in this window; else None.
+    is_sparse: whether the gradients are tf.IndexedSlices.
+    is_compact: False (see `CompactSparseAccumulator` for tables kept as
+      the rows touched only).
   """
+
+  is_compact = False
 
   def __init__(self, variable, gradient, dtype, local_device=None):
     """Creates the state for `variable`.
@@ -162,6 +167,10 @@ class Accumulator:
     if self.is_sparse:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
                                  per_replica=True, local_device=local_device)
+
+  def state_variables(self):
+    """The variables holding this accumulator's window."""
+    return [v for v in (self.total, self.rows) if v is not None]
 
   def add(self, gradient, weight, first=False):
     """Returns an op that adds `weight * gradient` to the window sum.

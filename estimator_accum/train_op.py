@@ -31,7 +31,8 @@ from absl import logging
 
 from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
-from estimator_accum.accumulators import state_variable
+from estimator_accum.accumulators import state_variable, variable_base_name
+from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
 from estimator_accum.window import AccumulationState, Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
@@ -48,6 +49,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 accumulator_dtype=tf.float32,
                                 colocate_gradients_with_ops=False,
                                 summaries=True, loss_scale=None,
+                                sparse_accumulation="auto",
+                                sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
                                 name="gradient_accumulation"):
   """Returns a train op that applies one update every `k` micro-batches.
 
@@ -97,6 +100,15 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       scale is halved there and doubled after 2000 good windows in a row. A
       `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` passed
       as `optimizer` is unwrapped and its settings used instead.
+    sparse_accumulation: how tables with `tf.IndexedSlices` gradients
+      (embedding lookups) are accumulated. "auto" (default): compactly, as
+      the rows the window touched only, when a dense accumulator would take
+      at least `sparse_threshold_bytes`, else as a dense sum with a row mask.
+      True: every such table compactly; False: none; or a list of variables
+      or variable names to accumulate compactly. Compact accumulation needs
+      one replica (one device, or parameter-server workers).
+    sparse_threshold_bytes: int, the table size from which "auto" chooses
+      compact accumulation; default 128 MB.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -161,10 +173,14 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           f"loss {loss.name} has no gradient with respect to any of the "
           f"{len(var_list)} trainable variables; check that the loss depends "
           "on them (var_list, stop_gradient, integer casts).")
+    compact = choose_compact(
+        trained, sparse_accumulation, sparse_threshold_bytes,
+        accumulator_dtype, tf.distribute.get_strategy().num_replicas_in_sync)
     window = Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
-        local_device=_between_graph_worker_device(loss, global_step))
+        local_device=_between_graph_worker_device(loss, global_step),
+        compact=compact)
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))
@@ -185,11 +201,13 @@ def _log_state_size(state):
   trained = sum(a.variable.shape.num_elements() *
                 a.variable.dtype.base_dtype.size for a in state.accumulators)
   sizes = {"dense": 0, "sparse": 0}
+  compact = [a for a in state.accumulators if a.is_compact]
   for accumulator in state.accumulators:
-    for variable in (accumulator.total, accumulator.rows):
-      if variable is not None:
-        sizes["sparse" if accumulator.is_sparse else "dense"] += (
-            variable.shape.num_elements() * variable.dtype.base_dtype.size)
+    if accumulator.is_compact:
+      continue
+    for variable in accumulator.state_variables():
+      sizes["sparse" if accumulator.is_sparse else "dense"] += (
+          variable.shape.num_elements() * variable.dtype.base_dtype.size)
   total = sizes["dense"] + sizes["sparse"]
   logging.info(
       "gradient accumulation: k=%d over %d variables; accumulators take "
@@ -197,6 +215,18 @@ def _log_state_size(state):
       "gradients, with their row masks)", state.k, len(state.accumulators),
       total / 2**20, total / max(trained, 1), trained / 2**20,
       sizes["sparse"] / 2**20)
+  if compact:
+    logging.info(
+        "gradient accumulation: %d tables accumulated compactly, growing with "
+        "the rows a window touches (not counted above): %s", len(compact),
+        ", ".join(f"{variable_base_name(a.variable)} "
+                  f"{a.bytes_per_row()} bytes per row touched, "
+                  f"{_dense_mb(a.variable):.1f} MB dense" for a in compact))
+
+
+def _dense_mb(variable):
+  return (variable.shape.num_elements() * variable.dtype.base_dtype.size
+          / 2**20)
 
 
 def _between_graph_worker_device(loss, global_step):

@@ -17,6 +17,7 @@ from estimator_accum.accumulators import (
     rows_to_slices,
     state_variable,
 )
+from estimator_accum.sparse import CompactSparseAccumulator
 
 AccumulationState = collections.namedtuple(
     "AccumulationState",
@@ -99,7 +100,7 @@ class Window:
 
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
                num_examples, reduction, accumulator_dtype, summaries, name,
-               loss_scaler=None, local_device=None):
+               loss_scaler=None, local_device=None, compact=None):
     self._gradients = [g for g, _ in trained]
     self._optimizer = optimizer
     self._k = k
@@ -120,8 +121,11 @@ class Window:
     self._summaries = summaries
     self._name = name
     self._loss_scaler = loss_scaler
-    self._accumulators = [Accumulator(v, g, accumulator_dtype, local_device)
-                          for g, v in trained]
+    compact = compact or [False] * len(trained)
+    self._accumulators = [
+        CompactSparseAccumulator(v, accumulator_dtype, local_device) if c
+        else Accumulator(v, g, accumulator_dtype, local_device)
+        for (g, v), c in zip(trained, compact)]
     self._examples = None
     if num_examples is not None:
       self._examples = state_variable(

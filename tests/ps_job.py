@@ -28,6 +28,8 @@ tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
 
 K = 2
 PLAN = {"chief:0": (1.0, 7), "worker:0": (10.0, 9), "worker:1": (100.0, 5)}
+ROWS = {"chief:0": 0, "worker:0": 1, "worker:1": 2}
+SHARED_ROW = 3
 
 
 class _Record(tf.estimator.SessionRunHook):
@@ -41,7 +43,8 @@ class _Record(tf.estimator.SessionRunHook):
 
   def end(self, session):
     state = estimator_accum.get_accumulation_state()
-    devices = sorted({a.total.device for a in state.accumulators})
+    devices = sorted({v.device for a in state.accumulators
+                      for v in a.state_variables()})
     path = os.path.join(self._model_dir, f"done_{self._task}.json")
     with open(path, "w") as writer:
       json.dump({"micro_batches": self._runs, "accumulator_devices": devices},
@@ -57,10 +60,14 @@ class _Record(tf.estimator.SessionRunHook):
       time.sleep(0.2)
     (weight,) = [v for v in tf.compat.v1.global_variables()
                  if v.op.name == "w"]
+    (table,) = [v for v in tf.compat.v1.global_variables()
+                if v.op.name == "table"]
     values = session.run({"w": weight, "updates": state.updates_applied,
-                          "global_step": state.global_step})
+                          "global_step": state.global_step, "table": table})
+    compact = [a.variable.op.name for a in state.accumulators if a.is_compact]
     with open(os.path.join(self._model_dir, "final.json"), "w") as writer:
-      json.dump({key: float(value) for key, value in values.items()}, writer)
+      json.dump({key: value.tolist() for key, value in values.items()}
+                | {"compact": compact}, writer)
 
 
 def main():
@@ -72,9 +79,13 @@ def main():
   def model_fn(features, labels, mode):
     del labels
     w = tf.compat.v1.get_variable("w", [], initializer=tf.zeros_initializer())
-    loss = w * tf.reduce_mean(features)
+    table = tf.compat.v1.get_variable("table", [1000, 2],
+                                      initializer=tf.zeros_initializer())
+    rows = tf.gather(table, [ROWS.get(name, 0), SHARED_ROW])
+    loss = (w + tf.reduce_sum(rows)) * tf.reduce_mean(features)
     train_op = estimator_accum.build_accumulating_train_op(
-        loss, tf.compat.v1.train.GradientDescentOptimizer(1.0), K)
+        loss, tf.compat.v1.train.GradientDescentOptimizer(1.0), K,
+        sparse_accumulation=[table])
     return tf.estimator.EstimatorSpec(
         mode, loss=loss, train_op=train_op,
         training_hooks=[_Record(model_dir, name)])

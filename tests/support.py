@@ -152,7 +152,8 @@ def accumulating_model_fn(features, labels, mode, params):
       loss, params["optimizer_fn"](), params["k"],
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
       reduction=params.get("reduction", "mean"),
-      loss_scale=params.get("loss_scale"))
+      loss_scale=params.get("loss_scale"),
+      sparse_accumulation=params.get("sparse_accumulation", "auto"))
   hooks = list(params.get("training_hooks", []))
   if params.get("reportable_loss"):
     loss = estimator_accum.reportable_loss(loss)

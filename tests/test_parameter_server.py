@@ -1,13 +1,14 @@
 """Parameter-server (between-graph) training from TF_CONFIG: chief, 2
 workers and a ps on loopback. Each worker keeps its own window (accumulators
 and micro-batch counter on the worker) and applies to the shared variables
-every k of its own micro-batches."""
+every k of its own micro-batches, a table's window kept compactly (the rows
+touched only) on the worker too."""
 
 import json
 import subprocess
 import sys
 
-from tests.ps_job import PLAN, K
+from tests.ps_job import PLAN, ROWS, SHARED_ROW, K
 
 
 def test_each_worker_applies_its_own_windows(tmp_path):
@@ -29,3 +30,9 @@ def test_each_worker_applies_its_own_windows(tmp_path):
   assert final["updates"] == sum(windows.values())  # 3 + 4 + 2
   assert final["global_step"] == sum(counts.values())
   assert final["w"] == -sum(PLAN[task][0] * windows[task] for task in PLAN)
+  assert final["compact"] == ["table"]
+  table = final["table"]
+  assert table[SHARED_ROW] == [final["w"]] * 2
+  for task, row in ROWS.items():
+    assert table[row] == [-PLAN[task][0] * windows[task]] * 2, task
+  assert not any(any(r) for i, r in enumerate(table) if i > SHARED_ROW)
