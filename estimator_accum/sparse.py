@@ -6,10 +6,11 @@ but a 1,000,000 x 64 table costs 244 MB of accumulator whether a window
 touches ten rows or all of them. A `CompactSparseAccumulator` keeps only the
 rows the window touched: `<var>/accum_indices` (int64, one entry per row, each
 row once) and `<var>/accum_values` (their summed gradients), both variables of
-dynamic length that start empty. Each micro-batch merges its rows in with
-`tf.unique` and `tf.math.unsorted_segment_sum`, so the state is always
-`rows touched x (row size + 8 bytes)` and never more; the window's end hands
-the optimizer those rows as `tf.IndexedSlices`, as the dense path does.
+dynamic length that start empty. Each micro-batch finds its rows with
+`tf.unique`, appends the rows not yet in the window and scatter-adds into the
+values, so the state is always `rows touched x (row size + 8 bytes)`
+and never more; the window's end hands the optimizer those rows as
+`tf.IndexedSlices`, as the dense path does.
 
 This is what `SparseConditionalAccumulator` does, kept in ordinary resource
 variables instead: they are saved in checkpoints (a job stopped mid-window
@@ -115,8 +116,12 @@ class CompactSparseAccumulator:
   def add(self, gradient, weight, first=False):
     """Returns an op merging `weight * gradient`'s rows into the window.
 
-    Rows already in the window are summed with the new ones; new rows are
-    appended. The first micro-batch of a window replaces the state.
+    The first micro-batch of a window replaces the state with its own rows
+    (duplicates summed). Later ones find their rows with `tf.unique` over
+    the window's indices and the new ones (old rows keep their places and
+    new rows are appended), grow the values by exactly the new rows and
+    scatter-add into them: the sums are formed as the dense path forms
+    them, and the state never holds a row the window did not touch.
     """
     gradient = _as_slices(gradient, self.variable)
     dtype = self.values.dtype.base_dtype
@@ -124,14 +129,26 @@ class CompactSparseAccumulator:
     if weight is not None:
       values = values * weight
     indices = tf.cast(gradient.indices, tf.int64)
-    if not first:
-      indices = tf.concat([self.indices.read_value(), indices], 0)
-      values = tf.concat([self.values.read_value(), values], 0)
-    unique, position = tf.unique(indices)
-    summed = tf.math.unsorted_segment_sum(values, position,
-                                          tf.shape(unique)[0])
+    if first:
+      unique, position = tf.unique(indices)
+      summed = tf.math.unsorted_segment_sum(values, position,
+                                            tf.shape(unique)[0])
+      return tf.group(self.indices.assign(unique, read_value=False),
+                      self.values.assign(summed, read_value=False))
+    held = self.indices.read_value()
+    count = tf.shape(held)[0]
+    unique, position = tf.unique(tf.concat([held, indices], 0))
+    new_rows = tf.shape(unique)[0] - count
+    zeros = tf.zeros(tf.concat([[new_rows], self._dense_shape[1:]], 0), dtype)
+    # One copy of the state (grown by the new rows), added to in place: the
+    # scatter forwards its input buffer, and the assign takes it over. No
+    # scatter op touches the variable itself, which would switch it to
+    # copy-on-read and make every later read copy the whole state.
+    merged = tf.tensor_scatter_nd_add(
+        tf.concat([self.values.read_value(), zeros], 0),
+        tf.expand_dims(position[count:], 1), values)
     return tf.group(self.indices.assign(unique, read_value=False),
-                    self.values.assign(summed, read_value=False))
+                    self.values.assign(merged, read_value=False))
 
   def decay(self, keep_fraction):
     """Returns an op that multiplies the window sum by `keep_fraction`."""
