@@ -95,6 +95,45 @@ def _create_outside_control_flow(next_creator, **kwargs):
     return next_creator(**kwargs)
 
 
+def _reduces_in_distributed_apply(optimizer):
+  """Whether `optimizer` is a v1 optimizer that applies through the base
+  class's `_distributed_apply` (its first step is the all-reduce); not one
+  with its own `apply_gradients`, such as Google's AdamWeightDecay."""
+  base = tf.compat.v1.train.Optimizer
+  return (isinstance(optimizer, base) and
+          type(optimizer).apply_gradients is base.apply_gradients and
+          type(optimizer)._distributed_apply is base._distributed_apply)  # noqa: SLF001
+
+
+class _AlreadyReduced:
+  """A strategy whose `extended.batch_reduce_to` hands the values back.
+
+  Everything else is the strategy's own: `_distributed_apply` then updates
+  each replica's copy of every variable (and the slots) with that replica's
+  component of the gradients, which the window's all-reduce made equal.
+  """
+
+  def __init__(self, strategy):
+    self._strategy = strategy
+    self.extended = _ExtendedAlreadyReduced(strategy.extended)
+
+  def __getattr__(self, name):
+    return getattr(self._strategy, name)
+
+
+class _ExtendedAlreadyReduced:
+
+  def __init__(self, extended):
+    self._extended = extended
+
+  def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
+    del reduce_op, options
+    return [value for value, _ in value_destination_pairs]
+
+  def __getattr__(self, name):
+    return getattr(self._extended, name)
+
+
 class Window:
   """Builds the graph of one accumulation window."""
 
@@ -285,6 +324,17 @@ class Window:
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
   def _apply(self, strategy, gradients):
+    if (strategy.num_replicas_in_sync > 1 and
+        _reduces_in_distributed_apply(self._optimizer)):
+      # A v1 optimizer would all-reduce the gradients again (a second round
+      # of collectives per window, for nothing): run its cross-replica apply
+      # with that reduction taken out; the gradients already are the mean.
+      variables = [a.variable for a in self._accumulators]
+      with tf.variable_creator_scope(_create_outside_control_flow):
+        apply_op = self._optimizer._distributed_apply(  # noqa: SLF001
+            _AlreadyReduced(strategy), list(zip(gradients, variables)))
+      with tf.control_dependencies([apply_op]):
+        return tf.constant(True)
     applied = strategy.extended.call_for_each_replica(
         self._apply_on_replica, args=(gradients,))
     with tf.control_dependencies(strategy.experimental_local_results(applied)):

@@ -57,7 +57,8 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
 def test_gradients_cross_workers_only_when_a_window_ends(k, tmp_path):
   """Traced collectives per micro-batch: between window ends only the
   scalars Estimator reports (the loss) cross workers; the gradients travel
-  once per window, and with k=1 (no accumulation) on every micro-batch."""
+  once per window (one round, also with a tf.compat.v1 optimizer, which
+  would all-reduce them again itself), and with k=1 on every micro-batch."""
   command = [
       sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
       "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
@@ -76,7 +77,10 @@ def test_gradients_cross_workers_only_when_a_window_ends(k, tmp_path):
       if (step + 1) % k:
         assert size <= 16, (worker, step, count, size)
       else:
-        assert size >= gradient_bytes, (worker, step, count, size)
+        # One round: the window's sums (plus the embedding's row mask and
+        # the loss), not a second one from the optimizer.
+        assert gradient_bytes <= size < 1.5 * gradient_bytes, (
+            worker, step, count, size, gradient_bytes)
 
 
 def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
