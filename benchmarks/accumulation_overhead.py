@@ -47,11 +47,11 @@ OPTIMIZERS = {
 }
 
 
-def mlp_loss(seed=0):
-  """An MLP of 3.2M parameters on a batch of 64 random 1024-d inputs."""
+def mlp_loss(seed=0, batch_size=64):
+  """An MLP of 3.2M parameters on a batch of random 1024-d inputs."""
   rng = np.random.RandomState(seed)
-  inputs = tf.constant(rng.normal(size=(64, 1024)).astype(np.float32))
-  labels = tf.constant(rng.randint(0, 10, size=64).astype(np.int32))
+  inputs = tf.constant(rng.normal(size=(batch_size, 1024)).astype(np.float32))
+  labels = tf.constant(rng.randint(0, 10, size=batch_size).astype(np.int32))
   hidden = inputs
   for index in range(3):
     hidden = tf.compat.v1.layers.dense(hidden, 1024, tf.nn.relu,

@@ -19,5 +19,12 @@ echo
 echo "## Sparse gradients"
 $PY benchmarks/sparse_accumulation.py
 echo
+echo "## A 1,000,000 x 64 table: compact against dense accumulators"
+$PY benchmarks/huge_table.py
+echo
 echo "## The public recipe under MultiWorkerMirroredStrategy"
 $PY benchmarks/recipe_comparison.py
+echo
+echo "## Time per window on 2 workers, k=8 (micro-batch 64, then 256)"
+$PY benchmarks/multiworker_window.py --micro_batch 64 2>/dev/null
+$PY benchmarks/multiworker_window.py --micro_batch 256 2>/dev/null

@@ -1,0 +1,209 @@
+"""Time per window on 2 local workers (MultiWorkerMirroredStrategy), k=8,
+against 8 x the forward+backward time of one micro-batch plus one all-reduce.
+
+Every figure comes from a real Estimator run of the same MLP (3.2M
+parameters, micro-batch 64 or --micro_batch, Adam), one thread per task, timed per
+session.run by a hook, medians over windows after a warm-up window:
+
+  window       2 workers, build_accumulating_train_op(k=8): the sum of the
+               8 micro-batch steps of each window (the 8th applies)
+  fwd+bwd      one worker alone, no strategy: a step that computes the
+               gradients and nothing else; also with two such processes at
+               once, as the two workers share this machine
+  all-reduce   2 workers: a step that all-reduces tensors of the gradients'
+               shapes (one batched all-reduce, as the window's)
+
+  python benchmarks/multiworker_window.py [--k 8 --windows 8 --micro_batch 64]
+
+Printed: window / (k x fwd+bwd + all-reduce), for fwd+bwd alone and shared.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tensorflow as tf  # noqa: E402
+
+import estimator_accum  # noqa: E402
+from benchmarks.accumulation_overhead import mlp_loss  # noqa: E402
+
+MODES = ("window", "forward_backward", "all_reduce")
+
+
+class _StepTimer(tf.estimator.SessionRunHook):
+  """Wall time of every session.run; written as JSON at the end."""
+
+  def __init__(self, path):
+    self._path, self._times, self._start = path, [], None
+
+  def before_run(self, run_context):
+    self._start = time.perf_counter()
+
+  def after_run(self, run_context, run_values):
+    self._times.append(time.perf_counter() - self._start)
+
+  def end(self, session):
+    with open(self._path, "w") as writer:
+      json.dump(self._times, writer)
+
+
+def _fetch_all(tensors):
+  """One scalar needing every tensor whole (a group would be pruned)."""
+  return tf.add_n([tf.reshape(t, [-1])[0] for t in tensors])
+
+
+def model_fn(features, labels, mode, params):
+  del features, labels
+  loss = mlp_loss(batch_size=params["micro_batch"])
+  step = tf.compat.v1.train.get_or_create_global_step()
+  variables = tf.compat.v1.trainable_variables()
+  if params["mode"] == "window":
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.AdamOptimizer(1e-4), params["k"],
+        summaries=False)
+  else:
+    if params["mode"] == "forward_backward":
+      done = _fetch_all(tf.compat.v1.gradients(loss, variables))
+    else:
+      # Tensors shaped like the gradients, not constants (which Grappler
+      # would fold), all-reduced in one batch.
+      seed = tf.cast(step, tf.float32)
+      reduced = tf.distribute.get_replica_context().all_reduce(
+          tf.distribute.ReduceOp.SUM,
+          [tf.fill(v.shape, seed) for v in variables])
+      done = _fetch_all(reduced)
+    # A data dependency: under a control dependency Grappler was found to
+    # skip the gradients (0.1 ms a step instead of 29).
+    train_op = step.assign_add(1 + tf.cast(tf.math.is_nan(done), tf.int64))
+  return tf.estimator.EstimatorSpec(
+      mode, loss=tf.identity(loss), train_op=train_op,
+      training_hooks=[_StepTimer(params["output"])])
+
+
+def run_task(mode, model_dir, output, k, steps, micro_batch):
+  distributed = "TF_CONFIG" in os.environ
+  strategy = (tf.distribute.MultiWorkerMirroredStrategy() if distributed
+              else None)
+  config = tf.estimator.RunConfig(
+      model_dir=model_dir, train_distribute=strategy, tf_random_seed=0,
+      save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
+      log_step_count_steps=1_000_000,
+      session_config=tf.compat.v1.ConfigProto(
+          intra_op_parallelism_threads=1, inter_op_parallelism_threads=2))
+  estimator = tf.estimator.Estimator(
+      model_fn, config=config, params=dict(mode=mode, k=k, output=output,
+                                   micro_batch=micro_batch))
+
+  def input_fn(input_context=None):
+    del input_context
+    return tf.data.Dataset.from_tensors(({"x": 0.0}, 0)).repeat()
+
+  if distributed:
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(input_fn, max_steps=steps),
+        tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
+                              throttle_secs=0))
+  else:
+    estimator.train(input_fn, max_steps=steps)
+
+
+def _launch(args, mode, workers, directory, cluster=False):
+  """Runs `mode` on `workers` tasks; returns each task's step times."""
+  outputs = [os.path.join(directory, f"{mode}_{workers}_{i}.json")
+             for i in range(workers)]
+  task = [sys.executable, __file__, "--task", mode, "--k", str(args.k),
+          "--micro_batch", str(args.micro_batch),
+          "--steps", str(args.k * (args.windows + 1))]
+  if mode == "forward_backward" and not cluster:
+    # Independent processes without a cluster: one alone, or two at once.
+    processes = [subprocess.Popen(
+        task + ["--model_dir", os.path.join(directory, f"fb{workers}_{i}"),
+                "--output", outputs[i]],
+        env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+        for i in range(workers)]
+    for process in processes:
+      if process.wait() != 0:
+        raise RuntimeError(f"{mode} task failed")
+  else:
+    subprocess.run(
+        [sys.executable, "-m", "tfconfig", "launch", "--workers",
+         str(workers), "--timeout", "600", "--", *task, "--model_dir",
+         os.path.join(directory, mode), "--output",
+         os.path.join(directory, f"{mode}_{workers}_{{index}}.json")],
+        check=True, capture_output=True, text=True)
+  return [json.load(open(path)) for path in outputs]
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--k", type=int, default=8)
+  parser.add_argument("--windows", type=int, default=8)
+  parser.add_argument("--micro_batch", type=int, default=64)
+  parser.add_argument("--task", choices=MODES, help=argparse.SUPPRESS)
+  parser.add_argument("--model_dir", help=argparse.SUPPRESS)
+  parser.add_argument("--output", help=argparse.SUPPRESS)
+  parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.task:
+    output = args.output
+    if "{index}" in output:
+      output = output.format(
+          index=json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    run_task(args.task, args.model_dir, output, args.k, args.steps,
+             args.micro_batch)
+    return
+  k = args.k
+  with tempfile.TemporaryDirectory() as directory:
+    windows = _launch(args, "window", 2, directory)
+    reduce_steps = _launch(args, "all_reduce", 2, directory)
+    alone = _launch(args, "forward_backward", 1, directory)
+    shared = _launch(args, "forward_backward", 2, directory)
+    in_cluster = _launch(args, "forward_backward", 2, directory, cluster=True)
+  # Skip the first window (graph warm-up); windows end at steps k, 2k, ...
+  per_window = [sum(times[i:i + k]) for times in windows
+                for i in range(k, len(times) - k + 1, k)]
+  window = statistics.median(per_window)
+  apply_steps = [times[i] for times in windows
+                 for i in range(2 * k - 1, len(times), k)]
+  accumulate_steps = [t for times in windows
+                      for i, t in enumerate(times[k:], k) if (i + 1) % k]
+  all_reduce = statistics.median(t for times in reduce_steps
+                                 for t in times[k:])
+  fb_alone = statistics.median(alone[0][k:])
+  fb_shared = statistics.median(t for times in shared for t in times[k:])
+  fb_cluster = statistics.median(t for times in in_cluster for t in times[k:])
+  print(f"# {os.cpu_count()} cores; MLP 3.2M parameters, micro-batch "
+        f"{args.micro_batch}, "
+        f"Adam, k={k}, 2 workers (MultiWorkerMirroredStrategy), one thread "
+        f"per task; medians over {args.windows} windows after one warm-up")
+  print("| figure | ms |")
+  print("| --- | --- |")
+  print(f"| window (2 workers, k={k}) | {1000 * window:.1f} |")
+  print(f"| accumulate-only micro-batch (2 workers) | "
+        f"{1000 * statistics.median(accumulate_steps):.1f} |")
+  print(f"| apply micro-batch, all-reduce included (2 workers) | "
+        f"{1000 * statistics.median(apply_steps):.1f} |")
+  print(f"| fwd+bwd per micro-batch, one worker alone | "
+        f"{1000 * fb_alone:.1f} |")
+  print(f"| fwd+bwd per micro-batch, two processes at once | "
+        f"{1000 * fb_shared:.1f} |")
+  print(f"| fwd+bwd step under the 2-worker strategy (Estimator's per-step "
+        f"loss reduce included) | {1000 * fb_cluster:.1f} |")
+  print(f"| one all-reduce of the gradients (2 workers) | "
+        f"{1000 * all_reduce:.1f} |")
+  for label, fb in (("alone", fb_alone), ("shared", fb_shared),
+                    ("under the strategy", fb_cluster)):
+    print(f"window / ({k} x fwd+bwd {label} + all-reduce) = "
+          f"{window / (k * fb + all_reduce):.3f}")
+
+
+if __name__ == "__main__":
+  main()
