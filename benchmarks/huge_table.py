@@ -33,17 +33,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from benchmarks.peak_memory import PeakMemory  # noqa: E402
 
 ROWS, DIM, K = 1_000_000, 64, 4
 VARIANTS = ("compact", "dense")
-
-
-def _status_mb(field):
-  with open("/proc/self/status") as reader:
-    for line in reader:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) / 1024
-  raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def measure(variant, ids_per_micro_batch, rounds):
@@ -73,21 +66,18 @@ def measure(variant, ids_per_micro_batch, rounds):
     session.run(tf.compat.v1.global_variables_initializer())
     for _ in range(K):  # warm-up window
       session.run(train_op)
-    before = _status_mb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as writer:
-      writer.write("5")  # Resets VmHWM, the peak resident memory.
     times = []
-    for _ in range(rounds):
-      start = time.perf_counter()
-      for _ in range(K):
-        session.run(train_op)
-      times.append((time.perf_counter() - start) / K)
-    peak = _status_mb("VmHWM") - before
+    with PeakMemory() as peak:
+      for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(K):
+          session.run(train_op)
+        times.append((time.perf_counter() - start) / K)
     for _ in range(K - 1):
       session.run(train_op)
     state_bytes, rows_touched = session.run([state_bytes, rows_touched])
     return {"state_mb": int(state_bytes) / 2**20, "rows": int(rows_touched),
-            "peak_mb": peak,
+            "peak_mb": peak.mb,
             "ms": 1000 * statistics.median(times)}
 
 

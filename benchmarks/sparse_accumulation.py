@@ -26,6 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from benchmarks.peak_memory import PeakMemory  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
 
 VOCAB, DIM, BATCH, IDS, K = 100_000, 128, 32, 64, 4
@@ -58,14 +59,6 @@ def build(variant):
   return session, train_op
 
 
-def _status_mb(field):
-  with open("/proc/self/status") as reader:
-    for line in reader:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) / 1024
-  raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def seconds_per_micro_batch(session, train_op, count):
   start = time.perf_counter()
   for _ in range(count):
@@ -82,11 +75,9 @@ def main():
   if args.peak_rss_of:
     session, train_op = build(args.peak_rss_of)
     seconds_per_micro_batch(session, train_op, K)
-    before = _status_mb("VmRSS")
-    with open("/proc/self/clear_refs", "w") as writer:
-      writer.write("5")  # Resets VmHWM, the peak resident memory.
-    seconds_per_micro_batch(session, train_op, 4 * K)
-    print(_status_mb("VmHWM") - before)
+    with PeakMemory() as peak:
+      seconds_per_micro_batch(session, train_op, 4 * K)
+    print(peak.mb)
     return
   built = {variant: build(variant) for variant in VARIANTS}
   for session, train_op in built.values():

@@ -107,15 +107,19 @@ def test_nan_window_is_skipped_with_compact_accumulators(tmp_path):
 ROWS, DIM, K, IDS_PER_MICRO_BATCH = 1_000_000, 64, 4, 2048
 
 
+def _huge_table():
+  """The 1,000,000 x 64 table, the same initial values in every graph."""
+  tf.compat.v1.set_random_seed(0)
+  return tf.compat.v1.get_variable(
+      "table", [ROWS, DIM], use_resource=True,
+      initializer=tf.compat.v1.random_normal_initializer(stddev=0.1, seed=1))
+
+
 def _train_huge_table(sparse_accumulation, windows=2):
   """A 1,000,000 x 64 table, k=4; returns (table, [rows held per step])."""
   graph = tf.Graph()
   with graph.as_default():
-    tf.compat.v1.set_random_seed(0)
-    table = tf.compat.v1.get_variable(
-        "table", [ROWS, DIM], use_resource=True,
-        initializer=tf.compat.v1.random_normal_initializer(stddev=0.1,
-                                                           seed=1))
+    table = _huge_table()
     head = tf.compat.v1.get_variable(
         "head", [DIM, 1], use_resource=True,
         initializer=tf.compat.v1.random_normal_initializer(seed=2))
@@ -164,11 +168,7 @@ def test_huge_table_compact_equals_dense_and_holds_rows_touched():
 def _initial_table_rows(trained):
   graph = tf.Graph()
   with graph.as_default():
-    tf.compat.v1.set_random_seed(0)
-    table = tf.compat.v1.get_variable(
-        "table", [ROWS, DIM], use_resource=True,
-        initializer=tf.compat.v1.random_normal_initializer(stddev=0.1,
-                                                           seed=1))
+    table = _huge_table()
     with tf.compat.v1.Session() as session:
       session.run(table.initializer)
       start = session.run(table)
