@@ -1,32 +1,44 @@
 """Cost of accumulation per micro-batch, and the memory it adds.
 
-For each model, three graphs are built from the same network and data:
+For each model, these graphs are built from the same network and data:
 
   fwd_bwd  the forward and backward pass alone (tf.gradients, nothing applied)
-  plain    plain training at the same micro-batch (Adam, minimize)
-  accum    build_accumulating_train_op(loss, Adam, k)
+  plain    plain training at the same micro-batch (minimize)
+  accum    build_accumulating_train_op(loss, optimizer, k)
   accum_step  the same with a window that never ends: only the per-micro-batch
            accumulation, without the amortized apply
+  opt_apply  the optimizer's apply alone, of one micro-batch's gradients kept
+           in variables: what any training pays per update, accumulating or
+           not
 
 They are timed side by side in interleaved rounds (each round runs every
 variant for the same number of micro-batches, a multiple of k, so the apply
 steps are included at their real frequency). Printed: the median over rounds
-of accum / fwd_bwd and accum / plain, and the accumulator state in bytes
-against the trainable variables.
+of accum / fwd_bwd and accum / plain; what accumulation itself costs, as
+accumulate step / fwd_bwd and as (accum - opt_apply / k) / fwd_bwd (the
+window's time without the optimizer's own update, per micro-batch); and the
+accumulator state in bytes against the trainable variables.
 
-  python benchmarks/accumulation_overhead.py                  # both models
+  python benchmarks/accumulation_overhead.py        # mlp, bert_small, minilm
   python benchmarks/accumulation_overhead.py --models mlp --rounds 3
   python benchmarks/accumulation_overhead.py --memory     # peak RSS instead
+  python benchmarks/accumulation_overhead.py --memory --models mlp mlp_4096
 
 With --memory each variant runs two windows in a process of its own and the
-peak resident memory (ru_maxrss) of each is printed, with the difference
-between accumulating and plain training against the trainable variables.
+peak resident memory while training (VmHWM from the first micro-batch on,
+everything built and initialized before included) of each is printed, with
+the difference between accumulating and plain training against the
+trainable variables, and how much of that difference is the accumulators
+and how much the larger graph (its Python and C++ objects, measured after
+building it and before any tensor exists). The child processes run with glibc's mmap threshold fixed
+(see peak_memory.MALLOC_ENV), so a freed tensor goes back to the system and
+the peak is the memory live at once, reproducible to a few MB.
 """
 
 import argparse
+import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,21 +52,29 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from models.bert import modeling  # noqa: E402
 
-VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.peak_memory import (  # noqa: E402
+  MALLOC_ENV,
+  PeakMemory,
+  status_mb,
+)
+
+VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step", "opt_apply")
+MEMORY_VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step")
 OPTIMIZERS = {
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(1e-4),
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(1e-4),
 }
 
 
-def mlp_loss(seed=0, batch_size=64):
-  """An MLP of 3.2M parameters on a batch of random 1024-d inputs."""
+def mlp_loss(seed=0, batch_size=64, width=1024):
+  """An MLP (3.2M parameters at width 1024) on random 1024-d inputs."""
   rng = np.random.RandomState(seed)
   inputs = tf.constant(rng.normal(size=(batch_size, 1024)).astype(np.float32))
   labels = tf.constant(rng.randint(0, 10, size=batch_size).astype(np.int32))
   hidden = inputs
   for index in range(3):
-    hidden = tf.compat.v1.layers.dense(hidden, 1024, tf.nn.relu,
+    hidden = tf.compat.v1.layers.dense(hidden, width, tf.nn.relu,
                                        name=f"dense_{index}")
   logits = tf.compat.v1.layers.dense(hidden, 10, name="logits")
   return tf.compat.v1.losses.sparse_softmax_cross_entropy(labels, logits)
@@ -82,13 +102,57 @@ def minilm_loss(seed=0, batch_size=8, seq_length=128):
       num_attention_heads=12, intermediate_size=1536))
 
 
+def bert_base_loss(seed=0, batch_size=8, seq_length=128):
+  """BERT-Base's shape (L=12, H=768, 109M parameters)."""
+  return bert_small_loss(seed, batch_size, seq_length, modeling.BertConfig(
+      vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+      num_attention_heads=12, intermediate_size=3072))
+
+
 MODELS = {"mlp": mlp_loss, "bert_small": bert_small_loss,
-          "minilm": minilm_loss}
+          "minilm": minilm_loss, "bert_base": bert_base_loss,
+          # The MLP's graph with 4x and 16x the bytes: memory that grows
+          # with the variables' size, against memory that grows with the graph.
+          "mlp_2048": lambda: mlp_loss(width=2048),
+          "mlp_4096": lambda: mlp_loss(width=4096)}
 
 
-def build(model_name, variant, k, optimizer_name="adam"):
-  """Returns (session, train_op, state bytes) for one variant."""
+def _stored_gradients(loss):
+  """One micro-batch's gradients kept in variables.
+
+  Returns (pairs, capture): (gradient, variable) pairs reading the stored
+  gradients (tf.IndexedSlices where the gradient is sparse), and the op that
+  stores the current micro-batch's gradients, to run once after init.
+  """
+  variables = tf.compat.v1.trainable_variables()
+  pairs, capture = [], []
+  for gradient, variable in zip(tf.compat.v1.gradients(loss, variables),
+                                variables):
+    if gradient is None:
+      continue
+    parts = ([gradient.values, gradient.indices]
+             if isinstance(gradient, tf.IndexedSlices) else [gradient])
+    stored = []
+    for part in parts:
+      holder = tf.compat.v1.Variable(tf.zeros(part.shape, part.dtype),
+                                     trainable=False)
+      capture.append(holder.assign(part, read_value=False))
+      stored.append(holder.read_value())
+    if isinstance(gradient, tf.IndexedSlices):
+      stored = tf.IndexedSlices(stored[0], stored[1], gradient.dense_shape)
+    else:
+      stored = stored[0]
+    pairs.append((stored, variable))
+  return pairs, tf.group(*capture)
+
+
+def build_graph(model_name, variant, k, optimizer_name="adam"):
+  """Returns (graph, train_op, trainable bytes, accumulator bytes, setup).
+
+  `setup` lists the ops to run once after the variables' initializer.
+  """
   graph = tf.Graph()
+  setup = [tf.compat.v1.global_variables_initializer]
   with graph.as_default():
     tf.compat.v1.set_random_seed(0)
     loss = MODELS[model_name]()
@@ -110,6 +174,10 @@ def build(model_name, variant, k, optimizer_name="adam"):
     elif variant == "plain":
       train_op = optimizer.minimize(
           loss, tf.compat.v1.train.get_or_create_global_step())
+    elif variant == "opt_apply":
+      pairs, capture = _stored_gradients(loss)
+      train_op = optimizer.apply_gradients(pairs)
+      setup.append(lambda: capture)
     else:
       window = k if variant == "accum" else 2**62
       train_op = estimator_accum.build_accumulating_train_op(
@@ -123,8 +191,17 @@ def build(model_name, variant, k, optimizer_name="adam"):
         for variable in (accumulator.total, accumulator.rows):
           if variable is not None:
             accumulators += variable.shape.num_elements() * variable.dtype.size
-    session = tf.compat.v1.Session(graph=graph)
-    session.run(tf.compat.v1.global_variables_initializer())
+    setup = [make() for make in setup]
+  return graph, train_op, trainable, accumulators, setup
+
+
+def build(model_name, variant, k, optimizer_name="adam"):
+  """Returns (session, train_op, trainable bytes, accumulator bytes)."""
+  graph, train_op, trainable, accumulators, setup = build_graph(
+      model_name, variant, k, optimizer_name)
+  session = tf.compat.v1.Session(graph=graph)
+  for op in setup:
+    session.run(op)
   return session, train_op, trainable, accumulators
 
 
@@ -161,39 +238,81 @@ def run(model_name, k, rounds, windows_per_round, optimizer_name):
       "accum_over_plain": statistics.median(per_round("accum", "plain")),
       "step_over_fwd_bwd": statistics.median(per_round("accum_step",
                                                        "fwd_bwd")),
+      "ms_opt_apply": 1e3 * statistics.median(times["opt_apply"]),
+      # The window without the optimizer's own update, per micro-batch.
+      "own_over_fwd_bwd": statistics.median([
+          (accum - apply / k) / pass_
+          for accum, apply, pass_ in zip(times["accum"], times["opt_apply"],
+                                         times["fwd_bwd"])]),
       "trainable_mb": trainable / 2**20,
       "accumulator_mb": accumulators / 2**20,
   }
 
 
-def peak_rss_mb(model_name, variant, k, optimizer_name):
-  """Runs `variant` for two windows in a fresh process; returns its peak RSS."""
+def child_memory(model_name, variant, k, optimizer_name):
+  """Runs `variant` for two windows in a fresh process.
+
+  Returns {"peak": peak RSS MB, "graph": MB the graph took to build,
+  "trainable": MB of trainable variables, "accumulators": MB of state}.
+  """
   output = subprocess.run(
       [sys.executable, __file__, "--models", model_name, "--k", str(k),
-       "--optimizer", optimizer_name, "--peak-rss-of", variant], capture_output=True, text=True, check=True,
-      env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
-  return float(output.stdout.strip().splitlines()[-1])
+       "--optimizer", optimizer_name, "--peak-rss-of", variant],
+      capture_output=True, text=True, check=True,
+      env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+               **MALLOC_ENV))
+  return json.loads(output.stdout.strip().splitlines()[-1])
 
 
 def measure_memory(model_names, k, optimizer_name):
-  print("model | k | peak MB fwd+bwd | peak MB plain | peak MB accum | "
-        "peak MB accumulate steps only | accum - plain MB | trainable MB | "
-        "(accum - plain)/trainable")
+  print("model | trainable MB | accumulators MB | peak MB fwd+bwd | "
+        "peak MB plain | peak MB accum | peak MB accumulate steps only | "
+        "accum - plain MB | (accum - plain)/trainable | "
+        "accum - plain - accumulators MB | "
+        "accum - fwd+bwd - accumulators MB | graph objects, accum - plain MB")
   for model_name in model_names:
-    peaks = {v: peak_rss_mb(model_name, v, k, optimizer_name)
-             for v in VARIANTS}
-    _, _, trainable, _ = build(model_name, "fwd_bwd", k)
-    trainable_mb = trainable / 2**20
+    memory = {v: child_memory(model_name, v, k, optimizer_name)
+              for v in MEMORY_VARIANTS}
+    peaks = {v: m["peak"] for v, m in memory.items()}
+    trainable_mb = memory["accum"]["trainable"]
+    accumulators_mb = memory["accum"]["accumulators"]
     extra = peaks["accum"] - peaks["plain"]
-    print(f"{model_name} | {k} | {peaks['fwd_bwd']:.0f} | {peaks['plain']:.0f}"
-          f" | {peaks['accum']:.0f} | {peaks['accum_step']:.0f} | {extra:.0f} | "
-          f"{trainable_mb:.1f} | "
-          f"{extra / trainable_mb:.2f}", flush=True)
+    graph = memory["accum"]["graph"] - memory["plain"]["graph"]
+    print(f"{model_name} | {trainable_mb:.1f} | {accumulators_mb:.1f} | "
+          f"{peaks['fwd_bwd']:.0f} | {peaks['plain']:.0f} | "
+          f"{peaks['accum']:.0f} | {peaks['accum_step']:.0f} | {extra:.0f} | "
+          f"{extra / trainable_mb:.2f} | {extra - accumulators_mb:.0f} | "
+          f"{peaks['accum'] - peaks['fwd_bwd'] - accumulators_mb:.0f} | "
+          f"{graph:.0f}", flush=True)
+
+
+def _memory_of_one_variant(model_name, variant, k, optimizer_name):
+  """In this process: builds, runs two windows, prints the JSON figures."""
+  before = status_mb("VmRSS")
+  graph, train_op, trainable, accumulators, setup = build_graph(
+      model_name, variant, k, optimizer_name)
+  # The graph is complete and no tensor exists yet: its own memory.
+  graph_mb = status_mb("VmRSS") - before
+  # One thread: ops run in one order, so transients overlap the same way in
+  # every run (with two threads the peak moved by up to 60 MB).
+  config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                    intra_op_parallelism_threads=1)
+  with tf.compat.v1.Session(graph=graph, config=config) as session:
+    for op in setup:
+      session.run(op)
+    # The peak while training: the initializers' own transients (random
+    # numbers for a 64 MB variable, say) are not the training's.
+    with PeakMemory():
+      seconds_per_micro_batch(session, train_op, 2 * k)
+  print(json.dumps({"peak": status_mb("VmHWM"), "graph": graph_mb,
+                    "trainable": trainable / 2**20,
+                    "accumulators": accumulators / 2**20}))
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", nargs="+", default=list(MODELS),
+  parser.add_argument("--models", nargs="+",
+                      default=["mlp", "bert_small", "minilm"],
                       choices=list(MODELS))
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS),
@@ -202,24 +321,22 @@ def main():
   parser.add_argument("--windows-per-round", type=int, default=2)
   parser.add_argument("--memory", action="store_true",
                       help="measure peak resident memory instead of time")
-  parser.add_argument("--peak-rss-of", choices=VARIANTS,
+  parser.add_argument("--peak-rss-of", choices=MEMORY_VARIANTS,
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.peak_rss_of:
-    session, train_op, _, _ = build(args.models[0], args.peak_rss_of, args.k,
-                                    args.optimizer)
-    seconds_per_micro_batch(session, train_op, 2 * args.k)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    _memory_of_one_variant(args.models[0], args.peak_rss_of, args.k,
+                           args.optimizer)
     return
   if args.memory:
     measure_memory(args.models, args.k, args.optimizer)
     return
   print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
         f"TensorFlow {tf.__version__}, optimizer {args.optimizer}")
-  header = ("model", "k", "ms fwd+bwd", "ms plain", "ms accum",
-            "accum/fwd+bwd", "accum/plain", "accumulate step/fwd+bwd",
-            "trainable MB", "accum MB",
-            "accum/trainable")
+  header = ("model", "k", "ms fwd+bwd", "ms plain", "ms optimizer apply alone",
+            "ms accum", "accum/fwd+bwd", "accum/plain",
+            "accumulate step/fwd+bwd", "(accum - apply/k)/fwd+bwd",
+            "trainable MB", "accum MB", "accum/trainable")
   print(" | ".join(header))
   for model_name in args.models:
     result = run(model_name, args.k, args.rounds, args.windows_per_round,
@@ -227,9 +344,11 @@ def main():
     print(" | ".join([
         result["model"], str(result["k"]),
         f"{result['ms_fwd_bwd']:.1f}", f"{result['ms_plain']:.1f}",
+        f"{result['ms_opt_apply']:.1f}",
         f"{result['ms_accum']:.1f}", f"{result['accum_over_fwd_bwd']:.3f}",
         f"{result['accum_over_plain']:.3f}",
-        f"{result['step_over_fwd_bwd']:.3f}", f"{result['trainable_mb']:.1f}",
+        f"{result['step_over_fwd_bwd']:.3f}",
+        f"{result['own_over_fwd_bwd']:.3f}", f"{result['trainable_mb']:.1f}",
         f"{result['accumulator_mb']:.1f}",
         f"{result['accumulator_mb'] / result['trainable_mb']:.3f}"]),
         flush=True)

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks.peak_memory import PeakMemory  # noqa: E402
+from benchmarks.peak_memory import MALLOC_ENV, PeakMemory  # noqa: E402
 
 ROWS, DIM, K = 1_000_000, 64, 4
 VARIANTS = ("compact", "dense")
@@ -101,7 +101,8 @@ def main():
       result = subprocess.run(
           [sys.executable, __file__, "--one", variant, str(count),
            "--rounds", str(args.rounds)],
-          capture_output=True, text=True, check=True)
+          capture_output=True, text=True, check=True,
+          env=dict(os.environ, **MALLOC_ENV))
       figures = json.loads(result.stdout.strip().splitlines()[-1])
       per_row = figures["state_mb"] * 2**20 / max(figures["rows"], 1)
       print(f"| {count:,} | {variant} | {figures['rows']:,} | "

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import bert_small_loss  # noqa: E402
+from benchmarks.peak_memory import MALLOC_ENV, status_mb  # noqa: E402
 
 MICRO_BATCH = 8
 
@@ -53,7 +53,7 @@ def measure(mode, k, updates=2):
       for _ in range(updates * runs_per_update):
         session.run(train_op)
       seconds = (time.perf_counter() - start) / updates
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  peak = status_mb("VmHWM")
   return peak, seconds, trainable
 
 
@@ -112,7 +112,7 @@ def main():
     for mode in ("accumulate", "big_batch"):
       result = subprocess.run([sys.executable, __file__, "--one", mode,
                                str(k)], capture_output=True, text=True,
-                              check=True)
+                              check=True, env=dict(os.environ, **MALLOC_ENV))
       pair[mode] = json.loads(result.stdout.strip().splitlines()[-1])
       rows.append(pair[mode])
     print(f"| {k} | {pair['accumulate']['peak_mb']:.0f} | "

@@ -32,3 +32,13 @@ class PeakMemory:
   def __exit__(self, *unused):
     self.mb = status_mb("VmHWM") - self._before
     return False
+
+
+# Environment for a child process whose peak memory is measured. glibc
+# serves a large block from its heap once the block's size has been freed
+# before (its mmap threshold rises up to 32 MB) and keeps freed heap memory,
+# so the peak RSS of the same run moved by about 100 MB with the order of
+# frees. With the threshold fixed, every tensor above 64 KB is its own
+# mapping, returned to the system when freed: the peak is what was live at
+# once, and repeats to a few MB.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536"}

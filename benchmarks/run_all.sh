@@ -6,12 +6,14 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 echo "# benchmarks/run_all.sh, $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $(nproc) cores"
 echo
-echo "## Cost per micro-batch (Adam, k=4)"
+echo "## Cost per micro-batch (k=4; Adam, then SGD)"
 $PY benchmarks/accumulation_overhead.py --models mlp bert_small minilm
+$PY benchmarks/accumulation_overhead.py --models bert_small --optimizer sgd
 echo
-echo "## Peak memory, BERT-Small, k=4 (Adam, then SGD)"
+echo "## Peak memory while training, k=4 (SGD: MLP at 3 widths and BERT-Small; then Adam)"
+$PY benchmarks/accumulation_overhead.py --memory --optimizer sgd \
+  --models mlp mlp_2048 mlp_4096 bert_small
 $PY benchmarks/accumulation_overhead.py --memory --models bert_small
-$PY benchmarks/accumulation_overhead.py --memory --models bert_small --optimizer sgd
 echo
 echo "## Memory and time per update against k"
 $PY benchmarks/memory_vs_k.py --output docs/memory_vs_k.png

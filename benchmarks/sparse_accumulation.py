@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks.peak_memory import PeakMemory  # noqa: E402
+from benchmarks.peak_memory import MALLOC_ENV, PeakMemory  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
 
 VOCAB, DIM, BATCH, IDS, K = 100_000, 128, 32, 64, 4
@@ -90,7 +90,7 @@ def main():
   for variant in VARIANTS:
     result = subprocess.run([sys.executable, __file__, "--peak-rss-of",
                              variant], capture_output=True, text=True,
-                            check=True)
+                            check=True, env=dict(os.environ, **MALLOC_ENV))
     peaks[variant] = float(result.stdout.strip().splitlines()[-1])
   print(f"# {platform.machine()}, {os.cpu_count()} cores; embedding "
         f"{VOCAB}x{DIM} ({VOCAB * DIM * 4 / 2**20:.1f} MB), micro-batch "
