@@ -61,6 +61,7 @@ from benchmarks.peak_memory import (  # noqa: E402
 
 VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step", "opt_apply")
 MEMORY_VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step")
+_CONTROL_FLOW_V1 = False
 OPTIMIZERS = {
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(1e-4),
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(1e-4),
@@ -257,7 +258,8 @@ def child_memory(model_name, variant, k, optimizer_name):
   """
   output = subprocess.run(
       [sys.executable, __file__, "--models", model_name, "--k", str(k),
-       "--optimizer", optimizer_name, "--peak-rss-of", variant],
+       "--optimizer", optimizer_name, "--peak-rss-of", variant]
+      + (["--control_flow_v1"] if _CONTROL_FLOW_V1 else []),
       capture_output=True, text=True, check=True,
       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
                **MALLOC_ENV))
@@ -319,11 +321,17 @@ def main():
                       default="adam")
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--windows-per-round", type=int, default=2)
+  parser.add_argument("--control_flow_v1", action="store_true",
+                      help="build every graph with control flow v1")
   parser.add_argument("--memory", action="store_true",
                       help="measure peak resident memory instead of time")
   parser.add_argument("--peak-rss-of", choices=MEMORY_VARIANTS,
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.control_flow_v1:
+    global _CONTROL_FLOW_V1
+    _CONTROL_FLOW_V1 = True
+    tf.compat.v1.disable_control_flow_v2()
   if args.peak_rss_of:
     _memory_of_one_variant(args.models[0], args.peak_rss_of, args.k,
                            args.optimizer)

@@ -10,10 +10,11 @@ echo "## Cost per micro-batch (k=4; Adam, then SGD)"
 $PY benchmarks/accumulation_overhead.py --models mlp bert_small minilm
 $PY benchmarks/accumulation_overhead.py --models bert_small --optimizer sgd
 echo
-echo "## Peak memory while training, k=4 (SGD: MLP at 3 widths and BERT-Small; then Adam)"
+echo "## Peak memory while training, k=4 (SGD: MLP at 3 widths and BERT-Small; then Adam; then Adam with control flow v1)"
 $PY benchmarks/accumulation_overhead.py --memory --optimizer sgd \
   --models mlp mlp_2048 mlp_4096 bert_small
 $PY benchmarks/accumulation_overhead.py --memory --models bert_small
+$PY benchmarks/accumulation_overhead.py --memory --models bert_small --control_flow_v1
 echo
 echo "## Memory and time per update against k"
 $PY benchmarks/memory_vs_k.py --output docs/memory_vs_k.png
