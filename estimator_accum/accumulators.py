@@ -178,9 +178,9 @@ class Accumulator:
     Args:
       gradient: tf.Tensor or tf.IndexedSlices, one micro-batch's gradient.
       weight: scalar tensor of the accumulator dtype, or None for 1.
-      first: Python bool, True for the first micro-batch of a window. A dense
-        sum is then overwritten rather than added to, which is why dense
-        accumulators never need to be zeroed (see `reset`).
+      first: Python bool, True when the micro-batch is a whole window
+        (k = 1): a dense sum is then overwritten rather than added to, and
+        needs no zeroing (see `reset`).
     """
     dtype = self.total.dtype.base_dtype
     if not self.is_sparse:
@@ -233,17 +233,24 @@ class Accumulator:
     return tf.IndexedSlices(values, touched,
                             tf.constant(self.total.shape.as_list(), tf.int64))
 
-  def reset(self):
+  def reset(self, zero_dense=True):
     """Returns an op that clears the window state for the next window.
 
-    A dense sum needs nothing: the next window's first micro-batch overwrites
-    it (`add(first=True)`), which spares a full tensor of zeros and a write
-    pass at every window's end. Sparse accumulators zero only the rows the
-    window touched, so a window over a large embedding table does not pay
-    for the whole table.
+    Sparse accumulators zero only the rows the window touched, so a window
+    over a large embedding table does not pay for the whole table. A dense
+    sum is replaced by zeros Grappler cannot fold into a constant (a folded
+    one would be a hidden copy of the variable held by the executor).
+
+    Args:
+      zero_dense: bool; False when every window overwrites its dense sum
+        (k = 1), which then needs nothing.
     """
     if not self.is_sparse:
-      return tf.no_op()
+      if not zero_dense:
+        return tf.no_op()
+      return self.total.assign(
+          _unfolded_zeros(self.total.shape, self.total.dtype.base_dtype),
+          read_value=False)
     touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
     row_shape = tf.concat([tf.shape(touched), tf.shape(self.total)[1:]], 0)
     clear_values = _scatter(tf.raw_ops.ResourceScatterUpdate, self.total,

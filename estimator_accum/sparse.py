@@ -116,12 +116,12 @@ class CompactSparseAccumulator:
   def add(self, gradient, weight, first=False):
     """Returns an op merging `weight * gradient`'s rows into the window.
 
-    The first micro-batch of a window replaces the state with its own rows
-    (duplicates summed). Later ones find their rows with `tf.unique` over
-    the window's indices and the new ones (old rows keep their places and
-    new rows are appended), grow the values by exactly the new rows and
-    scatter-add into them: the sums are formed as the dense path forms
-    them, and the state never holds a row the window did not touch.
+    With `first` (k = 1) the state is replaced by the micro-batch's rows
+    (duplicates summed). Otherwise `tf.unique` over the window's indices and
+    the new ones finds each row's place (old rows keep theirs, new rows are
+    appended); the values grow by exactly the new rows and are scatter-added
+    into. The sums are formed as the dense path forms them, and the state
+    never holds a row the window did not touch.
     """
     gradient = _as_slices(gradient, self.variable)
     dtype = self.values.dtype.base_dtype
@@ -161,8 +161,9 @@ class CompactSparseAccumulator:
                             self.indices.read_value(),
                             tf.constant(self._dense_shape, tf.int64))
 
-  def reset(self):
+  def reset(self, zero_dense=True):
     """Returns an op that empties the window (frees its rows)."""
+    del zero_dense  # A compact window is always emptied: it holds rows.
     row_shape = self._dense_shape[1:]
     return tf.group(
         self.indices.assign(tf.zeros([0], tf.int64), read_value=False),
