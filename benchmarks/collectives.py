@@ -41,9 +41,10 @@ class CollectiveCounter(tf.estimator.SessionRunHook):
     count, size = 0, 0
     for device in run_values.run_metadata.step_stats.dev_stats:
       for node in device.node_stats:
+        # "name = OpType(inputs)": the kernel's type, so that the constants
+        # a collective is given (its group and instance keys) do not count.
         op = node.timeline_label.split("(")[0].split(" = ")[-1].strip()
-        if any(op.startswith(name) or name in node.node_name
-               for name in _COLLECTIVE_OPS):
+        if op.startswith(_COLLECTIVE_OPS):
           count += 1
           size += sum(output.tensor_description.allocation_description
                       .requested_bytes for output in node.output)

@@ -11,7 +11,8 @@ session.run by a hook, medians over windows after a warm-up window:
                gradients and nothing else; also with two such processes at
                once, as the two workers share this machine
   all-reduce   2 workers: a step that all-reduces tensors of the gradients'
-               shapes (one batched all-reduce, as the window's)
+               shapes in one batched all-reduce: TensorFlow's default (one
+               pack), and packed as the window packs it (4 MB packs)
 
   python benchmarks/multiworker_window.py [--k 8 --windows 8 --micro_batch 64]
 
@@ -34,8 +35,9 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import mlp_loss  # noqa: E402
+from estimator_accum.window import BYTES_PER_PACK  # noqa: E402
 
-MODES = ("window", "forward_backward", "all_reduce")
+MODES = ("window", "forward_backward", "all_reduce", "all_reduce_packed")
 
 
 class _StepTimer(tf.estimator.SessionRunHook):
@@ -76,9 +78,13 @@ def model_fn(features, labels, mode, params):
       # Tensors shaped like the gradients, not constants (which Grappler
       # would fold), all-reduced in one batch.
       seed = tf.cast(step, tf.float32)
+      options = None
+      if params["mode"] == "all_reduce_packed":
+        options = tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=BYTES_PER_PACK)
       reduced = tf.distribute.get_replica_context().all_reduce(
           tf.distribute.ReduceOp.SUM,
-          [tf.fill(v.shape, seed) for v in variables])
+          [tf.fill(v.shape, seed) for v in variables], options=options)
       done = _fetch_all(reduced)
     # A data dependency: under a control dependency Grappler was found to
     # skip the gradients (0.1 ms a step instead of 29).
@@ -164,6 +170,7 @@ def main():
   with tempfile.TemporaryDirectory() as directory:
     windows = _launch(args, "window", 2, directory)
     reduce_steps = _launch(args, "all_reduce", 2, directory)
+    packed_steps = _launch(args, "all_reduce_packed", 2, directory)
     alone = _launch(args, "forward_backward", 1, directory)
     shared = _launch(args, "forward_backward", 2, directory)
     in_cluster = _launch(args, "forward_backward", 2, directory, cluster=True)
@@ -177,6 +184,8 @@ def main():
                       for i, t in enumerate(times[k:], k) if (i + 1) % k]
   all_reduce = statistics.median(t for times in reduce_steps
                                  for t in times[k:])
+  all_reduce_packed = statistics.median(t for times in packed_steps
+                                        for t in times[k:])
   fb_alone = statistics.median(alone[0][k:])
   fb_shared = statistics.median(t for times in shared for t in times[k:])
   fb_cluster = statistics.median(t for times in in_cluster for t in times[k:])
@@ -197,12 +206,16 @@ def main():
         f"{1000 * fb_shared:.1f} |")
   print(f"| fwd+bwd step under the 2-worker strategy (Estimator's per-step "
         f"loss reduce included) | {1000 * fb_cluster:.1f} |")
-  print(f"| one all-reduce of the gradients (2 workers) | "
-        f"{1000 * all_reduce:.1f} |")
+  print(f"| one all-reduce of the gradients, one pack (TensorFlow's "
+        f"default; 2 workers) | {1000 * all_reduce:.1f} |")
+  print(f"| one all-reduce of the gradients, {BYTES_PER_PACK // 2**20} MB "
+        f"packs as the window's (2 workers) | {1000 * all_reduce_packed:.1f} |")
   for label, fb in (("alone", fb_alone), ("shared", fb_shared),
                     ("under the strategy", fb_cluster)):
-    print(f"window / ({k} x fwd+bwd {label} + all-reduce) = "
-          f"{window / (k * fb + all_reduce):.3f}")
+    for pack_label, reduce in (("one pack", all_reduce),
+                               ("packed", all_reduce_packed)):
+      print(f"window / ({k} x fwd+bwd {label} + all-reduce {pack_label}) = "
+            f"{window / (k * fb + reduce):.3f}")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,24 @@ def check_clip_norm(clip_norm):
   return float(clip_norm)
 
 
+# The class behind tf.distribute.experimental.CommunicationOptions, whose
+# public name is a factory that isinstance cannot check against.
+_COMMUNICATION_OPTIONS = type(tf.distribute.experimental.CommunicationOptions())
+
+
+def check_communication_options(options, default_bytes_per_pack):
+  """Returns the window all-reduce's options: `options`, or the default."""
+  if options is None:
+    return tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=default_bytes_per_pack)
+  if not isinstance(options, _COMMUNICATION_OPTIONS):
+    raise TypeError(
+        f"communication_options must be a "
+        f"tf.distribute.experimental.CommunicationOptions or None, got "
+        f"{options!r} of type {type(options).__name__}.")
+  return options
+
+
 def check_reduction(reduction):
   """Checks that `reduction` names a supported window reduction."""
   if reduction not in REDUCTIONS:

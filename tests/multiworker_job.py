@@ -53,6 +53,9 @@ def main():
   parser.add_argument("--clip_norm", type=float, default=None)
   parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
   parser.add_argument("--count_collectives", action="store_true")
+  parser.add_argument("--bytes_per_pack", type=int, default=None,
+                      help="the window all-reduce's pack size (default: the "
+                      "library's)")
   parser.add_argument("--die_at", type=int, default=None,
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
@@ -97,7 +100,7 @@ def main():
   estimator = tf.estimator.Estimator(
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
-                  clip_norm=args.clip_norm,
+                  clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
                   training_hooks=[h for h in (counter, dier) if h]))
   tf.estimator.train_and_evaluate(
       estimator,

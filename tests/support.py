@@ -146,6 +146,10 @@ def accumulating_model_fn(features, labels, mode, params):
                     params.get("compute_dtype", tf.float32))
   loss *= params.get("loss_multiplier", 1.0)
   num_examples = None
+  communication_options = None
+  if params.get("bytes_per_pack") is not None:
+    communication_options = tf.distribute.experimental.CommunicationOptions(
+        bytes_per_pack=params["bytes_per_pack"])
   if params.get("weight_by_examples"):
     num_examples = tf.shape(labels)[0]
   train_op = estimator_accum.build_accumulating_train_op(
@@ -153,7 +157,8 @@ def accumulating_model_fn(features, labels, mode, params):
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
       reduction=params.get("reduction", "mean"),
       loss_scale=params.get("loss_scale"),
-      sparse_accumulation=params.get("sparse_accumulation", "auto"))
+      sparse_accumulation=params.get("sparse_accumulation", "auto"),
+      communication_options=communication_options)
   hooks = list(params.get("training_hooks", []))
   if params.get("reportable_loss"):
     loss = estimator_accum.reportable_loss(loss)

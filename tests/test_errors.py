@@ -97,6 +97,24 @@ def test_bad_clip_norm(clip_norm, error, text):
   assert text in str(raised.value)
 
 
+@pytest.mark.parametrize("options, text", [
+    ({"bytes_per_pack": 4}, "got {'bytes_per_pack': 4} of type dict"),
+    (4194304, "got 4194304 of type int"),
+])
+def test_bad_communication_options(options, text):
+  with pytest.raises(TypeError) as raised:
+    _build(communication_options=options)
+  assert ("communication_options must be a "
+          "tf.distribute.experimental.CommunicationOptions or None") in str(
+              raised.value)
+  assert text in str(raised.value)
+
+
+def test_communication_options_are_accepted():
+  options = tf.distribute.experimental.CommunicationOptions(bytes_per_pack=1)
+  assert isinstance(_build(communication_options=options), tf.Operation)
+
+
 def test_bad_reduction():
   with pytest.raises(ValueError, match="reduction must be one of mean, sum, "
                      "running_mean, got 'avg'"):

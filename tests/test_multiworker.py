@@ -19,14 +19,16 @@ WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 3
 BIG_BATCH = WORKERS * K * MICRO_BATCH
 
 
-@pytest.mark.parametrize("optimizer_name, clipped, control_flow", [
-    ("sgd", False, "v2"), ("sgd", True, "v2"),
-    ("momentum", False, "v2"), ("momentum", True, "v2"),
-    ("adam", False, "v2"), ("adam", True, "v2"),
-    ("adam", True, "v1"),
+@pytest.mark.parametrize("optimizer_name, clipped, control_flow, pack", [
+    ("sgd", False, "v2", None), ("sgd", True, "v2", None),
+    ("momentum", False, "v2", None), ("momentum", True, "v2", None),
+    ("adam", False, "v2", None), ("adam", True, "v2", None),
+    ("adam", True, "v1", None),
+    # Every tensor its own all-reduce (bytes_per_pack=1).
+    ("adam", True, "v2", 1),
 ])
 def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
-                                                control_flow, tmp_path):
+                                                control_flow, pack, tmp_path):
   data = support.make_data(BIG_BATCH * UPDATES)
   clip_norm = None
   if clipped:
@@ -41,6 +43,8 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
       "--updates", str(UPDATES), "--control_flow", control_flow]
   if clip_norm is not None:
     command += ["--clip_norm", repr(float(clip_norm))]
+  if pack is not None:
+    command += ["--bytes_per_pack", str(pack)]
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -53,18 +57,31 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   support.assert_weights_close(actual, expected, what=what)
 
 
-@pytest.mark.parametrize("k", [3, 1])
-def test_gradients_cross_workers_only_when_a_window_ends(k, tmp_path):
+# The window all-reduces 6 tensors: 5 gradients and the embedding's
+# touched-row mask (its weight, a constant 1/2 unused by the mean, joins the
+# pack by default and is pruned in a pack of its own); Estimator all-reduces
+# the loss every step.
+WINDOW_TENSORS = 6
+
+
+@pytest.mark.parametrize("k, pack, collectives_at_window_end", [
+    (3, None, 1 + 1), (1, None, 1 + 1), (3, 1, WINDOW_TENSORS + 1)])
+def test_gradients_cross_workers_only_when_a_window_ends(
+    k, pack, collectives_at_window_end, tmp_path):
   """Traced collectives per micro-batch: between window ends only the
   scalars Estimator reports (the loss) cross workers; the gradients travel
   once per window (one round, also with a tf.compat.v1 optimizer, which
-  would all-reduce them again itself), and with k=1 on every micro-batch."""
+  would all-reduce them again itself), and with k=1 on every micro-batch.
+  The test model's 10 KB make one pack by default; bytes_per_pack=1 makes
+  one all-reduce per tensor, carrying the same bytes."""
   command = [
       sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
       "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
       "--model_dir", str(tmp_path), "--optimizer", "sgd", "--k", str(k),
       "--micro_batch", str(MICRO_BATCH), "--updates", "2",
       "--count_collectives"]
+  if pack is not None:
+    command += ["--bytes_per_pack", str(pack)]
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stdout[-4000:]
@@ -81,6 +98,7 @@ def test_gradients_cross_workers_only_when_a_window_ends(k, tmp_path):
         # the loss), not a second one from the optimizer.
         assert gradient_bytes <= size < 1.5 * gradient_bytes, (
             worker, step, count, size, gradient_bytes)
+        assert count == collectives_at_window_end, (worker, step, count)
 
 
 def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
