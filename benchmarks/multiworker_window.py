@@ -15,6 +15,7 @@ session.run by a hook, medians over windows after a warm-up window:
                pack), and packed as the window packs it (4 MB packs)
 
   python benchmarks/multiworker_window.py [--k 8 --windows 8 --micro_batch 64]
+      [--bytes_per_pack N]   # the window's packs (0: one pack)
 
 Printed: window / (k x fwd+bwd + all-reduce), for fwd+bwd alone and shared.
 """
@@ -68,9 +69,13 @@ def model_fn(features, labels, mode, params):
   step = tf.compat.v1.train.get_or_create_global_step()
   variables = tf.compat.v1.trainable_variables()
   if params["mode"] == "window":
+    options = None
+    if params["bytes_per_pack"] is not None:
+      options = tf.distribute.experimental.CommunicationOptions(
+          bytes_per_pack=params["bytes_per_pack"])
     train_op = estimator_accum.build_accumulating_train_op(
         loss, tf.compat.v1.train.AdamOptimizer(1e-4), params["k"],
-        summaries=False)
+        summaries=False, communication_options=options)
   else:
     if params["mode"] == "forward_backward":
       done = _fetch_all(tf.compat.v1.gradients(loss, variables))
@@ -94,7 +99,8 @@ def model_fn(features, labels, mode, params):
       training_hooks=[_StepTimer(params["output"])])
 
 
-def run_task(mode, model_dir, output, k, steps, micro_batch):
+def run_task(mode, model_dir, output, k, steps, micro_batch,
+             bytes_per_pack=None):
   distributed = "TF_CONFIG" in os.environ
   strategy = (tf.distribute.MultiWorkerMirroredStrategy() if distributed
               else None)
@@ -106,7 +112,8 @@ def run_task(mode, model_dir, output, k, steps, micro_batch):
           intra_op_parallelism_threads=1, inter_op_parallelism_threads=2))
   estimator = tf.estimator.Estimator(
       model_fn, config=config, params=dict(mode=mode, k=k, output=output,
-                                   micro_batch=micro_batch))
+                                   micro_batch=micro_batch,
+                                   bytes_per_pack=bytes_per_pack))
 
   def input_fn(input_context=None):
     del input_context
@@ -128,6 +135,8 @@ def _launch(args, mode, workers, directory, cluster=False):
   task = [sys.executable, __file__, "--task", mode, "--k", str(args.k),
           "--micro_batch", str(args.micro_batch),
           "--steps", str(args.k * (args.windows + 1))]
+  if args.bytes_per_pack is not None:
+    task += ["--bytes_per_pack", str(args.bytes_per_pack)]
   if mode == "forward_backward" and not cluster:
     # Independent processes without a cluster: one alone, or two at once.
     processes = [subprocess.Popen(
@@ -153,6 +162,9 @@ def main():
   parser.add_argument("--k", type=int, default=8)
   parser.add_argument("--windows", type=int, default=8)
   parser.add_argument("--micro_batch", type=int, default=64)
+  parser.add_argument("--bytes_per_pack", type=int, default=None,
+                      help="the window all-reduce's packs (default: the "
+                      "library's; 0: one pack)")
   parser.add_argument("--task", choices=MODES, help=argparse.SUPPRESS)
   parser.add_argument("--model_dir", help=argparse.SUPPRESS)
   parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -164,7 +176,7 @@ def main():
       output = output.format(
           index=json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     run_task(args.task, args.model_dir, output, args.k, args.steps,
-             args.micro_batch)
+             args.micro_batch, args.bytes_per_pack)
     return
   k = args.k
   with tempfile.TemporaryDirectory() as directory:
@@ -209,7 +221,8 @@ def main():
   print(f"| one all-reduce of the gradients, one pack (TensorFlow's "
         f"default; 2 workers) | {1000 * all_reduce:.1f} |")
   print(f"| one all-reduce of the gradients, {BYTES_PER_PACK // 2**20} MB "
-        f"packs as the window's (2 workers) | {1000 * all_reduce_packed:.1f} |")
+        f"packs, the library's default (2 workers) | "
+        f"{1000 * all_reduce_packed:.1f} |")
   for label, fb in (("alone", fb_alone), ("shared", fb_shared),
                     ("under the strategy", fb_cluster)):
     for pack_label, reduce in (("one pack", all_reduce),

@@ -115,8 +115,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       (MultiWorkerMirroredStrategy), or None: the gradients then travel in
       packs of about 4 MB (`bytes_per_pack`), which run concurrently and
       skip most of the concatenate-and-split copies one pack would make
-      (measured: about 15 ms less per window for 12 MB of gradients on 2
-      CPU workers, `benchmarks/multiworker_window.py`). Strategies that do not
+      (measured: 15-25 ms less per window for 12 MB of gradients on 2 CPU
+      workers, `benchmarks/multiworker_window.py`). Strategies that do not
       use collectives (MirroredStrategy's defaults) ignore it.
     name: str, name scope of the ops and prefix of the counters.
 

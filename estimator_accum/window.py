@@ -42,8 +42,8 @@ Fields:
 # copies of the model and one collective that starts only when all of it is
 # ready. Packs of about 4 MB run concurrently and leave variables of 4 MB and
 # more uncopied (MLP of 3.2M parameters on 2 CPU workers, k=8: apply step
-# 60-67 ms against 74-90 ms with one pack; per-tensor packs and 2 MB alike,
-# 8 MB in between).
+# 59-67 ms against 74-90 ms with one pack, 5 runs each; per-tensor packs and
+# 2 MB alike, 8 MB in between).
 BYTES_PER_PACK = 4 * 2**20
 
 _STATUS_ACCUMULATED = 0
