@@ -25,7 +25,7 @@ BIG_BATCH = WORKERS * K * MICRO_BATCH
     ("adam", False, "v2", None), ("adam", True, "v2", None),
     ("adam", True, "v1", None),
     # Every tensor its own all-reduce (bytes_per_pack=1).
-    ("adam", True, "v2", 1),
+    ("adam", True, "v2", 1), ("momentum", True, "v1", 1),
 ])
 def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
                                                 control_flow, pack, tmp_path):
