@@ -7,10 +7,14 @@ value, so a user never gets a traceback from deep inside TensorFlow.
 """
 
 import numbers
+import re
 
 import tensorflow as tf
 
 REDUCTIONS = ("mean", "sum", "running_mean")
+
+# What tf.compat.v1.name_scope accepts as the first component of a root scope.
+_SCOPE_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/>]*$")
 
 
 def check_k(k):
@@ -101,6 +105,40 @@ def check_communication_options(options, default_bytes_per_pack):
         f"tf.distribute.experimental.CommunicationOptions or None, got "
         f"{options!r} of type {type(options).__name__}.")
   return options
+
+
+def check_global_step(global_step):
+  """Checks that `global_step` is None or a scalar integer tf.Variable."""
+  if global_step is None:
+    return
+  if not isinstance(global_step, tf.Variable):
+    raise TypeError(
+        f"global_step must be a scalar integer tf.Variable (it is incremented "
+        f"every micro-batch) or None, got {global_step!r} of type "
+        f"{type(global_step).__name__}.")
+  if not global_step.dtype.base_dtype.is_integer:
+    raise TypeError(
+        f"global_step must be an integer variable, got dtype "
+        f"{global_step.dtype.name} for {global_step.name}.")
+  _require_scalar("global_step", global_step, f"for {global_step.name}")
+
+
+def check_bool(argument, value):
+  """Raises TypeError unless `value` is a bool."""
+  if not isinstance(value, bool):
+    raise TypeError(f"{argument} must be True or False, got {value!r} of type "
+                    f"{type(value).__name__}.")
+
+
+def check_name(name):
+  """Checks that `name` can prefix the state variables and the ops."""
+  if not isinstance(name, str):
+    raise TypeError(f"name must be a str, got {name!r} of type "
+                    f"{type(name).__name__}.")
+  if not _SCOPE_NAME.match(name) or name.endswith("/"):
+    raise ValueError(
+        f"name must be a non-empty scope name (letters, digits and . _ - / >, "
+        f"not starting with _ - / or >, not ending with /), got {name!r}.")
 
 
 def check_reduction(reduction):

@@ -124,10 +124,12 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     A tf.Operation: run it once per micro-batch.
 
   Raises:
-    TypeError: `k` is not an int, `loss` is not a floating tensor, or
-      `optimizer` is not an optimizer this function can drive.
-    ValueError: `k < 1`, `loss` is not a scalar, no trainable variable has a
-      gradient, or the arguments conflict.
+    TypeError: `k` is not an int, `loss` is not a floating tensor,
+      `optimizer` is not an optimizer this function can drive, `global_step`
+      is not an integer variable, or another argument has the wrong type.
+    ValueError: `k < 1`, `loss` or `global_step` is not a scalar, no
+      trainable variable has a gradient, `name` is not a scope name, or the
+      arguments conflict.
     RuntimeError: called eagerly, or in cross-replica context.
   """
   k = _checks.check_k(k)
@@ -138,6 +140,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   _checks.check_optimizer(optimizer)
   clip_norm = _checks.check_clip_norm(clip_norm)
   _checks.check_reduction(reduction)
+  _checks.check_global_step(global_step)
+  _checks.check_bool("summaries", summaries)
+  _checks.check_bool("colocate_gradients_with_ops", colocate_gradients_with_ops)
+  _checks.check_name(name)
   accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
   var_list = _checks.check_var_list(var_list)
   num_examples = _checks.check_num_examples(num_examples)
@@ -156,10 +162,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         "context such as directly under strategy.scope().")
   if global_step is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
-  if not global_step.dtype.base_dtype.is_integer:
-    raise TypeError(
-        f"global_step must be an integer variable, got dtype "
-        f"{global_step.dtype.name}.")
+    _checks.check_global_step(global_step)
   if var_list is None:
     var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
@@ -292,6 +295,7 @@ def reportable_loss(loss, name="gradient_accumulation"):
   """
   _checks.check_graph_mode()
   _checks.check_loss(loss)
+  _checks.check_name(name)
   last_finite = state_variable(name + "/last_finite_loss", [], tf.float32,
                                per_replica=True)
   loss = tf.cast(loss, tf.float32)

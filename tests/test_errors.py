@@ -143,6 +143,56 @@ def test_bad_var_list():
     _build(var_list=["w"])
 
 
+def _int64_variable(shape):
+  return lambda w: tf.compat.v1.get_variable(
+      "micro_batches", shape, tf.int64, trainable=False,
+      initializer=tf.compat.v1.zeros_initializer())
+
+
+@pytest.mark.parametrize("global_step, error, text", [
+    (lambda w: tf.constant(0, tf.int64), TypeError,
+     "global_step must be a scalar integer tf.Variable (it is incremented "
+     "every micro-batch) or None, got <tf.Tensor 'Const"),
+    (7, TypeError, "got 7 of type int"),
+    (lambda w: tf.compat.v1.get_variable("step", [], tf.float32,
+                                         trainable=False), TypeError,
+     "global_step must be an integer variable, got dtype float32 for step:0"),
+    (_int64_variable([2]), ValueError,
+     "global_step must be a scalar (rank 0), got shape (2,) for "
+     "micro_batches:0"),
+])
+def test_bad_global_step(global_step, error, text):
+  with pytest.raises(error) as raised:
+    _build(global_step=global_step)
+  assert text in str(raised.value)
+
+
+def test_own_global_step_is_accepted():
+  assert isinstance(_build(global_step=_int64_variable([])), tf.Operation)
+
+
+@pytest.mark.parametrize("overrides, error, text", [
+    (dict(name=""), ValueError, "name must be a non-empty scope name"),
+    (dict(name="_accum"), ValueError, "got '_accum'"),
+    (dict(name="accum/"), ValueError, "got 'accum/'"),
+    (dict(name=3), TypeError, "name must be a str, got 3 of type int"),
+    (dict(summaries="no"), TypeError,
+     "summaries must be True or False, got 'no' of type str"),
+    (dict(colocate_gradients_with_ops=1), TypeError,
+     "colocate_gradients_with_ops must be True or False, got 1 of type int"),
+])
+def test_bad_name_and_flags(overrides, error, text):
+  with pytest.raises(error) as raised:
+    _build(**overrides)
+  assert text in str(raised.value)
+
+
+def test_bad_name_of_reportable_loss():
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match="got 'bad name'"):
+      estimator_accum.reportable_loss(tf.constant(1.0), name="bad name")
+
+
 def test_building_twice_in_one_graph_names_the_variable():
   graph = tf.Graph()
   with graph.as_default():
