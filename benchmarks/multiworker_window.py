@@ -1,8 +1,9 @@
 """Time per window on 2 local workers (MultiWorkerMirroredStrategy), k=8,
 against 8 x the forward+backward time of one micro-batch plus one all-reduce.
 
-Every figure comes from a real Estimator run of the same MLP (3.2M
-parameters, micro-batch 64 or --micro_batch, Adam), one thread per task, timed per
+Every figure comes from a real Estimator run of the same model (the MLP of
+3.2M parameters at micro-batch 64, or --model bert_small: BERT-Small, 28.8M
+parameters, 128 tokens, micro-batch 8), Adam, one thread per task, timed per
 session.run by a hook, medians over windows after a warm-up window:
 
   window       2 workers, build_accumulating_train_op(k=8): the sum of the
@@ -16,6 +17,7 @@ session.run by a hook, medians over windows after a warm-up window:
 
   python benchmarks/multiworker_window.py [--k 8 --windows 8 --micro_batch 64]
       [--bytes_per_pack N]   # the window's packs (0: one pack)
+  python benchmarks/multiworker_window.py --model bert_small --windows 3
 
 Printed: window / (k x fwd+bwd + all-reduce), for fwd+bwd alone and shared.
 """
@@ -35,10 +37,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks.accumulation_overhead import mlp_loss  # noqa: E402
+from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from estimator_accum.window import BYTES_PER_PACK  # noqa: E402
 
 MODES = ("window", "forward_backward", "all_reduce", "all_reduce_packed")
+# Model -> (description, default micro-batch).
+MODEL_CHOICES = {
+    "mlp": ("MLP 3.2M parameters", 64),
+    "bert_small": ("BERT-Small 28.8M parameters, 128 tokens", 8),
+}
 
 
 class _StepTimer(tf.estimator.SessionRunHook):
@@ -59,13 +66,19 @@ class _StepTimer(tf.estimator.SessionRunHook):
 
 
 def _fetch_all(tensors):
-  """One scalar needing every tensor whole (a group would be pruned)."""
+  """One scalar needing every tensor whole (a group would be pruned).
+
+  An embedding's tf.IndexedSlices gradient is taken as its rows: densifying
+  it would add work the pass does not do.
+  """
+  tensors = [t.values if isinstance(t, tf.IndexedSlices) else t
+             for t in tensors]
   return tf.add_n([tf.reshape(t, [-1])[0] for t in tensors])
 
 
 def model_fn(features, labels, mode, params):
   del features, labels
-  loss = mlp_loss(batch_size=params["micro_batch"])
+  loss = MODELS[params["model"]](batch_size=params["micro_batch"])
   step = tf.compat.v1.train.get_or_create_global_step()
   variables = tf.compat.v1.trainable_variables()
   if params["mode"] == "window":
@@ -100,7 +113,7 @@ def model_fn(features, labels, mode, params):
 
 
 def run_task(mode, model_dir, output, k, steps, micro_batch,
-             bytes_per_pack=None):
+             bytes_per_pack=None, model="mlp"):
   distributed = "TF_CONFIG" in os.environ
   strategy = (tf.distribute.MultiWorkerMirroredStrategy() if distributed
               else None)
@@ -112,7 +125,7 @@ def run_task(mode, model_dir, output, k, steps, micro_batch,
           intra_op_parallelism_threads=1, inter_op_parallelism_threads=2))
   estimator = tf.estimator.Estimator(
       model_fn, config=config, params=dict(mode=mode, k=k, output=output,
-                                   micro_batch=micro_batch,
+                                   micro_batch=micro_batch, model=model,
                                    bytes_per_pack=bytes_per_pack))
 
   def input_fn(input_context=None):
@@ -133,7 +146,7 @@ def _launch(args, mode, workers, directory, cluster=False):
   outputs = [os.path.join(directory, f"{mode}_{workers}_{i}.json")
              for i in range(workers)]
   task = [sys.executable, __file__, "--task", mode, "--k", str(args.k),
-          "--micro_batch", str(args.micro_batch),
+          "--micro_batch", str(args.micro_batch), "--model", args.model,
           "--steps", str(args.k * (args.windows + 1))]
   if args.bytes_per_pack is not None:
     task += ["--bytes_per_pack", str(args.bytes_per_pack)]
@@ -161,7 +174,9 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--k", type=int, default=8)
   parser.add_argument("--windows", type=int, default=8)
-  parser.add_argument("--micro_batch", type=int, default=64)
+  parser.add_argument("--model", choices=sorted(MODEL_CHOICES), default="mlp")
+  parser.add_argument("--micro_batch", type=int, default=None,
+                      help="default: 64 for the MLP, 8 for BERT-Small")
   parser.add_argument("--bytes_per_pack", type=int, default=None,
                       help="the window all-reduce's packs (default: the "
                       "library's; 0: one pack)")
@@ -170,13 +185,16 @@ def main():
   parser.add_argument("--output", help=argparse.SUPPRESS)
   parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  description, default_micro_batch = MODEL_CHOICES[args.model]
+  if args.micro_batch is None:
+    args.micro_batch = default_micro_batch
   if args.task:
     output = args.output
     if "{index}" in output:
       output = output.format(
           index=json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     run_task(args.task, args.model_dir, output, args.k, args.steps,
-             args.micro_batch, args.bytes_per_pack)
+             args.micro_batch, args.bytes_per_pack, args.model)
     return
   k = args.k
   with tempfile.TemporaryDirectory() as directory:
@@ -201,7 +219,7 @@ def main():
   fb_alone = statistics.median(alone[0][k:])
   fb_shared = statistics.median(t for times in shared for t in times[k:])
   fb_cluster = statistics.median(t for times in in_cluster for t in times[k:])
-  print(f"# {os.cpu_count()} cores; MLP 3.2M parameters, micro-batch "
+  print(f"# {os.cpu_count()} cores; {description}, micro-batch "
         f"{args.micro_batch}, "
         f"Adam, k={k}, 2 workers (MultiWorkerMirroredStrategy), one thread "
         f"per task; medians over {args.windows} windows after one warm-up")

@@ -28,6 +28,7 @@ echo
 echo "## The public recipe under MultiWorkerMirroredStrategy"
 $PY benchmarks/recipe_comparison.py
 echo
-echo "## Time per window on 2 workers, k=8 (micro-batch 64, then 256)"
+echo "## Time per window on 2 workers, k=8 (MLP micro-batch 64, then 256; BERT-Small micro-batch 8)"
 $PY benchmarks/multiworker_window.py --micro_batch 64 2>/dev/null
 $PY benchmarks/multiworker_window.py --micro_batch 256 2>/dev/null
+$PY benchmarks/multiworker_window.py --model bert_small --windows 4 2>/dev/null
