@@ -16,6 +16,9 @@ $PY benchmarks/accumulation_overhead.py --memory --optimizer sgd \
 $PY benchmarks/accumulation_overhead.py --memory --models bert_small
 $PY benchmarks/accumulation_overhead.py --memory --models bert_small --control_flow_v1
 echo
+echo "## Tensor memory (the BFC allocator a GPU uses), k=4, Adam"
+$PY benchmarks/tensor_memory.py --models mlp bert_small minilm bert_base 2>/dev/null
+echo
 echo "## Memory and time per update against k"
 $PY benchmarks/memory_vs_k.py --output docs/memory_vs_k.png
 echo
