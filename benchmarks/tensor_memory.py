@@ -16,7 +16,7 @@ peak over two windows and the median of the micro-batches' peaks are
 printed.
 
   python benchmarks/tensor_memory.py [--models mlp bert_small] [--k 4]
-      [--optimizer adam]
+      [--optimizer adam] [--control_flow_v1]
 
 Each variant runs in a process of its own, one thread, after a warm-up
 window. Printed: the peaks of plain training and of accumulation, their
@@ -82,10 +82,15 @@ def measure_one(model_name, variant, k, optimizer_name):
           "trainable": trainable / 2**20, "accumulators": accumulators / 2**20}
 
 
-def _child(model_name, variant, k, optimizer_name):
+def measure(model_name, variant, k=4, optimizer_name="adam",
+            control_flow_v1=False):
+  """Runs `measure_one` in a fresh process with the BFC allocator; returns
+  {"peak": MB, "steps": [MB per micro-batch], "trainable": MB,
+  "accumulators": MB}."""
   output = subprocess.run(
       [sys.executable, __file__, "--models", model_name, "--k", str(k),
-       "--optimizer", optimizer_name, "--variant", variant],
+       "--optimizer", optimizer_name, "--variant", variant]
+      + (["--control_flow_v1"] if control_flow_v1 else []),
       capture_output=True, text=True, check=True,
       env=dict(os.environ, **_BFC))
   return json.loads(output.stdout.strip().splitlines()[-1])
@@ -98,8 +103,12 @@ def main():
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--optimizer", choices=sorted(OPTIMIZERS),
                       default="adam")
+  parser.add_argument("--control_flow_v1", action="store_true",
+                      help="build every graph with control flow v1")
   parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
   args = parser.parse_args()
+  if args.control_flow_v1:
+    tf.compat.v1.disable_control_flow_v2()
   if args.variant:
     print(json.dumps(measure_one(args.models[0], args.variant, args.k,
                                  args.optimizer)))
@@ -112,8 +121,8 @@ def main():
         "(accumulation - plain) / accumulators |")
   print("| --- | --- | --- | --- | --- | --- | --- |")
   for model_name in args.models:
-    runs = {v: _child(model_name, v, args.k, args.optimizer)
-            for v in VARIANTS}
+    runs = {v: measure(model_name, v, args.k, args.optimizer,
+                       args.control_flow_v1) for v in VARIANTS}
     accumulators = runs["accum"]["accumulators"]
     highest = {v: runs[v]["peak"] for v in VARIANTS}
     typical = {v: statistics.median(runs[v]["steps"]) for v in VARIANTS}
