@@ -31,6 +31,9 @@ def _cluster(**cluster):
      "TF_CONFIG: task type 'chief' is not in 'cluster' (which has worker)"),
     (json.dumps({"cluster": {}}), "TF_CONFIG: 'cluster' must be a non-empty "
      "object of task type -> addresses, got {}"),
+    (json.dumps(_cluster(chief=["a:1"], worker=["b:1", "a:1"])), "TF_CONFIG: "
+     "address 'a:1' is given to both chief:0 and worker:1; every task needs "
+     "its own host:port"),
 ])
 def test_parse_errors_are_one_clear_line(text, message):
   with pytest.raises(tfconfig.TFConfigError) as raised:
@@ -127,3 +130,26 @@ def test_launch_needs_a_command():
   result = _tfconfig("launch", "--workers", "2")
   assert result.returncode == 2
   assert "launch needs a command after --" in result.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workers", "-1"], "error: --workers must be >= 0, got -1"),
+    (["--ps", "-2"], "error: --ps must be >= 0, got -2"),
+    (["--workers", "0"], "error: launch needs at least one training task, "
+     "got --workers 0 and no chief"),
+    (["--timeout", "0"], "error: --timeout must be a number of seconds > 0, "
+     "got 0.0"),
+])
+def test_launch_refuses_bad_flags_before_starting_anything(flags, message):
+  result = _tfconfig("launch", *flags, "--", sys.executable, "-c",
+                     "print('started')")
+  assert result.returncode == 2
+  assert result.stderr.strip() == message
+  assert "started" not in result.stdout
+
+
+def test_print_refuses_one_address_for_two_tasks():
+  result = _tfconfig("print", "--workers", "h1:2222", "h1:2222")
+  assert result.returncode == 2
+  assert "address 'h1:2222' is given to both worker:0 and worker:1" in (
+      result.stderr)

@@ -36,10 +36,16 @@ def _launch(args):
     command = command[1:]
   if not command:
     raise tfc.TFConfigError("launch needs a command after --")
-  if args.workers < 0 or args.ps < 0 or (args.workers == 0 and not args.chief):
+  for flag, value in (("--workers", args.workers), ("--ps", args.ps)):
+    if value < 0:
+      raise tfc.TFConfigError(f"{flag} must be >= 0, got {value}")
+  if args.workers == 0 and not args.chief:
     raise tfc.TFConfigError(
-        f"launch needs at least one training task, got --workers "
-        f"{args.workers} and {'a' if args.chief else 'no'} chief")
+        "launch needs at least one training task, got --workers 0 and no "
+        "chief")
+  if args.timeout is not None and not args.timeout > 0:
+    raise tfc.TFConfigError(
+        f"--timeout must be a number of seconds > 0, got {args.timeout}")
   cluster = tfl.local_cluster(args.workers, chief=args.chief, ps=args.ps,
                               evaluator=args.evaluator)
   print("[tfconfig] cluster " + " ".join(
@@ -65,17 +71,29 @@ def main(argv=None):
   commands = parser.add_subparsers(dest="verb", required=True)
   commands.add_parser("show", help="validate and describe $TF_CONFIG")
   launch = commands.add_parser("launch", help="run a local cluster")
-  launch.add_argument("--workers", type=int, default=2)
-  launch.add_argument("--chief", action="store_true")
-  launch.add_argument("--ps", type=int, default=0)
-  launch.add_argument("--evaluator", action="store_true")
-  launch.add_argument("--timeout", type=float, default=None)
-  launch.add_argument("command", nargs=argparse.REMAINDER)
+  launch.add_argument("--workers", type=int, default=2,
+                      help="worker tasks (default 2)")
+  launch.add_argument("--chief", action="store_true",
+                      help="add a chief task (needed with --ps)")
+  launch.add_argument("--ps", type=int, default=0,
+                      help="parameter-server tasks (default 0)")
+  launch.add_argument("--evaluator", action="store_true",
+                      help="add an evaluator task (it does not hold up the "
+                      "end of the job)")
+  launch.add_argument("--timeout", type=float, default=None,
+                      help="seconds before every task is stopped and the "
+                      "launch fails (default: none)")
+  launch.add_argument("command", nargs=argparse.REMAINDER,
+                      help="-- then the command every task runs")
   printer = commands.add_parser("print", help="per-task TF_CONFIG values")
-  printer.add_argument("--workers", nargs="+", required=True)
-  printer.add_argument("--chief")
-  printer.add_argument("--ps", nargs="*", default=[])
-  printer.add_argument("--evaluator")
+  printer.add_argument("--workers", nargs="+", required=True,
+                       metavar="HOST:PORT", help="one address per worker")
+  printer.add_argument("--chief", metavar="HOST:PORT",
+                       help="the chief's address")
+  printer.add_argument("--ps", nargs="*", default=[], metavar="HOST:PORT",
+                       help="one address per parameter server")
+  printer.add_argument("--evaluator", metavar="HOST:PORT",
+                       help="the evaluator's address")
   args = parser.parse_args(argv)
   try:
     return {"show": _show, "launch": _launch, "print": _print}[args.verb](args)

@@ -68,6 +68,13 @@ def validate(config, require_chief=False):
             f"host:port, got {addresses!r}")
     for index, address in enumerate(addresses):
       _check_address(address, f"{task_type}:{index}")
+  owners = {}
+  for task_type, addresses in cluster.items():
+    for index, address in enumerate(addresses):
+      owner = owners.setdefault(address, f"{task_type}:{index}")
+      if owner != f"{task_type}:{index}":
+        _fail(f"address {address!r} is given to both {owner} and "
+              f"{task_type}:{index}; every task needs its own host:port")
   if len(cluster.get(CHIEF, [])) > 1:
     _fail(f"a cluster has at most one chief, got {len(cluster[CHIEF])}")
   if require_chief and CHIEF not in cluster:
