@@ -9,6 +9,7 @@ value, so a user never gets a traceback from deep inside TensorFlow.
 import numbers
 import re
 
+import numpy as np
 import tensorflow as tf
 
 REDUCTIONS = ("mean", "sum", "running_mean")
@@ -124,8 +125,8 @@ def check_global_step(global_step):
 
 
 def check_bool(argument, value):
-  """Raises TypeError unless `value` is a bool."""
-  if not isinstance(value, bool):
+  """Raises TypeError unless `value` is a bool (Python's or numpy's)."""
+  if not isinstance(value, (bool, np.bool_)):
     raise TypeError(f"{argument} must be True or False, got {value!r} of type "
                     f"{type(value).__name__}.")
 

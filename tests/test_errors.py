@@ -1,5 +1,6 @@
 """Bad input raises TypeError/ValueError naming the argument and the value."""
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -185,6 +186,10 @@ def test_bad_name_and_flags(overrides, error, text):
   with pytest.raises(error) as raised:
     _build(**overrides)
   assert text in str(raised.value)
+
+
+def test_numpy_bool_flags_are_accepted():
+  assert isinstance(_build(summaries=np.bool_(False)), tf.Operation)
 
 
 def test_bad_name_of_reportable_loss():
