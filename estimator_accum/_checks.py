@@ -62,6 +62,14 @@ def check_optimizer(optimizer):
   """Checks that `optimizer` is an optimizer the accumulation can drive."""
   v1_optimizer = tf.compat.v1.train.Optimizer
   keras_legacy = tf.keras.optimizers.legacy.Optimizer
+  if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+    raise TypeError(
+        "optimizer SyncReplicasOptimizer cannot be accumulated: it gathers "
+        "every worker's gradients and increments global_step itself, where "
+        "accumulation counts micro-batches with global_step. For synchronous "
+        "training on several workers use MultiWorkerMirroredStrategy; with "
+        "parameter servers, pass its inner optimizer (each worker then "
+        "applies its own window).")
   if isinstance(optimizer, (v1_optimizer, keras_legacy)):
     return
   if isinstance(optimizer, tf.keras.optimizers.Optimizer):

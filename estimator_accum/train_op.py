@@ -33,6 +33,10 @@ from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import state_variable, variable_base_name
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
+from estimator_accum.step_counting import (
+    check_optimizer_steps,
+    mark_update_count,
+)
 from estimator_accum.window import BYTES_PER_PACK, AccumulationState, Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
@@ -72,7 +76,9 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   Do not divide the loss by k or by the number of replicas: the library forms
   the mean over the window and over the replicas itself. `global_step`
   counts micro-batches (so Estimator's `max_steps` does too); use
-  `update_count(k)` for learning-rate schedules that count updates.
+  `update_count(k)` for learning-rate schedules that count updates (a
+  hyperparameter computed from `global_step` itself is warned about, and an
+  AdagradDAOptimizer given it is refused: its update reads the count).
 
   Args:
     loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
@@ -128,7 +134,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       `optimizer` is not an optimizer this function can drive, `global_step`
       is not an integer variable, or another argument has the wrong type.
     ValueError: `k < 1`, `loss` or `global_step` is not a scalar, no
-      trainable variable has a gradient, `name` is not a scope name, or the
+      trainable variable has a gradient, `name` is not a scope name, an
+      AdagradDAOptimizer counts its steps with `global_step`, or the
       arguments conflict.
     RuntimeError: called eagerly, or in cross-replica context.
   """
@@ -163,6 +170,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   if global_step is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
     _checks.check_global_step(global_step)
+  check_optimizer_steps(optimizer, global_step, k)
   if var_list is None:
     var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
@@ -275,7 +283,8 @@ def update_count(k, global_step=None):
   k = _checks.check_k(k)
   if global_step is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
-  return tf.math.floordiv(tf.cast(global_step, tf.int64), k)
+  return mark_update_count(
+      tf.math.floordiv(tf.cast(global_step, tf.int64), k))
 
 
 def reportable_loss(loss, name="gradient_accumulation"):

@@ -8,6 +8,7 @@ gradients, so the sparse path is checked for every optimizer too.
 import pytest
 import tensorflow as tf
 
+import estimator_accum
 from tests import support
 from tests.google_style_adamw import GoogleStyleAdamWeightDecay
 
@@ -26,6 +27,12 @@ OPTIMIZERS = {
     "adadelta": (lambda: v1.AdadeltaOptimizer(5.0), True),
     "ftrl": (lambda: v1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
                                       l2_regularization_strength=0.001), True),
+    "proximal_sgd": (lambda: v1.ProximalGradientDescentOptimizer(
+        0.5, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001), True),
+    "proximal_adagrad": (lambda: v1.ProximalAdagradOptimizer(
+        0.3, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001), True),
     "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
                           False),
     "keras_legacy_sgd_momentum": (
@@ -55,6 +62,26 @@ def test_accumulation_equals_big_batch(optimizer_name, control_flow,
   what = f"{optimizer_name} under {control_flow}"
   support.assert_trained_like_big_batch(estimator, actual, expected,
                                         K * UPDATES, UPDATES, what)
+
+
+def test_adagrad_da_counting_updates_equals_big_batch(control_flow, tmp_path):
+  """AdagradDA's update reads a step count: given update_count it sees the
+  count big-batch training shows it, and the weights agree."""
+  data = support.make_data(K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(
+      lambda: v1.AdagradDAOptimizer(
+          0.5, tf.compat.v1.train.get_or_create_global_step(),
+          l1_regularization_strength=0.001, l2_regularization_strength=0.01),
+      data, K * MICRO_BATCH, UPDATES)
+  estimator, actual = support.estimator_train(
+      tmp_path,
+      lambda: v1.AdagradDAOptimizer(
+          0.5, estimator_accum.update_count(K),
+          l1_regularization_strength=0.001, l2_regularization_strength=0.01),
+      data, MICRO_BATCH, K, K * UPDATES)
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * UPDATES, UPDATES,
+      f"AdagradDA under {control_flow}")
 
 
 @pytest.mark.parametrize("k", [1, 3])

@@ -1,0 +1,106 @@
+"""Optimizers and schedules that read `global_step` (internal).
+
+Under accumulation `global_step` counts micro-batches, k per update. An
+optimizer whose update reads a step count (AdagradDA) or a learning rate
+scheduled on the global step therefore sees k times the count big-batch
+training would show it: silently different training. `update_count(k)` is
+the count that matches big-batch training; tensors built from it are marked
+here so that the checks can tell the two apart.
+"""
+
+import tensorflow as tf
+from absl import logging
+
+# Ops visited at most when looking for the global step among a
+# hyperparameter's inputs: schedules are small graphs.
+_MAX_OPS = 10_000
+_MARK = "_estimator_accum_update_count"
+# Attribute names of tf.compat.v1.train optimizers, as their arguments say.
+_ARGUMENT_NAMES = {"lr": "learning_rate"}
+
+
+def mark_update_count(tensor):
+  """Marks `tensor` (the result of `update_count`) as counting updates."""
+  setattr(tensor.op, _MARK, True)
+  return tensor
+
+
+def _step_ops(global_step):
+  """The ops that hold `global_step` (each replica's, under a strategy)."""
+  components = getattr(global_step, "values", None) or (global_step,)
+  ops = set()
+  for component in components:
+    handle = getattr(component, "handle", None)
+    if isinstance(handle, tf.Tensor):
+      ops.add(handle.op)
+    op = getattr(component, "op", None)
+    if isinstance(op, tf.Operation):
+      ops.add(op)
+  return ops
+
+
+def counts_micro_batches(value, global_step):
+  """Whether `value` is, or is computed from, `global_step` itself.
+
+  Values computed through `update_count` count updates and are not. Returns
+  False for anything that is not a graph tensor or variable of the global
+  step's graph, and when the search is cut short.
+  """
+  step_ops = _step_ops(global_step)
+  if value is global_step:
+    return True
+  if isinstance(value, tf.Variable) or hasattr(value, "values"):
+    return bool(_step_ops(value) & step_ops)
+  if not isinstance(value, tf.Tensor) or not hasattr(value, "op"):
+    return False
+  seen, stack = set(), [value.op]
+  while stack and len(seen) < _MAX_OPS:
+    op = stack.pop()
+    if op in seen or getattr(op, _MARK, False):
+      continue
+    if op in step_ops:
+      return True
+    seen.add(op)
+    stack.extend(t.op for t in op.inputs)
+  return False
+
+
+def _hyperparameters(optimizer):
+  """(name, value) of the optimizer's attributes that may be tensors."""
+  values = dict(vars(optimizer))
+  values.update(getattr(optimizer, "_hyper", {}))  # Keras legacy optimizers.
+  for name, value in values.items():
+    if name == "_global_step":
+      continue
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+      name = name.lstrip("_")
+      yield _ARGUMENT_NAMES.get(name, name), value
+
+
+def check_optimizer_steps(optimizer, global_step, k):
+  """Refuses AdagradDA on micro-batches; warns of schedules that count them.
+
+  Raises:
+    ValueError: `optimizer` is an AdagradDAOptimizer given `global_step`,
+      whose update would then use k times big-batch training's step count.
+  """
+  if k == 1:
+    return
+  if isinstance(optimizer, tf.compat.v1.train.AdagradDAOptimizer):
+    step = optimizer._global_step  # noqa: SLF001
+    if counts_micro_batches(step, global_step):
+      raise ValueError(
+          f"optimizer AdagradDAOptimizer was given global_step "
+          f"{getattr(step, 'name', step)!r}, which counts micro-batches "
+          f"under accumulation: its update would use {k} times the step "
+          "count of big-batch training. Build it with "
+          f"global_step=estimator_accum.update_count({k}), the number of "
+          "updates applied.")
+  for name, value in _hyperparameters(optimizer):
+    if counts_micro_batches(value, global_step):
+      logging.warning(
+          "gradient accumulation: the optimizer's %s is computed from "
+          "global_step, which counts micro-batches here (%d per update): a "
+          "schedule written for big-batch training runs %d times faster. "
+          "If it should count updates, build it on "
+          "estimator_accum.update_count(%d).", name, k, k, k)
