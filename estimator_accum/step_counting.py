@@ -8,6 +8,8 @@ the count that matches big-batch training; tensors built from it are marked
 here so that the checks can tell the two apart.
 """
 
+import weakref
+
 import tensorflow as tf
 from absl import logging
 
@@ -15,6 +17,9 @@ from absl import logging
 # hyperparameter's inputs: schedules are small graphs.
 _MAX_OPS = 10_000
 _MARK = "_estimator_accum_update_count"
+# Graph -> hyperparameter names already warned about: under MirroredStrategy
+# every replica builds the train op, and one warning says it.
+_WARNED = weakref.WeakKeyDictionary()
 # Attribute names of tf.compat.v1.train optimizers, as their arguments say.
 _ARGUMENT_NAMES = {"lr": "learning_rate"}
 
@@ -96,8 +101,10 @@ def check_optimizer_steps(optimizer, global_step, k):
           "count of big-batch training. Build it with "
           f"global_step=estimator_accum.update_count({k}), the number of "
           "updates applied.")
+  warned = _WARNED.setdefault(tf.compat.v1.get_default_graph(), set())
   for name, value in _hyperparameters(optimizer):
-    if counts_micro_batches(value, global_step):
+    if name not in warned and counts_micro_batches(value, global_step):
+      warned.add(name)
       logging.warning(
           "gradient accumulation: the optimizer's %s is computed from "
           "global_step, which counts micro-batches here (%d per update): a "

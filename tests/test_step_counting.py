@@ -97,3 +97,32 @@ def test_sync_replicas_optimizer_is_refused():
   message = str(raised.value)
   assert "optimizer SyncReplicasOptimizer cannot be accumulated" in message
   assert "MultiWorkerMirroredStrategy" in message
+
+
+def test_schedule_on_global_step_warns_once_under_mirrored_strategy(
+    caplog, tmp_path):
+  """Every replica builds the train op; the warning is given once, and the
+  replicas' global step (a MirroredVariable) is recognized."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+  def model_fn(features, labels, mode):
+    del labels
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    loss = tf.reduce_sum(w * features)
+    step = v1.get_global_step()
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, v1.GradientDescentOptimizer(
+            v1.exponential_decay(0.1, step, 100, 0.5)), K)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+  config = tf.estimator.RunConfig(
+      model_dir=str(tmp_path), train_distribute=strategy,
+      session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}))
+  estimator = tf.estimator.Estimator(model_fn, config=config)
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    estimator.train(
+        lambda: tf.data.Dataset.from_tensors(
+            (tf.ones([3]), 0.0)).repeat(), max_steps=K)
+  messages = [r.getMessage() for r in caplog.records
+              if _WARNING in r.getMessage()]
+  assert len(messages) == 1, messages
