@@ -191,6 +191,25 @@ def check_var_list(var_list):
   return var_list
 
 
+def check_ref_variables(trained):
+  """Refuses reference variables under control flow v2, which cannot update
+  them (TF 2's default variables are resource variables)."""
+  if not tf.compat.v1.control_flow_v2_enabled():
+    return
+  refs = [v.name for _, v in trained if v.dtype != v.dtype.base_dtype]
+  if refs:
+    shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more"
+                                   if len(refs) > 3 else "")
+    raise ValueError(
+        f"var_list holds reference variables ({shown}), which control flow "
+        "v2 (TensorFlow 2's default) cannot update inside the window's "
+        "tf.cond. Create them as resource variables (use_resource=True, the "
+        "default unless tf.compat.v1.disable_v2_behavior() or "
+        "disable_resource_variables() was called), or build with control "
+        "flow v1 (tf.compat.v1.disable_control_flow_v2(), which "
+        "disable_v2_behavior() also does).")
+
+
 def check_num_examples(num_examples):
   """Checks that `num_examples` is None or a numeric scalar tensor."""
   if num_examples is None:
