@@ -47,21 +47,43 @@ def initial_weights(seed=1):
   }
 
 
-def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32):
+def _partitioned_variable(name, value, partitions):
+  """A variable split in `partitions` along its rows, as parameter-server
+  jobs split large embeddings; it starts at `value` like the others."""
+
+  def initializer(shape, dtype=tf.float32, partition_info=None):
+    start = partition_info.var_offset[0] if partition_info else 0
+    return tf.constant(value[start:start + shape[0]], dtype)
+
+  return tf.compat.v1.get_variable(
+      name, value.shape, tf.float32, initializer=initializer,
+      partitioner=tf.compat.v1.fixed_size_partitioner(partitions))
+
+
+def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32,
+               embedding_partitions=None):
   """Builds the model with tf.compat.v1.get_variable; returns the loss.
 
   With compute_dtype float16 or bfloat16 the variables stay float32 and are
-  cast for the forward pass (mixed precision); the loss is float32.
+  cast for the forward pass (mixed precision); the loss is float32. With
+  embedding_partitions the embedding is a PartitionedVariable of that many
+  parts.
   """
   weights = {
       name: tf.compat.v1.get_variable(
           name, initializer=tf.constant(value, tf.float32))
       for name, value in initial_weights().items()
+      if not (name == "embedding" and embedding_partitions)
   }
-  weights = {name: tf.cast(value, compute_dtype)
+  if embedding_partitions:
+    weights["embedding"] = _partitioned_variable(
+        "embedding", initial_weights()["embedding"], embedding_partitions)
+  weights = {name: value if name == "embedding" and embedding_partitions
+             else tf.cast(value, compute_dtype)
              for name, value in weights.items()}
-  embedded = tf.reduce_mean(
-      tf.nn.embedding_lookup(weights["embedding"], features["ids"]), axis=1)
+  embedded = tf.cast(tf.reduce_mean(
+      tf.nn.embedding_lookup(weights["embedding"], features["ids"]), axis=1),
+                     compute_dtype)
   inputs = tf.concat([tf.cast(features["x"], compute_dtype), embedded], axis=1)
   hidden = tf.tanh(tf.matmul(inputs, weights["dense/kernel"]) +
                    weights["dense/bias"])
@@ -78,7 +100,8 @@ def weight_names():
 
 
 def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
-                    loss_reduction="mean", minimize=True):
+                    loss_reduction="mean", minimize=True,
+                    embedding_partitions=None):
   """Plain big-batch training in a fresh graph; returns the final weights.
 
   Args:
@@ -90,6 +113,8 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
     loss_reduction: "mean" or "sum" over the batch.
     minimize: use optimizer.minimize(loss, global_step); False uses
       tf.gradients + apply_gradients (Keras legacy, BERT AdamWeightDecay).
+    embedding_partitions: None, or the number of parts of the embedding
+      (its parts are returned joined, under the variable's name).
   """
   graph = tf.Graph()
   with graph.as_default():
@@ -99,7 +124,8 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
         key: tf.compat.v1.placeholder(tf.as_dtype(value.dtype),
                                       (None,) + value.shape[1:])
         for key, value in data.items()}
-    loss = model_loss(placeholders, placeholders["labels"], loss_reduction)
+    loss = model_loss(placeholders, placeholders["labels"], loss_reduction,
+                      embedding_partitions=embedding_partitions)
     optimizer = optimizer_fn()
     variables = tf.compat.v1.trainable_variables()
     if minimize and clip_norm is None:
@@ -122,7 +148,12 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
         batch = slice(step * batch_size, (step + 1) * batch_size)
         feed = {placeholders[key]: value[batch] for key, value in data.items()}
         session.run(train_op, feed)
-      return {v.op.name: session.run(v) for v in variables}
+      values = {v.op.name: session.run(v) for v in variables}
+  parts = sorted((name for name in values if "/part_" in name),
+                 key=lambda name: int(name.rsplit("_", 1)[1]))
+  if parts:
+    values["embedding"] = np.concatenate([values.pop(n) for n in parts])
+  return values
 
 
 def reference_gradient_norm(data, batch_size):
@@ -143,7 +174,8 @@ def reference_gradient_norm(data, batch_size):
 def accumulating_model_fn(features, labels, mode, params):
   """model_fn: the test model trained with build_accumulating_train_op."""
   loss = model_loss(features, labels, params.get("loss_reduction", "mean"),
-                    params.get("compute_dtype", tf.float32))
+                    params.get("compute_dtype", tf.float32),
+                    params.get("embedding_partitions"))
   loss *= params.get("loss_multiplier", 1.0)
   num_examples = None
   communication_options = None
