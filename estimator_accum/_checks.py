@@ -11,6 +11,7 @@ import re
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 REDUCTIONS = ("mean", "sum", "running_mean")
 
@@ -82,6 +83,24 @@ def check_optimizer(optimizer):
       f"optimizer must be a tf.compat.v1.train.Optimizer or a "
       f"tf.keras.optimizers.legacy.Optimizer, got {optimizer!r} of type "
       f"{type(optimizer).__name__}.")
+
+
+def warn_bypassed_compute_gradients(optimizer):
+  """Warns when `optimizer` changes how gradients are computed: the window
+  takes them from tf.gradients of the loss, as one big batch's would be, and
+  never calls the optimizer's compute_gradients."""
+  base = tf.compat.v1.train.Optimizer.compute_gradients
+  if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    return
+  owner = type(optimizer).compute_gradients
+  if owner is base:
+    return
+  logging.warning(
+      "gradient accumulation: optimizer %s overrides compute_gradients, which "
+      "accumulation does not call: the gradients come from tf.gradients of "
+      "the loss, and whatever its compute_gradients adds (noise, an "
+      "all-reduce, clipping) is not applied. Apply it to the loss, or use "
+      "clip_norm for clipping.", type(optimizer).__name__)
 
 
 def check_clip_norm(clip_norm):

@@ -145,6 +145,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
       optimizer, loss_scale)
   _checks.check_optimizer(optimizer)
+  _checks.warn_bypassed_compute_gradients(optimizer)
   clip_norm = _checks.check_clip_norm(clip_norm)
   _checks.check_reduction(reduction)
   _checks.check_global_step(global_step)

@@ -5,7 +5,8 @@ times big-batch training's count, so it is refused with the fix named (its
 exactness with update_count is in test_exact_optimizers). A learning rate
 computed from the global step gets a warning; one computed from
 update_count, or constant, does not. SyncReplicasOptimizer, which counts
-steps and gathers workers itself, is refused.
+steps and gathers workers itself, is refused. An optimizer whose
+compute_gradients the window bypasses gets a warning.
 """
 
 import logging
@@ -126,3 +127,21 @@ def test_schedule_on_global_step_warns_once_under_mirrored_strategy(
   messages = [r.getMessage() for r in caplog.records
               if _WARNING in r.getMessage()]
   assert len(messages) == 1, messages
+
+
+class _NoisyGradients(v1.GradientDescentOptimizer):
+  """An optimizer that changes its gradients in compute_gradients."""
+
+  def compute_gradients(self, loss, var_list=None, **kwargs):
+    pairs = super().compute_gradients(loss, var_list, **kwargs)
+    return [(g + 0.01, v) for g, v in pairs]
+
+
+def test_overridden_compute_gradients_warns(caplog):
+  with caplog.at_level(logging.WARNING, logger="absl"):
+    _build(lambda step: _NoisyGradients(0.1))
+    _build(lambda step: v1.AdamOptimizer(0.1))
+  messages = [r.getMessage() for r in caplog.records
+              if "overrides compute_gradients" in r.getMessage()]
+  assert len(messages) == 1, messages
+  assert "optimizer _NoisyGradients overrides compute_gradients" in messages[0]
