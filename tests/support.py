@@ -107,7 +107,8 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
   Args:
     optimizer_fn: callable returning a fresh optimizer.
     data: dict from make_data; batches are taken in order.
-    batch_size: the big batch, k*B.
+    batch_size: the big batch, k*B; or a list, the sizes of the successive
+      batches.
     steps: number of updates.
     clip_norm: if set, gradients are clipped by global norm before applying.
     loss_reduction: "mean" or "sum" over the batch.
@@ -144,8 +145,13 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
         train_op = global_step.assign_add(1)
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      for step in range(steps):
-        batch = slice(step * batch_size, (step + 1) * batch_size)
+      sizes = (batch_size if isinstance(batch_size, (list, tuple))
+               else [batch_size] * steps)
+      assert len(sizes) == steps, (sizes, steps)
+      start = 0
+      for size in sizes:
+        batch = slice(start, start + size)
+        start += size
         feed = {placeholders[key]: value[batch] for key, value in data.items()}
         session.run(train_op, feed)
       values = {v.op.name: session.run(v) for v in variables}

@@ -148,6 +148,32 @@ def test_restart_mid_window_loses_nothing(control_flow, tmp_path):
       expected, what="restart")
 
 
+def test_resume_with_another_k_keeps_the_mean_with_num_examples(tmp_path):
+  """What the README says of a resume that changes k mid-window: with
+  num_examples the window in progress still gets its examples' mean.
+
+  k=4 stops two micro-batches into the second window (global_step 6); k=2
+  resumes, so that window ends at step 8 with 4 micro-batches (2 before the
+  stop, 2 after), then windows of 2 follow. The big batches are the same
+  groups of examples: 16, 16, 8, 8.
+  """
+  micro_batch, stop_at, total = 4, 6, 12
+  data = support.make_data(micro_batch * total)
+  optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
+  params = dict(optimizer_fn=optimizer_fn, weight_by_examples=True)
+  first = support.make_estimator(tmp_path, dict(params, k=4))
+  first.train(support.micro_batch_input_fn(data, micro_batch),
+              max_steps=stop_at)
+  second = support.make_estimator(tmp_path, dict(params, k=2))
+  second.train(support.micro_batch_input_fn(data, micro_batch, skip=stop_at),
+               max_steps=total)
+  expected = support.reference_train(
+      optimizer_fn, data, [16, 16, 8, 8], 4)
+  support.assert_trained_like_big_batch(
+      second, {n: second.get_variable_value(n) for n in support.weight_names()},
+      expected, total, 4, "resume with k 4 -> 2 and num_examples")
+
+
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
 @pytest.mark.parametrize("reduction", ["mean", "running_mean"])
 def test_uneven_micro_batches_weighted_by_num_examples(optimizer_name,
