@@ -35,6 +35,11 @@ OPTIMIZERS = {
         l2_regularization_strength=0.001), True),
     "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
                           False),
+    # Keras schedules count the optimizer's own iterations: one per update.
+    "keras_legacy_adam_decaying": (
+        lambda: tf.keras.optimizers.legacy.Adam(
+            tf.keras.optimizers.schedules.ExponentialDecay(0.05, 1, 0.5)),
+        False),
     "keras_legacy_sgd_momentum": (
         lambda: tf.keras.optimizers.legacy.SGD(0.2, momentum=0.9,
                                                nesterov=True), False),
