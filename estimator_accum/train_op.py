@@ -56,6 +56,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 sparse_accumulation="auto",
                                 sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
                                 communication_options=None,
+                                after_update=None,
                                 name="gradient_accumulation"):
   """Returns a train op that applies one update every `k` micro-batches.
 
@@ -124,6 +125,18 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       (measured: 15-25 ms less per window for 12 MB of gradients on 2 CPU
       workers, `benchmarks/multiworker_window.py`). Strategies that do not
       use collectives (MirroredStrategy's defaults) ignore it.
+    after_update: a callable with no arguments, or None: what a big-batch
+      recipe runs after its train op every step, such as an
+      `ExponentialMovingAverage(...).apply(var_list)`. It is called once
+      while the graph is built (in cross-replica context under a strategy),
+      and the ops it creates run after each micro-batch that applies an
+      update, after its counters, and only then: not on the other
+      micro-batches, not for skipped windows. Variables it creates are made
+      outside the window's control flow. A count it needs should be
+      `update_count(k)` created inside the callable, so that it is read
+      after the update, as the recipe reads its global step:
+      `lambda: tf.compat.v1.train.ExponentialMovingAverage(0.999,
+      num_updates=update_count(k)).apply(var_list)`.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -157,6 +170,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   num_examples = _checks.check_num_examples(num_examples)
   communication_options = _checks.check_communication_options(
       communication_options, BYTES_PER_PACK)
+  if after_update is not None and not callable(after_update):
+    raise TypeError(
+        f"after_update must be a callable with no arguments or None, got "
+        f"{after_update!r} of type {type(after_update).__name__}.")
   if reduction == "sum" and num_examples is not None:
     raise ValueError(
         "num_examples weights each micro-batch's mean gradient by its size and "
@@ -204,7 +221,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
         local_device=_between_graph_worker_device(loss, global_step),
-        compact=compact, communication_options=communication_options)
+        compact=compact, communication_options=communication_options,
+        after_update=after_update)
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))

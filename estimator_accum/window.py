@@ -149,7 +149,7 @@ class Window:
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
                num_examples, reduction, accumulator_dtype, summaries, name,
                loss_scaler=None, local_device=None, compact=None,
-               communication_options=None):
+               communication_options=None, after_update=None):
     self._gradients = [g for g, _ in trained]
     self._optimizer = optimizer
     self._k = k
@@ -171,6 +171,7 @@ class Window:
     self._name = name
     self._loss_scaler = loss_scaler
     self._communication_options = communication_options
+    self._after_update = after_update
     compact = compact or [False] * len(trained)
     self._accumulators = [
         CompactSparseAccumulator(v, accumulator_dtype, local_device) if c
@@ -290,7 +291,22 @@ class Window:
       if self._position_counter is not self._global_step:
         counters.append(self._position_counter.assign_add(
             tf.constant(1, tf.int64), read_value=False))
+    if self._after_update is None:
       return tf.group(*counters, name="train_op")
+    with tf.control_dependencies(counters):
+      after = tf.cond(tf.equal(status, _STATUS_APPLIED),
+                      self._run_after_update, tf.no_op, name="after_update")
+    return tf.group(*counters, after, name="train_op")
+
+  def _run_after_update(self):
+    """True branch: the user's `after_update` ops, once per applied update,
+    after the micro-batch's work and counters (as a big-batch recipe's ops
+    under `tf.control_dependencies([train_op])` run)."""
+    with tf.variable_creator_scope(_create_outside_control_flow):
+      created = self._after_update()
+    created = [op for op in tf.nest.flatten(created) if op is not None]
+    with tf.control_dependencies(created):
+      return tf.no_op()
 
   def _end_window(self, strategy, position):
     """True branch: form, check and apply the window; reset it; count it."""

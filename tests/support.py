@@ -101,7 +101,7 @@ def weight_names():
 
 def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
                     loss_reduction="mean", minimize=True,
-                    embedding_partitions=None):
+                    embedding_partitions=None, ema_decay=None):
   """Plain big-batch training in a fresh graph; returns the final weights.
 
   Args:
@@ -116,6 +116,9 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
       tf.gradients + apply_gradients (Keras legacy, BERT AdamWeightDecay).
     embedding_partitions: None, or the number of parts of the embedding
       (its parts are returned joined, under the variable's name).
+    ema_decay: None, or the decay of an ExponentialMovingAverage of the
+      weights (num_updates = global step) run after every step, as recipes
+      do; its averages are returned too, as "<name>/ExponentialMovingAverage".
   """
   graph = tf.Graph()
   with graph.as_default():
@@ -143,6 +146,13 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
       apply = optimizer.apply_gradients(list(zip(gradients, variables)))
       with tf.control_dependencies([apply]):
         train_op = global_step.assign_add(1)
+    averages = []
+    if ema_decay is not None:
+      ema = tf.compat.v1.train.ExponentialMovingAverage(
+          ema_decay, num_updates=global_step)
+      with tf.control_dependencies([train_op]):
+        train_op = ema.apply(variables)
+      averages = [ema.average(v) for v in variables]
     with tf.compat.v1.Session(graph=graph) as session:
       session.run(tf.compat.v1.global_variables_initializer())
       sizes = (batch_size if isinstance(batch_size, (list, tuple))
@@ -154,7 +164,7 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
         start += size
         feed = {placeholders[key]: value[batch] for key, value in data.items()}
         session.run(train_op, feed)
-      values = {v.op.name: session.run(v) for v in variables}
+      values = {v.op.name: session.run(v) for v in variables + averages}
   parts = sorted((name for name in values if "/part_" in name),
                  key=lambda name: int(name.rsplit("_", 1)[1]))
   if parts:
@@ -190,8 +200,19 @@ def accumulating_model_fn(features, labels, mode, params):
         bytes_per_pack=params["bytes_per_pack"])
   if params.get("weight_by_examples"):
     num_examples = tf.shape(labels)[0]
+  after_update = None
+  if params.get("ema_decay") is not None:
+    variables = tf.compat.v1.trainable_variables()
+
+    def after_update():
+      # The count is read here, after this update, as the recipe reads its
+      # global step after its train op.
+      return tf.compat.v1.train.ExponentialMovingAverage(
+          params["ema_decay"],
+          num_updates=estimator_accum.update_count(params["k"])).apply(
+              variables)
   train_op = estimator_accum.build_accumulating_train_op(
-      loss, params["optimizer_fn"](), params["k"],
+      loss, params["optimizer_fn"](), params["k"], after_update=after_update,
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
       reduction=params.get("reduction", "mean"),
       loss_scale=params.get("loss_scale"),
