@@ -60,6 +60,9 @@ def main():
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
   parser.add_argument("--save_every", type=int, default=10_000)
+  parser.add_argument("--ema_decay", type=float, default=None,
+                      help="also keep a moving average of the weights, "
+                      "through after_update; saved with the weights")
   args = parser.parse_args()
   if args.control_flow == "v1":
     tf.compat.v1.disable_control_flow_v2()
@@ -101,6 +104,7 @@ def main():
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
+                  ema_decay=args.ema_decay,
                   training_hooks=[h for h in (counter, dier) if h]))
   tf.estimator.train_and_evaluate(
       estimator,
@@ -108,8 +112,10 @@ def main():
       tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
                             throttle_secs=0))
   if task["index"] == 0:
-    weights = {name: estimator.get_variable_value(name)
-               for name in support.weight_names()}
+    names = support.weight_names()
+    if args.ema_decay is not None:
+      names += [n + "/ExponentialMovingAverage" for n in names]
+    weights = {name: estimator.get_variable_value(name) for name in names}
     weights["global_step"] = estimator.get_variable_value("global_step")
     np.savez(os.path.join(args.model_dir, "final_weights.npz"),
              **{n.replace("/", "__"): v for n, v in weights.items()})

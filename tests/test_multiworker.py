@@ -57,6 +57,33 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   support.assert_weights_close(actual, expected, what=what)
 
 
+def test_two_workers_moving_average_after_update(tmp_path):
+  """after_update's moving average, updated in cross-replica context on each
+  worker, equals the one-device recipe's."""
+  decay = 0.9
+  data = support.make_data(BIG_BATCH * UPDATES)
+  optimizer_fn = OPTIMIZERS["adam"]
+  expected = support.reference_train(optimizer_fn, data, BIG_BATCH, UPDATES,
+                                     ema_decay=decay)
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(K),
+      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES),
+      "--ema_decay", str(decay)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in expected}
+  averages = [n for n in actual if n.endswith("/ExponentialMovingAverage")]
+  assert len(averages) == len(support.weight_names()), sorted(actual)
+  for name in averages:
+    assert not np.allclose(actual[name], actual[name.rsplit("/", 1)[0]])
+  support.assert_weights_close(actual, expected,
+                               what=f"moving average on {WORKERS} workers")
+
+
 # The window all-reduces 6 tensors: 5 gradients and the embedding's
 # touched-row mask (its weight, a constant 1/2 unused by the mean, joins the
 # pack by default and is pruned in a pack of its own); Estimator all-reduces
