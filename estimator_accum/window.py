@@ -17,6 +17,16 @@ from estimator_accum.accumulators import (
     rows_to_slices,
     state_variable,
 )
+from estimator_accum.gradient_ops import (
+    cast_gradient,
+    fixed_row_count,
+    scale_gradient,
+)
+from estimator_accum.optimizer_apply import (
+    AlreadyReduced,
+    create_outside_control_flow,
+    reduces_in_distributed_apply,
+)
 from estimator_accum.sparse import CompactSparseAccumulator
 
 AccumulationState = collections.namedtuple(
@@ -49,98 +59,6 @@ BYTES_PER_PACK = 4 * 2**20
 _STATUS_ACCUMULATED = 0
 _STATUS_APPLIED = 1
 _STATUS_SKIPPED = 2
-
-
-def _scale(gradient, factor):
-  """Multiplies a tf.Tensor or tf.IndexedSlices by a scalar."""
-  if isinstance(gradient, tf.IndexedSlices):
-    return tf.IndexedSlices(gradient.values * factor, gradient.indices,
-                            gradient.dense_shape)
-  return gradient * factor
-
-
-def _cast(gradient, dtype):
-  """Casts a tf.Tensor or tf.IndexedSlices to `dtype`."""
-  if isinstance(gradient, tf.IndexedSlices):
-    return tf.IndexedSlices(tf.cast(gradient.values, dtype), gradient.indices,
-                            gradient.dense_shape)
-  return tf.cast(gradient, dtype)
-
-
-def _fixed_row_count(gradient):
-  """Pads a tf.IndexedSlices to one row per table row; a Tensor is returned.
-
-  A v1 optimizer all-gathers IndexedSlices across replicas, and TensorFlow's
-  graph-mode collectives keep the shape they first saw: a window touching a
-  different number of rows than the last one aborts the collective. The
-  padding repeats a touched row with zero values; optimizers sum duplicate
-  rows before a sparse update, so the update is the same. (A window that
-  touched no row at all pads with row 0, which then counts as touched.)
-  """
-  if not isinstance(gradient, tf.IndexedSlices):
-    return gradient
-  num_rows = tf.cast(gradient.dense_shape[0], tf.int32)
-  padding = num_rows - tf.shape(gradient.indices)[0]
-  indices = tf.cast(gradient.indices, tf.int64)
-  filler = tf.concat([indices, tf.zeros([1], tf.int64)], 0)[0]
-  value_shape = tf.concat([[padding], tf.shape(gradient.values)[1:]], 0)
-  return tf.IndexedSlices(
-      tf.concat([gradient.values,
-                 tf.zeros(value_shape, gradient.values.dtype)], 0),
-      tf.concat([indices, tf.fill([padding], filler)], 0),
-      gradient.dense_shape)
-
-
-def _create_outside_control_flow(next_creator, **kwargs):
-  """Variable creator that builds variables outside any cond branch.
-
-  Optimizers such as BERT's AdamWeightDecay create their slots with
-  `tf.compat.v1.get_variable` inside `apply_gradients`. Called from inside the
-  end-of-window `tf.cond`, such a variable would be built in the branch (its
-  own function graph under control flow v2); `init_scope` lifts it to the
-  outer graph, as TensorFlow's own optimizers do for their slots.
-  """
-  with tf.init_scope():
-    return next_creator(**kwargs)
-
-
-def _reduces_in_distributed_apply(optimizer):
-  """Whether `optimizer` is a v1 optimizer that applies through the base
-  class's `_distributed_apply` (its first step is the all-reduce); not one
-  with its own `apply_gradients`, such as Google's AdamWeightDecay."""
-  base = tf.compat.v1.train.Optimizer
-  return (isinstance(optimizer, base) and
-          type(optimizer).apply_gradients is base.apply_gradients and
-          type(optimizer)._distributed_apply is base._distributed_apply)  # noqa: SLF001
-
-
-class _AlreadyReduced:
-  """A strategy whose `extended.batch_reduce_to` hands the values back.
-
-  Everything else is the strategy's own: `_distributed_apply` then updates
-  each replica's copy of every variable (and the slots) with that replica's
-  component of the gradients, which the window's all-reduce made equal.
-  """
-
-  def __init__(self, strategy):
-    self._strategy = strategy
-    self.extended = _ExtendedAlreadyReduced(strategy.extended)
-
-  def __getattr__(self, name):
-    return getattr(self._strategy, name)
-
-
-class _ExtendedAlreadyReduced:
-
-  def __init__(self, extended):
-    self._extended = extended
-
-  def batch_reduce_to(self, reduce_op, value_destination_pairs, options=None):
-    del reduce_op, options
-    return [value for value, _ in value_destination_pairs]
-
-  def __getattr__(self, name):
-    return getattr(self._extended, name)
 
 
 class Window:
@@ -302,7 +220,7 @@ class Window:
     """True branch: the user's `after_update` ops, once per applied update,
     after the micro-batch's work and counters (as a big-batch recipe's ops
     under `tf.control_dependencies([train_op])` run)."""
-    with tf.variable_creator_scope(_create_outside_control_flow):
+    with tf.variable_creator_scope(create_outside_control_flow):
       created = self._after_update()
     created = [op for op in tf.nest.flatten(created) if op is not None]
     with tf.control_dependencies(created):
@@ -349,14 +267,14 @@ class Window:
 
   def _apply(self, strategy, gradients):
     if (strategy.num_replicas_in_sync > 1 and
-        _reduces_in_distributed_apply(self._optimizer)):
+        reduces_in_distributed_apply(self._optimizer)):
       # A v1 optimizer would all-reduce the gradients again (a second round
       # of collectives per window, for nothing): run its cross-replica apply
       # with that reduction taken out; the gradients already are the mean.
       variables = [a.variable for a in self._accumulators]
-      with tf.variable_creator_scope(_create_outside_control_flow):
+      with tf.variable_creator_scope(create_outside_control_flow):
         apply_op = self._optimizer._distributed_apply(  # noqa: SLF001
-            _AlreadyReduced(strategy), list(zip(gradients, variables)))
+            AlreadyReduced(strategy), list(zip(gradients, variables)))
       with tf.control_dependencies([apply_op]):
         return tf.constant(True)
     applied = strategy.extended.call_for_each_replica(
@@ -408,7 +326,7 @@ class Window:
     else:
       weight = tf.constant(float(self._k), self._dtype)
     if self._reduction == "running_mean":
-      sums = [_scale(s, weight) for s in sums]
+      sums = [scale_gradient(s, weight) for s in sums]
     return sums, rows, weight
 
   def _window_gradients(self, sums, rows, weight):
@@ -426,14 +344,14 @@ class Window:
     if self._reduction == "sum" or self._prescale is not None:
       gradients = sums
     else:
-      gradients = [_scale(s, 1.0 / weight) for s in sums]
-    gradients = [_cast(g, tf.float32) for g in gradients]
+      gradients = [scale_gradient(s, 1.0 / weight) for s in sums]
+    gradients = [cast_gradient(g, tf.float32) for g in gradients]
     norm = tf.linalg.global_norm(gradients)
     finite = tf.math.is_finite(norm)
     if self._clip_norm is not None:
       gradients, _ = tf.clip_by_global_norm(
           gradients, self._clip_norm, use_norm=norm)
-    gradients = [_cast(g, a.variable.dtype.base_dtype)
+    gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
                  for g, a in zip(gradients, self._accumulators)]
     return gradients, norm, finite
 
@@ -448,9 +366,9 @@ class Window:
       extra = dict(experimental_aggregate_gradients=False)
     elif num_replicas > 1:
       # A v1 optimizer sums over replicas itself; give it each replica's share.
-      gradients = [_fixed_row_count(_scale(g, 1.0 / num_replicas))
+      gradients = [fixed_row_count(scale_gradient(g, 1.0 / num_replicas))
                    for g in gradients]
-    with tf.variable_creator_scope(_create_outside_control_flow):
+    with tf.variable_creator_scope(create_outside_control_flow):
       apply_op = self._optimizer.apply_gradients(
           list(zip(gradients, variables)), **extra)
     with tf.control_dependencies([apply_op]):
