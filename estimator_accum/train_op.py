@@ -24,8 +24,6 @@ strategy the same code runs under TensorFlow's default strategy, whose
 `merge_call` and `call_for_each_replica` are plain function calls.
 """
 
-import weakref
-
 import tensorflow as tf
 from absl import logging
 
@@ -42,9 +40,13 @@ from estimator_accum.window import BYTES_PER_PACK, AccumulationState, Window
 __all__ = ["AccumulationState", "build_accumulating_train_op",
            "get_accumulation_state", "reportable_loss", "update_count"]
 
-# Graph -> AccumulationState. Not a graph collection: collections are
-# exported with every checkpoint's meta graph, which cannot hold this object.
-_STATES = weakref.WeakKeyDictionary()
+# The graph's AccumulationState is kept in this attribute of the graph. Not a
+# graph collection: collections are exported with every checkpoint's meta
+# graph, which cannot hold this object. Not a WeakKeyDictionary keyed by the
+# graph either: the state holds the graph's variables, which hold the graph,
+# so the key would never die and every graph built (Estimator builds one per
+# train() call) would stay in memory for the life of the process.
+_STATE_ATTRIBUTE = "_estimator_accum_state"
 
 
 def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
@@ -232,9 +234,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     # rather than their sum.
     tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
   # Under MirroredStrategy every replica builds the same state; keep the first.
-  if tf.compat.v1.get_default_graph() not in _STATES:
+  graph = tf.compat.v1.get_default_graph()
+  if getattr(graph, _STATE_ATTRIBUTE, None) is None:
     _log_state_size(window.state)
-  _STATES.setdefault(tf.compat.v1.get_default_graph(), window.state)
+    setattr(graph, _STATE_ATTRIBUTE, window.state)
   return train_op
 
 
@@ -340,7 +343,7 @@ def get_accumulation_state(graph=None):
     ValueError: if no accumulating train op was built in the graph.
   """
   graph = graph or tf.compat.v1.get_default_graph()
-  state = _STATES.get(graph)
+  state = getattr(graph, _STATE_ATTRIBUTE, None)
   if state is None:
     raise ValueError("no accumulating train op was built in this graph; call "
                      "build_accumulating_train_op first.")
