@@ -35,3 +35,7 @@ echo "## Time per window on 2 workers, k=8 (MLP micro-batch 64, then 256; BERT-S
 $PY benchmarks/multiworker_window.py --micro_batch 64 2>/dev/null
 $PY benchmarks/multiworker_window.py --micro_batch 256 2>/dev/null
 $PY benchmarks/multiworker_window.py --model bert_small --windows 4 2>/dev/null
+echo
+echo "## Resident memory across repeated Estimator.train() calls (BERT-Small, Adam)"
+$PY benchmarks/repeated_train.py --calls 8 2>/dev/null
+$PY benchmarks/repeated_train.py --calls 8 --plain 2>/dev/null
