@@ -80,6 +80,19 @@ flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
 flags.DEFINE_integer("log_every", 50, "Micro-batches between progress lines.",
                      lower_bound=1)
 flags.DEFINE_integer("seed", 42, "Random seed.")
+# google-research/bert's TPU flags, so that its command lines run unchanged.
+# As there with --use_tpu=false, the others are not used; --use_tpu=true is
+# refused (this script trains through tf.estimator.Estimator, not
+# TPUEstimator).
+flags.DEFINE_bool("use_tpu", False, "Must be false: no TPU support.")
+flags.DEFINE_string("tpu_name", None, "TPU only; not used.")
+flags.DEFINE_string("tpu_zone", None, "TPU only; not used.")
+flags.DEFINE_string("gcp_project", None, "TPU only; not used.")
+flags.DEFINE_string("master", None, "TPU only; not used.")
+flags.DEFINE_integer("num_tpu_cores", 8, "TPU only; not used.")
+flags.DEFINE_integer("iterations_per_loop", 1000, "TPU only; not used.")
+TPU_FLAGS = ("tpu_name", "tpu_zone", "gcp_project", "master", "num_tpu_cores",
+             "iterations_per_loop")
 
 
 class UsageError(ValueError):
@@ -160,7 +173,20 @@ def _features(processor, split, tokenizer, label_list):
   return examples, path, count
 
 
+def _check_tpu_flags():
+  if FLAGS.use_tpu:
+    raise UsageError(
+        "--use_tpu=true: this script trains on CPUs and GPUs through "
+        "tf.estimator.Estimator and has no TPU support; drop --use_tpu (use "
+        "--distribution_strategy for several devices or machines).")
+  given = [f"--{name}" for name in TPU_FLAGS if FLAGS[name].present]
+  if given:
+    logging.warning("%s: TPU flags, not used without --use_tpu (as in "
+                    "google-research/bert).", ", ".join(given))
+
+
 def run():
+  _check_tpu_flags()
   if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
     raise UsageError("at least one of --do_train, --do_eval, --do_predict "
                      "must be true.")

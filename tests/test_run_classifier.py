@@ -62,8 +62,14 @@ def _run(args, timeout=TIMEOUT):
 
 def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
-  result = _run(_flags(tiny_model, sst2, output_dir, do_predict=True))
+  # With google-research/bert's TPU flags off, as its README's GPU commands
+  # pass them.
+  result = _run(_flags(tiny_model, sst2, output_dir, do_predict=True,
+                       use_tpu=False, iterations_per_loop=1000,
+                       master="local"))
   assert result.returncode == 0, result.stderr[-3000:]
+  assert ("--master, --iterations_per_loop: TPU flags, not used without "
+          "--use_tpu") in result.stderr
   # 40 examples x 2 epochs / (1 x 1 x 4 x 2) = 10 updates, 20 micro-batches.
   assert ("effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 4 x "
           "k=2; 10 updates (20 micro-batches)") in result.stdout
@@ -112,6 +118,7 @@ def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
                       r"max_position_embeddings \(64\)"),
     ("cased", r"--do_lower_case=False but vocab_file .* is an uncased"),
     ("k0", r"gradient_accumulation_multiplier.*0"),
+    ("tpu", r"--use_tpu=true: .* has no TPU support"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
                                                   tiny_model, sst2, tmp_path):
@@ -130,6 +137,8 @@ def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
     extra["do_lower_case"] = False
   elif change == "k0":
     extra["gradient_accumulation_multiplier"] = 0
+  elif change == "tpu":
+    extra["use_tpu"] = True
   result = _run(_flags(tiny_model, sst2, tmp_path / "run", **extra))
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
