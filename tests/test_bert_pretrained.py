@@ -190,3 +190,39 @@ def test_google_compatible_helpers(minilm):
   with pytest.raises(ValueError, match="uncased"):
     tokenization.validate_case_matches_checkpoint(False,
                                                   minilm.init_checkpoint)
+
+
+def test_google_tokenizer_stages_compose_to_the_reference(minilm):
+  """BasicTokenizer then WordpieceTokenizer, as Google's FullTokenizer runs
+  them, give the real model's own tokenizer.json tokens."""
+  tokenizer = tokenization.FullTokenizer(minilm.vocab_file, True)
+  reference = Tokenizer.from_file(
+      os.path.join(pretrained.minilm_hf_dir(), "tokenizer.json"))
+  reference.no_padding()
+  reference.no_truncation()
+  basic = tokenization.BasicTokenizer(do_lower_case=True)
+  wordpiece = tokenization.WordpieceTokenizer(tokenizer.vocab)
+  for text in SENTENCES:
+    words = basic.tokenize(text)
+    pieces = wordpiece.tokenize(" ".join(words))
+    assert pieces == reference.encode(text).tokens[1:-1], text
+    assert tokenizer.wordpiece_tokenizer.tokenize(" ".join(
+        tokenizer.basic_tokenizer.tokenize(text))) == pieces
+  assert basic.tokenize(" Héllo, WORLD!\t") == ["hello", ",", "world", "!"]
+  assert tokenization.BasicTokenizer(False).tokenize("Héllo!") == ["Héllo", "!"]
+  assert tokenization.convert_tokens_to_ids(tokenizer.vocab,
+                                            ["hello", "world"]) == [7592, 2088]
+  assert tokenization.convert_ids_to_tokens(tokenizer.inv_vocab,
+                                            [7592, 2088]) == ["hello", "world"]
+
+
+def test_wordpiece_is_greedy_longest_match_first():
+  # The example in Google's WordpieceTokenizer docstring.
+  vocab = {"[UNK]": 0, "un": 1, "##aff": 2, "##able": 3, "a": 4, "##a": 5}
+  wordpiece = tokenization.WordpieceTokenizer(vocab, max_input_chars_per_word=6)
+  assert wordpiece.tokenize("unaffable") == ["[UNK]"]  # 9 characters > 6
+  wordpiece = tokenization.WordpieceTokenizer(vocab)
+  assert wordpiece.tokenize("unaffable  a\taa xyz") == [
+      "un", "##aff", "##able", "a", "a", "##a", "[UNK]"]
+  assert tokenization.whitespace_tokenize("  a b\tc\n") == ["a", "b", "c"]
+  assert tokenization.whitespace_tokenize(b"  ") == []

@@ -13,6 +13,12 @@ word_embeddings`, `bert/encoder/layer_0/attention/self/query/kernel`, ...), so
 those checkpoints and the ones `models.bert.convert_hf` writes load with
 `tf.compat.v1.train.init_from_checkpoint`.
 
+Google's helpers that its other scripts (run_squad.py, run_pretraining.py,
+extract_features.py) call keep their signatures: `get_shape_list`,
+`assert_rank`, `create_initializer`, `get_activation`, `layer_norm`,
+`dropout`, `layer_norm_and_dropout`, `create_attention_mask_from_input_mask`,
+`get_assignment_map_from_checkpoint`.
+
 `hidden_act="gelu"` is the exact (erf) GELU, as in Hugging Face's BERT;
 "gelu_tanh" is the tanh approximation of Google's original code.
 """
@@ -252,8 +258,94 @@ def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
   return assignment_map, initialized
 
 
+def get_shape_list(tensor, expected_rank=None, name=None):
+  """google-research/bert's helper: the shape of `tensor` as a list, each
+  dimension a Python int where it is known and a scalar int32 Tensor where it
+  is not.
+
+  Args:
+    tensor: a tf.Tensor.
+    expected_rank: optional int or list of ints; the rank must be one of them.
+    name: optional name of the tensor for the error message.
+
+  Raises:
+    ValueError: if the rank is not `expected_rank`.
+  """
+  if expected_rank is not None:
+    assert_rank(tensor, expected_rank, name)
+  shape = tensor.shape.as_list()
+  if all(dim is not None for dim in shape):
+    return shape
+  dynamic = tf.shape(tensor)
+  return [dim if dim is not None else dynamic[index]
+          for index, dim in enumerate(shape)]
+
+
+def assert_rank(tensor, expected_rank, name=None):
+  """Raises ValueError naming the tensor when its rank is not `expected_rank`
+  (an int or a list of ints)."""
+  expected = ([expected_rank] if isinstance(expected_rank, int)
+              else list(expected_rank))
+  if tensor.shape.rank not in expected:
+    raise ValueError(
+        f"tensor {name or tensor.name} has rank {tensor.shape.rank} (shape "
+        f"{tensor.shape}), expected rank {' or '.join(map(str, expected))}.")
+
+
+def create_initializer(initializer_range=0.02):
+  """The truncated normal initializer of every BERT weight."""
+  return tf.compat.v1.truncated_normal_initializer(stddev=initializer_range)
+
+
+def get_activation(activation_string):
+  """Maps a `hidden_act` name to its function, as google-research/bert's.
+
+  Returns the argument itself when it is not a string, and None for None,
+  "" and "linear". "gelu" is the exact (erf) GELU, "gelu_tanh" Google's tanh
+  approximation; also "relu" and "tanh".
+
+  Raises:
+    ValueError: for another name.
+  """
+  if not isinstance(activation_string, str):
+    return activation_string
+  name = activation_string.lower()
+  if name in ("", "linear"):
+    return None
+  if name not in _ACTIVATIONS:
+    raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)} or "
+                     f"linear, got {activation_string!r}.")
+  return _ACTIVATIONS[name]
+
+
+def layer_norm(input_tensor, name=None, epsilon=1e-12):
+  """Layer normalization over the last axis, with variables
+  `<name or LayerNorm>/beta` and `/gamma` as in Google's checkpoints."""
+  return _layer_norm(input_tensor, epsilon, name or "LayerNorm")
+
+
+def dropout(input_tensor, dropout_prob):
+  """Dropout with drop probability `dropout_prob` (None or 0: none)."""
+  return _dropout(input_tensor, dropout_prob)
+
+
+def layer_norm_and_dropout(input_tensor, dropout_prob, name=None):
+  """`layer_norm` then `dropout`, as Google's embedding post-processing."""
+  return dropout(layer_norm(input_tensor, name), dropout_prob)
+
+
+def create_attention_mask_from_input_mask(from_tensor, to_mask):
+  """float32 Tensor [batch_size, from_seq_length, to_seq_length]: 1 where a
+  position of `from_tensor` ([batch_size, from_seq_length, ...]) may attend
+  to a position of `to_mask` (int32 [batch_size, to_seq_length], 1 for real
+  tokens)."""
+  from_shape = get_shape_list(from_tensor, expected_rank=[2, 3])
+  to_mask = tf.cast(to_mask[:, tf.newaxis, :], tf.float32)
+  return tf.ones([from_shape[0], from_shape[1], 1], tf.float32) * to_mask
+
+
 def _initializer(stddev):
-  return tf.compat.v1.truncated_normal_initializer(stddev=stddev)
+  return create_initializer(stddev)
 
 
 def _dense(inputs, units, name, initializer_range, activation=None):
@@ -269,9 +361,9 @@ def _dense(inputs, units, name, initializer_range, activation=None):
   return activation(output) if activation else output
 
 
-def _layer_norm(inputs, epsilon):
-  """Layer normalization over the last axis, variables `LayerNorm/beta|gamma`."""
-  with tf.compat.v1.variable_scope("LayerNorm"):
+def _layer_norm(inputs, epsilon, scope="LayerNorm"):
+  """Layer normalization over the last axis, variables `<scope>/beta|gamma`."""
+  with tf.compat.v1.variable_scope(scope):
     size = inputs.shape[-1]
     beta = tf.compat.v1.get_variable(
         "beta", [size], initializer=tf.compat.v1.zeros_initializer())

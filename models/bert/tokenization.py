@@ -16,7 +16,12 @@ import collections
 import os
 
 import tensorflow as tf
-from tokenizers import BertWordPieceTokenizer
+from tokenizers import (
+  BertWordPieceTokenizer,
+  models,
+  normalizers,
+  pre_tokenizers,
+)
 
 # Tokens such as [CLS], [unused12] are not words; leave them out when deciding
 # whether a vocabulary is cased.
@@ -87,6 +92,62 @@ def validate_case_matches_vocab(do_lower_case, vocab_file):
         f"vocabulary (no capital letters); pass do_lower_case=True.")
 
 
+def whitespace_tokenize(text):
+  """Strips `text` and splits it on whitespace (Google's helper)."""
+  return convert_to_unicode(text).split()
+
+
+def convert_by_vocab(vocab, items):
+  """Looks every item up in `vocab` (a dict), as Google's helper."""
+  return [vocab[item] for item in items]
+
+
+def convert_tokens_to_ids(vocab, tokens):
+  return convert_by_vocab(vocab, tokens)
+
+
+def convert_ids_to_tokens(inv_vocab, ids):
+  return convert_by_vocab(inv_vocab, ids)
+
+
+class BasicTokenizer:
+  """Splits on whitespace and punctuation, cleans the text, separates CJK
+  characters and, with do_lower_case, lower-cases and strips accents:
+  Google's BasicTokenizer, by Hugging Face's `tokenizers`."""
+
+  def __init__(self, do_lower_case=True):
+    self.do_lower_case = do_lower_case
+    self._normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None,
+        lowercase=do_lower_case)
+    self._pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+  def tokenize(self, text):
+    """list of str: the words and punctuation marks of `text`."""
+    normalized = self._normalizer.normalize_str(convert_to_unicode(text))
+    return [word for word, _ in
+            self._pre_tokenizer.pre_tokenize_str(normalized)]
+
+
+class WordpieceTokenizer:
+  """Greedy longest-match-first WordPiece over whitespace-separated words
+  (Google's WordpieceTokenizer); a word with no match, or longer than
+  `max_input_chars_per_word`, becomes `unk_token`."""
+
+  def __init__(self, vocab, unk_token="[UNK]", max_input_chars_per_word=200):
+    self.vocab = vocab
+    self.unk_token = unk_token
+    self.max_input_chars_per_word = max_input_chars_per_word
+    self._model = models.WordPiece(
+        dict(vocab), unk_token=unk_token,
+        max_input_chars_per_word=max_input_chars_per_word)
+
+  def tokenize(self, text):
+    """list of str: the word pieces of the words of `text`."""
+    return [token.value for word in whitespace_tokenize(text)
+            for token in self._model.tokenize(word)]
+
+
 class FullTokenizer:
   """Basic tokenization (punctuation, whitespace, case) followed by WordPiece."""
 
@@ -99,6 +160,9 @@ class FullTokenizer:
         dict(self.vocab), unk_token=unk or "[UNK]", clean_text=True,
         handle_chinese_chars=True, strip_accents=None,
         lowercase=do_lower_case)
+    # Google's two stages, for scripts that call them directly.
+    self.basic_tokenizer = BasicTokenizer(do_lower_case)
+    self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, unk or "[UNK]")
 
   def tokenize(self, text):
     """The word pieces of `text`, without [CLS]/[SEP]."""

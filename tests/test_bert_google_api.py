@@ -1,0 +1,75 @@
+"""google-research/bert's modeling helpers that scripts such as run_squad.py
+and run_pretraining.py call, against closed forms and numpy."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.bert import modeling
+
+
+def _run(fetches, feed_dict=None):
+  with tf.compat.v1.Session() as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    return session.run(fetches, feed_dict)
+
+
+def test_get_shape_list_static_dynamic_and_rank():
+  with tf.Graph().as_default():
+    static = tf.zeros([2, 3, 4])
+    assert modeling.get_shape_list(static, expected_rank=3) == [2, 3, 4]
+    dynamic = tf.compat.v1.placeholder(tf.float32, [None, 5])
+    batch, width = modeling.get_shape_list(dynamic, expected_rank=[2, 3])
+    assert width == 5 and isinstance(batch, tf.Tensor)
+    assert _run(batch, {dynamic: np.zeros((7, 5))}) == 7
+    with pytest.raises(ValueError, match=r"tensor seq has rank 3 .*expected "
+                                         r"rank 2"):
+      modeling.get_shape_list(static, expected_rank=2, name="seq")
+
+
+def test_get_activation_by_name():
+  with tf.Graph().as_default():
+    x = tf.constant([1.0, -2.0])
+    gelu, gelu_tanh, relu = _run([
+        modeling.get_activation(name)(x)
+        for name in ("gelu", "GELU_tanh", "relu")])
+  erf_gelu = [0.5 * v * (1.0 + math.erf(v / math.sqrt(2.0))) for v in (1, -2)]
+  tanh_gelu = [0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) *
+                                          (v + 0.044715 * v**3)))
+               for v in (1, -2)]
+  np.testing.assert_allclose(gelu, erf_gelu, rtol=1e-5)
+  np.testing.assert_allclose(gelu_tanh, tanh_gelu, rtol=1e-5)
+  np.testing.assert_allclose(relu, [1.0, 0.0])
+  assert modeling.get_activation("linear") is None
+  assert modeling.get_activation("") is None
+  assert modeling.get_activation(None) is None
+  assert modeling.get_activation(tf.tanh) is tf.tanh
+  with pytest.raises(ValueError, match="'swish'"):
+    modeling.get_activation("swish")
+
+
+def test_layer_norm_dropout_and_attention_mask():
+  rng = np.random.RandomState(0)
+  values = rng.normal(size=(2, 3, 4)).astype(np.float32)
+  mask = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.int32)
+  with tf.Graph().as_default():
+    inputs = tf.constant(values)
+    normed = modeling.layer_norm(inputs)
+    named = modeling.layer_norm_and_dropout(inputs, 0.0, name="output/LN")
+    names = sorted(v.op.name for v in tf.compat.v1.global_variables())
+    assert names == ["LayerNorm/beta", "LayerNorm/gamma",
+                     "output/LN/beta", "output/LN/gamma"]
+    assert modeling.dropout(inputs, None) is inputs
+    assert modeling.dropout(inputs, 0.0) is inputs
+    attention = modeling.create_attention_mask_from_input_mask(
+        inputs, tf.constant(mask))
+    normed, named, attention = _run([normed, named, attention])
+  mean = values.mean(-1, keepdims=True)
+  expected = (values - mean) / np.sqrt(values.var(-1, keepdims=True) + 1e-12)
+  np.testing.assert_allclose(normed, expected, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(named, expected, rtol=1e-5, atol=1e-6)
+  assert attention.shape == (2, 3, 4) and attention.dtype == np.float32
+  np.testing.assert_array_equal(attention,
+                                np.repeat(mask[:, None, :], 3, axis=1))
