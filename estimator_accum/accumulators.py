@@ -23,6 +23,7 @@ import tensorflow as tf
 
 _ON_READ = tf.VariableSynchronization.ON_READ
 _SUM = tf.VariableAggregation.SUM
+_MEAN = tf.VariableAggregation.MEAN
 
 
 def _unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
@@ -50,7 +51,7 @@ def variable_base_name(var):
 
 
 def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
-                   local_device=None):
+                   local_device=None, aggregation=_SUM):
   """Creates a non-trainable state variable with exactly `name`.
 
   Args:
@@ -64,6 +65,10 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
     local_device: for between-graph (parameter-server) training, the
       worker's device: the variable is placed there and is a local variable
       (initialized by each worker, not shared, not checkpointed).
+    aggregation: of a per-replica variable: SUM (a checkpoint holds the sum
+      over replicas, and a restore gives each replica its share), or MEAN
+      (the mean over replicas, restored whole to each: for values that are
+      themselves means).
 
   Returns:
     The variable, initialized to zeros (or initial_value).
@@ -80,7 +85,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   if local_device is not None:
     extra = dict(collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
   elif per_replica:
-    extra = dict(synchronization=_ON_READ, aggregation=_SUM)
+    extra = dict(synchronization=_ON_READ, aggregation=aggregation)
   else:
     extra = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   # tf.device(None) would also drop the device function of the graph (the
@@ -142,7 +147,8 @@ class Accumulator:
 
   is_compact = False
 
-  def __init__(self, variable, gradient, dtype, local_device=None):
+  def __init__(self, variable, gradient, dtype, local_device=None,
+               holds_mean=False):
     """Creates the state for `variable`.
 
     Args:
@@ -152,6 +158,10 @@ class Accumulator:
       dtype: tf.DType of the accumulator (float32 unless asked otherwise).
       local_device: the worker's device in between-graph training, where the
         state is kept as local variables; None otherwise.
+      holds_mean: True when the sum holds a running mean (reduction
+        "running_mean"): checkpoints then keep the mean over replicas, which
+        a restore onto any number of replicas gives to each, so that with
+        the micro-batch count (summed) it rebuilds the window's sum.
     """
     self.variable = variable
     self.is_sparse = isinstance(gradient, tf.IndexedSlices)
@@ -161,8 +171,9 @@ class Accumulator:
       raise ValueError(
           f"variable {base} has shape {shape}, which is not fully defined; "
           "accumulators need a static shape.")
-    self.total = state_variable(base + "/accum", shape, dtype,
-                                per_replica=True, local_device=local_device)
+    self.total = state_variable(
+        base + "/accum", shape, dtype, per_replica=True,
+        local_device=local_device, aggregation=(_MEAN if holds_mean else _SUM))
     self.rows = None
     if self.is_sparse:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
@@ -172,25 +183,16 @@ class Accumulator:
     """The variables holding this accumulator's window."""
     return [v for v in (self.total, self.rows) if v is not None]
 
-  def add(self, gradient, weight, first=False):
+  def add(self, gradient, weight):
     """Returns an op that adds `weight * gradient` to the window sum.
 
     Args:
       gradient: tf.Tensor or tf.IndexedSlices, one micro-batch's gradient.
       weight: scalar tensor of the accumulator dtype, or None for 1.
-      first: Python bool, True when the micro-batch is a whole window
-        (k = 1): a dense sum is then overwritten rather than added to, and
-        needs no zeroing (see `reset`).
     """
     dtype = self.total.dtype.base_dtype
     if not self.is_sparse:
-      gradient = tf.convert_to_tensor(gradient)
-      value = tf.cast(gradient, dtype)
-      if first:
-        # The product can reuse the gradient's buffer: it has no other use.
-        if weight is not None:
-          value = value * weight
-        return self.total.assign(value, read_value=False)
+      value = tf.cast(tf.convert_to_tensor(gradient), dtype)
       if weight is None:
         return self.total.assign_add(value, read_value=False)
       # total += weight * value in place, with no temporary the size of the
@@ -233,21 +235,15 @@ class Accumulator:
     return tf.IndexedSlices(values, touched,
                             tf.constant(self.total.shape.as_list(), tf.int64))
 
-  def reset(self, zero_dense=True):
+  def reset(self):
     """Returns an op that clears the window state for the next window.
 
     Sparse accumulators zero only the rows the window touched, so a window
     over a large embedding table does not pay for the whole table. A dense
     sum is replaced by zeros Grappler cannot fold into a constant (a folded
     one would be a hidden copy of the variable held by the executor).
-
-    Args:
-      zero_dense: bool; False when every window overwrites its dense sum
-        (k = 1), which then needs nothing.
     """
     if not self.is_sparse:
-      if not zero_dense:
-        return tf.no_op()
       return self.total.assign(
           _unfolded_zeros(self.total.shape, self.total.dtype.base_dtype),
           read_value=False)

@@ -16,6 +16,25 @@ def scale_gradient(gradient, factor):
   return gradient * factor
 
 
+def scale_unless_one(factor, gradients):
+  """`gradients` times `factor`, or `gradients` themselves where `factor`
+  (a scalar tensor) is 1, with no product and so no copy of the model.
+
+  Args:
+    factor: float scalar tensor.
+    gradients: list of tf.Tensor or tf.IndexedSlices (each keeps its rows).
+  """
+  values = [g.values if isinstance(g, tf.IndexedSlices) else g
+            for g in gradients]
+  values = tf.cond(
+      tf.equal(factor, 1.0), lambda: list(values),
+      lambda: [v * tf.cast(factor, v.dtype) for v in values],
+      name="scale_unless_one")
+  return [tf.IndexedSlices(v, g.indices, g.dense_shape)
+          if isinstance(g, tf.IndexedSlices) else v
+          for g, v in zip(gradients, values)]
+
+
 def cast_gradient(gradient, dtype):
   """Casts a tf.Tensor or tf.IndexedSlices to `dtype`."""
   if isinstance(gradient, tf.IndexedSlices):

@@ -113,15 +113,14 @@ class CompactSparseAccumulator:
       row *= size
     return row * self.values.dtype.base_dtype.size + 8
 
-  def add(self, gradient, weight, first=False):
+  def add(self, gradient, weight):
     """Returns an op merging `weight * gradient`'s rows into the window.
 
-    With `first` (k = 1) the state is replaced by the micro-batch's rows
-    (duplicates summed). Otherwise `tf.unique` over the window's indices and
-    the new ones finds each row's place (old rows keep theirs, new rows are
-    appended); the values grow by exactly the new rows and are scatter-added
-    into. The sums are formed as the dense path forms them, and the state
-    never holds a row the window did not touch.
+    `tf.unique` over the window's indices and the new ones finds each row's
+    place (old rows keep theirs, new rows are appended); the values grow by
+    exactly the new rows and are scatter-added into. The sums are formed as
+    the dense path forms them, and the state never holds a row the window
+    did not touch.
     """
     gradient = _as_slices(gradient, self.variable)
     dtype = self.values.dtype.base_dtype
@@ -129,12 +128,6 @@ class CompactSparseAccumulator:
     if weight is not None:
       values = values * weight
     indices = tf.cast(gradient.indices, tf.int64)
-    if first:
-      unique, position = tf.unique(indices)
-      summed = tf.math.unsorted_segment_sum(values, position,
-                                            tf.shape(unique)[0])
-      return tf.group(self.indices.assign(unique, read_value=False),
-                      self.values.assign(summed, read_value=False))
     held = self.indices.read_value()
     count = tf.shape(held)[0]
     unique, position = tf.unique(tf.concat([held, indices], 0))
@@ -161,9 +154,8 @@ class CompactSparseAccumulator:
                             self.indices.read_value(),
                             tf.constant(self._dense_shape, tf.int64))
 
-  def reset(self, zero_dense=True):
+  def reset(self):
     """Returns an op that empties the window (frees its rows)."""
-    del zero_dense  # A compact window is always emptied: it holds rows.
     row_shape = self._dense_shape[1:]
     return tf.group(
         self.indices.assign(tf.zeros([0], tf.int64), read_value=False),

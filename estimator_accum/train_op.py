@@ -15,6 +15,11 @@ Each run of the returned op is one micro-batch, counted by `global_step`:
 On the other k-1 micro-batches the optimizer is not called at all, so no
 weight and no slot (momentum, Adam moments, beta powers) moves.
 
+The window in progress is saved in checkpoints. A run resumed from one with
+another k or another number of replicas ends that window at its next
+multiple of k, as the mean of the micro-batches it holds; later windows are
+k micro-batches again.
+
 The end-of-window decision is taken in cross-replica context (a `merge_call`
 around the `tf.cond`), and the optimizer runs from there through
 `call_for_each_replica`. That is what lets the optimizer's own `merge_call`

@@ -8,24 +8,25 @@ through `call_for_each_replica`, and count it.
 """
 
 import collections
-import sys
 
 import tensorflow as tf
 
+from estimator_accum import window_reports
 from estimator_accum.accumulators import (
-    Accumulator,
-    rows_to_slices,
-    state_variable,
+  Accumulator,
+  rows_to_slices,
+  state_variable,
 )
 from estimator_accum.gradient_ops import (
-    cast_gradient,
-    fixed_row_count,
-    scale_gradient,
+  cast_gradient,
+  fixed_row_count,
+  scale_gradient,
+  scale_unless_one,
 )
 from estimator_accum.optimizer_apply import (
-    AlreadyReduced,
-    create_outside_control_flow,
-    reduces_in_distributed_apply,
+  AlreadyReduced,
+  create_outside_control_flow,
+  reduces_in_distributed_apply,
 )
 from estimator_accum.sparse import CompactSparseAccumulator
 
@@ -76,30 +77,42 @@ class Window:
     self._num_examples = num_examples
     self._reduction = reduction
     self._dtype = accumulator_dtype
-    # For the plain mean, each micro-batch is added already divided by
-    # k * num_replicas, so the window's sum is its gradient: the apply step
-    # hands the optimizer the accumulator itself instead of a scaled copy the
-    # size of the model. With num_examples the divisor is known only at the
-    # window's end.
-    self._prescale = None
-    if reduction == "mean" and num_examples is None:
-      num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-      self._prescale = 1.0 / (k * num_replicas)
     self._summaries = summaries
     self._name = name
     self._loss_scaler = loss_scaler
     self._communication_options = communication_options
     self._after_update = after_update
+    self._window_size = k * tf.distribute.get_strategy().num_replicas_in_sync
     compact = compact or [False] * len(trained)
     self._accumulators = [
         CompactSparseAccumulator(v, accumulator_dtype, local_device) if c
-        else Accumulator(v, g, accumulator_dtype, local_device)
+        else Accumulator(v, g, accumulator_dtype, local_device,
+                         holds_mean=reduction == "running_mean")
         for (g, v), c in zip(trained, compact)]
-    self._examples = None
-    if num_examples is not None:
-      self._examples = state_variable(
-          name + "/window_examples", [], accumulator_dtype, per_replica=True,
-          local_device=local_device)
+    # The window's weight so far on this replica: its examples with
+    # num_examples, else its micro-batches. The mean divides by its sum over
+    # the replicas, which is k * replicas except in a window that straddles
+    # a resume with another k or number of replicas: that window is then
+    # still the mean of what it holds.
+    self._weight = None
+    self._counts_micro_batches = num_examples is None and reduction != "sum"
+    if reduction != "sum":
+      self._weight = state_variable(
+          name + ("/window_micro_batches" if self._counts_micro_batches
+                  else "/window_examples"),
+          [], accumulator_dtype, per_replica=True, local_device=local_device)
+    # For the plain mean each micro-batch is added already divided by
+    # k * replicas, so that the window's sum is its gradient: the apply step
+    # hands the optimizer the accumulators themselves, not a scaled copy the
+    # size of the model. That divisor is state saved with the window: a run
+    # resumed with another k or number of replicas goes on adding with the
+    # divisor its window began with, and the window's end multiplies by
+    # divisor / micro-batches held, which is exactly 1 in every other window.
+    self._divisor = None
+    if reduction == "mean" and num_examples is None:
+      self._divisor = state_variable(
+          name + "/window_divisor", [], accumulator_dtype, per_replica=False,
+          initial_value=float(self._window_size), local_device=local_device)
     # The window's position: the global step, except in between-graph
     # training, where the global step is shared by workers that each keep
     # their own window and count their own micro-batches.
@@ -126,53 +139,40 @@ class Window:
     The same ops run at every position of the window: no `tf.cond` decides
     whether to overwrite or add. The state is zeroed at the window's end
     instead (`_reset`), which keeps the graph, and the session's copies of
-    it, smaller (measured: 8 MB less peak memory on BERT-Small). With k = 1
-    every micro-batch is a whole window: the sums are overwritten and never
-    need zeroing.
+    it, smaller (measured: 8 MB less peak memory on BERT-Small), and never
+    overwrites part of a window restored from a checkpoint.
     """
-    updates = self._window_updates(first=self._k == 1)
-    with tf.control_dependencies([updates]):
-      return tf.constant(True, name="accumulated")
-
-  def _window_updates(self, first):
-    """The accumulate ops of one micro-batch, as a done tensor."""
     weight = None
-    updates = []
     if self._num_examples is not None:
       weight = tf.cast(self._num_examples, self._dtype)
-      if first:
-        updates.append(self._examples.assign(weight, read_value=False))
-      elif self._reduction != "running_mean":
-        updates.append(self._examples.assign_add(weight, read_value=False))
-    if self._reduction == "running_mean" and not first:
-      updates = self._running_mean_updates(weight)
+    if self._reduction == "running_mean":
+      updates = self._running_mean_updates(
+          tf.constant(1.0, self._dtype) if weight is None else weight)
     else:
-      # The running mean of one micro-batch is the micro-batch itself.
-      scale = None if self._reduction == "running_mean" else weight
-      if self._prescale is not None:
-        scale = tf.constant(self._prescale, self._dtype)
+      updates = []
+      if self._weight is not None:
+        updates.append(self._weight.assign_add(
+            tf.constant(1.0, self._dtype) if weight is None else weight,
+            read_value=False))
+      scale = weight
+      if self._divisor is not None:
+        scale = tf.math.reciprocal(self._divisor.read_value())
       scale = self._unscaled(scale)
-      updates += [a.add(g, scale, first=first)
+      updates += [a.add(g, scale)
                   for a, g in zip(self._accumulators, self._gradients)]
     with tf.control_dependencies(updates):
-      return tf.constant(True)
+      return tf.constant(True, name="accumulated")
 
   def _running_mean_updates(self, weight):
     """Ops that keep the accumulators equal to the window's mean so far.
 
-    mean_t = mean_{t-1} * (1 - f) + f * g_t, with f = n_t / N_t (the share of
-    this micro-batch in the examples seen so far in the window).
+    mean_t = mean_{t-1} * (1 - f) + f * g_t, with f = w_t / W_t (the share of
+    this micro-batch in the weight seen so far in the window: its examples,
+    or 1 of its micro-batches).
     """
-    if weight is None:
-      position = tf.math.floormod(
-          tf.cast(self._position_counter.read_value(), tf.int64), self._k)
-      fraction = 1.0 / tf.cast(position + 1, self._dtype)
-      weight_update = []
-    else:
-      seen = self._examples.assign_add(weight)
-      fraction = weight / seen
-      weight_update = [seen]
-    with tf.control_dependencies(weight_update):
+    seen = self._weight.assign_add(weight)
+    fraction = weight / seen
+    with tf.control_dependencies([seen]):
       decays = [a.decay(1.0 - fraction) for a in self._accumulators]
     with tf.control_dependencies(decays):
       fraction = self._unscaled(fraction)
@@ -201,7 +201,7 @@ class Window:
         lambda: tf.constant(_STATUS_ACCUMULATED),
         name="end_of_window")
     if self._summaries:
-      self._add_summaries(status)
+      window_reports.add_summaries(status, self.state)
     with tf.control_dependencies([status]):
       counters = [self._global_step.assign_add(
           tf.constant(1, self._global_step.dtype.base_dtype),
@@ -242,17 +242,22 @@ class Window:
       for i, value in zip(present, reduced):
         flat[i] = value
       local = tf.nest.pack_sequence_as(local, flat)
-    gradients, norm, finite = strategy.extended.call_for_each_replica(
+    gradients, norm, finite, held = strategy.extended.call_for_each_replica(
         self._window_gradients, args=local)
     first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
     finite, norm = first(finite), first(norm)
+    notes = []
+    if self._counts_micro_batches:
+      notes.append(window_reports.note_window_size(
+          position, first(held), self._k, self._window_size))
     applied = tf.cond(
         finite,
         lambda: self._apply(strategy, gradients),
-        lambda: self._skip(position, norm))
+        lambda: window_reports.warn_skipped(position, norm))
     resets = strategy.extended.call_for_each_replica(
         self._reset, args=(applied,))
-    with tf.control_dependencies(strategy.experimental_local_results(resets)):
+    with tf.control_dependencies(
+        list(strategy.experimental_local_results(resets)) + notes):
       counters = [
           self._updates.assign_add(tf.cast(applied, tf.int64),
                                    read_value=False),
@@ -262,6 +267,10 @@ class Window:
       ]
       if self._loss_scaler is not None:
         counters.append(self._loss_scaler.update(finite))
+      if self._divisor is not None:
+        # The next window is added with this run's k * replicas.
+        counters.append(self._divisor.assign(
+            tf.constant(self._window_size, self._dtype), read_value=False))
     with tf.control_dependencies(counters):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
@@ -282,26 +291,18 @@ class Window:
     with tf.control_dependencies(strategy.experimental_local_results(applied)):
       return tf.constant(True)
 
-  def _skip(self, position, norm):
-    # Printed from the graph, to stderr: TF's C++ log (tf.print's logging
-    # streams) is often silenced by TF_CPP_MIN_LOG_LEVEL.
-    warn = tf.print(
-        "WARNING estimator_accum: skipped the window ending at micro-batch",
-        position, "because its gradient is not finite (global norm", norm,
-        ")", output_stream=sys.stderr)
-    with tf.control_dependencies([warn]):
-      return tf.constant(False)
-
   # Replica context, inside the end-of-window branch.
 
   def _local_window(self):
     """This replica's window before any communication: (sums, rows, weight).
 
     `sums` holds one tensor per variable, summed over the replica's
-    micro-batches (weighted by their sizes with num_examples); `weight` is
-    what they must be divided by for the mean: the examples seen, or k. For
-    the running mean, whose accumulators hold a mean, the sums are rebuilt as
-    mean * weight so replicas combine as for the other reductions.
+    micro-batches (weighted by their sizes with num_examples; for the plain
+    mean, divided by the window's divisor as they were added); `weight` is
+    the replica's share of what the mean divides by: its examples or its
+    micro-batches (None for the sum). For the running mean, whose
+    accumulators hold a mean, the sums are rebuilt as mean * weight so
+    replicas combine as for the other reductions.
 
     On one replica a sparse variable's sum is already a tf.IndexedSlices and
     `rows` holds None. With several replicas the dense sum and its touched-row
@@ -318,13 +319,9 @@ class Window:
       else:
         sums.append(accumulator.window_sum())
         rows.append(None)
-    if self._examples is not None:
-      weight = self._examples.read_value()
-    elif self._prescale is not None:
-      weight = tf.constant(1.0 / tf.distribute.get_strategy()
-                           .num_replicas_in_sync, self._dtype)
-    else:
-      weight = tf.constant(float(self._k), self._dtype)
+    weight = None
+    if self._weight is not None:
+      weight = self._weight.read_value()
     if self._reduction == "running_mean":
       sums = [scale_gradient(s, weight) for s in sums]
     return sums, rows, weight
@@ -333,16 +330,20 @@ class Window:
     """The window's gradient on this replica, from sums over all replicas.
 
     Returns:
-      (gradients, norm, finite): the list of window gradients (tf.Tensor or
-      tf.IndexedSlices with unique rows, the variables' dtypes, clipped if
-      asked), their global norm before clipping (float32), and whether that
-      norm is finite. A NaN or Inf anywhere in the window makes the norm
+      (gradients, norm, finite, weight): the list of window gradients
+      (tf.Tensor or tf.IndexedSlices with unique rows, the variables' dtypes,
+      clipped if asked), their global norm before clipping (float32), whether
+      that norm is finite, and the window's weight over all replicas (None
+      for the sum). A NaN or Inf anywhere in the window makes the norm
       non-finite, and every replica sees the same reduced values.
     """
     sums = [s if r is None else rows_to_slices(s, r)
             for s, r in zip(sums, rows)]
-    if self._reduction == "sum" or self._prescale is not None:
+    if self._reduction == "sum":
       gradients = sums
+    elif self._divisor is not None:
+      gradients = scale_unless_one(
+          self._divisor.read_value() / weight, sums)
     else:
       gradients = [scale_gradient(s, 1.0 / weight) for s in sums]
     gradients = [cast_gradient(g, tf.float32) for g in gradients]
@@ -353,7 +354,7 @@ class Window:
           gradients, self._clip_norm, use_norm=norm)
     gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
                  for g, a in zip(gradients, self._accumulators)]
-    return gradients, norm, finite
+    return gradients, norm, finite, weight
 
   def _apply_on_replica(self, gradients):
     """Hands the window's gradient to the optimizer on this replica."""
@@ -375,31 +376,10 @@ class Window:
       return tf.constant(True)
 
   def _reset(self, after):
-    zero_dense = self._k > 1
     with tf.control_dependencies([after]):
-      resets = [a.reset(zero_dense=zero_dense) for a in self._accumulators]
-      if self._examples is not None and zero_dense:
-        resets.append(self._examples.assign(
+      resets = [a.reset() for a in self._accumulators]
+      if self._weight is not None:
+        resets.append(self._weight.assign(
             tf.zeros([], self._dtype), read_value=False))
     with tf.control_dependencies(resets):
       return tf.constant(True)
-
-  def _add_summaries(self, after):
-    """TensorBoard scalars: updates, skipped windows, applied gradient norm.
-
-    Built once, in cross-replica context. The values are read after `after`
-    (the micro-batch's work), so the scalar at step s is the state after
-    micro-batch s; a plain read of the variables would race with the cond.
-    Fetching them runs that micro-batch, which is what Estimator's
-    SummarySaverHook does. Tagged `accumulation/*`: a tag equal to a
-    counter's own op name would be uniquified into `..._1`.
-    """
-    with tf.control_dependencies([after]):
-      values = {"updates_applied": self._updates.read_value(),
-                "skipped_windows": self._skipped.read_value(),
-                "applied_gradient_norm": self._norm.read_value()}
-      if self._loss_scaler is not None:
-        values["loss_scale"] = self._loss_scaler.scale.read_value()
-    with tf.compat.v1.name_scope(None):
-      for tag, value in values.items():
-        tf.compat.v1.summary.scalar("accumulation/" + tag, value)

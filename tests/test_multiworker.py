@@ -84,11 +84,11 @@ def test_two_workers_moving_average_after_update(tmp_path):
                                what=f"moving average on {WORKERS} workers")
 
 
-# The window all-reduces 6 tensors: 5 gradients and the embedding's
-# touched-row mask (its weight, a constant 1/2 unused by the mean, joins the
-# pack by default and is pruned in a pack of its own); Estimator all-reduces
-# the loss every step.
-WINDOW_TENSORS = 6
+# The window all-reduces 7 tensors: 5 gradients, the embedding's touched-row
+# mask and the window's micro-batch count (a scalar: the mean divides by it
+# in a window that straddles a resume with another k or number of
+# replicas); Estimator all-reduces the loss every step.
+WINDOW_TENSORS = 7
 
 
 @pytest.mark.parametrize("k, pack, collectives_at_window_end", [

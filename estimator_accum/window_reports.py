@@ -1,0 +1,77 @@
+"""What a window tells the user (internal to estimator_accum): TensorBoard
+scalars, and the warnings printed from the graph when a window is skipped
+or holds other than k micro-batches per replica.
+
+Warnings are printed by the graph itself, to stderr: they happen inside a
+`tf.cond` at run time, and TensorFlow's C++ log (tf.print's logging streams)
+is often silenced by TF_CPP_MIN_LOG_LEVEL.
+"""
+
+import sys
+
+import tensorflow as tf
+
+
+def add_summaries(after, state):
+  """TensorBoard scalars: updates, skipped windows, applied gradient norm.
+
+  Built once, in cross-replica context. The values are read after `after`
+  (the micro-batch's work), so the scalar at step s is the state after
+  micro-batch s; a plain read of the variables would race with the cond.
+  Fetching them runs that micro-batch, which is what Estimator's
+  SummarySaverHook does. Tagged `accumulation/*`: a tag equal to a counter's
+  own op name would be uniquified into `..._1`.
+
+  Args:
+    after: a tensor the reads wait for (the micro-batch's status).
+    state: the window's `AccumulationState`.
+  """
+  with tf.control_dependencies([after]):
+    values = {"updates_applied": state.updates_applied.read_value(),
+              "skipped_windows": state.skipped_windows.read_value(),
+              "applied_gradient_norm": state.applied_gradient_norm.read_value()}
+    if state.loss_scale is not None:
+      values["loss_scale"] = state.loss_scale.read_value()
+  with tf.compat.v1.name_scope(None):
+    for tag, value in values.items():
+      tf.compat.v1.summary.scalar("accumulation/" + tag, value)
+
+
+def warn_skipped(position, norm):
+  """Prints that the window ending at `position` was skipped; returns a
+  False tensor (the window was not applied) after the print."""
+  warn = tf.print(
+      "WARNING estimator_accum: skipped the window ending at micro-batch",
+      position, "because its gradient is not finite (global norm", norm, ")",
+      output_stream=sys.stderr)
+  with tf.control_dependencies([warn]):
+    return tf.constant(False)
+
+
+def note_window_size(position, held, k, window_size):
+  """Prints, when a window held other than `window_size` (k x replicas)
+  micro-batches, that it was applied as their mean: the window that
+  straddles a resume with another k or number of replicas.
+
+  Args:
+    position: int64 scalar tensor, the micro-batch ending the window.
+    held: float scalar tensor, the micro-batches the window held over all
+      replicas.
+    k: int, micro-batches per update in this run.
+    window_size: int, k x replicas.
+
+  Returns:
+    A True tensor, after the print if there was one.
+  """
+
+  def note():
+    warn = tf.print(
+        "WARNING estimator_accum: the window ending at micro-batch", position,
+        "held", held, "micro-batches over all replicas, not", window_size,
+        "(k =", k, "x replicas): a run resumed with another k or number of "
+        "replicas; applied as their mean.", output_stream=sys.stderr)
+    with tf.control_dependencies([warn]):
+      return tf.constant(True)
+
+  return tf.cond(tf.equal(held, tf.cast(window_size, held.dtype)),
+                 lambda: tf.constant(True), note, name="window_size")
