@@ -57,6 +57,11 @@ Fields:
 # 2 MB alike, 8 MB in between).
 BYTES_PER_PACK = 4 * 2**20
 
+# Dtype of the window's micro-batch and example counts and of its divisor,
+# whatever the accumulators' dtype: counts stay exact (bfloat16 holds whole
+# numbers only up to 256).
+_COUNT_DTYPE = tf.float32
+
 _STATUS_ACCUMULATED = 0
 _STATUS_APPLIED = 1
 _STATUS_SKIPPED = 2
@@ -100,7 +105,7 @@ class Window:
       self._weight = state_variable(
           name + ("/window_micro_batches" if self._counts_micro_batches
                   else "/window_examples"),
-          [], accumulator_dtype, per_replica=True, local_device=local_device)
+          [], _COUNT_DTYPE, per_replica=True, local_device=local_device)
     # For the plain mean each micro-batch is added already divided by
     # k * replicas, so that the window's sum is its gradient: the apply step
     # hands the optimizer the accumulators themselves, not a scaled copy the
@@ -111,7 +116,7 @@ class Window:
     self._divisor = None
     if reduction == "mean" and num_examples is None:
       self._divisor = state_variable(
-          name + "/window_divisor", [], accumulator_dtype, per_replica=False,
+          name + "/window_divisor", [], _COUNT_DTYPE, per_replica=False,
           initial_value=float(self._window_size), local_device=local_device)
     # The window's position: the global step, except in between-graph
     # training, where the global step is shared by workers that each keep
@@ -144,20 +149,20 @@ class Window:
     """
     weight = None
     if self._num_examples is not None:
-      weight = tf.cast(self._num_examples, self._dtype)
+      weight = tf.cast(self._num_examples, _COUNT_DTYPE)
     if self._reduction == "running_mean":
       updates = self._running_mean_updates(
-          tf.constant(1.0, self._dtype) if weight is None else weight)
+          tf.constant(1.0, _COUNT_DTYPE) if weight is None else weight)
     else:
       updates = []
       if self._weight is not None:
         updates.append(self._weight.assign_add(
-            tf.constant(1.0, self._dtype) if weight is None else weight,
+            tf.constant(1.0, _COUNT_DTYPE) if weight is None else weight,
             read_value=False))
       scale = weight
       if self._divisor is not None:
         scale = tf.math.reciprocal(self._divisor.read_value())
-      scale = self._unscaled(scale)
+      scale = self._in_accumulator_dtype(self._unscaled(scale))
       updates += [a.add(g, scale)
                   for a, g in zip(self._accumulators, self._gradients)]
     with tf.control_dependencies(updates):
@@ -173,9 +178,10 @@ class Window:
     seen = self._weight.assign_add(weight)
     fraction = weight / seen
     with tf.control_dependencies([seen]):
-      decays = [a.decay(1.0 - fraction) for a in self._accumulators]
+      keep = self._in_accumulator_dtype(1.0 - fraction)
+      decays = [a.decay(keep) for a in self._accumulators]
     with tf.control_dependencies(decays):
-      fraction = self._unscaled(fraction)
+      fraction = self._in_accumulator_dtype(self._unscaled(fraction))
       return [a.add(g, fraction)
               for a, g in zip(self._accumulators, self._gradients)]
 
@@ -184,8 +190,12 @@ class Window:
     gradients are unscaled in float32 as they enter the accumulators."""
     if self._loss_scaler is None:
       return weight
-    inverse = tf.cast(self._loss_scaler.inverse(), self._dtype)
+    inverse = tf.cast(self._loss_scaler.inverse(), _COUNT_DTYPE)
     return inverse if weight is None else weight * inverse
+
+  def _in_accumulator_dtype(self, weight):
+    """A float32 weight (or None) as the accumulators' dtype."""
+    return None if weight is None else tf.cast(weight, self._dtype)
 
   # Cross-replica context: the end-of-micro-batch decision.
 
@@ -234,13 +244,19 @@ class Window:
       # here, in cross-replica context: ReplicaContext.all_reduce wraps itself
       # in tf.custom_gradient, which looks variables up by op name and cannot
       # find a replica's component of an ON_READ accumulator.
+      # One batched all-reduce per dtype (one, unless the accumulators are
+      # not float32): a pack is concatenated, so its tensors share a dtype.
       flat = tf.nest.flatten(local)
-      present = [i for i, value in enumerate(flat) if value is not None]
-      reduced = strategy.extended.batch_reduce_to(
-          tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in present],
-          options=self._communication_options)
-      for i, value in zip(present, reduced):
-        flat[i] = value
+      by_dtype = collections.defaultdict(list)
+      for i, value in enumerate(flat):
+        if value is not None:
+          by_dtype[strategy.experimental_local_results(value)[0].dtype].append(i)
+      for indices in by_dtype.values():
+        reduced = strategy.extended.batch_reduce_to(
+            tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in indices],
+            options=self._communication_options)
+        for i, value in zip(indices, reduced):
+          flat[i] = value
       local = tf.nest.pack_sequence_as(local, flat)
     gradients, norm, finite, held = strategy.extended.call_for_each_replica(
         self._window_gradients, args=local)
@@ -270,7 +286,7 @@ class Window:
       if self._divisor is not None:
         # The next window is added with this run's k * replicas.
         counters.append(self._divisor.assign(
-            tf.constant(self._window_size, self._dtype), read_value=False))
+            tf.constant(self._window_size, _COUNT_DTYPE), read_value=False))
     with tf.control_dependencies(counters):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
@@ -323,7 +339,7 @@ class Window:
     if self._weight is not None:
       weight = self._weight.read_value()
     if self._reduction == "running_mean":
-      sums = [scale_gradient(s, weight) for s in sums]
+      sums = [scale_gradient(s, tf.cast(weight, self._dtype)) for s in sums]
     return sums, rows, weight
 
   def _window_gradients(self, sums, rows, weight):
@@ -337,7 +353,7 @@ class Window:
       for the sum). A NaN or Inf anywhere in the window makes the norm
       non-finite, and every replica sees the same reduced values.
     """
-    sums = [s if r is None else rows_to_slices(s, r)
+    sums = [cast_gradient(s if r is None else rows_to_slices(s, r), tf.float32)
             for s, r in zip(sums, rows)]
     if self._reduction == "sum":
       gradients = sums
@@ -346,7 +362,6 @@ class Window:
           self._divisor.read_value() / weight, sums)
     else:
       gradients = [scale_gradient(s, 1.0 / weight) for s in sums]
-    gradients = [cast_gradient(g, tf.float32) for g in gradients]
     norm = tf.linalg.global_norm(gradients)
     finite = tf.math.is_finite(norm)
     if self._clip_norm is not None:
@@ -380,6 +395,6 @@ class Window:
       resets = [a.reset() for a in self._accumulators]
       if self._weight is not None:
         resets.append(self._weight.assign(
-            tf.zeros([], self._dtype), read_value=False))
+            tf.zeros([], _COUNT_DTYPE), read_value=False))
     with tf.control_dependencies(resets):
       return tf.constant(True)

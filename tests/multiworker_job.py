@@ -60,6 +60,7 @@ def main():
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
   parser.add_argument("--save_every", type=int, default=10_000)
+  parser.add_argument("--accumulator_dtype", default="float32")
   parser.add_argument("--ema_decay", type=float, default=None,
                       help="also keep a moving average of the weights, "
                       "through after_update; saved with the weights")
@@ -105,6 +106,7 @@ def main():
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
                   ema_decay=args.ema_decay,
+                  accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   training_hooks=[h for h in (counter, dier) if h]))
   tf.estimator.train_and_evaluate(
       estimator,

@@ -217,6 +217,7 @@ def accumulating_model_fn(features, labels, mode, params):
       reduction=params.get("reduction", "mean"),
       loss_scale=params.get("loss_scale"),
       sparse_accumulation=params.get("sparse_accumulation", "auto"),
+      accumulator_dtype=params.get("accumulator_dtype", tf.float32),
       communication_options=communication_options)
   hooks = list(params.get("training_hooks", []))
   if params.get("reportable_loss"):
