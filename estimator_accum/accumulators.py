@@ -109,6 +109,24 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           "op per graph, or pass disjoint var_list values.") from error
 
 
+def between_graph_worker_device(computed, shared):
+  """The worker's device in parameter-server (between-graph) training.
+
+  Estimator places variables on the ps tasks and the rest on the worker
+  (replica_device_setter): a `shared` variable on a ps job and a `computed`
+  tensor on another job mean each worker must keep its own window, on its
+  own device. Returns None otherwise (one device, or a strategy).
+  """
+  if tf.distribute.has_strategy():
+    return None
+  shared = tf.DeviceSpec.from_string(shared.device or "")
+  here = tf.DeviceSpec.from_string(computed.device or "")
+  if shared.job != "ps" or not here.job or here.job == "ps":
+    return None
+  return tf.DeviceSpec(job=here.job, replica=here.replica,
+                       task=here.task).to_string()
+
+
 def _scatter(op, variable, indices, values):
   """Scatters into this replica's copy of `variable`.
 

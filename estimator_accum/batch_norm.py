@@ -6,12 +6,16 @@ from that micro-batch alone: with accumulation they take k steps of a
 momentum average per update, over statistics of B examples instead of k·B
 (measured in tests/test_batch_norm.py: after one window they differ from the
 big batch's). `batch_norm` normalizes each micro-batch with its own
-statistics, as any BatchNorm on a micro-batch must, but collects the window's
-statistics and updates the moving averages once per window with the big
-batch's values: the mean of the means, and the mean of the variances plus
-the variance of the means (population variances, equal micro-batches). The
-moving statistics after a window then equal one BatchNorm update on the
-concatenated batch.
+statistics, as any BatchNorm on a micro-batch must, and adds the micro-batch's
+per-channel sums (its count times its mean, and times its mean square) to
+window state kept like the accumulators: per replica, in the checkpoint. The
+train op of `build_accumulating_train_op` ends that window with its own: it
+all-reduces the sums together with the gradients (no extra round of
+communication), moves the moving mean and variance once toward the mean and
+population variance of every example the window saw, on every replica and
+worker, and clears the sums. The moving statistics after a window then equal
+one BatchNorm update on the concatenated batch, uneven micro-batches
+included; a window skipped for a non-finite gradient moves nothing.
 
 For users who keep a plain BatchNorm, `adjusted_momentum(momentum, k)` keeps
 the averaging horizon the same in updates (momentum ** (1/k) per
@@ -21,6 +25,15 @@ micro-batch).
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum.accumulators import (
+    between_graph_worker_device,
+    state_variable,
+)
+
+# Graph attribute holding {scope name: WindowStatistics} for the train op.
+_REGISTRY_ATTRIBUTE = "_estimator_accum_window_statistics"
+# Set on the graph by build_accumulating_train_op (train_op._STATE_ATTRIBUTE).
+_TRAIN_OP_ATTRIBUTE = "_estimator_accum_state"
 
 
 def adjusted_momentum(momentum, k):
@@ -32,30 +45,41 @@ def adjusted_momentum(momentum, k):
 
 
 def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
-               center=True, scale=True, global_step=None,
-               name="batch_normalization"):
+               center=True, scale=True, name="batch_normalization"):
   """Batch normalization over all axes but the last, window-aware.
+
+  ```python
+  net = estimator_accum.batch_norm(net, mode == "train", k=4)
+  ...
+  train_op = estimator_accum.build_accumulating_train_op(loss, optimizer, 4)
+  ```
 
   Args:
     inputs: float Tensor [..., channels].
     training: Python bool: normalize with the micro-batch's statistics and
-      collect them (True), or with the moving statistics (False).
+      add them to the window (True), or with the moving statistics (False).
     k: int >= 1, micro-batches per update, as given to
       `build_accumulating_train_op`.
     momentum: float in [0, 1), the moving averages' momentum per update.
     epsilon: float > 0 added to the variance.
     center, scale: whether to learn `beta` and `gamma`.
-    global_step: the micro-batch counter; default the graph's global step.
     name: variable scope; variables `<name>/{gamma,beta,moving_mean,
       moving_variance}` as in tf.compat.v1.layers, plus the window's
-      `<name>/window_mean` and `<name>/window_square`.
+      `<name>/window_sum`, `<name>/window_square_sum` and
+      `<name>/window_count`.
 
   Returns:
-    The normalized Tensor, the dtype of `inputs`. In training the moving
-    statistics' update is added to `tf.compat.v1.GraphKeys.UPDATE_OPS`: run
-    it with the train op (`with tf.control_dependencies(update_ops):` around
-    `build_accumulating_train_op`) so that it reads the micro-batch's
-    `global_step` before the train op increments it.
+    The normalized Tensor, the dtype of `inputs`. In training, build the
+    accumulating train op after every `batch_norm` layer in the graph: its
+    window's end updates the moving statistics. The micro-batch's addition to
+    the window runs before the output is produced (it is also in
+    `tf.compat.v1.GraphKeys.UPDATE_OPS`, for code that runs those).
+
+  Raises:
+    TypeError, ValueError: for a bad `k`, `momentum`, `epsilon` or inputs
+      without a known last dimension.
+    ValueError: if the accumulating train op was already built in this graph.
+    RuntimeError: in training, when called in cross-replica context.
   """
   k = _checks.check_k(k)
   if not 0.0 <= momentum < 1.0:
@@ -67,7 +91,7 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
     raise ValueError(f"inputs must have a known last dimension, got shape "
                      f"{inputs.shape}.")
   axes = list(range(inputs.shape.rank - 1))
-  with tf.compat.v1.variable_scope(name):
+  with tf.compat.v1.variable_scope(name) as scope:
     def variable(var_name, init, trainable=False):
       return tf.compat.v1.get_variable(
           var_name, [channels], tf.float32, initializer=init,
@@ -83,41 +107,162 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
     if not training:
       return tf.cast(tf.nn.batch_normalization(
           x, moving_mean, moving_variance, beta, gamma, epsilon), inputs.dtype)
-    window_mean = variable("window_mean", zeros)
-    window_square = variable("window_square", zeros)
+    statistics = _window_statistics(scope.name, k, momentum, moving_mean,
+                                    moving_variance, x)
     mean, variance = tf.nn.moments(x, axes)
+    count = tf.cast(tf.size(x, out_type=tf.int64) // channels, tf.float32)
+    added = statistics.add(tf.stop_gradient(mean),
+                           tf.stop_gradient(variance), count)
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, added)
     output = tf.nn.batch_normalization(x, mean, variance, beta, gamma,
                                        epsilon)
-    if global_step is None:
-      global_step = tf.compat.v1.train.get_or_create_global_step()
-    update = _window_update(
-        tf.math.floormod(global_step.read_value(), k), k, momentum,
-        tf.stop_gradient(mean), tf.stop_gradient(variance + tf.square(mean)),
-        window_mean, window_square, moving_mean, moving_variance)
-    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, update)
-    return tf.cast(output, inputs.dtype)
+    # The train op reads the window's sums after the gradients it adds,
+    # which come after this output: so after this micro-batch's addition.
+    with tf.control_dependencies([added]):
+      return tf.identity(tf.cast(output, inputs.dtype))
 
 
-def _window_update(position, k, momentum, mean, square, window_mean,
-                   window_square, moving_mean, moving_variance):
-  """Adds this micro-batch's mean and E[x^2]; at the window's end, moves the
-  averages toward the window's mean and variance."""
-  first = tf.equal(position, 0)
-  sum_mean = tf.where(first, mean, window_mean.read_value() + mean)
-  sum_square = tf.where(first, square, window_square.read_value() + square)
-  stored = tf.group(window_mean.assign(sum_mean, read_value=False),
-                    window_square.assign(sum_square, read_value=False))
+def _replica_id():
+  """This replica's id in its sync group, as a Python int."""
+  context = tf.distribute.get_replica_context()
+  if context is None:
+    raise RuntimeError(
+        "batch_norm in training must be called in replica context (a "
+        "model_fn, or a function run by strategy.run), not in cross-replica "
+        "context such as directly under strategy.scope().")
+  return int(tf.get_static_value(context.replica_id_in_sync_group))
 
-  def end_window():
-    big_mean = sum_mean / k
-    big_variance = tf.maximum(sum_square / k - tf.square(big_mean), 0.0)
-    return tf.group(
-        moving_mean.assign_sub((1.0 - momentum) * (moving_mean - big_mean),
-                               read_value=False),
-        moving_variance.assign_sub(
-            (1.0 - momentum) * (moving_variance - big_variance),
-            read_value=False))
 
-  with tf.control_dependencies([stored]):
-    return tf.cond(tf.equal(position, k - 1), end_window, tf.no_op,
-                   name="window_batch_norm_update")
+def _window_statistics(scope, k, momentum, moving_mean, moving_variance,
+                       inputs):
+  """The layer's `WindowStatistics`, created by the first replica to build
+  it and found by the others."""
+  graph = tf.compat.v1.get_default_graph()
+  if getattr(graph, _TRAIN_OP_ATTRIBUTE, None) is not None:
+    raise ValueError(
+        f"batch_norm {scope!r} is built after build_accumulating_train_op: "
+        "the train op updates the moving statistics of the batch_norm layers "
+        "built before it. Build the model first, then the train op.")
+  registry = getattr(graph, _REGISTRY_ATTRIBUTE, None)
+  if registry is None:
+    registry = {}
+    setattr(graph, _REGISTRY_ATTRIBUTE, registry)
+  if scope not in registry:
+    registry[scope] = WindowStatistics(
+        scope, k, momentum, moving_mean, moving_variance,
+        between_graph_worker_device(inputs, moving_mean))
+  return registry[scope]
+
+
+def window_statistics(graph=None):
+  """The `WindowStatistics` of every batch_norm built in `graph` so far."""
+  graph = graph or tf.compat.v1.get_default_graph()
+  return list(getattr(graph, _REGISTRY_ATTRIBUTE, {}).values())
+
+
+def claim_window_statistics(k, train_op_name):
+  """The batch_norm windows the train op `train_op_name` ends, checked.
+
+  Raises:
+    ValueError: a layer was built with another k, or another accumulating
+      train op already updates it.
+  """
+  claimed = window_statistics()
+  for statistics in claimed:
+    if statistics.k != k:
+      raise ValueError(
+          f"batch_norm {statistics.name!r} was built with k={statistics.k} "
+          f"and build_accumulating_train_op with k={k}: give both the same "
+          "k, the window's micro-batches.")
+    if statistics.claimed_by not in (None, train_op_name):
+      raise ValueError(
+          f"batch_norm {statistics.name!r} is already updated by the "
+          f"accumulating train op {statistics.claimed_by!r}; build one "
+          "accumulating train op per graph.")
+    statistics.claimed_by = train_op_name
+  return claimed
+
+
+class WindowStatistics:
+  """One batch_norm layer's window: the sums its micro-batches add, which the
+  accumulating train op reads, reduces, applies and clears at the window's
+  end.
+
+  Attributes:
+    name: the layer's variable scope.
+    k: the k the layer was built with.
+    total: float32 [channels], sum over the window of count * mean, per
+      replica (ON_READ, summed across replicas and in checkpoints).
+    square_total: float32 [channels], sum of count * mean of squares.
+    count: float32 scalar, the values per channel the window normalized.
+    claimed_by: name of the accumulating train op that ends the window.
+  """
+
+  def __init__(self, name, k, momentum, moving_mean, moving_variance,
+               local_device):
+    self.name = name
+    self.k = k
+    self._momentum = momentum
+    self._moving_mean = moving_mean
+    self._moving_variance = moving_variance
+    self._added = {}
+    self.claimed_by = None
+    shape = moving_mean.shape
+    self.total = state_variable(name + "/window_sum", shape, tf.float32,
+                                per_replica=True, local_device=local_device)
+    self.square_total = state_variable(
+        name + "/window_square_sum", shape, tf.float32, per_replica=True,
+        local_device=local_device)
+    self.count = state_variable(name + "/window_count", [], tf.float32,
+                                per_replica=True, local_device=local_device)
+
+  def add(self, mean, variance, count):
+    """Replica context: adds one micro-batch of `count` values per channel
+    with this `mean` and (population) `variance`; returns the op."""
+    added = tf.group(
+        self.total.assign_add(count * mean, read_value=False),
+        self.square_total.assign_add(
+            count * (variance + tf.square(mean)), read_value=False),
+        self.count.assign_add(count, read_value=False),
+        name="add_to_window")
+    self._added[_replica_id()] = added
+    return added
+
+  def added_on_this_replica(self):
+    """The op adding this replica's micro-batch (None if it has none)."""
+    return self._added.get(_replica_id())
+
+  def local_sums(self):
+    """Replica context: this replica's (total, square_total, count)."""
+    return [self.total.read_value(), self.square_total.read_value(),
+            self.count.read_value()]
+
+  def move_averages(self, strategy, sums):
+    """Cross-replica context: moves the moving mean and variance once toward
+    the window's, from `sums` (total, square_total, count over every
+    replica). A layer whose sums are not finite, or empty, keeps its
+    averages. Returns the op."""
+    keep = 1.0 - self._momentum
+
+    def move(average, total, square_total, count, of_variance):
+      mean = total / count
+      target = mean
+      if of_variance:
+        target = tf.maximum(square_total / count - tf.square(mean), 0.0)
+      moved = average - keep * (average - target)
+      valid = tf.logical_and(count > 0, tf.reduce_all(tf.math.is_finite(moved)))
+      return average.assign(tf.where(valid, moved, average), read_value=False)
+
+    updates = [
+        strategy.extended.update(average, move, args=tuple(sums) + (flag,),
+                                 group=False)
+        for average, flag in ((self._moving_mean, False),
+                              (self._moving_variance, True))]
+    return tf.group(*tf.nest.flatten(
+        [strategy.experimental_local_results(update) for update in updates]))
+
+  def reset(self):
+    """Replica context: clears this replica's sums; returns the op."""
+    return tf.group(*[
+        variable.assign(tf.zeros_like(variable.read_value()), read_value=False)
+        for variable in (self.total, self.square_total, self.count)])

@@ -34,7 +34,11 @@ from absl import logging
 
 from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
-from estimator_accum.accumulators import state_variable, variable_base_name
+from estimator_accum.accumulators import (
+    between_graph_worker_device,
+    state_variable,
+    variable_base_name,
+)
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
 from estimator_accum.step_counting import (
     check_optimizer_steps,
@@ -227,7 +231,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     window = Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
-        local_device=_between_graph_worker_device(loss, global_step),
+        local_device=between_graph_worker_device(loss, global_step),
         compact=compact, communication_options=communication_options,
         after_update=after_update)
     accumulated = window.accumulate_micro_batch()
@@ -277,23 +281,6 @@ def _log_state_size(state):
 def _dense_mb(variable):
   return (variable.shape.num_elements() * variable.dtype.base_dtype.size
           / 2**20)
-
-
-def _between_graph_worker_device(loss, global_step):
-  """The worker's device in parameter-server (between-graph) training.
-
-  Estimator places variables on the ps tasks and the rest on the worker
-  (replica_device_setter): a global step on a ps job and a loss on another
-  job mean each worker must keep its own window, on its own device.
-  """
-  if tf.distribute.has_strategy():
-    return None
-  shared = tf.DeviceSpec.from_string(global_step.device or "")
-  here = tf.DeviceSpec.from_string(loss.device or "")
-  if shared.job != "ps" or not here.job or here.job == "ps":
-    return None
-  return tf.DeviceSpec(job=here.job, replica=here.replica,
-                       task=here.task).to_string()
 
 
 def update_count(k, global_step=None):

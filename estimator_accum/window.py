@@ -17,6 +17,7 @@ from estimator_accum.accumulators import (
   rows_to_slices,
   state_variable,
 )
+from estimator_accum.batch_norm import claim_window_statistics
 from estimator_accum.gradient_ops import (
   cast_gradient,
   fixed_row_count,
@@ -88,6 +89,8 @@ class Window:
     self._communication_options = communication_options
     self._after_update = after_update
     self._window_size = k * tf.distribute.get_strategy().num_replicas_in_sync
+    # The batch_norm layers whose moving statistics this window updates.
+    self._statistics = claim_window_statistics(k, name)
     compact = compact or [False] * len(trained)
     self._accumulators = [
         CompactSparseAccumulator(v, accumulator_dtype, local_device) if c
@@ -165,6 +168,8 @@ class Window:
       scale = self._in_accumulator_dtype(self._unscaled(scale))
       updates += [a.add(g, scale)
                   for a, g in zip(self._accumulators, self._gradients)]
+    updates += [added for added in (s.added_on_this_replica()
+                                    for s in self._statistics) if added]
     with tf.control_dependencies(updates):
       return tf.constant(True, name="accumulated")
 
@@ -258,8 +263,9 @@ class Window:
         for i, value in zip(indices, reduced):
           flat[i] = value
       local = tf.nest.pack_sequence_as(local, flat)
+    sums, rows, weight, statistics = local
     gradients, norm, finite, held = strategy.extended.call_for_each_replica(
-        self._window_gradients, args=local)
+        self._window_gradients, args=(sums, rows, weight))
     first = lambda value: strategy.experimental_local_results(value)[0]  # noqa: E731
     finite, norm = first(finite), first(norm)
     notes = []
@@ -268,7 +274,7 @@ class Window:
           position, first(held), self._k, self._window_size))
     applied = tf.cond(
         finite,
-        lambda: self._apply(strategy, gradients),
+        lambda: self._apply(strategy, gradients, statistics),
         lambda: window_reports.warn_skipped(position, norm))
     resets = strategy.extended.call_for_each_replica(
         self._reset, args=(applied,))
@@ -290,7 +296,13 @@ class Window:
     with tf.control_dependencies(counters):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
-  def _apply(self, strategy, gradients):
+  def _apply(self, strategy, gradients, statistics):
+    moved = [s.move_averages(strategy, sums)
+             for s, sums in zip(self._statistics, statistics)]
+    with tf.control_dependencies(moved):
+      return self._apply_gradients(strategy, gradients)
+
+  def _apply_gradients(self, strategy, gradients):
     if (strategy.num_replicas_in_sync > 1 and
         reduces_in_distributed_apply(self._optimizer)):
       # A v1 optimizer would all-reduce the gradients again (a second round
@@ -310,7 +322,8 @@ class Window:
   # Replica context, inside the end-of-window branch.
 
   def _local_window(self):
-    """This replica's window before any communication: (sums, rows, weight).
+    """This replica's window before any communication: (sums, rows, weight,
+    statistics), the last the sums of each batch_norm layer's window.
 
     `sums` holds one tensor per variable, summed over the replica's
     micro-batches (weighted by their sizes with num_examples; for the plain
@@ -340,7 +353,7 @@ class Window:
       weight = self._weight.read_value()
     if self._reduction == "running_mean":
       sums = [scale_gradient(s, tf.cast(weight, self._dtype)) for s in sums]
-    return sums, rows, weight
+    return sums, rows, weight, [s.local_sums() for s in self._statistics]
 
   def _window_gradients(self, sums, rows, weight):
     """The window's gradient on this replica, from sums over all replicas.
@@ -393,6 +406,7 @@ class Window:
   def _reset(self, after):
     with tf.control_dependencies([after]):
       resets = [a.reset() for a in self._accumulators]
+      resets += [s.reset() for s in self._statistics]
       if self._weight is not None:
         resets.append(self._weight.assign(
             tf.zeros([], _COUNT_DTYPE), read_value=False))

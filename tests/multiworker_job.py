@@ -64,6 +64,9 @@ def main():
   parser.add_argument("--ema_decay", type=float, default=None,
                       help="also keep a moving average of the weights, "
                       "through after_update; saved with the weights")
+  parser.add_argument("--batch_norm_momentum", type=float, default=None,
+                      help="add a batch_norm layer on the features; its "
+                      "moving statistics are saved with the weights")
   args = parser.parse_args()
   if args.control_flow == "v1":
     tf.compat.v1.disable_control_flow_v2()
@@ -106,6 +109,7 @@ def main():
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
                   ema_decay=args.ema_decay,
+                  batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   training_hooks=[h for h in (counter, dier) if h]))
   tf.estimator.train_and_evaluate(
@@ -117,6 +121,8 @@ def main():
     names = support.weight_names()
     if args.ema_decay is not None:
       names += [n + "/ExponentialMovingAverage" for n in names]
+    if args.batch_norm_momentum is not None:
+      names += ["bn/moving_mean", "bn/moving_variance"]
     weights = {name: estimator.get_variable_value(name) for name in names}
     weights["global_step"] = estimator.get_variable_value("global_step")
     np.savez(os.path.join(args.model_dir, "final_weights.npz"),

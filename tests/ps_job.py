@@ -8,6 +8,10 @@ SGD at learning rate 1 and k=2, every window a task completes subtracts its
 constant once, so at the end w must be -(1*3 + 10*4 + 100*2) = -243 exactly:
 any window mixing tasks, or a partial window, shows in the digits.
 
+A batch_norm layer (momentum 1/2) sees the same pattern on every task, so
+every window any task completes moves its moving statistics one step toward
+the pattern's: after the 9 windows, mean = target * (1 - 2**-9).
+
 Each worker writes D/done_<task>.json (its micro-batch count) when it stops;
 the chief then waits for them and writes D/final.json from the shared state.
 """
@@ -23,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from estimator_accum.batch_norm import window_statistics  # noqa: E402
 
 tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
 
@@ -30,6 +35,8 @@ K = 2
 PLAN = {"chief:0": (1.0, 7), "worker:0": (10.0, 9), "worker:1": (100.0, 5)}
 ROWS = {"chief:0": 0, "worker:0": 1, "worker:1": 2}
 SHARED_ROW = 3
+BATCH_NORM_MOMENTUM = 0.5
+PATTERN = [[1.0, 2.0], [3.0, 5.0], [0.0, 1.0], [4.0, 0.0]]
 
 
 class _Record(tf.estimator.SessionRunHook):
@@ -45,10 +52,13 @@ class _Record(tf.estimator.SessionRunHook):
     state = estimator_accum.get_accumulation_state()
     devices = sorted({v.device for a in state.accumulators
                       for v in a.state_variables()})
+    (statistics,) = window_statistics()
+    window_devices = sorted({v.device for v in (
+        statistics.total, statistics.square_total, statistics.count)})
     path = os.path.join(self._model_dir, f"done_{self._task}.json")
     with open(path, "w") as writer:
-      json.dump({"micro_batches": self._runs, "accumulator_devices": devices},
-                writer)
+      json.dump({"micro_batches": self._runs, "accumulator_devices": devices,
+                 "batch_norm_window_devices": window_devices}, writer)
     if self._task != "chief:0":
       return
     deadline = time.time() + 120
@@ -62,8 +72,11 @@ class _Record(tf.estimator.SessionRunHook):
                  if v.op.name == "w"]
     (table,) = [v for v in tf.compat.v1.global_variables()
                 if v.op.name == "table"]
+    moving = {v.op.name: v for v in tf.compat.v1.global_variables()
+              if v.op.name.startswith("bn/moving_")}
     values = session.run({"w": weight, "updates": state.updates_applied,
-                          "global_step": state.global_step, "table": table})
+                          "global_step": state.global_step, "table": table,
+                          **moving})
     compact = [a.variable.op.name for a in state.accumulators if a.is_compact]
     with open(os.path.join(self._model_dir, "final.json"), "w") as writer:
       json.dump({key: value.tolist() for key, value in values.items()}
@@ -83,6 +96,9 @@ def main():
                                       initializer=tf.zeros_initializer())
     rows = tf.gather(table, [ROWS.get(name, 0), SHARED_ROW])
     loss = (w + tf.reduce_sum(rows)) * tf.reduce_mean(features)
+    estimator_accum.batch_norm(tf.constant(PATTERN), True, K,
+                               momentum=BATCH_NORM_MOMENTUM, center=False,
+                               scale=False, name="bn")
     train_op = estimator_accum.build_accumulating_train_op(
         loss, tf.compat.v1.train.GradientDescentOptimizer(1.0), K,
         sparse_accumulation=[table])

@@ -187,11 +187,40 @@ def reference_gradient_norm(data, batch_size):
       return session.run(norm)
 
 
+def reference_batch_norm(values, batch_sizes, momentum, epsilon=1e-3):
+  """Plain TensorFlow's BatchNorm (tf.compat.v1.layers, not fused): one
+  update per batch of `batch_sizes` (example counts, in order) of `values`
+  (float32 [N, ...]); returns [moving_mean, moving_variance]."""
+  with tf.Graph().as_default():
+    inputs = tf.compat.v1.placeholder(tf.float32, (None,) + values.shape[1:])
+    layer = tf.compat.v1.layers.BatchNormalization(
+        momentum=momentum, epsilon=epsilon, fused=False)
+    layer(inputs, training=True)
+    update = tf.group(*layer.updates)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      start = 0
+      for size in batch_sizes:
+        session.run(update, {inputs: values[start:start + size]})
+        start += size
+      return session.run([layer.moving_mean, layer.moving_variance])
+
+
 def accumulating_model_fn(features, labels, mode, params):
-  """model_fn: the test model trained with build_accumulating_train_op."""
+  """model_fn: the test model trained with build_accumulating_train_op.
+
+  With params["batch_norm_momentum"], an `estimator_accum.batch_norm` layer
+  `bn` (no gamma or beta) also sees features["x"]: its output is not used,
+  its moving statistics are updated by the train op.
+  """
   loss = model_loss(features, labels, params.get("loss_reduction", "mean"),
                     params.get("compute_dtype", tf.float32),
                     params.get("embedding_partitions"))
+  if params.get("batch_norm_momentum") is not None:
+    estimator_accum.batch_norm(
+        features["x"], mode == tf.estimator.ModeKeys.TRAIN, params["k"],
+        momentum=params["batch_norm_momentum"], center=False, scale=False,
+        name="bn")
   loss *= params.get("loss_multiplier", 1.0)
   num_examples = None
   communication_options = None

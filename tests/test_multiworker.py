@@ -17,6 +17,7 @@ from tests.multiworker_job import OPTIMIZERS
 
 WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 3
 BIG_BATCH = WORKERS * K * MICRO_BATCH
+BATCH_NORM_MOMENTUM = 0.5
 
 
 @pytest.mark.parametrize("optimizer_name, clipped, control_flow, pack", [
@@ -40,7 +41,8 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
       "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
       "--model_dir", str(tmp_path), "--optimizer", optimizer_name,
       "--k", str(K), "--micro_batch", str(MICRO_BATCH),
-      "--updates", str(UPDATES), "--control_flow", control_flow]
+      "--updates", str(UPDATES), "--control_flow", control_flow,
+      "--batch_norm_momentum", str(BATCH_NORM_MOMENTUM)]
   if clip_norm is not None:
     command += ["--clip_norm", repr(float(clip_norm))]
   if pack is not None:
@@ -55,6 +57,14 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   what = f"{optimizer_name} on {WORKERS} workers, control flow {control_flow}"
   support.assert_weights_moved(actual, what)
   support.assert_weights_close(actual, expected, what=what)
+  # The batch_norm layer on the features: its moving statistics are one
+  # plain BatchNorm update per big batch, from both workers' examples.
+  moving = support.reference_batch_norm(data["x"], [BIG_BATCH] * UPDATES,
+                                        BATCH_NORM_MOMENTUM)
+  for name, want in zip(["bn/moving_mean", "bn/moving_variance"], moving):
+    np.testing.assert_allclose(
+        saved[name.replace("/", "__")], want, rtol=1e-5, atol=1e-6,
+        err_msg=f"{what}: {name} differs from BatchNorm on the big batches")
 
 
 def test_two_workers_moving_average_after_update(tmp_path):

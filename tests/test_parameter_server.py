@@ -2,13 +2,15 @@
 workers and a ps on loopback. Each worker keeps its own window (accumulators
 and micro-batch counter on the worker) and applies to the shared variables
 every k of its own micro-batches, a table's window kept compactly (the rows
-touched only) on the worker too."""
+touched only) on the worker too, and a batch_norm layer's window too."""
 
 import json
 import subprocess
 import sys
 
-from tests.ps_job import PLAN, ROWS, SHARED_ROW, K
+import numpy as np
+
+from tests.ps_job import BATCH_NORM_MOMENTUM, PATTERN, PLAN, ROWS, SHARED_ROW, K
 
 
 def test_each_worker_applies_its_own_windows(tmp_path):
@@ -25,6 +27,7 @@ def test_each_worker_applies_its_own_windows(tmp_path):
   for task, report in done.items():
     job, index = task.split(":")
     assert report["accumulator_devices"] == [f"/job:{job}/task:{index}"]
+    assert report["batch_norm_window_devices"] == [f"/job:{job}/task:{index}"]
   assert counts == {task: n for task, (_, n) in PLAN.items()}
   windows = {task: n // K for task, n in counts.items()}
   assert final["updates"] == sum(windows.values())  # 3 + 4 + 2
@@ -36,3 +39,11 @@ def test_each_worker_applies_its_own_windows(tmp_path):
   for task, row in ROWS.items():
     assert table[row] == [-PLAN[task][0] * windows[task]] * 2, task
   assert not any(any(r) for i, r in enumerate(table) if i > SHARED_ROW)
+  # Each completed window moved the shared moving statistics once toward
+  # the pattern's (every task's window has the same statistics).
+  keep = BATCH_NORM_MOMENTUM ** final["updates"]
+  pattern = np.array(PATTERN)
+  np.testing.assert_allclose(final["bn/moving_mean"],
+                             pattern.mean(0) * (1 - keep), rtol=1e-5)
+  np.testing.assert_allclose(final["bn/moving_variance"],
+                             keep + pattern.var(0) * (1 - keep), rtol=1e-5)
