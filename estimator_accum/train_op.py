@@ -56,6 +56,8 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 # so the key would never die and every graph built (Estimator builds one per
 # train() call) would stay in memory for the life of the process.
 _STATE_ATTRIBUTE = "_estimator_accum_state"
+# Graph attribute: {counter variable name: name of the train op counting it}.
+_COUNTERS_ATTRIBUTE = "_estimator_accum_counters"
 
 
 def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
@@ -200,6 +202,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     global_step = tf.compat.v1.train.get_or_create_global_step()
     _checks.check_global_step(global_step)
   check_optimizer_steps(optimizer, global_step, k)
+  _claim_counter(global_step, name)
   if var_list is None:
     var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
@@ -248,6 +251,25 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     _log_state_size(window.state)
     setattr(graph, _STATE_ATTRIBUTE, window.state)
   return train_op
+
+
+def _claim_counter(global_step, name):
+  """Refuses a second train op incrementing the same counter: every run of
+  both would count two micro-batches, and each window would end early."""
+  graph = tf.compat.v1.get_default_graph()
+  claims = getattr(graph, _COUNTERS_ATTRIBUTE, None)
+  if claims is None:
+    claims = {}
+    setattr(graph, _COUNTERS_ATTRIBUTE, claims)
+  counter = variable_base_name(global_step)
+  owner = claims.setdefault(counter, name)
+  if owner != name:
+    raise ValueError(
+        f"global_step {counter} already counts the micro-batches of the "
+        f"accumulating train op {owner!r}; the train op {name!r} would "
+        "increment it too, twice per micro-batch. Give it a counter of its "
+        "own: global_step=tf.compat.v1.get_variable(name, [], tf.int64, "
+        "initializer=tf.compat.v1.zeros_initializer(), trainable=False).")
 
 
 def _log_state_size(state):

@@ -209,6 +209,35 @@ def test_building_twice_in_one_graph_names_the_variable():
       estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
 
 
+def test_two_train_ops_need_two_counters():
+  """A second accumulating train op (another var_list and name) refuses the
+  first one's global_step; with a counter of its own, each op applies its
+  own windows: w1 every 2 runs, w2 every 3."""
+  optimizer = tf.compat.v1.train.GradientDescentOptimizer(1.0)
+  with tf.Graph().as_default():
+    w1 = tf.compat.v1.get_variable("w1", initializer=0.0)
+    w2 = tf.compat.v1.get_variable("w2", initializer=0.0)
+    first = estimator_accum.build_accumulating_train_op(
+        w1 * 1.0, optimizer, 2, var_list=[w1], name="first")
+    with pytest.raises(ValueError) as raised:
+      estimator_accum.build_accumulating_train_op(
+          w2 * 10.0, optimizer, 3, var_list=[w2], name="second")
+    assert ("global_step global_step already counts the micro-batches of the "
+            "accumulating train op 'first'; the train op 'second' would "
+            "increment it too") in str(raised.value)
+    counter = tf.compat.v1.get_variable(
+        "second_micro_batches", [], tf.int64, trainable=False,
+        initializer=tf.compat.v1.zeros_initializer())
+    second = estimator_accum.build_accumulating_train_op(
+        w2 * 10.0, optimizer, 3, var_list=[w2], name="second",
+        global_step=counter)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(6):
+        session.run([first, second])
+      assert session.run([w1, w2]) == [-3.0, -20.0]
+
+
 def test_cross_replica_context_is_refused():
   graph = tf.Graph()
   with graph.as_default(), tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
