@@ -207,6 +207,13 @@ def check_var_list(var_list):
   if not var_list:
     raise ValueError("var_list is empty; pass None to train every trainable "
                      "variable or a non-empty list.")
+  first_position = {}
+  for position, var in enumerate(var_list):
+    earlier = first_position.setdefault(id(var), position)
+    if earlier != position:
+      raise ValueError(
+          f"var_list holds {var.name} twice (var_list[{earlier}] and "
+          f"var_list[{position}]); list each variable once.")
   return var_list
 
 

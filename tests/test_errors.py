@@ -142,6 +142,9 @@ def test_bad_var_list():
   with pytest.raises(TypeError, match=r"var_list\[0\] must be a tf.Variable, "
                      "got 'w'"):
     _build(var_list=["w"])
+  with pytest.raises(ValueError, match=r"var_list holds w:0 twice "
+                     r"\(var_list\[0\] and var_list\[1\]\)"):
+    _build(var_list=lambda w: [w, w])
 
 
 def _int64_variable(shape):

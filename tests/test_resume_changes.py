@@ -167,3 +167,43 @@ def test_two_worker_checkpoint_resumed_on_one_device(tmp_path):
   after.train(support.micro_batch_input_fn(data, micro_batch, skip=4),
               max_steps=6)
   _check(data, after, [24, 8], 6, "2-worker checkpoint resumed on one device")
+
+
+def _plain_model_fn(features, labels, mode, params):
+  """The test model trained without accumulation: optimizer.minimize."""
+  loss = support.model_loss(features, labels)
+  train_op = params["optimizer_fn"]().minimize(
+      loss, global_step=tf.compat.v1.train.get_global_step())
+  return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_start_from_a_checkpoint_written_without_accumulation(tmp_path):
+  """A plain run's model_dir has no window state: resuming in it fails in
+  TensorFlow's restore, naming an accumulator; warm-starting a new
+  model_dir from it (TensorFlow's WarmStartSettings, which copies the
+  trained variables) goes on exactly as the big batch would."""
+  sgd = lambda: v1.GradientDescentOptimizer(0.5)  # noqa: E731
+  data = support.make_data(4 * 2 * MICRO_BATCH)
+  plain_dir = tmp_path / "plain"
+  config = tf.estimator.RunConfig(model_dir=str(plain_dir), tf_random_seed=0)
+  plain = tf.estimator.Estimator(_plain_model_fn, config=config,
+                                 params=dict(optimizer_fn=sgd))
+  plain.train(support.micro_batch_input_fn(data, 2 * MICRO_BATCH),
+              max_steps=2)
+
+  same_dir = support.make_estimator(plain_dir, dict(optimizer_fn=sgd, k=2))
+  with pytest.raises(tf.errors.NotFoundError, match=r"/accum not found"):
+    same_dir.train(support.micro_batch_input_fn(data, MICRO_BATCH),
+                   max_steps=4)
+
+  accumulating = tf.estimator.Estimator(
+      support.accumulating_model_fn,
+      config=config.replace(model_dir=str(tmp_path / "accumulating")),
+      params=dict(optimizer_fn=sgd, k=2), warm_start_from=str(plain_dir))
+  accumulating.train(support.micro_batch_input_fn(data, MICRO_BATCH, skip=4),
+                     max_steps=4)
+  expected = support.reference_train(sgd, data, 2 * MICRO_BATCH, 4)
+  actual = {n: accumulating.get_variable_value(n)
+            for n in support.weight_names()}
+  support.assert_trained_like_big_batch(accumulating, actual, expected, 4, 2,
+                                        "warm-started from a plain run")
