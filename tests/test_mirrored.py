@@ -80,3 +80,31 @@ def test_estimator_reports_the_replicas_mean_loss(tmp_path):
           reported[event.step] = value.simple_value
   assert reported, "no loss summary"
   np.testing.assert_allclose(reported[min(reported)], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("setting", ["sum", "num_examples"])
+def test_mirrored_other_reductions(setting, tmp_path):
+  """reduction="sum" with a summed loss, and num_examples with a short last
+  micro-batch (on replica 1: 30 examples, micro-batch 4), over 2 replicas
+  equal one device with the big batches of the same examples."""
+  sgd = OPTIMIZERS["sgd"][0]
+  if setting == "sum":
+    data = support.make_data(REPLICAS * K * MICRO_BATCH * UPDATES)
+    expected = support.reference_train(
+        lambda: v1.GradientDescentOptimizer(0.02),
+        data, REPLICAS * K * MICRO_BATCH, UPDATES, loss_reduction="sum")
+    estimator, actual = support.estimator_train(
+        tmp_path, lambda: v1.GradientDescentOptimizer(0.02), data,
+        MICRO_BATCH, K, K * UPDATES, train_distribute=_strategy(),
+        reduction="sum", loss_reduction="sum")
+    windows = UPDATES
+  else:
+    data = support.make_data(30)
+    expected = support.reference_train(sgd, data, [16, 14], 2)
+    estimator, actual = support.estimator_train(
+        tmp_path, sgd, data, MICRO_BATCH, K, 2 * K,
+        train_distribute=_strategy(), weight_by_examples=True)
+    windows = 2
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * windows, windows,
+      f"{setting} mirrored x{REPLICAS}")
