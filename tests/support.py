@@ -199,11 +199,17 @@ def reference_batch_norm(values, batch_sizes, momentum, epsilon=1e-3):
     update = tf.group(*layer.updates)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      start = 0
-      for size in batch_sizes:
-        session.run(update, {inputs: values[start:start + size]})
-        start += size
+      run_in_order(session, update, inputs, values, batch_sizes)
       return session.run([layer.moving_mean, layer.moving_variance])
+
+
+def run_in_order(session, fetch, inputs, values, batch_sizes):
+  """Runs `fetch` once per batch of `batch_sizes` (example counts), feeding
+  the placeholder `inputs` the next that many rows of `values`."""
+  start = 0
+  for size in batch_sizes:
+    session.run(fetch, {inputs: values[start:start + size]})
+    start += size
 
 
 def accumulating_model_fn(features, labels, mode, params):

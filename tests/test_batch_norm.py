@@ -52,10 +52,8 @@ def _session_run(images, micro_batch_sizes, k=K):
     by_name = {v.op.name: v for v in tf.compat.v1.global_variables()}
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      start = 0
-      for size in micro_batch_sizes:
-        session.run(train_op, {inputs: images[start:start + size]})
-        start += size
+      support.run_in_order(session, train_op, inputs, images,
+                           micro_batch_sizes)
       return _moving(lambda name: session.run(by_name[name]))
 
 
