@@ -3,7 +3,8 @@
 TF1 scripts that call tf.compat.v1.disable_v2_behavior() build them, with
 control flow v1: they train exactly as big batches do. Control flow v2
 cannot update them inside a tf.cond: that combination is refused at build
-time with the two ways out, not left to fail inside the optimizer.
+time with the two ways out, not left to fail inside the optimizer. A
+batch_norm layer's moving statistics follow the windows there too.
 """
 
 import pytest
@@ -24,7 +25,8 @@ def _ref_variable_model_fn(features, labels, mode, params):
   with tf.compat.v1.variable_scope(scope, use_resource=False):
     spec = support.accumulating_model_fn(features, labels, mode, params)
   _VARIABLE_TYPES.extend(
-      type(v).__name__ for v in tf.compat.v1.trainable_variables())
+      type(v).__name__ for v in tf.compat.v1.global_variables()
+      if v.trainable or v.op.name.startswith("bn/moving_"))
   return spec
 
 
@@ -67,7 +69,7 @@ def _train_and_compare(optimizer_fn, tmp_path):
           intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
   estimator = tf.estimator.Estimator(
       _ref_variable_model_fn, config=config,
-      params=dict(optimizer_fn=optimizer_fn, k=K))
+      params=dict(optimizer_fn=optimizer_fn, k=K, batch_norm_momentum=0.5))
   estimator.train(support.micro_batch_input_fn(data, MICRO_BATCH),
                   max_steps=K * UPDATES)
   assert _VARIABLE_TYPES and set(_VARIABLE_TYPES) == {"RefVariable"}, (
@@ -76,3 +78,9 @@ def _train_and_compare(optimizer_fn, tmp_path):
             for name in support.weight_names()}
   support.assert_trained_like_big_batch(
       estimator, actual, expected, K * UPDATES, UPDATES, "ref variables")
+  # A batch_norm layer's moving statistics are reference variables too.
+  moving = support.reference_batch_norm(data["x"], [K * MICRO_BATCH] * UPDATES,
+                                        0.5)
+  for name, want in zip(["bn/moving_mean", "bn/moving_variance"], moving):
+    support.assert_weights_close({name: estimator.get_variable_value(name)},
+                                 {name: want}, what="ref variables")
