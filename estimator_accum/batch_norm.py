@@ -22,6 +22,7 @@ the averaging horizon the same in updates (momentum ** (1/k) per
 micro-batch).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_accum import _checks
@@ -56,8 +57,11 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
 
   Args:
     inputs: float Tensor [..., channels].
-    training: Python bool: normalize with the micro-batch's statistics and
-      add them to the window (True), or with the moving statistics (False).
+    training: Python bool (or a boolean tensor whose value is known when the
+      graph is built, e.g. `tf.constant(True)`): normalize with the
+      micro-batch's statistics and add them to the window (True), or with
+      the moving statistics (False). A tensor fed at run time is refused:
+      build one graph per mode, as Estimator does.
     k: int >= 1, micro-batches per update, as given to
       `build_accumulating_train_op`.
     momentum: float in [0, 1), the moving averages' momentum per update.
@@ -76,11 +80,12 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
     `tf.compat.v1.GraphKeys.UPDATE_OPS`, for code that runs those).
 
   Raises:
-    TypeError, ValueError: for a bad `k`, `momentum`, `epsilon` or inputs
-      without a known last dimension.
+    TypeError, ValueError: for a bad `training`, `k`, `momentum`, `epsilon`
+      or inputs without a known last dimension.
     ValueError: if the accumulating train op was already built in this graph.
     RuntimeError: in training, when called in cross-replica context.
   """
+  training = _static_training(training)
   k = _checks.check_k(k)
   if not 0.0 <= momentum < 1.0:
     raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
@@ -120,6 +125,24 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
     # which come after this output: so after this micro-batch's addition.
     with tf.control_dependencies([added]):
       return tf.identity(tf.cast(output, inputs.dtype))
+
+
+def _static_training(training):
+  """`training` as a Python bool; TypeError unless it is known at build time."""
+  value = training
+  if isinstance(training, (tf.Tensor, tf.Variable)):
+    value = tf.get_static_value(training)
+    if value is None:
+      raise TypeError(
+          f"training must be a Python bool or a constant boolean tensor, got "
+          f"{training!r}, whose value is only known at run time: the window's "
+          "statistics are added only in training graphs. Build the graph for "
+          "one mode (as Estimator does: mode == ModeKeys.TRAIN).")
+  if isinstance(value, np.ndarray) and value.shape == ():
+    value = value.item()
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"training must be a Python bool, got {training!r}.")
+  return bool(value)
 
 
 def _replica_id():

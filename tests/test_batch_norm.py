@@ -106,6 +106,24 @@ def test_adjusted_momentum_and_bad_arguments():
     estimator_accum.batch_norm(tf.zeros([2, 3]), True, 0)
 
 
+def test_training_must_be_known_when_the_graph_is_built():
+  with tf.Graph().as_default():
+    fed = tf.compat.v1.placeholder(tf.bool, [])
+    with pytest.raises(TypeError, match="only known at run time"):
+      estimator_accum.batch_norm(tf.zeros([2, 3]), fed, 2)
+    with pytest.raises(TypeError, match="training must be a Python bool, "
+                       "got 'yes'"):
+      estimator_accum.batch_norm(tf.zeros([2, 3]), "yes", 2)
+    # A constant tensor is its value: True adds to the window, False not.
+    estimator_accum.batch_norm(tf.ones([2, 3]), tf.constant(True), 2,
+                               name="constant_true")
+    estimator_accum.batch_norm(tf.ones([2, 3]), np.bool_(False), 2,
+                               name="constant_false")
+    windows = [v.op.name for v in tf.compat.v1.global_variables()
+               if "window_sum" in v.op.name]
+    assert windows == ["constant_true/window_sum"]
+
+
 def test_k_must_match_and_layers_come_before_the_train_op():
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   with tf.Graph().as_default():
