@@ -43,6 +43,22 @@ OPTIMIZERS = {
     "keras_legacy_sgd_momentum": (
         lambda: tf.keras.optimizers.legacy.SGD(0.2, momentum=0.9,
                                                nesterov=True), False),
+    "keras_legacy_adam_amsgrad": (
+        lambda: tf.keras.optimizers.legacy.Adam(0.05, amsgrad=True), False),
+    "keras_legacy_rmsprop_centered_momentum": (
+        lambda: tf.keras.optimizers.legacy.RMSprop(0.05, momentum=0.5,
+                                                   centered=True), False),
+    "keras_legacy_adagrad": (lambda: tf.keras.optimizers.legacy.Adagrad(0.3),
+                             False),
+    "keras_legacy_adadelta": (
+        lambda: tf.keras.optimizers.legacy.Adadelta(5.0), False),
+    "keras_legacy_adamax": (lambda: tf.keras.optimizers.legacy.Adamax(0.05),
+                            False),
+    "keras_legacy_nadam": (lambda: tf.keras.optimizers.legacy.Nadam(0.05),
+                           False),
+    "keras_legacy_ftrl": (lambda: tf.keras.optimizers.legacy.Ftrl(
+        0.3, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001), False),
     "bert_adam_weight_decay": (
         lambda: GoogleStyleAdamWeightDecay(
             0.05, weight_decay_rate=0.01,
