@@ -59,6 +59,22 @@ def check_loss(loss):
                   "tf.reduce_mean(per_example_loss)")
 
 
+def check_optimizer_under_strategy(optimizer):
+  """Refuses an optimizer that TensorFlow cannot run under the current
+  distribution strategy (replica context of a model_fn)."""
+  if not tf.distribute.has_strategy():
+    return
+  if isinstance(optimizer, tf.compat.v1.train.ProximalAdagradOptimizer):
+    strategy = type(tf.distribute.get_strategy()).__name__
+    raise TypeError(
+        f"optimizer ProximalAdagradOptimizer cannot run under {strategy}: "
+        "TensorFlow 2.15 builds its slots colocated with a mirrored variable "
+        "and fails (plain optimizer.minimize fails the same way). Use "
+        "FtrlOptimizer or ProximalGradientDescentOptimizer for l1/l2 "
+        "regularization, AdagradOptimizer, or train it on one device or with "
+        "parameter servers.")
+
+
 def check_optimizer(optimizer):
   """Checks that `optimizer` is an optimizer the accumulation can drive."""
   v1_optimizer = tf.compat.v1.train.Optimizer

@@ -7,6 +7,8 @@ first must happen outside the control flow and the second must not happen
 at all: the window has already been all-reduced once.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 
@@ -17,10 +19,51 @@ def create_outside_control_flow(next_creator, **kwargs):
   `tf.compat.v1.get_variable` inside `apply_gradients`. Called from inside the
   end-of-window `tf.cond`, such a variable would be built in the branch (its
   own function graph under control flow v2); `init_scope` lifts it to the
-  outer graph, as TensorFlow's own optimizers do for their slots.
+  outer graph, as TensorFlow's own optimizers do for their slots. A
+  strategy's scope is kept per graph and per thread: a replica's thread
+  (MirroredStrategy builds each replica in one) has none in the outer graph,
+  so the strategy is entered there again for the creation.
   """
+  strategy = tf.distribute.get_strategy()
   with tf.init_scope():
-    return next_creator(**kwargs)
+    if tf.distribute.has_strategy() or strategy is tf.distribute.get_strategy():
+      return next_creator(**kwargs)
+    with strategy.scope():
+      return next_creator(**kwargs)
+
+
+@contextlib.contextmanager
+def reduction_taken_out(optimizer):
+  """While the window is handed to `optimizer` on every replica: a v1
+  optimizer's cross-replica apply, reached through an `apply_gradients` of
+  its own that calls the base class's, sums nothing.
+
+  The window is already the mean over replicas on each of them. A v1
+  optimizer whose `apply_gradients` (the base class's, reached from a
+  subclass's) merges into `_distributed_apply` would sum the replicas' copies
+  again; one whose `apply_gradients` never merges (google-research/bert's
+  AdamWeightDecay updates each replica's copy of its variables in place) must
+  see the whole mean. So every replica is given the mean, and the merge, if
+  any, runs `_distributed_apply` with a strategy whose reduction hands the
+  values back.
+  """
+  if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
+    yield
+    return
+  own = optimizer.__dict__.get("_distributed_apply")
+  original = optimizer._distributed_apply  # noqa: SLF001
+
+  def distributed_apply(distribution, *args, **kwargs):
+    return original(AlreadyReduced(distribution), *args, **kwargs)
+
+  optimizer._distributed_apply = distributed_apply  # noqa: SLF001
+  try:
+    yield
+  finally:
+    if own is None:
+      del optimizer._distributed_apply  # noqa: SLF001
+    else:
+      optimizer._distributed_apply = own  # noqa: SLF001
 
 
 def reduces_in_distributed_apply(optimizer):

@@ -198,6 +198,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         "build_accumulating_train_op must be called in replica context (a "
         "model_fn, or a function run by strategy.run), not in cross-replica "
         "context such as directly under strategy.scope().")
+  _checks.check_optimizer_under_strategy(optimizer)
   if global_step is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
     _checks.check_global_step(global_step)

@@ -20,7 +20,6 @@ from estimator_accum.accumulators import (
 from estimator_accum.batch_norm import claim_window_statistics
 from estimator_accum.gradient_ops import (
   cast_gradient,
-  fixed_row_count,
   scale_gradient,
   scale_unless_one,
 )
@@ -28,6 +27,7 @@ from estimator_accum.optimizer_apply import (
   AlreadyReduced,
   create_outside_control_flow,
   reduces_in_distributed_apply,
+  reduction_taken_out,
 )
 from estimator_accum.sparse import CompactSparseAccumulator
 
@@ -314,8 +314,9 @@ class Window:
             AlreadyReduced(strategy), list(zip(gradients, variables)))
       with tf.control_dependencies([apply_op]):
         return tf.constant(True)
-    applied = strategy.extended.call_for_each_replica(
-        self._apply_on_replica, args=(gradients,))
+    with reduction_taken_out(self._optimizer):
+      applied = strategy.extended.call_for_each_replica(
+          self._apply_on_replica, args=(gradients,))
     with tf.control_dependencies(strategy.experimental_local_results(applied)):
       return tf.constant(True)
 
@@ -386,17 +387,12 @@ class Window:
 
   def _apply_on_replica(self, gradients):
     """Hands the window's gradient to the optimizer on this replica."""
-    strategy = tf.distribute.get_strategy()
-    num_replicas = strategy.num_replicas_in_sync
     variables = [a.variable for a in self._accumulators]
     extra = {}
     if isinstance(self._optimizer, tf.keras.optimizers.legacy.Optimizer):
       # Already reduced: tell Keras not to reduce again.
       extra = dict(experimental_aggregate_gradients=False)
-    elif num_replicas > 1:
-      # A v1 optimizer sums over replicas itself; give it each replica's share.
-      gradients = [fixed_row_count(scale_gradient(g, 1.0 / num_replicas))
-                   for g in gradients]
+    # A v1 optimizer is given the whole mean too: reduction_taken_out.
     with tf.variable_creator_scope(create_outside_control_flow):
       apply_op = self._optimizer.apply_gradients(
           list(zip(gradients, variables)), **extra)

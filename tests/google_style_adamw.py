@@ -1,9 +1,12 @@
-"""An optimizer in the shape of google-research/bert's AdamWeightDecayOptimizer.
+"""Optimizers with an `apply_gradients` of their own, as users bring them:
+google-research/bert's AdamWeightDecayOptimizer and a subclass that calls the
+base class's.
 
-Written for the tests to reproduce what users bring from that repository: it
-creates its slots with `tf.compat.v1.get_variable` inside `apply_gradients`,
-ignores `global_step`, and returns a `tf.group` of assignments. The project's
-own BERT optimizer lives in models/bert; this one stays independent of it.
+Google's creates its slots with `tf.compat.v1.get_variable` inside
+`apply_gradients`, ignores `global_step`, returns a `tf.group` of
+assignments and never merges across replicas (each replica updates its own
+copy). The project's own BERT optimizer lives in models/bert; these stay
+independent of it.
 """
 
 import re
@@ -58,3 +61,19 @@ class GoogleStyleAdamWeightDecay(tf.compat.v1.train.Optimizer):
       if re.search(pattern, param_name) is not None:
         return False
     return True
+
+
+class MomentumClippingEachGradient(tf.compat.v1.train.MomentumOptimizer):
+  """A user's subclass with an `apply_gradients` of its own that transforms
+  the gradients (clips each by its norm, a nonlinear step) and then calls the
+  base class's, which all-reduces under a strategy. Handed a share of the
+  window per replica instead of the window, it would clip the shares."""
+
+  def __init__(self, learning_rate, momentum, clip_each):
+    super().__init__(learning_rate, momentum)
+    self._clip_each = clip_each
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    clipped = [(tf.clip_by_norm(tf.convert_to_tensor(g), self._clip_each), v)
+               for g, v in grads_and_vars if g is not None]
+    return super().apply_gradients(clipped, global_step, name)

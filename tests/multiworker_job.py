@@ -20,11 +20,15 @@ import tensorflow as tf  # noqa: E402
 
 from benchmarks.collectives import CollectiveCounter  # noqa: E402
 from tests import support  # noqa: E402
+from tests.google_style_adamw import GoogleStyleAdamWeightDecay  # noqa: E402
 
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    # google-research/bert's shape: apply_gradients of its own, no merge.
+    "google_adam_weight_decay": lambda: GoogleStyleAdamWeightDecay(
+        0.05, weight_decay_rate=0.01),
 }
 
 

@@ -250,6 +250,22 @@ def test_cross_replica_context_is_refused():
           tf.reduce_sum(w), tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
 
 
+def test_proximal_adagrad_under_a_strategy_is_refused():
+  """TensorFlow 2.15 cannot build its slots for mirrored variables (plain
+  minimize fails deep inside colocate_with): one line instead."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+
+  def build():
+    w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+    estimator_accum.build_accumulating_train_op(
+        tf.reduce_sum(w), tf.compat.v1.train.ProximalAdagradOptimizer(0.1), 2)
+
+  with tf.Graph().as_default(), strategy.scope():
+    with pytest.raises(TypeError, match="optimizer ProximalAdagradOptimizer "
+                       "cannot run under MirroredStrategy"):
+      strategy.extended.call_for_each_replica(build)
+
+
 @pytest.mark.parametrize("argument, value", [
     ("every_n_micro_batches", 0), ("micro_batch_size", 2.0)])
 def test_bad_hook_arguments(argument, value):

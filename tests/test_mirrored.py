@@ -6,6 +6,11 @@ import pytest
 import tensorflow as tf
 
 from tests import support
+from tests import test_exact_optimizers as exact
+from tests.google_style_adamw import (
+    GoogleStyleAdamWeightDecay,
+    MomentumClippingEachGradient,
+)
 
 v1 = tf.compat.v1.train
 REPLICAS = 2
@@ -17,6 +22,13 @@ OPTIMIZERS = {
     "adam": (lambda: v1.AdamOptimizer(0.05), True),
     "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
                           False),
+    # apply_gradients of their own: one never merges across replicas, one
+    # transforms the gradients and then merges (the base class's).
+    "google_adam_weight_decay": (
+        lambda: GoogleStyleAdamWeightDecay(0.05, weight_decay_rate=0.01),
+        False),
+    "momentum_clipping_each": (
+        lambda: MomentumClippingEachGradient(0.2, 0.9, clip_each=0.05), False),
 }
 
 
@@ -45,6 +57,25 @@ def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
   what = f"{optimizer_name} mirrored x{REPLICAS}, {control_flow}"
   support.assert_trained_like_big_batch(estimator, actual, expected,
                                         K * UPDATES, UPDATES, what)
+
+
+@pytest.mark.parametrize("optimizer_name", sorted(
+    set(exact.OPTIMIZERS) - {"proximal_adagrad", "sgd", "momentum", "adam",
+                             "keras_legacy_adam", "bert_adam_weight_decay"}))
+def test_mirrored_every_other_optimizer(optimizer_name, tmp_path):
+  """The rest of test_exact_optimizers' list, once each (control flow v2,
+  no clipping): their slots and updates on every replica's copy."""
+  optimizer_fn, uses_minimize = exact.OPTIMIZERS[optimizer_name]
+  big_batch = REPLICAS * K * MICRO_BATCH
+  data = support.make_data(big_batch * UPDATES)
+  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
+                                     minimize=uses_minimize)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
+      train_distribute=_strategy())
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * UPDATES, UPDATES,
+      f"{optimizer_name} mirrored x{REPLICAS}")
 
 
 def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):

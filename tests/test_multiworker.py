@@ -24,7 +24,7 @@ BATCH_NORM_MOMENTUM = 0.5
     ("sgd", False, "v2", None), ("sgd", True, "v2", None),
     ("momentum", False, "v2", None), ("momentum", True, "v2", None),
     ("adam", False, "v2", None), ("adam", True, "v2", None),
-    ("adam", True, "v1", None),
+    ("adam", True, "v1", None), ("google_adam_weight_decay", True, "v2", None),
     # Every tensor its own all-reduce (bytes_per_pack=1).
     ("adam", True, "v2", 1), ("momentum", True, "v1", 1),
 ])
@@ -35,7 +35,8 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
   if clipped:
     clip_norm = 0.5 * support.reference_gradient_norm(data, BIG_BATCH)
   expected = support.reference_train(OPTIMIZERS[optimizer_name], data,
-                                     BIG_BATCH, UPDATES, clip_norm=clip_norm)
+                                     BIG_BATCH, UPDATES, clip_norm=clip_norm,
+                                     minimize="google" not in optimizer_name)
   command = [
       sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
       "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
