@@ -24,9 +24,9 @@ def create_outside_control_flow(next_creator, **kwargs):
   (MirroredStrategy builds each replica in one) has none in the outer graph,
   so the strategy is entered there again for the creation.
   """
-  strategy = tf.distribute.get_strategy()
+  strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
   with tf.init_scope():
-    if tf.distribute.has_strategy() or strategy is tf.distribute.get_strategy():
+    if strategy is None or tf.distribute.has_strategy():
       return next_creator(**kwargs)
     with strategy.scope():
       return next_creator(**kwargs)
