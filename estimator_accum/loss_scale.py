@@ -13,9 +13,11 @@ S lives in `<name>/loss_scale` and the run of good windows in
 with the scale it had.
 
 Users can pass `loss_scale="dynamic"` or a number, or hand in a
-`tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer`: it is
-unwrapped and its settings are used here, so that unscaling and the
-finiteness decision happen once per window, not once per micro-batch.
+`tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` or a Keras
+`LossScaleOptimizer`: it is unwrapped and its settings are used here, so
+that unscaling and the finiteness decision happen once per window, not once
+per micro-batch (left wrapped, either would unscale, check and skip each
+micro-batch inside the window on its own).
 """
 
 import dataclasses
@@ -74,34 +76,48 @@ def check_loss_scale(loss_scale):
   return LossScaleConfig(float(loss_scale), False)
 
 
+def _from_keras_wrapper(optimizer):
+  if optimizer._loss_has_been_scaled:  # noqa: SLF001
+    raise ValueError(
+        f"loss was scaled by the Keras {type(optimizer).__name__}'s "
+        f"get_scaled_loss, and the window scales it again: pass the unscaled "
+        f"loss (the library scales and unscales it with the optimizer's "
+        f"settings).")
+  if not optimizer.dynamic:
+    return LossScaleConfig(float(optimizer.initial_scale), False)
+  return LossScaleConfig(float(optimizer.initial_scale), True,
+                         int(optimizer.dynamic_growth_steps))
+
+
 def unwrap_optimizer(optimizer, loss_scale):
   """Returns (inner optimizer, LossScaleConfig or None).
 
-  A MixedPrecisionLossScaleOptimizer is taken apart: its inner optimizer
-  applies the window, its loss scale settings scale the loss. Wrapping it
-  twice, combining it with loss_scale=, or a Keras LossScaleOptimizer (which
-  would unscale and skip per micro-batch, inside the window) is an error.
+  A MixedPrecisionLossScaleOptimizer or a Keras LossScaleOptimizer is taken
+  apart: its inner optimizer applies the window, its loss scale settings
+  scale the loss. Wrapping twice, combining a wrapper with loss_scale=, or a
+  loss already scaled by the Keras wrapper's get_scaled_loss is an error.
   """
   config = check_loss_scale(loss_scale)
-  if isinstance(optimizer, _keras_wrapper_types()):
-    raise TypeError(
-        f"optimizer is a Keras {type(optimizer).__name__}: inside the window "
-        f"it would unscale, check and skip every micro-batch on its own. Pass "
-        f"its inner optimizer and loss_scale='dynamic' (or a number) instead.")
-  if not isinstance(optimizer, _V1_WRAPPER):
+  wrappers = (_V1_WRAPPER,) + _keras_wrapper_types()
+  if not isinstance(optimizer, wrappers):
     return optimizer, config
-  inner = optimizer._optimizer  # noqa: SLF001
-  if isinstance(inner, (_V1_WRAPPER,) + _keras_wrapper_types()):
+  if isinstance(optimizer, _V1_WRAPPER):
+    inner = optimizer._optimizer  # noqa: SLF001
+  else:
+    inner = optimizer.inner_optimizer
+  if isinstance(inner, wrappers):
     raise TypeError(
-        f"optimizer is a MixedPrecisionLossScaleOptimizer wrapped around "
-        f"another loss-scale optimizer ({type(inner).__name__}): the loss "
-        f"would be scaled twice. Wrap the optimizer once.")
+        f"optimizer is a {type(optimizer).__name__} wrapped around another "
+        f"loss-scale optimizer ({type(inner).__name__}): the loss would be "
+        f"scaled twice. Wrap the optimizer once.")
   if config is not None:
     raise ValueError(
-        f"optimizer is a MixedPrecisionLossScaleOptimizer and loss_scale="
+        f"optimizer is a {type(optimizer).__name__} and loss_scale="
         f"{loss_scale!r} was given too: the loss would be scaled twice. Pass "
         f"one of them.")
-  return inner, _from_v1_loss_scale(optimizer._loss_scale)  # noqa: SLF001
+  if isinstance(optimizer, _V1_WRAPPER):
+    return inner, _from_v1_loss_scale(optimizer._loss_scale)  # noqa: SLF001
+  return inner, _from_keras_wrapper(optimizer)
 
 
 class LossScaler:

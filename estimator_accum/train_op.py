@@ -119,8 +119,9 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       models. Gradients are unscaled in float32 as they enter the
       accumulators; a window with an overflow is skipped whole, and a dynamic
       scale is halved there and doubled after 2000 good windows in a row. A
-      `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` passed
-      as `optimizer` is unwrapped and its settings used instead.
+      `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` or a
+      Keras `LossScaleOptimizer` passed as `optimizer` is unwrapped and its
+      settings used instead (pass the unscaled loss).
     sparse_accumulation: how tables with `tf.IndexedSlices` gradients
       (embedding lookups) are accumulated. "auto" (default): compactly, as
       the rows the window touched only, when a dense accumulator would take

@@ -42,10 +42,21 @@ def _without_window(data, window, replicas=1):
           for key, value in data.items()}
 
 
-def test_float16_overflow_skips_its_window_and_halves_the_scale(tmp_path):
+def _keras_wrapped_sgd():
+  return tf.keras.mixed_precision.LossScaleOptimizer(
+      tf.keras.optimizers.legacy.SGD(0.5))
+
+
+@pytest.mark.parametrize("settings", [
+    dict(loss_scale="dynamic"),
+    # Keras's wrapper (default: dynamic from 2**15) is unwrapped the same way.
+    dict(optimizer_fn=_keras_wrapped_sgd),
+], ids=["loss_scale", "keras_wrapper"])
+def test_float16_overflow_skips_its_window_and_halves_the_scale(tmp_path,
+                                                                settings):
   data = _overflowing(support.make_data(K * MICRO_BATCH * 4), window=1)
   estimator, actual = _train(tmp_path, data, 4, compute_dtype=tf.float16,
-                             loss_scale="dynamic")
+                             **settings)
   assert estimator.get_variable_value(SCALE) == 2.0 ** 14
   assert estimator.get_variable_value(
       "gradient_accumulation/skipped_windows") == 1
@@ -123,6 +134,41 @@ def test_scale_grows_after_good_windows_and_survives_a_restart(tmp_path):
       expected, what="float32 with a loss-scale optimizer")
 
 
+def test_keras_loss_scale_optimizer_settings_are_used(tmp_path):
+  data = support.make_data(K * MICRO_BATCH * 5)
+
+  def wrapped():
+    return tf.keras.mixed_precision.LossScaleOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.05), initial_scale=8.0,
+        dynamic_growth_steps=2)
+
+  estimator, actual = _train(tmp_path, data, 5, optimizer_fn=wrapped,
+                             compute_dtype=tf.float32)
+  # Two doublings after 4 good windows; window 5 starts a new run.
+  assert estimator.get_variable_value(SCALE) == 32.0
+  assert estimator.get_variable_value(
+      "gradient_accumulation/good_windows") == 1
+  expected = support.reference_train(
+      lambda: tf.keras.optimizers.legacy.Adam(0.05), data, K * MICRO_BATCH, 5,
+      minimize=False)
+  support.assert_weights_moved(actual, "keras wrapper")
+  support.assert_weights_close(actual, expected,
+                               what="float32 with a Keras loss-scale optimizer")
+
+
+def test_keras_fixed_loss_scale_is_a_fixed_scale():
+  with tf.Graph().as_default():
+    _build(tf.keras.mixed_precision.LossScaleOptimizer(
+        tf.keras.optimizers.legacy.SGD(0.1), dynamic=False,
+        initial_scale=64.0))
+    state = {v.op.name: v for v in v1.global_variables()}
+    assert SCALE in state
+    assert "gradient_accumulation/good_windows" not in state
+    with v1.Session() as session:
+      session.run(v1.global_variables_initializer())
+      assert session.run(state[SCALE]) == 64.0
+
+
 def test_loss_scale_summary(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 2)
   estimator, _ = _train(tmp_path, data, 2, loss_scale=4.0)
@@ -157,13 +203,26 @@ def test_mirrored_float16_overflow_is_skipped_on_every_replica(tmp_path):
                                atol=FP16_ATOL, what="mirrored float16")
 
 
-def _build(optimizer, **kwargs):
+def _build(optimizer, scaled_by=None, **kwargs):
+  """Builds a train op in the default graph (the optimizer's: a Keras
+  wrapper makes its scale variable when it is made).
+
+  scaled_by: None, or a Keras loss-scale optimizer whose get_scaled_loss the
+  loss goes through first (as in a Keras training loop).
+  """
   import estimator_accum
 
-  with tf.Graph().as_default():
-    variable = v1.get_variable("w", initializer=1.0)
-    return estimator_accum.build_accumulating_train_op(
-        variable * 2.0, optimizer, 2, **kwargs)
+  variable = v1.get_variable("w", initializer=1.0)
+  loss = variable * 2.0
+  if scaled_by is not None:
+    loss = scaled_by.get_scaled_loss(loss)
+  return estimator_accum.build_accumulating_train_op(
+      loss, optimizer, 2, **kwargs)
+
+
+def _keras_scaled_loss():
+  optimizer = _keras_wrapped_sgd()
+  return optimizer, {"scaled_by": optimizer}
 
 
 @pytest.mark.parametrize("make, kwargs, error, text", [
@@ -173,14 +232,22 @@ def _build(optimizer, **kwargs):
     (lambda: v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
         _sgd(), "dynamic"), {"loss_scale": 128.0}, ValueError,
      "loss_scale=128.0 was given too"),
+    (_keras_wrapped_sgd, {"loss_scale": "dynamic"}, ValueError,
+     "LossScaleOptimizer and loss_scale='dynamic' was given too"),
+    (_keras_scaled_loss, None, ValueError,
+     "loss was scaled by the Keras LossScaleOptimizer's get_scaled_loss"),
     (lambda: tf.keras.mixed_precision.LossScaleOptimizer(
-        tf.keras.optimizers.legacy.SGD(0.1)), {}, TypeError,
-     "Pass its inner optimizer and loss_scale="),
+        tf.keras.optimizers.Adam(0.1)), {}, TypeError,
+     "optimizer Adam is a Keras optimizer of the new kind"),
     (_sgd, {"loss_scale": 0}, ValueError, "loss_scale must be a finite "
      "number > 0, got 0"),
     (_sgd, {"loss_scale": "static"}, TypeError, "got 'static'"),
     (_sgd, {"loss_scale": True}, TypeError, "got True"),
 ])
 def test_wrong_loss_scaling_is_refused(make, kwargs, error, text):
-  with pytest.raises(error, match=text):
-    _build(make(), **kwargs)
+  with tf.Graph().as_default():
+    optimizer = make()
+    if kwargs is None:  # make returned (optimizer, kwargs).
+      optimizer, kwargs = optimizer
+    with pytest.raises(error, match=text):
+      _build(optimizer, **kwargs)
