@@ -101,7 +101,8 @@ def weight_names():
 
 def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
                     loss_reduction="mean", minimize=True,
-                    embedding_partitions=None, ema_decay=None):
+                    embedding_partitions=None, ema_decay=None,
+                    unique_rows=False):
   """Plain big-batch training in a fresh graph; returns the final weights.
 
   Args:
@@ -119,6 +120,11 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
     ema_decay: None, or the decay of an ExponentialMovingAverage of the
       weights (num_updates = global step) run after every step, as recipes
       do; its averages are returned too, as "<name>/ExponentialMovingAverage".
+    unique_rows: hand the optimizer the embedding's gradient with its
+      duplicate rows summed (as a dense tensor), the gradient itself: an
+      optimizer that clips raw tf.IndexedSlices (Keras clipvalue, clipnorm)
+      clips each occurrence of a row on its own instead. Implies
+      minimize=False.
   """
   graph = tf.Graph()
   with graph.as_default():
@@ -132,10 +138,12 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
                       embedding_partitions=embedding_partitions)
     optimizer = optimizer_fn()
     variables = tf.compat.v1.trainable_variables()
-    if minimize and clip_norm is None:
+    if minimize and clip_norm is None and not unique_rows:
       train_op = optimizer.minimize(loss, global_step=global_step)
     else:
       gradients = tf.compat.v1.gradients(loss, variables)
+      if unique_rows:
+        gradients = [tf.convert_to_tensor(g) for g in gradients]
       if clip_norm is not None:
         # The norm of the gradient itself: tf.linalg.global_norm on raw
         # IndexedSlices counts a row once per duplicate index instead.

@@ -70,6 +70,14 @@ MICRO_BATCH = 4
 UPDATES = 3
 
 
+# Keras optimizers that clip in apply_gradients: they clip the window's mean.
+KERAS_CLIPPING = {
+    "clipnorm": lambda: tf.keras.optimizers.legacy.Adam(0.05, clipnorm=0.05),
+    "global_clipnorm": lambda: tf.keras.optimizers.legacy.Adam(
+        0.05, global_clipnorm=0.05),
+    "clipvalue": lambda: tf.keras.optimizers.legacy.SGD(0.5, clipvalue=0.01),
+}
+
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_accumulation_equals_big_batch(optimizer_name, control_flow,
                                        tmp_path):
@@ -113,3 +121,20 @@ def test_other_window_sizes(k, tmp_path):
   _, actual = support.estimator_train(tmp_path, optimizer_fn, data, 2, k,
                                       k * 3)
   support.assert_weights_close(actual, expected, what=f"k={k}")
+
+
+@pytest.mark.parametrize("setting", sorted(KERAS_CLIPPING))
+def test_keras_optimizer_clipping_equals_big_batch(setting, control_flow,
+                                                   tmp_path):
+  """Keras clips in apply_gradients, so it clips the window's mean: the big
+  batch's gradient. (Compared with its duplicate embedding rows summed:
+  Keras clipping raw tf.IndexedSlices clips each occurrence on its own.)"""
+  optimizer_fn = KERAS_CLIPPING[setting]
+  data = support.make_data(K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(
+      optimizer_fn, data, K * MICRO_BATCH, UPDATES, unique_rows=True)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES)
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * UPDATES, UPDATES,
+      f"Keras {setting}, control flow {control_flow}")

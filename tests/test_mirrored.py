@@ -84,6 +84,24 @@ def test_mirrored_other_optimizers(optimizer_name, tmp_path):
       f"{optimizer_name} mirrored x{REPLICAS}")
 
 
+@pytest.mark.parametrize("setting", sorted(exact.KERAS_CLIPPING))
+def test_mirrored_keras_optimizer_clipping(setting, tmp_path):
+  """Keras clipnorm / global_clipnorm / clipvalue clip the window's mean over
+  both replicas, as the big batch's (duplicate rows summed: see
+  test_exact_optimizers)."""
+  optimizer_fn = exact.KERAS_CLIPPING[setting]
+  big_batch = REPLICAS * K * MICRO_BATCH
+  data = support.make_data(big_batch * UPDATES)
+  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
+                                     unique_rows=True)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
+      train_distribute=_strategy())
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * UPDATES, UPDATES,
+      f"Keras {setting} mirrored x{REPLICAS}")
+
+
 def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
   """Guards the test above: one replica's data alone is not the big batch."""
   optimizer_fn = OPTIMIZERS["sgd"][0]
