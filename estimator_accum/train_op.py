@@ -214,6 +214,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           f"loss {loss.name} cannot be trained: the graph has no trainable "
           "variables.")
 
+  outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
   with tf.compat.v1.name_scope(name):
     scaler = None
     scaled_loss = loss
@@ -238,7 +239,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
         local_device=between_graph_worker_device(loss, global_step),
         compact=compact, communication_options=communication_options,
-        after_update=after_update)
+        after_update=after_update, outer_scope=outer_scope)
     accumulated = window.accumulate_micro_batch()
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))

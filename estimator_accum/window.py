@@ -74,8 +74,11 @@ class Window:
   def __init__(self, trained, optimizer, k, global_step, clip_norm,
                num_examples, reduction, accumulator_dtype, summaries, name,
                loss_scaler=None, local_device=None, compact=None,
-               communication_options=None, after_update=None):
+               communication_options=None, after_update=None,
+               outer_scope=""):
     self._gradients = [g for g, _ in trained]
+    # The name scope the train op is built in: see _outer_name_scope.
+    self._outer_scope = outer_scope
     self._optimizer = optimizer
     self._k = k
     self._global_step = global_step
@@ -235,7 +238,8 @@ class Window:
     """True branch: the user's `after_update` ops, once per applied update,
     after the micro-batch's work and counters (as a big-batch recipe's ops
     under `tf.control_dependencies([train_op])` run)."""
-    with tf.variable_creator_scope(create_outside_control_flow):
+    with self._outer_name_scope(), tf.variable_creator_scope(
+        create_outside_control_flow):
       created = self._after_update()
     created = [op for op in tf.nest.flatten(created) if op is not None]
     with tf.control_dependencies(created):
@@ -299,7 +303,7 @@ class Window:
   def _apply(self, strategy, gradients, statistics):
     moved = [s.move_averages(strategy, sums)
              for s, sums in zip(self._statistics, statistics)]
-    with tf.control_dependencies(moved):
+    with tf.control_dependencies(moved), self._outer_name_scope():
       return self._apply_gradients(strategy, gradients)
 
   def _apply_gradients(self, strategy, gradients):
@@ -319,6 +323,22 @@ class Window:
           self._apply_on_replica, args=(gradients,))
     with tf.control_dependencies(strategy.experimental_local_results(applied)):
       return tf.constant(True)
+
+  def _outer_name_scope(self):
+    """Enters, inside a branch, the name scope the train op was built in.
+
+    The optimizer (or after_update) builds its ops there and creates its
+    slots and step counts (`init_scope` keeps the name scope it is entered
+    from) under the names plain `minimize` gives them: `beta1_power`,
+    `Adam/iter`. Left in the branch's scope they would be named
+    `gradient_accumulation/end_of_window/cond/beta1_power` under control
+    flow v1, and lose the caller's scope under v2 (a branch's graph starts
+    at the root): checkpoints would differ with the control flow version
+    and from plain training's.
+    """
+    scope = self._outer_scope
+    return tf.compat.v1.get_default_graph().name_scope(
+        scope + "/" if scope else "")
 
   # Replica context, inside the end-of-window branch.
 

@@ -9,6 +9,7 @@ case is compared with plain TensorFlow trained on the same groups of
 examples, one big batch per window.
 """
 
+import contextlib
 import subprocess
 import sys
 
@@ -207,3 +208,81 @@ def test_start_from_a_checkpoint_written_without_accumulation(tmp_path):
             for n in support.weight_names()}
   support.assert_trained_like_big_batch(accumulating, actual, expected, 4, 2,
                                         "warm-started from a plain run")
+
+
+def _keras_adam():
+  return tf.keras.optimizers.legacy.Adam(0.05)
+
+
+@pytest.mark.parametrize("optimizer_fn, first, second", [
+    (_adam, "v1", "v2"), (_keras_adam, "v2", "v1")],
+    ids=["v1_adam_cf_v1_to_v2", "keras_adam_cf_v2_to_v1"])
+def test_resume_under_the_other_control_flow(optimizer_fn, first, second,
+                                             tmp_path):
+  """The optimizer's state is checkpointed under the names plain training
+  gives it (`beta1_power`, `Adam/w/m`), whichever control flow built the
+  window's branch: a job stopped mid-window under one (a TF1-style script
+  calling disable_v2_behavior runs control flow v1) resumes under the
+  other, exactly."""
+  k, stop, total = 2, 3, 8
+  data = support.make_data(MICRO_BATCH * total)
+  params = dict(optimizer_fn=optimizer_fn, k=k)
+  try:
+    for control_flow, steps, skip in ((first, stop, 0), (second, total, stop)):
+      if control_flow == "v1":
+        tf.compat.v1.disable_control_flow_v2()
+      else:
+        tf.compat.v1.enable_control_flow_v2()
+      estimator = support.make_estimator(tmp_path, params)
+      estimator.train(support.micro_batch_input_fn(data, MICRO_BATCH,
+                                                   skip=skip),
+                      max_steps=steps)
+  finally:
+    tf.compat.v1.enable_control_flow_v2()
+  expected = support.reference_train(optimizer_fn, data, k * MICRO_BATCH,
+                                     total // k, minimize=False)
+  actual = {n: estimator.get_variable_value(n) for n in support.weight_names()}
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, total, total // k,
+      f"control flow {first}, then {second}")
+
+
+def _optimizer_state_names(optimizer_fn, accumulate, scope):
+  """The global variables a train op builds, besides the window's own."""
+  import estimator_accum
+
+  with tf.Graph().as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    with tf.name_scope(scope) if scope else contextlib.nullcontext():
+      weight = tf.compat.v1.get_variable("w", [3])
+      loss = tf.reduce_sum(weight * 2.0)
+      optimizer = optimizer_fn()
+      if accumulate:
+        estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
+      else:
+        optimizer.apply_gradients(
+            [(tf.compat.v1.gradients(loss, [weight])[0], weight)])
+    del global_step
+    window = set()
+    if accumulate:
+      state = estimator_accum.get_accumulation_state()
+      window = {v.op.name for a in state.accumulators
+                for v in a.state_variables()}
+      window.update(v.op.name for v in (
+          state.updates_applied, state.skipped_windows,
+          state.applied_gradient_norm))
+      window.update(f"gradient_accumulation/{name}" for name in (
+          "window_micro_batches", "window_divisor"))
+    return sorted(v.op.name for v in tf.compat.v1.global_variables()
+                  if v.op.name not in window)
+
+
+@pytest.mark.parametrize("optimizer_fn", [_adam, _keras_adam],
+                         ids=["v1_adam", "keras_adam"])
+def test_optimizer_state_is_named_as_in_plain_training(optimizer_fn,
+                                                       control_flow):
+  for scope in (None, "train", "outer/inner"):
+    names = _optimizer_state_names(optimizer_fn, True, scope)
+    assert names == _optimizer_state_names(optimizer_fn, False, scope)
+    if scope:
+      assert any(name.startswith(scope + "/") for name in names), names
