@@ -92,6 +92,11 @@ def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32,
       labels=labels, logits=tf.cast(logits, tf.float32))
   if reduction == "sum":
     return tf.reduce_sum(per_example)
+  if reduction == "tokens":
+    # A sequence model's mean over its real (unpadded) tokens: example i
+    # stands for features["tokens"][i] tokens sharing its loss.
+    tokens = tf.cast(features["tokens"], tf.float32)
+    return tf.reduce_sum(per_example * tokens) / tf.reduce_sum(tokens)
   return tf.reduce_mean(per_example)
 
 
@@ -243,6 +248,8 @@ def accumulating_model_fn(features, labels, mode, params):
         bytes_per_pack=params["bytes_per_pack"])
   if params.get("weight_by_examples"):
     num_examples = tf.shape(labels)[0]
+  if params.get("weight_by_tokens"):
+    num_examples = tf.reduce_sum(features["tokens"])
   after_update = None
   if params.get("ema_decay") is not None:
     variables = tf.compat.v1.trainable_variables()

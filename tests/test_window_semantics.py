@@ -4,7 +4,8 @@
 - clip_norm equals clipping the big batch's gradient by global norm;
 - a window with a NaN/Inf gradient is skipped whole and training goes on;
 - a job stopped mid-window and restarted from its checkpoint loses nothing;
-- uneven micro-batches weighted by num_examples equal the uneven big batch;
+- uneven micro-batches weighted by num_examples equal the uneven big batch,
+  and a loss over tokens weighted by token counts the big batch's;
 - reduction="sum" and "running_mean".
 """
 
@@ -193,6 +194,29 @@ def test_uneven_micro_batches_weighted_by_num_examples(optimizer_name,
   # window is the plain mean of its four micro-batch means, not the big batch.
   _, unweighted = support.estimator_train(
       tmp_path / "unweighted", optimizer_fn, data, 4, 4, 8)
+  assert not np.allclose(unweighted["dense/kernel"], expected["dense/kernel"],
+                         rtol=1e-4)
+
+
+def test_loss_over_tokens_weighted_by_token_counts(tmp_path):
+  """A loss averaged over a micro-batch's real tokens (padding left out):
+  num_examples = the micro-batch's token count makes each window the big
+  batch's mean over all its tokens, however unevenly they fall."""
+  optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
+  data = support.make_data(32)
+  # 0 to 5 tokens an example: micro-batches of 4 hold 3 to 17 tokens.
+  data["tokens"] = np.random.RandomState(3).randint(0, 6, 32).astype(np.int32)
+  assert all(data["tokens"][i:i + 4].sum() > 0 for i in range(0, 32, 4))
+  expected = support.reference_train(optimizer_fn, data, 16, 2,
+                                     loss_reduction="tokens")
+  _, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, 4, 4, 8, loss_reduction="tokens",
+      weight_by_tokens=True)
+  support.assert_weights_close(actual, expected, what="token counts")
+  # Weighted by micro-batch instead, the window differs from the big batch.
+  _, unweighted = support.estimator_train(
+      tmp_path / "unweighted", optimizer_fn, data, 4, 4, 8,
+      loss_reduction="tokens")
   assert not np.allclose(unweighted["dense/kernel"], expected["dense/kernel"],
                          rtol=1e-4)
 
