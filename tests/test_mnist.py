@@ -100,15 +100,6 @@ def test_one_epoch_accumulated_equals_big_batch_weights(tmp_path):
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_single_worker_variants(k, tmp_path):
-  result = _mnist("--model_dir", str(tmp_path), "--k", str(k), "--batch", "8",
-                  "--train_size", "64", "--nocompare")
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert f"effective batch {8 * k} = 1 worker(s)" in result.stdout
-  assert "test accuracy" in result.stdout
-
-
-@pytest.mark.parametrize("k", [1, 2])
 def test_multi_worker_variants(k, tmp_path):
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
              "--timeout", str(TIMEOUT), "--", sys.executable, "-m",
@@ -127,11 +118,15 @@ def test_multi_worker_variants(k, tmp_path):
       "global_step") == 4
 
 
-def test_plot_runs_writes_a_png(tmp_path):
+def test_single_worker_variants_and_their_loss_plot(tmp_path):
+  """One worker with (k=2) and without (k=1) accumulation at the same
+  effective batch, then the picture of both runs' losses."""
   for k, batch in ((2, 8), (1, 16)):
     result = _mnist("--model_dir", str(tmp_path), "--k", str(k), "--batch",
                     str(batch), "--train_size", "320", "--nocompare")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "effective batch 16 = 1 worker(s)" in result.stdout
+    assert f"b{batch}_k{k}: test accuracy" in result.stdout
   output = tmp_path / "loss.png"
   result = subprocess.run(
       [sys.executable, "-m", "models.plot_runs", "--output", str(output),
