@@ -233,15 +233,25 @@ def check_var_list(var_list):
   return var_list
 
 
-def check_ref_variables(trained):
-  """Refuses reference variables under control flow v2, which cannot update
-  them (TF 2's default variables are resource variables)."""
-  if not tf.compat.v1.control_flow_v2_enabled():
-    return
+def check_ref_variables(trained, optimizer):
+  """Refuses reference variables where they cannot be trained: under control
+  flow v2, which cannot update them inside a cond, and with a Keras
+  optimizer, whose slots cannot be made for them (TensorFlow fails in plain
+  `apply_gradients` too). TF 2's default variables are resource variables."""
   refs = [v.name for _, v in trained if v.dtype != v.dtype.base_dtype]
-  if refs:
-    shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more"
-                                   if len(refs) > 3 else "")
+  if not refs:
+    return
+  shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more"
+                                 if len(refs) > 3 else "")
+  if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+    raise ValueError(
+        f"var_list holds reference variables ({shown}), for which the Keras "
+        f"optimizer {type(optimizer).__name__} cannot create its slots "
+        "(TensorFlow's own apply_gradients fails on them too). Create them as "
+        "resource variables (use_resource=True, the default unless "
+        "tf.compat.v1.disable_v2_behavior() or disable_resource_variables() "
+        "was called), or use a tf.compat.v1.train optimizer.")
+  if tf.compat.v1.control_flow_v2_enabled():
     raise ValueError(
         f"var_list holds reference variables ({shown}), which control flow "
         "v2 (TensorFlow 2's default) cannot update inside the window's "

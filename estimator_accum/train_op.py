@@ -230,7 +230,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
           f"loss {loss.name} has no gradient with respect to any of the "
           f"{len(var_list)} trainable variables; check that the loss depends "
           "on them (var_list, stop_gradient, integer casts).")
-    _checks.check_ref_variables(trained)
+    _checks.check_ref_variables(trained, optimizer)
     compact = choose_compact(
         trained, sparse_accumulation, sparse_threshold_bytes,
         accumulator_dtype, tf.distribute.get_strategy().num_replicas_in_sync)

@@ -58,6 +58,26 @@ def test_ref_variables_under_control_flow_v2_are_refused():
   assert "tf.compat.v1.disable_control_flow_v2()" in message
 
 
+def test_ref_variables_with_a_keras_optimizer_are_refused():
+  """Keras cannot make slots for reference variables (plain apply_gradients
+  fails inside TensorFlow): one line naming the variable and the ways out,
+  under control flow v1 (disable_v2_behavior's) too."""
+  tf.compat.v1.disable_control_flow_v2()
+  try:
+    with tf.Graph().as_default():
+      with tf.compat.v1.variable_scope("model", use_resource=False):
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+      with pytest.raises(ValueError) as raised:
+        estimator_accum.build_accumulating_train_op(
+            tf.reduce_sum(w), tf.keras.optimizers.legacy.Adam(0.1), K)
+  finally:
+    tf.compat.v1.enable_control_flow_v2()
+  message = str(raised.value)
+  assert "var_list holds reference variables (model/w:0)" in message
+  assert "Keras optimizer Adam cannot create its slots" in message
+  assert "use_resource=True" in message
+
+
 def _train_and_compare(optimizer_fn, tmp_path):
   _VARIABLE_TYPES.clear()
   data = support.make_data(K * MICRO_BATCH * UPDATES)
