@@ -72,16 +72,23 @@ def test_mirrored_other_optimizers(optimizer_name, tmp_path):
   add slots, a schedule or momentum to the Keras Adam above; once each
   (control flow v2, no clipping), every replica's copy updated."""
   optimizer_fn, uses_minimize = exact.OPTIMIZERS[optimizer_name]
+  _check_unclipped(optimizer_fn, tmp_path, optimizer_name,
+                   minimize=uses_minimize)
+
+
+def _check_unclipped(optimizer_fn, tmp_path, what, **reference):
+  """Mirrored training (control flow as set, no clip_norm) equals the big
+  batch; `reference` goes to support.reference_train."""
   big_batch = REPLICAS * K * MICRO_BATCH
   data = support.make_data(big_batch * UPDATES)
   expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
-                                     minimize=uses_minimize)
+                                     **reference)
   estimator, actual = support.estimator_train(
       tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
       train_distribute=_strategy())
   support.assert_trained_like_big_batch(
       estimator, actual, expected, K * UPDATES, UPDATES,
-      f"{optimizer_name} mirrored x{REPLICAS}")
+      f"{what} mirrored x{REPLICAS}")
 
 
 @pytest.mark.parametrize("setting", sorted(exact.KERAS_CLIPPING))
@@ -89,17 +96,8 @@ def test_mirrored_keras_optimizer_clipping(setting, tmp_path):
   """Keras clipnorm / global_clipnorm / clipvalue clip the window's mean over
   both replicas, as the big batch's (duplicate rows summed: see
   test_exact_optimizers)."""
-  optimizer_fn = exact.KERAS_CLIPPING[setting]
-  big_batch = REPLICAS * K * MICRO_BATCH
-  data = support.make_data(big_batch * UPDATES)
-  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
-                                     unique_rows=True)
-  estimator, actual = support.estimator_train(
-      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
-      train_distribute=_strategy())
-  support.assert_trained_like_big_batch(
-      estimator, actual, expected, K * UPDATES, UPDATES,
-      f"Keras {setting} mirrored x{REPLICAS}")
+  _check_unclipped(exact.KERAS_CLIPPING[setting], tmp_path, f"Keras {setting}",
+                   unique_rows=True)
 
 
 def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
