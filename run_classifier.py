@@ -69,6 +69,12 @@ flags.DEFINE_integer("save_checkpoints_steps", 1000, "Micro-batches between "
                      "checkpoints.", lower_bound=1)
 flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
                      "accumulated per optimizer update.", lower_bound=1)
+# The names other accumulation scripts use for k (Hugging Face's Trainer,
+# NVIDIA's TF1 BERT), so their users' command lines carry over.
+flags.DEFINE_alias("gradient_accumulation_steps",
+                   "gradient_accumulation_multiplier")
+flags.DEFINE_alias("num_accumulation_steps",
+                   "gradient_accumulation_multiplier")
 flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
                    "global norm; 0 disables.", lower_bound=0.0)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")

@@ -99,8 +99,14 @@ def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
 def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
                                                    tmp_path):
   output_dir = tmp_path / "run"
-  result = _run(_flags(tiny_model, sst2, output_dir, use_fp16=True))
+  # k under the name Hugging Face's scripts give it (k=4, the default,
+  # would make 5 updates).
+  flags = _flags(tiny_model, sst2, output_dir, use_fp16=True)
+  flags[flags.index("--gradient_accumulation_multiplier=2")] = (
+      "--gradient_accumulation_steps=2")
+  result = _run(flags)
   assert result.returncode == 0, result.stderr[-3000:]
+  assert "k=2; 10 updates (20 micro-batches)" in result.stdout
   reader = tf.train.load_checkpoint(str(output_dir))
   assert reader.get_tensor("global_step") == 20
   assert reader.get_tensor("gradient_accumulation/loss_scale") >= 2.0 ** 10
