@@ -2,7 +2,8 @@
 
 Every `every_n_micro_batches` it logs one line through absl logging:
 
-  micro-batch 400 | update 100 (k=4) | skipped windows 0 | 812.3 examples/sec
+  micro-batch 400 | update 100 (k=4) | skipped windows 0 |
+      25.4 micro-batches/sec | 812.3 examples/sec
 
 and a warning whenever a window has been skipped for a non-finite gradient
 since the previous line.
@@ -30,7 +31,11 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     Args:
       every_n_micro_batches: int >= 1, micro-batches between two log lines.
       micro_batch_size: optional int, examples per micro-batch on each
-        replica; when given, the line reports examples/sec over all replicas.
+        replica, for the line's examples/sec over all replicas. By default
+        the examples are counted as they run: the train op's `num_examples`
+        when it was given one, else the leading dimension of the batch its
+        loss is computed from (Estimator's input_fn); the line has no
+        examples/sec when neither can be told (a loss fed by placeholders).
       total_micro_batches: optional int, the micro-batches training will run
         (Estimator's max_steps); when given, the line shows progress and the
         time left.
@@ -57,6 +62,8 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._last_skipped = None
     self._step = None
     self._num_replicas = 1
+    self._examples = None
+    self._examples_counted = 0
 
   def begin(self):
     self._state = get_accumulation_state()
@@ -66,6 +73,10 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
         "skipped": self._state.skipped_windows,
     }
     self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    examples = self._state.examples
+    if (self._micro_batch_size is None and examples and
+        all(e is not None for e in examples)):
+      self._examples = list(examples)
 
   def after_create_session(self, session, coord):
     del coord
@@ -76,13 +87,19 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
 
   def before_run(self, run_context):
     del run_context
+    fetches = {}
+    if self._examples is not None:
+      fetches["examples"] = self._examples
     if self._loss is not None and self._step + 1 - self._last_step >= (
         self._every_n):
-      return tf.estimator.SessionRunArgs(self._loss)
-    return None
+      fetches["loss"] = self._loss
+    return tf.estimator.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
     self._step += 1
+    results = run_values.results or {}
+    if "examples" in results:
+      self._examples_counted += sum(int(e) for e in results["examples"])
     if self._step - self._last_step < self._every_n:
       return
     # Read after the micro-batch has finished: a fetch in before_run would
@@ -97,11 +114,17 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     line = (f"{progress} | update {values['updates']} "
             f"(k={self._state.k}) | skipped windows {values['skipped']} | "
             f"{rate:.1f} micro-batches/sec")
+    examples = None
     if self._micro_batch_size is not None:
       examples = rate * self._micro_batch_size * self._num_replicas
+    elif self._examples is not None:
+      # This worker's replicas' examples; as many on every other worker.
+      examples = (self._examples_counted * self._num_replicas /
+                  len(self._examples) / max(now - self._last_time, 1e-9))
+    if examples is not None:
       line += f" | {examples:.1f} examples/sec"
-    if run_values.results is not None:
-      line += f" | loss {run_values.results:.4f}"
+    if "loss" in results:
+      line += f" | loss {results['loss']:.4f}"
     if self._total is not None and rate > 0:
       left = max(self._total - step, 0) / rate
       line += f" | {int(left // 60)}m{int(left % 60):02d}s left"
@@ -111,4 +134,5 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
           "%d window(s) skipped for non-finite gradients since micro-batch %d",
           values["skipped"] - self._last_skipped, self._last_step)
     self._last_step, self._last_time = step, now
+    self._examples_counted = 0
     self._last_skipped = values["skipped"]

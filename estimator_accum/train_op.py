@@ -32,7 +32,7 @@ strategy the same code runs under TensorFlow's default strategy, whose
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import _checks
+from estimator_accum import _checks, window_reports
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import (
     between_graph_worker_device,
@@ -252,7 +252,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   graph = tf.compat.v1.get_default_graph()
   if getattr(graph, _STATE_ATTRIBUTE, None) is None:
     _log_state_size(window.state)
-    setattr(graph, _STATE_ATTRIBUTE, window.state)
+    setattr(graph, _STATE_ATTRIBUTE, window.state._replace(examples=[]))
+  # Every replica's micro-batch size, for the progress line's examples/sec.
+  getattr(graph, _STATE_ATTRIBUTE).examples.append(
+      window_reports.micro_batch_examples(loss, num_examples))
   return train_op
 
 

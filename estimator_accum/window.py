@@ -34,7 +34,8 @@ from estimator_accum.sparse import CompactSparseAccumulator
 AccumulationState = collections.namedtuple(
     "AccumulationState",
     ["k", "global_step", "updates_applied", "skipped_windows",
-     "applied_gradient_norm", "accumulators", "loss_scale"])
+     "applied_gradient_norm", "accumulators", "loss_scale", "examples"],
+    defaults=[None])
 AccumulationState.__doc__ = """What a built accumulation keeps, for hooks and tests.
 
 Fields:
@@ -47,6 +48,10 @@ Fields:
   accumulators: list of `Accumulator`, one per trained variable.
   loss_scale: float32 variable holding the loss scale, or None without loss
     scaling.
+  examples: list of scalar tensors, one per replica on this worker: the
+    examples in its micro-batch (`num_examples`, else the leading dimension
+    of the input pipeline's batch), or None where that cannot be told. What
+    `AccumulationLoggingHook` counts for examples/sec.
 """
 
 # Default size of the window all-reduce's packs. One pack (TensorFlow's

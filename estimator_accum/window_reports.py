@@ -75,3 +75,40 @@ def note_window_size(position, held, k, window_size):
 
   return tf.cond(tf.equal(held, tf.cast(window_size, held.dtype)),
                  lambda: tf.constant(True), note, name="window_size")
+
+
+# Ops an input pipeline hands its batches out of: tf.data's get_next (one
+# per replica under MirroredStrategy) and the queues of numpy_input_fn and
+# other TF1 readers.
+_BATCH_SOURCES = frozenset({
+    "IteratorGetNext", "IteratorGetNextSync",
+    "MultiDeviceIteratorGetNextFromShard", "QueueDequeueManyV2",
+    "QueueDequeueUpToV2", "QueueDequeueMany", "QueueDequeueUpTo"})
+
+
+def micro_batch_examples(loss, num_examples):
+  """The number of examples in this micro-batch on this replica, for the
+  progress line's examples/sec: `num_examples` when given, else the leading
+  dimension of the batch the loss is computed from, when the loss depends on
+  exactly one input pipeline op (Estimator's input_fn). None otherwise.
+  """
+  if num_examples is not None:
+    return num_examples
+  seen, pending, sources = set(), [loss.op], []
+  while pending:
+    op = pending.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if op.type in _BATCH_SOURCES:
+      sources.append(op)
+    else:
+      pending.extend(tensor.op for tensor in op.inputs)
+  if len(sources) != 1:
+    return None
+  batched = [t for t in sources[0].outputs
+             if t.shape.rank is not None and t.shape.rank >= 1]
+  if not batched:
+    return None
+  with tf.compat.v1.name_scope("micro_batch_examples"):
+    return tf.shape(batched[0], out_type=tf.int64)[0]

@@ -2,8 +2,10 @@
 
 import glob
 import logging
+import re
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_accum
@@ -66,6 +68,45 @@ def test_tensorboard_scalars_and_progress_line(tmp_path, caplog):
   assert dict(scalars["accumulation/skipped_windows"])[8] == 0
   norms = dict(scalars["accumulation/applied_gradient_norm"])
   assert norms[8] > 0 and np.isfinite(norms[8])
+
+
+def _progress_rates(caplog):
+  """(micro-batches/sec, examples/sec) of every progress line."""
+  rates = []
+  for record in caplog.records:
+    found = re.search(r"([\d.]+) micro-batches/sec \| ([\d.]+) examples/sec",
+                      record.getMessage())
+    if found:
+      rates.append((float(found.group(1)), float(found.group(2))))
+  return rates
+
+
+@pytest.mark.parametrize("counted_from", ["input", "num_examples", "mirrored"])
+def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
+                                                   caplog):
+  """Without micro_batch_size, examples/sec counts the micro-batches' real
+  sizes: 30 examples in micro-batches of 4 end with one of 2, and under
+  MirroredStrategy every step runs one micro-batch per replica."""
+  strategy = None
+  params = dict(optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+                k=2, training_hooks=[estimator_accum.AccumulationLoggingHook(
+                    every_n_micro_batches=2)])
+  if counted_from == "num_examples":
+    params["weight_by_examples"] = True
+  replicas = 1
+  if counted_from == "mirrored":
+    strategy, replicas = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]), 2
+  estimator = support.make_estimator(tmp_path, params,
+                                     train_distribute=strategy)
+  with caplog.at_level(logging.INFO, logger="absl"):
+    estimator.train(support.micro_batch_input_fn(support.make_data(30), 4))
+  # Examples per micro-batch step over each line's two steps.
+  expected = [8.0, 8.0, 8.0, 6.0] if replicas == 1 else [16.0, 14.0]
+  rates = _progress_rates(caplog)
+  assert len(rates) == len(expected), rates
+  for (micro_batches, examples), per_step in zip(rates, expected):
+    np.testing.assert_allclose(examples / micro_batches, per_step / 2,
+                               rtol=0.02)
 
 
 def test_update_count_follows_windows():
