@@ -73,10 +73,10 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
         "skipped": self._state.skipped_windows,
     }
     self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
-    examples = self._state.examples
+    examples = list((self._state.examples or {}).values())
     if (self._micro_batch_size is None and examples and
         all(e is not None for e in examples)):
-      self._examples = list(examples)
+      self._examples = examples
 
   def after_create_session(self, session, coord):
     del coord

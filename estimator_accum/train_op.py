@@ -252,10 +252,13 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   graph = tf.compat.v1.get_default_graph()
   if getattr(graph, _STATE_ATTRIBUTE, None) is None:
     _log_state_size(window.state)
-    setattr(graph, _STATE_ATTRIBUTE, window.state._replace(examples=[]))
-  # Every replica's micro-batch size, for the progress line's examples/sec.
-  getattr(graph, _STATE_ATTRIBUTE).examples.append(
-      window_reports.micro_batch_examples(loss, num_examples))
+    setattr(graph, _STATE_ATTRIBUTE, window.state._replace(examples={}))
+  # Every replica's micro-batch size, for the progress line's examples/sec;
+  # of the first train op, as the state is (a second one, in a GAN, runs on
+  # the same batches).
+  replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
+  getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(
+      replica, window_reports.micro_batch_examples(loss, num_examples))
   return train_op
 
 

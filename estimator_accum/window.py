@@ -48,10 +48,10 @@ Fields:
   accumulators: list of `Accumulator`, one per trained variable.
   loss_scale: float32 variable holding the loss scale, or None without loss
     scaling.
-  examples: list of scalar tensors, one per replica on this worker: the
-    examples in its micro-batch (`num_examples`, else the leading dimension
-    of the input pipeline's batch), or None where that cannot be told. What
-    `AccumulationLoggingHook` counts for examples/sec.
+  examples: dict, replica id -> scalar tensor, for each replica on this
+    worker: the examples in its micro-batch (`num_examples`, else the
+    leading dimension of the input pipeline's batch), or None where that
+    cannot be told. What `AccumulationLoggingHook` counts for examples/sec.
 """
 
 # Default size of the window all-reduce's packs. One pack (TensorFlow's

@@ -234,6 +234,8 @@ def test_two_train_ops_need_two_counters():
     second = estimator_accum.build_accumulating_train_op(
         w2 * 10.0, optimizer, 3, var_list=[w2], name="second",
         global_step=counter)
+    # The progress line counts the first op's micro-batches, once.
+    assert list(estimator_accum.get_accumulation_state().examples) == [0]
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       for _ in range(6):
