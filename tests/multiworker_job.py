@@ -26,6 +26,9 @@ OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+    # Unwrapped by the library: its Adam applies, its dynamic scale scales.
+    "keras_loss_scale_adam": lambda: tf.keras.mixed_precision.LossScaleOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.05)),
     # google-research/bert's shape: apply_gradients of its own, no merge.
     "google_adam_weight_decay": lambda: GoogleStyleAdamWeightDecay(
         0.05, weight_decay_rate=0.01),
