@@ -24,6 +24,9 @@ import tensorflow as tf
 _ON_READ = tf.VariableSynchronization.ON_READ
 _SUM = tf.VariableAggregation.SUM
 _MEAN = tf.VariableAggregation.MEAN
+# Graph attribute: state variable name -> the replica id (None in
+# cross-replica context) that created it.
+_CREATORS_ATTRIBUTE = "_estimator_accum_state_creators"
 
 
 def _unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
@@ -77,10 +80,22 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
     ValueError: if a variable with that name already exists in the graph,
       which means accumulation was built twice for the same variables.
   """
-  current_scope = tf.compat.v1.get_variable_scope()
-  # Jump to the root scope, keeping `reuse`: under MirroredStrategy replicas
-  # after the first run with reuse=True and must find replica 0's variable.
-  root = tf.compat.v1.VariableScope(reuse=current_scope.reuse, name="")
+  # Jump to the root scope. Reuse only the variable another replica of this
+  # worker created (MirroredStrategy runs the replicas after the first with
+  # reuse=True, and they must find its variable), whatever the caller's
+  # scope says: under a scope with reuse=True the first replica creates
+  # its state, and under AUTO_REUSE a second build is refused, not handed
+  # the first one's accumulators.
+  graph = tf.compat.v1.get_default_graph()
+  creators = getattr(graph, _CREATORS_ATTRIBUTE, None)
+  if creators is None:
+    creators = {}
+    setattr(graph, _CREATORS_ATTRIBUTE, creators)
+  context = tf.distribute.get_replica_context()
+  replica = (None if context is None else
+             int(tf.get_static_value(context.replica_id_in_sync_group)))
+  reuse = name in creators and creators[name] != replica
+  root = tf.compat.v1.VariableScope(reuse=reuse, name="")
   extra = {}
   if local_device is not None:
     extra = dict(collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
@@ -94,12 +109,14 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
             else contextlib.nullcontext())
   with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), device:
     try:
-      return tf.compat.v1.get_variable(
+      variable = tf.compat.v1.get_variable(
           name, shape=shape, dtype=dtype, trainable=False,
           initializer=(_unfolded_zeros if initial_value is None else
                        tf.compat.v1.constant_initializer(initial_value)),
           use_resource=True,
           **extra)
+      creators.setdefault(name, replica)
+      return variable
     except ValueError as error:
       if "already exists" not in str(error):
         raise

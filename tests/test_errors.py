@@ -201,15 +201,42 @@ def test_bad_name_of_reportable_loss():
       estimator_accum.reportable_loss(tf.constant(1.0), name="bad name")
 
 
-def test_building_twice_in_one_graph_names_the_variable():
+@pytest.mark.parametrize("reuse", [None, tf.compat.v1.AUTO_REUSE])
+def test_building_twice_in_one_graph_names_the_variable(reuse):
+  """Also under a scope with AUTO_REUSE, where the second build would
+  otherwise add into the first one's accumulators."""
   graph = tf.Graph()
   with graph.as_default():
     w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
     loss = tf.reduce_sum(w * 2.0)
     optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-    estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
-    with pytest.raises(ValueError, match="'w/accum' already exists"):
+    with tf.compat.v1.variable_scope("", reuse=reuse):
       estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
+      with pytest.raises(ValueError, match="'w/accum' already exists"):
+        estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
+
+
+def test_built_under_a_reusing_scope():
+  """Under the caller's variable_scope(reuse=True), where a Keras optimizer
+  trains (a v1 optimizer's slots fail there, as in plain TensorFlow), the
+  window creates its state and trains as it does outside."""
+  weights = []
+  for reuse in (None, True):
+    with tf.Graph().as_default():
+      tf.compat.v1.train.get_or_create_global_step()
+      with tf.compat.v1.variable_scope("net"):
+        w = tf.compat.v1.get_variable("w", initializer=[1.0, -2.0])
+      with tf.compat.v1.variable_scope("net", reuse=reuse):
+        train_op = estimator_accum.build_accumulating_train_op(
+            tf.reduce_sum(tf.square(w - 3.0)),
+            tf.keras.optimizers.legacy.Adam(0.1), 2)
+      with tf.compat.v1.Session() as session:
+        session.run(tf.compat.v1.global_variables_initializer())
+        for _ in range(4):
+          session.run(train_op)
+        weights.append(session.run(w))
+  assert not np.allclose(weights[0], [1.0, -2.0])
+  np.testing.assert_array_equal(weights[1], weights[0])
 
 
 def test_two_train_ops_need_two_counters():
