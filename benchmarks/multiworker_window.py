@@ -16,6 +16,7 @@ session.run by a hook, medians over windows after a warm-up window:
                pack), and packed as the window packs it (4 MB packs)
 
   python benchmarks/multiworker_window.py [--k 8 --windows 8 --micro_batch 64]
+      [--rounds N]           # N rounds of every variant; ratios per round
       [--bytes_per_pack N]   # the window's packs (0: one pack)
   python benchmarks/multiworker_window.py --model bert_small --windows 3
 
@@ -174,6 +175,10 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--k", type=int, default=8)
   parser.add_argument("--windows", type=int, default=8)
+  parser.add_argument("--rounds", type=int, default=1,
+                      help="repeat every variant this many times, one round "
+                      "after the other, and print each round's ratios and "
+                      "their median (this machine is shared and noisy)")
   parser.add_argument("--model", choices=sorted(MODEL_CHOICES), default="mlp")
   parser.add_argument("--micro_batch", type=int, default=None,
                       help="default: 64 for the MLP, 8 for BERT-Small")
@@ -197,57 +202,91 @@ def main():
              args.micro_batch, args.bytes_per_pack, args.model)
     return
   k = args.k
-  with tempfile.TemporaryDirectory() as directory:
-    windows = _launch(args, "window", 2, directory)
-    reduce_steps = _launch(args, "all_reduce", 2, directory)
-    packed_steps = _launch(args, "all_reduce_packed", 2, directory)
-    alone = _launch(args, "forward_backward", 1, directory)
-    shared = _launch(args, "forward_backward", 2, directory)
-    in_cluster = _launch(args, "forward_backward", 2, directory, cluster=True)
+  rounds = []
+  for number in range(args.rounds):
+    with tempfile.TemporaryDirectory() as directory:
+      rounds.append(_measure_round(args, directory))
+    if args.rounds > 1:
+      print(f"round {number + 1}: " + ", ".join(
+          f"{name} {value:.3f}" for name, value in _ratios(rounds[-1], k)),
+            flush=True)
+  figures = {name: statistics.median(r[name] for r in rounds)
+             for name in rounds[0]}
+  over = f"the median of {args.rounds} rounds of " if args.rounds > 1 else ""
+  print(f"# {os.cpu_count()} cores; {description}, micro-batch "
+        f"{args.micro_batch}, "
+        f"Adam, k={k}, 2 workers (MultiWorkerMirroredStrategy), one thread "
+        f"per task; {over}medians over {args.windows} windows after one "
+        "warm-up")
+  print("| figure | ms |")
+  print("| --- | --- |")
+  for name, label in FIGURES:
+    print(f"| {label.format(k=k, pack=BYTES_PER_PACK // 2**20)} | "
+          f"{1000 * figures[name]:.1f} |")
+  ratios = [dict(_ratios(r, k)) for r in rounds]
+  for name in ratios[0]:
+    values = sorted(r[name] for r in ratios)
+    spread = (f" (rounds: {', '.join(f'{v:.3f}' for v in values)})"
+              if len(values) > 1 else "")
+    print(f"{name} = {statistics.median(values):.3f}{spread}")
+
+
+# Figure name -> its label in the printed table.
+FIGURES = (
+    ("window", "window (2 workers, k={k})"),
+    ("accumulate", "accumulate-only micro-batch (2 workers)"),
+    ("apply", "apply micro-batch, all-reduce included (2 workers)"),
+    ("fb_alone", "fwd+bwd per micro-batch, one worker alone"),
+    ("fb_shared", "fwd+bwd per micro-batch, two processes at once"),
+    ("fb_cluster", "fwd+bwd step under the 2-worker strategy (Estimator's "
+                   "per-step loss reduce included)"),
+    ("all_reduce", "one all-reduce of the gradients, one pack (TensorFlow's "
+                   "default; 2 workers)"),
+    ("all_reduce_packed", "one all-reduce of the gradients, {pack} MB packs, "
+                          "the library's default (2 workers)"),
+)
+
+
+def _measure_round(args, directory):
+  """One run of every variant, one after the other; returns seconds."""
+  k = args.k
+  windows = _launch(args, "window", 2, directory)
+  reduce_steps = _launch(args, "all_reduce", 2, directory)
+  packed_steps = _launch(args, "all_reduce_packed", 2, directory)
+  alone = _launch(args, "forward_backward", 1, directory)
+  shared = _launch(args, "forward_backward", 2, directory)
+  in_cluster = _launch(args, "forward_backward", 2, directory, cluster=True)
   # Skip the first window (graph warm-up); windows end at steps k, 2k, ...
   per_window = [sum(times[i:i + k]) for times in windows
                 for i in range(k, len(times) - k + 1, k)]
-  window = statistics.median(per_window)
   apply_steps = [times[i] for times in windows
                  for i in range(2 * k - 1, len(times), k)]
   accumulate_steps = [t for times in windows
                       for i, t in enumerate(times[k:], k) if (i + 1) % k]
-  all_reduce = statistics.median(t for times in reduce_steps
-                                 for t in times[k:])
-  all_reduce_packed = statistics.median(t for times in packed_steps
-                                        for t in times[k:])
-  fb_alone = statistics.median(alone[0][k:])
-  fb_shared = statistics.median(t for times in shared for t in times[k:])
-  fb_cluster = statistics.median(t for times in in_cluster for t in times[k:])
-  print(f"# {os.cpu_count()} cores; {description}, micro-batch "
-        f"{args.micro_batch}, "
-        f"Adam, k={k}, 2 workers (MultiWorkerMirroredStrategy), one thread "
-        f"per task; medians over {args.windows} windows after one warm-up")
-  print("| figure | ms |")
-  print("| --- | --- |")
-  print(f"| window (2 workers, k={k}) | {1000 * window:.1f} |")
-  print(f"| accumulate-only micro-batch (2 workers) | "
-        f"{1000 * statistics.median(accumulate_steps):.1f} |")
-  print(f"| apply micro-batch, all-reduce included (2 workers) | "
-        f"{1000 * statistics.median(apply_steps):.1f} |")
-  print(f"| fwd+bwd per micro-batch, one worker alone | "
-        f"{1000 * fb_alone:.1f} |")
-  print(f"| fwd+bwd per micro-batch, two processes at once | "
-        f"{1000 * fb_shared:.1f} |")
-  print(f"| fwd+bwd step under the 2-worker strategy (Estimator's per-step "
-        f"loss reduce included) | {1000 * fb_cluster:.1f} |")
-  print(f"| one all-reduce of the gradients, one pack (TensorFlow's "
-        f"default; 2 workers) | {1000 * all_reduce:.1f} |")
-  print(f"| one all-reduce of the gradients, {BYTES_PER_PACK // 2**20} MB "
-        f"packs, the library's default (2 workers) | "
-        f"{1000 * all_reduce_packed:.1f} |")
-  for label, fb in (("alone", fb_alone), ("shared", fb_shared),
-                    ("under the strategy", fb_cluster)):
-    for pack_label, reduce in (("one pack", all_reduce),
-                               ("packed", all_reduce_packed)):
-      print(f"window / ({k} x fwd+bwd {label} + all-reduce {pack_label}) = "
-            f"{window / (k * fb + reduce):.3f}")
+  later = lambda runs: [t for times in runs for t in times[k:]]  # noqa: E731
+  return {
+      "window": statistics.median(per_window),
+      "accumulate": statistics.median(accumulate_steps),
+      "apply": statistics.median(apply_steps),
+      "fb_alone": statistics.median(alone[0][k:]),
+      "fb_shared": statistics.median(later(shared)),
+      "fb_cluster": statistics.median(later(in_cluster)),
+      "all_reduce": statistics.median(later(reduce_steps)),
+      "all_reduce_packed": statistics.median(later(packed_steps)),
+  }
 
+
+def _ratios(figures, k):
+  """(label, window / (k x fwd+bwd + all-reduce)) for each reference."""
+  out = []
+  for label, fb in (("alone", "fb_alone"), ("shared", "fb_shared"),
+                    ("under the strategy", "fb_cluster")):
+    for pack_label, reduce in (("one pack", "all_reduce"),
+                               ("packed", "all_reduce_packed")):
+      out.append((f"window / ({k} x fwd+bwd {label} + all-reduce "
+                  f"{pack_label})",
+                  figures["window"] / (k * figures[fb] + figures[reduce])))
+  return out
 
 if __name__ == "__main__":
   main()
