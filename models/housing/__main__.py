@@ -45,8 +45,7 @@ def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
       config=tf.estimator.RunConfig(tf_random_seed=0,
                                     train_distribute=strategy,
                                     log_step_count_steps=10_000),
-      params=dict(k=k, learning_rate=FLAGS.learning_rate,
-                  micro_batch_size=micro_batch))
+      params=dict(k=k, learning_rate=FLAGS.learning_rate))
 
   def train_input(input_context=None):
     return housing.input_fn(train, micro_batch, k=k, epochs=FLAGS.epochs,

@@ -4,7 +4,8 @@ params:
   k: micro-batches per update (gradient_accumulation_multiplier); 1 trains
     without accumulation through plain `optimizer.minimize`.
   learning_rate: float.
-  micro_batch_size: int, for the progress line.
+  micro_batch_size: optional int, for the progress line's examples/sec
+    (by default the hook counts the examples each micro-batch holds).
 """
 
 import tensorflow as tf

@@ -70,8 +70,7 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
       save_summary_steps=10, log_step_count_steps=10_000)
   estimator = tf.estimator.Estimator(
       model_fn, config=config,
-      params=dict(k=k, learning_rate=FLAGS.learning_rate,
-                  micro_batch_size=micro_batch))
+      params=dict(k=k, learning_rate=FLAGS.learning_rate))
   label = (f"batch {micro_batch} x k={k}" if k > 1 else f"batch {micro_batch}")
   if workers > 1:
     label += f", {workers} workers"
