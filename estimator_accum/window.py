@@ -394,18 +394,31 @@ class Window:
     """
     sums = [cast_gradient(s if r is None else rows_to_slices(s, r), tf.float32)
             for s, r in zip(sums, rows)]
+    # The mean's sums are the window's gradient times `factor`, which is 1
+    # except in a window that straddles a resume with another k or number
+    # of replicas.
+    factor = None
     if self._reduction == "sum":
       gradients = sums
     elif self._divisor is not None:
-      gradients = scale_unless_one(
-          self._divisor.read_value() / weight, sums)
+      gradients = sums
+      factor = self._divisor.read_value() / weight
     else:
       gradients = [scale_gradient(s, 1.0 / weight) for s in sums]
     norm = tf.linalg.global_norm(gradients)
+    if factor is not None:
+      norm *= factor
     finite = tf.math.is_finite(norm)
     if self._clip_norm is not None:
-      gradients, _ = tf.clip_by_global_norm(
-          gradients, self._clip_norm, use_norm=norm)
+      # tf.clip_by_global_norm's scale, times the factor: one product per
+      # gradient, which clipping makes anyway.
+      clip_norm = tf.constant(self._clip_norm, norm.dtype)
+      scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
+      if factor is not None:
+        scale *= factor
+      gradients = [scale_gradient(g, scale) for g in gradients]
+    elif factor is not None:
+      gradients = scale_unless_one(factor, gradients)
     gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
                  for g, a in zip(gradients, self._accumulators)]
     return gradients, norm, finite, weight

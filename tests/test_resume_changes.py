@@ -57,9 +57,10 @@ def _strategy(replicas):
       [f"/cpu:{i}" for i in range(replicas)])
 
 
-def _check(data, estimator, windows, total, what):
+def _check(data, estimator, windows, total, what, clip_norm=None):
   """`windows` lists the examples of each window (each one big batch)."""
-  expected = support.reference_train(_adam, data, windows, len(windows))
+  expected = support.reference_train(_adam, data, windows, len(windows),
+                                     clip_norm=clip_norm)
   actual = {n: estimator.get_variable_value(n) for n in support.weight_names()}
   support.assert_trained_like_big_batch(estimator, actual, expected, total,
                                         len(windows), what)
@@ -108,6 +109,9 @@ OTHER_SETTINGS = {
     "num_examples": dict(weight_by_examples=True),
     # The embedding's window kept as the rows it touched.
     "compact_table": dict(sparse_accumulation=True),
+    # Clipped at half the first window's gradient norm: the straddling
+    # window's rescale and the clipping are one product.
+    "clipped": dict(clip_norm=0.5),
 }
 
 
@@ -115,10 +119,14 @@ OTHER_SETTINGS = {
 @pytest.mark.parametrize("change", ["4to2_mid_window", "4to1_mid_window"])
 def test_resume_with_another_k_other_settings(change, setting, tmp_path):
   k_first, k_second, stop_at, total, windows = K_CHANGES[change]
-  params = OTHER_SETTINGS[setting]
+  params = dict(OTHER_SETTINGS[setting])
+  if "clip_norm" in params:
+    params["clip_norm"] *= float(support.reference_gradient_norm(
+        support.make_data(MICRO_BATCH * total), windows[0]))
   data, estimator = _resume(tmp_path, (k_first, 1), (k_second, 1), stop_at,
                             total, **params)
-  _check(data, estimator, windows, total, f"resume k {change}, {setting}")
+  _check(data, estimator, windows, total, f"resume k {change}, {setting}",
+         clip_norm=params.get("clip_norm"))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "running_mean"])
