@@ -74,9 +74,16 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     }
     self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
     examples = list((self._state.examples or {}).values())
-    if (self._micro_batch_size is None and examples and
-        all(e is not None for e in examples)):
+    if self._micro_batch_size is not None:
+      return
+    if examples and all(e is not None for e in examples):
       self._examples = examples
+    else:
+      logging.info(
+          "AccumulationLoggingHook: the micro-batch's examples cannot be "
+          "counted (the loss does not come from one input_fn batch); pass "
+          "micro_batch_size= to the hook or num_examples= to "
+          "build_accumulating_train_op for examples/sec.")
 
   def after_create_session(self, session, coord):
     del coord

@@ -109,6 +109,26 @@ def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
                                rtol=0.02)
 
 
+def test_progress_line_says_when_it_cannot_count_examples(caplog):
+  """A loss fed through placeholders has no input_fn batch to count."""
+  with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+    w = tf.compat.v1.get_variable("w", [3, 1])
+    train_op = estimator_accum.build_accumulating_train_op(
+        tf.reduce_mean(tf.matmul(x, w)),
+        tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+    hook = estimator_accum.AccumulationLoggingHook(every_n_micro_batches=2)
+    with caplog.at_level(logging.INFO, logger="absl"):
+      with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+        for _ in range(4):
+          session.run(train_op, {x: np.ones((5, 3), np.float32)})
+  messages = [r.getMessage() for r in caplog.records]
+  assert any("examples cannot be counted" in m and "micro_batch_size=" in m
+             for m in messages), messages
+  lines = [m for m in messages if m.startswith("micro-batch")]
+  assert len(lines) == 2 and not any("examples/sec" in m for m in lines)
+
+
 def test_update_count_follows_windows():
   graph = tf.Graph()
   with graph.as_default():
