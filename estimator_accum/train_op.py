@@ -205,7 +205,9 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     _checks.check_global_step(global_step)
   check_optimizer_steps(optimizer, global_step, k)
   _claim_counter(global_step, name)
+  variables_named = "variables in var_list"
   if var_list is None:
+    variables_named = "trainable variables"
     var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
     var_list = list({id(v): v for v in var_list}.values())
@@ -228,7 +230,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     if not trained:
       raise ValueError(
           f"loss {loss.name} has no gradient with respect to any of the "
-          f"{len(var_list)} trainable variables; check that the loss depends "
+          f"{len(var_list)} {variables_named}; check that the loss depends "
           "on them (var_list, stop_gradient, integer casts).")
     _checks.check_ref_variables(trained, optimizer)
     compact = choose_compact(

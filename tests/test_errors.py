@@ -66,6 +66,18 @@ def test_loss_with_no_trainable_variable_reachable():
     _build(loss=lambda w: tf.reduce_sum(tf.stop_gradient(w)) + 1.0)
 
 
+def test_var_list_the_loss_does_not_reach():
+  with tf.Graph().as_default():
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    other = tf.compat.v1.get_variable("other", initializer=1.0,
+                                      trainable=False)
+    with pytest.raises(ValueError, match="has no gradient with respect to any "
+                       "of the 1 variables in var_list"):
+      estimator_accum.build_accumulating_train_op(
+          tf.reduce_sum(w), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+          2, var_list=[other])
+
+
 def test_graph_without_trainable_variables():
   graph = tf.Graph()
   with graph.as_default():
