@@ -218,6 +218,14 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
 
   outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
   with tf.compat.v1.name_scope(name):
+    if loss.shape.rank is None:
+      # A rank unknown until it runs: checked then, before the gradients,
+      # as tf.gradients would silently differentiate a non-scalar loss's sum.
+      check = tf.debugging.assert_rank(
+          loss, 0, message=f"loss {loss.name} must be a scalar (rank 0); "
+          "reduce it first, e.g. tf.reduce_mean(per_example_loss).")
+      with tf.control_dependencies([check]):
+        loss = tf.identity(loss)
     scaler = None
     scaled_loss = loss
     if loss_scale_config is not None:

@@ -66,6 +66,23 @@ def test_loss_with_no_trainable_variable_reachable():
     _build(loss=lambda w: tf.reduce_sum(tf.stop_gradient(w)) + 1.0)
 
 
+def test_loss_of_unknown_rank_is_checked_when_it_runs():
+  with tf.Graph().as_default():
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    # Axes known only when it runs: the sum's rank is unknown.
+    axes = tf.compat.v1.placeholder_with_default([0], shape=[None])
+    loss = tf.reduce_sum(w * w, axis=axes)
+    assert loss.shape.rank is None
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(train_op)
+      with pytest.raises(tf.errors.InvalidArgumentError,
+                         match=r"loss Sum:0 must be a scalar \(rank 0\)"):
+        session.run(train_op, {axes: []})
+
+
 def test_var_list_the_loss_does_not_reach():
   with tf.Graph().as_default():
     w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
