@@ -27,12 +27,11 @@ with a fixed shape, so there the dense path is used (and asked-for compact
 accumulation is refused).
 """
 
-import contextlib
 
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum.accumulators import variable_base_name
+from estimator_accum.accumulators import on_worker, variable_base_name
 
 __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
            "choose_compact"]
@@ -60,10 +59,7 @@ def _dynamic_rows_variable(name, row_shape, dtype, local_device):
   collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
   if local_device is not None:
     collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-  # tf.device(None) would also drop the ps placement function.
-  device = (tf.device(local_device) if local_device is not None
-            else contextlib.nullcontext())
-  with tf.compat.v1.name_scope(None), device:
+  with tf.compat.v1.name_scope(None), on_worker(local_device):
     return tf.compat.v1.Variable(
         tf.zeros([0] + row_shape, dtype), trainable=False, name=name,
         shape=tf.TensorShape([None] + row_shape), use_resource=True,

@@ -1,7 +1,10 @@
 """One task of a parameter-server Estimator job (for the tests).
 
 Run by `python -m tfconfig launch --chief --workers 2 --ps 1 -- python
-tests/ps_job.py --model_dir D`. The model is one scalar w with loss
+tests/ps_job.py --model_dir D [--parameter_server_strategy]`: Estimator's
+own between-graph placement, or a
+`tf.compat.v1.distribute.experimental.ParameterServerStrategy` as its
+`train_distribute`. The model is one scalar w with loss
 w * mean(x); each task feeds its own constant x (chief 1, worker 0 10,
 worker 1 100) for its own number of micro-batches (7, 9, 5), then stops. With
 SGD at learning rate 1 and k=2, every window a task completes subtracts its
@@ -110,9 +113,14 @@ def main():
     dataset = tf.data.Dataset.from_tensors(tf.fill([4], constant))
     return dataset.repeat(micro_batches).map(lambda x: (x, 0))
 
+  train_distribute = None
+  if "--parameter_server_strategy" in sys.argv:
+    train_distribute = (
+        tf.compat.v1.distribute.experimental.ParameterServerStrategy())
   config = tf.estimator.RunConfig(
       model_dir=model_dir, save_checkpoints_steps=10_000,
-      experimental_max_worker_delay_secs=1, log_step_count_steps=10_000)
+      experimental_max_worker_delay_secs=1, log_step_count_steps=10_000,
+      train_distribute=train_distribute)
   estimator = tf.estimator.Estimator(model_fn, config=config)
   tf.estimator.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=10_000),

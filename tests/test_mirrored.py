@@ -161,3 +161,25 @@ def test_mirrored_other_reductions(setting, tmp_path):
   support.assert_trained_like_big_batch(
       estimator, actual, expected, K * windows, windows,
       f"{setting} mirrored x{REPLICAS}")
+
+
+@pytest.mark.parametrize("optimizer_name", ["adam", "momentum"])
+def test_central_storage_equals_one_device_big_batch(optimizer_name,
+                                                     tmp_path):
+  """CentralStorageStrategy (variables and their window on one device, the
+  replicas computing on 2 logical CPUs), clipped: the big batch too."""
+  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
+  big_batch = REPLICAS * K * MICRO_BATCH
+  data = support.make_data(big_batch * UPDATES)
+  clip_norm = 0.5 * support.reference_gradient_norm(data, big_batch)
+  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
+                                     clip_norm=clip_norm,
+                                     minimize=uses_minimize)
+  strategy = tf.compat.v1.distribute.experimental.CentralStorageStrategy(
+      [f"/cpu:{i}" for i in range(REPLICAS)], parameter_device="/cpu:0")
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
+      train_distribute=strategy, clip_norm=clip_norm)
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, K * UPDATES, UPDATES,
+      f"{optimizer_name} central storage x{REPLICAS}")

@@ -9,14 +9,22 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+import tensorflow as tf
 
 from tests.ps_job import BATCH_NORM_MOMENTUM, PATTERN, PLAN, ROWS, SHARED_ROW, K
 
 
-def test_each_worker_applies_its_own_windows(tmp_path):
+@pytest.mark.parametrize("placement", ["estimator", "strategy"])
+def test_each_worker_applies_its_own_windows(placement, tmp_path):
+  """`placement`: Estimator's replica_device_setter, or a v1
+  ParameterServerStrategy as train_distribute (which puts every variable it
+  creates on the ps: the windows then mixed the tasks' micro-batches)."""
   command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
              "--workers", "2", "--ps", "1", "--timeout", "240", "--",
              sys.executable, "tests/ps_job.py", "--model_dir", str(tmp_path)]
+  if placement == "strategy":
+    command.append("--parameter_server_strategy")
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stdout[-5000:]
@@ -26,8 +34,11 @@ def test_each_worker_applies_its_own_windows(tmp_path):
   counts = {task: report["micro_batches"] for task, report in done.items()}
   for task, report in done.items():
     job, index = task.split(":")
-    assert report["accumulator_devices"] == [f"/job:{job}/task:{index}"]
-    assert report["batch_norm_window_devices"] == [f"/job:{job}/task:{index}"]
+    for devices in (report["accumulator_devices"],
+                    report["batch_norm_window_devices"]):
+      assert len(devices) == 1, devices
+      device = tf.DeviceSpec.from_string(devices[0])
+      assert (device.job, device.task) == (job, int(index)), devices
   assert counts == {task: n for task, (_, n) in PLAN.items()}
   windows = {task: n // K for task, n in counts.items()}
   assert final["updates"] == sum(windows.values())  # 3 + 4 + 2
