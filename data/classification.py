@@ -166,6 +166,50 @@ class MnliProcessor(DataProcessor):
     return examples
 
 
+class XnliProcessor(DataProcessor):
+  """XNLI in one language (google-research/bert's: Chinese by default):
+  train from the machine-translated MultiNLI, multinli/multinli.train.<lang>
+  .tsv (header; premise, hypo, label, where "contradictory" means
+  contradiction); dev from xnli.dev.tsv (header; the language in column 0,
+  gold label in 1, sentence1 in 6, sentence2 in 7; other languages' rows
+  skipped). XNLI ships no labelled test split here: test reads
+  xnli.test.tsv in the dev format."""
+  name, labels = "xnli", ("contradiction", "entailment", "neutral")
+
+  def __init__(self, language="zh"):
+    self.language = language
+
+  def get_train_examples(self, data_dir):
+    path = self._path(data_dir, os.path.join(
+        "multinli", f"multinli.train.{self.language}.tsv"))
+    examples = []
+    for line, fields in self._rows(path, 3, skip_header=True):
+      label = "contradiction" if fields[2] == "contradictory" else fields[2]
+      examples.append(InputExample(f"train-{line}", fields[0], fields[1],
+                                   self._label(label, path, line)))
+    return self._some(examples, path)
+
+  def get_dev_examples(self, data_dir):
+    return self._xnli(self._path(data_dir, "xnli.dev.tsv"), "dev")
+
+  def get_test_examples(self, data_dir):
+    return self._xnli(self._path(data_dir, "xnli.test.tsv"), "test")
+
+  def _xnli(self, path, split):
+    examples = [
+        InputExample(f"{split}-{line}", fields[6], fields[7],
+                     self._label(fields[1], path, line))
+        for line, fields in self._rows(path, 8, skip_header=True)
+        if fields[0] == self.language]
+    return self._some(examples, path)
+
+  def _some(self, examples, path):
+    if not examples:
+      raise DataError(f"{path} has no examples in language "
+                      f"{self.language!r}.")
+    return examples
+
+
 class Sst2Processor(DataProcessor):
   """SST-2: header; train/dev are (sentence, label), test is (index,
   sentence)."""
@@ -273,13 +317,16 @@ class RottenTomatoesProcessor(DataProcessor):
 
 
 PROCESSORS = {processor.name: processor for processor in (
-    ColaProcessor, MrpcProcessor, MnliProcessor, Sst2Processor,
+    ColaProcessor, MrpcProcessor, MnliProcessor, XnliProcessor, Sst2Processor,
     YelpPolarityProcessor, RottenTomatoesProcessor)}
+# Other names the same tasks go by (Hugging Face's GLUE names).
+ALIASES = {"sst2": "sst-2"}
 
 
 def get_processor(task_name):
   """The processor of task_name (case-insensitive)."""
-  processor = PROCESSORS.get(task_name.lower())
+  task_name = task_name.lower()
+  processor = PROCESSORS.get(ALIASES.get(task_name, task_name))
   if processor is None:
     raise DataError(f"task_name must be one of {sorted(PROCESSORS)}, got "
                     f"{task_name!r}.")

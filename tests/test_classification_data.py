@@ -12,7 +12,7 @@ from tests import bert_fixtures
 
 def _write(directory, name, text):
   path = directory / name
-  path.write_text(text)
+  path.write_text(text, encoding="utf-8")
   return path
 
 
@@ -43,7 +43,7 @@ def test_cola_mrpc_mnli_sst2_yelp_read_their_formats(tmp_path):
   assert (example.text_b, example.label) == ("Nobody plays.", "contradiction")
 
   _write(tmp_path, "test.tsv", "index\tsentence\n0\ta great movie\n")
-  (example,) = classification.get_processor("sst-2").get_test_examples(
+  (example,) = classification.get_processor("sst2").get_test_examples(
       tmp_path)
   assert (example.text_a, example.label) == ("a great movie", None)
 
@@ -53,6 +53,30 @@ def test_cola_mrpc_mnli_sst2_yelp_read_their_formats(tmp_path):
       tmp_path)
   assert [(e.text_a, e.label) for e in examples] == [
       ('Great "fun". Would go again.', "2"), ("Dull, dull, dull.", "1")]
+
+
+def test_xnli_reads_one_language_as_google_research_bert_does(tmp_path):
+  (tmp_path / "multinli").mkdir()
+  _write(tmp_path / "multinli", "multinli.train.zh.tsv",
+         "premise\thypo\tlabel\n他在玩。\t没人在玩。\tcontradictory\n"
+         "他在玩。\t有人在玩。\tentailment\n")
+  examples = classification.get_processor("XNLI").get_train_examples(tmp_path)
+  assert [(e.text_a, e.text_b, e.label) for e in examples] == [
+      ("他在玩。", "没人在玩。", "contradiction"),
+      ("他在玩。", "有人在玩。", "entailment")]
+  header = "\t".join(["language", "gold_label"] + [f"c{i}" for i in range(6)])
+  rows = [["en", "neutral"] + ["x"] * 4 + ["A man.", "A dog."],
+          ["zh", "neutral"] + ["x"] * 4 + ["一个人。", "一只狗。"]]
+  _write(tmp_path, "xnli.dev.tsv",
+         "\n".join([header] + ["\t".join(r) for r in rows]) + "\n")
+  (example,) = classification.get_processor("xnli").get_dev_examples(tmp_path)
+  assert (example.text_a, example.text_b, example.label) == (
+      "一个人。", "一只狗。", "neutral")
+  (example,) = classification.XnliProcessor("en").get_dev_examples(tmp_path)
+  assert example.text_a == "A man."
+  with pytest.raises(classification.DataError, match="no examples in "
+                     "language 'de'"):
+    classification.XnliProcessor("de").get_dev_examples(tmp_path)
 
 
 def test_missing_file_malformed_row_and_unknown_label_name_file_and_line(
