@@ -96,13 +96,16 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
              int(tf.get_static_value(context.replica_id_in_sync_group)))
   reuse = name in creators and creators[name] != replica
   root = tf.compat.v1.VariableScope(reuse=reuse, name="")
-  extra = {}
+  if not per_replica:
+    aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+  extra = dict(aggregation=aggregation)
   if local_device is not None:
-    extra = dict(collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+    # A ParameterServerStrategy over several devices of a worker sums the
+    # replicas' updates of a variable by its aggregation (a ps worker's
+    # window is shared by its devices, as central storage's is).
+    extra["collections"] = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
   elif per_replica:
-    extra = dict(synchronization=_ON_READ, aggregation=aggregation)
-  else:
-    extra = dict(aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    extra["synchronization"] = _ON_READ
   with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), \
       on_worker(local_device):
     try:

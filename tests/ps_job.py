@@ -107,7 +107,8 @@ def main():
         sparse_accumulation=[table])
     return tf.estimator.EstimatorSpec(
         mode, loss=loss, train_op=train_op,
-        training_hooks=[_Record(model_dir, name)])
+        training_hooks=[_Record(model_dir, name),
+                        estimator_accum.AccumulationLoggingHook(2)])
 
   def input_fn():
     dataset = tf.data.Dataset.from_tensors(tf.fill([4], constant))
