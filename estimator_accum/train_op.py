@@ -361,8 +361,12 @@ def reportable_loss(loss, name="gradient_accumulation"):
   _checks.check_graph_mode()
   _checks.check_loss(loss)
   _checks.check_name(name)
-  last_finite = state_variable(name + "/last_finite_loss", [], tf.float32,
-                               per_replica=True)
+  # Each worker's own in parameter-server training, like its window.
+  global_step = tf.compat.v1.train.get_global_step()
+  last_finite = state_variable(
+      name + "/last_finite_loss", [], tf.float32, per_replica=True,
+      local_device=(None if global_step is None else
+                    between_graph_worker_device(loss, global_step)))
   loss = tf.cast(loss, tf.float32)
   value = tf.where(tf.math.is_finite(loss), loss, last_finite.read_value())
   with tf.control_dependencies([last_finite.assign(value, read_value=False)]):

@@ -57,11 +57,14 @@ class _Record(tf.estimator.SessionRunHook):
                       for v in a.state_variables()})
     (statistics,) = window_statistics()
     window_devices = sorted({v.device for v in (
-        statistics.total, statistics.square_total, statistics.count)})
+        statistics.total, statistics.square_total, statistics.count)} | {
+            v.device for v in tf.compat.v1.local_variables() +
+            tf.compat.v1.global_variables() if "last_finite_loss" in v.name})
+    assert len(window_devices) == 1, window_devices
     path = os.path.join(self._model_dir, f"done_{self._task}.json")
     with open(path, "w") as writer:
       json.dump({"micro_batches": self._runs, "accumulator_devices": devices,
-                 "batch_norm_window_devices": window_devices}, writer)
+                 "worker_state_devices": window_devices}, writer)
     if self._task != "chief:0":
       return
     deadline = time.time() + 120
@@ -106,7 +109,7 @@ def main():
         loss, tf.compat.v1.train.GradientDescentOptimizer(1.0), K,
         sparse_accumulation=[table])
     return tf.estimator.EstimatorSpec(
-        mode, loss=loss, train_op=train_op,
+        mode, loss=estimator_accum.reportable_loss(loss), train_op=train_op,
         training_hooks=[_Record(model_dir, name),
                         estimator_accum.AccumulationLoggingHook(2)])
 

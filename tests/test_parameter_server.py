@@ -2,7 +2,8 @@
 workers and a ps on loopback. Each worker keeps its own window (accumulators
 and micro-batch counter on the worker) and applies to the shared variables
 every k of its own micro-batches, a table's window kept compactly (the rows
-touched only) on the worker too, and a batch_norm layer's window too."""
+touched only) on the worker too, and a batch_norm layer's window and the
+last finite loss `reportable_loss` keeps too."""
 
 import json
 import subprocess
@@ -35,7 +36,7 @@ def test_each_worker_applies_its_own_windows(placement, tmp_path):
   for task, report in done.items():
     job, index = task.split(":")
     for devices in (report["accumulator_devices"],
-                    report["batch_norm_window_devices"]):
+                    report["worker_state_devices"]):
       assert len(devices) == 1, devices
       device = tf.DeviceSpec.from_string(devices[0])
       assert (device.job, device.task) == (job, int(index)), devices
