@@ -87,6 +87,11 @@ def check_optimizer(optimizer):
         "training on several workers use MultiWorkerMirroredStrategy; with "
         "parameter servers, pass its inner optimizer (each worker then "
         "applies its own window).")
+  if getattr(optimizer, "accumulates_micro_batches", False):
+    raise TypeError(
+        f"optimizer {type(optimizer).__name__} already accumulates k "
+        "micro-batches; pass its inner optimizer, or call its minimize "
+        "instead of accumulating again.")
   if isinstance(optimizer, (v1_optimizer, keras_legacy)):
     return
   if isinstance(optimizer, tf.keras.optimizers.Optimizer):
@@ -185,6 +190,28 @@ def check_name(name):
         f"not starting with _ - / or >, not ending with /), got {name!r}.")
 
 
+def summed_loss_reduction():
+  """The reduction the graph's last loss was summed over its batch with
+  (`tf.compat.v1.losses.Reduction.SUM`, Keras' "sum"), or None. TensorFlow's
+  own v1 optimizers read this to decide whether to divide by the replicas."""
+  last = getattr(tf.compat.v1.get_default_graph(), "_last_loss_reduction",
+                 None)
+  return last if last in (tf.compat.v1.losses.Reduction.SUM, "sum") else None
+
+
+def warn_mean_of_summed_loss(reduction):
+  """Warns when the window would average micro-batch losses that are sums:
+  that trains as the big batch's summed loss divided by k."""
+  summed = summed_loss_reduction()
+  if reduction == "mean" and summed is not None:
+    logging.warning(
+        "gradient accumulation: the last loss built in this graph is summed "
+        "over its batch (tf.compat.v1.losses reduction %s), and "
+        "reduction='mean' averages the window's micro-batches: if that is "
+        "the loss trained, the update is the big batch's divided by k; pass "
+        "reduction='sum'.", summed)
+
+
 def check_reduction(reduction):
   """Checks that `reduction` names a supported window reduction."""
   if reduction not in REDUCTIONS:
@@ -231,6 +258,47 @@ def check_var_list(var_list):
           f"var_list holds {var.name} twice (var_list[{earlier}] and "
           f"var_list[{position}]); list each variable once.")
   return var_list
+
+
+def check_grads_and_vars(grads_and_vars):
+  """Returns `grads_and_vars` as a list of (gradient or None, variable)."""
+  if isinstance(grads_and_vars, (tf.Tensor, tf.Variable, str)) or not hasattr(
+      grads_and_vars, "__iter__"):
+    raise TypeError(
+        f"grads_and_vars must be a list of (gradient, variable) pairs, as "
+        f"compute_gradients returns, got {grads_and_vars!r}.")
+  grads_and_vars = list(grads_and_vars)
+  if not grads_and_vars:
+    raise ValueError("grads_and_vars is empty: no variables to train.")
+  for position, pair in enumerate(grads_and_vars):
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+      raise TypeError(
+          f"grads_and_vars[{position}] must be a (gradient, variable) pair, "
+          f"got {pair!r}.")
+    gradient, var = pair
+    if not isinstance(var, tf.Variable):
+      raise TypeError(
+          f"grads_and_vars[{position}][1] must be a tf.Variable, got {var!r} "
+          f"of type {type(var).__name__}.")
+    if gradient is None:
+      continue
+    if not isinstance(gradient, (tf.Tensor, tf.IndexedSlices)):
+      raise TypeError(
+          f"the gradient of {var.name} in grads_and_vars must be a tf.Tensor, "
+          f"a tf.IndexedSlices or None, got {gradient!r} of type "
+          f"{type(gradient).__name__}.")
+    if not gradient.dtype.is_floating:
+      raise TypeError(
+          f"the gradient of {var.name} in grads_and_vars must be "
+          f"floating-point, got {gradient.dtype.name}.")
+  first_position = {}
+  for position, (_, var) in enumerate(grads_and_vars):
+    earlier = first_position.setdefault(id(var), position)
+    if earlier != position:
+      raise ValueError(
+          f"grads_and_vars holds {var.name} twice (grads_and_vars[{earlier}] "
+          f"and grads_and_vars[{position}]); list each variable once.")
+  return [tuple(pair) for pair in grads_and_vars]
 
 
 def check_ref_variables(trained, optimizer):

@@ -166,18 +166,51 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       arguments conflict.
     RuntimeError: called eagerly, or in cross-replica context.
   """
+  return accumulating_train_op(
+      loss, None, optimizer, k, global_step=global_step, var_list=var_list,
+      clip_norm=clip_norm, num_examples=num_examples, reduction=reduction,
+      accumulator_dtype=accumulator_dtype, summaries=summaries,
+      loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
+      sparse_threshold_bytes=sparse_threshold_bytes,
+      communication_options=communication_options, after_update=after_update,
+      name=name, gradient_options=dict(
+          colocate_gradients_with_ops=colocate_gradients_with_ops))
+
+
+def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
+                          var_list, clip_norm, num_examples, reduction,
+                          accumulator_dtype, summaries, loss_scale,
+                          sparse_accumulation, sparse_threshold_bytes,
+                          communication_options, after_update, name,
+                          gradient_options):
+  """`build_accumulating_train_op`, from a loss or from one micro-batch's
+  `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
+  `minimize` and `apply_gradients` call it. `gradient_options` are
+  `tf.gradients` arguments for the loss: colocate_gradients_with_ops, and
+  optionally grad_ys, aggregation_method, gate_gradients."""
   k = _checks.check_k(k)
   _checks.check_graph_mode()
-  _checks.check_loss(loss)
+  if grads_and_vars is None:
+    _checks.check_loss(loss)
+  else:
+    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
       optimizer, loss_scale)
   _checks.check_optimizer(optimizer)
+  if grads_and_vars is not None and loss_scale_config is not None:
+    raise ValueError(
+        "loss_scale needs the loss, to scale it before the gradients are "
+        "taken; apply_gradients is given gradients already taken. Call "
+        "AccumulatingOptimizer.minimize(loss, ...) instead, or pass "
+        "loss_scale=None and an optimizer that is not a loss-scale wrapper.")
   _checks.warn_bypassed_compute_gradients(optimizer)
   clip_norm = _checks.check_clip_norm(clip_norm)
   _checks.check_reduction(reduction)
+  _checks.warn_mean_of_summed_loss(reduction)
   _checks.check_global_step(global_step)
   _checks.check_bool("summaries", summaries)
-  _checks.check_bool("colocate_gradients_with_ops", colocate_gradients_with_ops)
+  _checks.check_bool("colocate_gradients_with_ops",
+                     gradient_options["colocate_gradients_with_ops"])
   _checks.check_name(name)
   accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
   var_list = _checks.check_var_list(var_list)
@@ -206,7 +239,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   check_optimizer_steps(optimizer, global_step, k)
   _claim_counter(global_step, name)
   variables_named = "variables in var_list"
-  if var_list is None:
+  if grads_and_vars is None and var_list is None:
     variables_named = "trainable variables"
     var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
         tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
@@ -218,28 +251,22 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
 
   outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
   with tf.compat.v1.name_scope(name):
-    if loss.shape.rank is None:
-      # A rank unknown until it runs: checked then, before the gradients,
-      # as tf.gradients would silently differentiate a non-scalar loss's sum.
-      check = tf.debugging.assert_rank(
-          loss, 0, message=f"loss {loss.name} must be a scalar (rank 0); "
-          "reduce it first, e.g. tf.reduce_mean(per_example_loss).")
-      with tf.control_dependencies([check]):
-        loss = tf.identity(loss)
     scaler = None
-    scaled_loss = loss
-    if loss_scale_config is not None:
-      scaler = _loss_scale.LossScaler(loss_scale_config, name)
-      scaled_loss = scaler.scale_loss(loss)
-    gradients = tf.compat.v1.gradients(
-        scaled_loss, var_list,
-        colocate_gradients_with_ops=colocate_gradients_with_ops)
-    trained = [(g, v) for g, v in zip(gradients, var_list) if g is not None]
-    if not trained:
-      raise ValueError(
-          f"loss {loss.name} has no gradient with respect to any of the "
-          f"{len(var_list)} {variables_named}; check that the loss depends "
-          "on them (var_list, stop_gradient, integer casts).")
+    if grads_and_vars is None:
+      if loss_scale_config is not None:
+        scaler = _loss_scale.LossScaler(loss_scale_config, name)
+      trained = _micro_batch_gradients(loss, var_list, variables_named, scaler,
+                                       gradient_options)
+      # What the micro-batch is computed from: its input pipeline, its device.
+      source = loss
+    else:
+      trained = [(g, v) for g, v in grads_and_vars if g is not None]
+      if not trained:
+        raise ValueError(
+            f"grads_and_vars has no gradient (all {len(grads_and_vars)} are "
+            "None): the loss does not depend on any of the variables.")
+      source = trained[0][0]
+      source = getattr(source, "values", source)
     _checks.check_ref_variables(trained, optimizer)
     compact = choose_compact(
         trained, sparse_accumulation, sparse_threshold_bytes,
@@ -247,7 +274,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     window = Window(
         trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
-        local_device=between_graph_worker_device(loss, global_step),
+        local_device=between_graph_worker_device(source, global_step),
         compact=compact, communication_options=communication_options,
         after_update=after_update, outer_scope=outer_scope)
     accumulated = window.accumulate_micro_batch()
@@ -268,8 +295,35 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
   # the same batches).
   replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
   getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(
-      replica, window_reports.micro_batch_examples(loss, num_examples))
+      replica, window_reports.micro_batch_examples(source, num_examples))
   return train_op
+
+
+def _micro_batch_gradients(loss, var_list, variables_named, scaler, options):
+  """[(gradient, variable)] of `loss` (scaled by `scaler`, if any) for the
+  variables of `var_list` it reaches; ValueError if none."""
+  if loss.shape.rank is None:
+    # A rank unknown until it runs: checked then, before the gradients,
+    # as tf.gradients would silently differentiate a non-scalar loss's sum.
+    check = tf.debugging.assert_rank(
+        loss, 0, message=f"loss {loss.name} must be a scalar (rank 0); "
+        "reduce it first, e.g. tf.reduce_mean(per_example_loss).")
+    with tf.control_dependencies([check]):
+      loss = tf.identity(loss)
+  scaled_loss = loss if scaler is None else scaler.scale_loss(loss)
+  gradients = tf.compat.v1.gradients(scaled_loss, var_list, **options)
+  trained = [(g, v) for g, v in zip(gradients, var_list) if g is not None]
+  if not trained:
+    raise ValueError(
+        f"loss {loss.name} has no gradient with respect to any of the "
+        f"{len(var_list)} {variables_named}; check that the loss depends "
+        "on them (var_list, stop_gradient, integer casts).")
+  return trained
+
+
+def claimed_names(graph):
+  """The names of the accumulating train ops built in `graph` so far."""
+  return set(getattr(graph, _COUNTERS_ATTRIBUTE, {}).values())
 
 
 def _claim_counter(global_step, name):
