@@ -1,0 +1,240 @@
+"""`AccumulatingOptimizer`: accumulation for code that calls an optimizer.
+
+Canned estimators (`tf.compat.v1.estimator.DNNRegressor(optimizer=...)`),
+`tf_slim.learning.create_train_op` and other code written against
+`tf.compat.v1.train.Optimizer` call `minimize`, or `compute_gradients` then
+`apply_gradients`, themselves. Handing them this wrapper instead of the
+optimizer gives the window of `build_accumulating_train_op`, with nothing
+else changed.
+"""
+
+import weakref
+
+import tensorflow as tf
+from absl import logging
+
+from estimator_accum import _checks
+from estimator_accum import loss_scale as _loss_scale
+from estimator_accum.accumulators import state_variable
+from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
+from estimator_accum.train_op import accumulating_train_op, claimed_names
+from estimator_accum.window import BYTES_PER_PACK
+
+__all__ = ["AccumulatingOptimizer"]
+
+_DEFAULT_NAME = "gradient_accumulation"
+_GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
+          tf.compat.v1.train.Optimizer.GATE_OP,
+          tf.compat.v1.train.Optimizer.GATE_GRAPH)
+
+
+class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
+  """An optimizer whose `minimize` and `apply_gradients` accumulate k
+  micro-batches and apply `optimizer` once per window.
+
+  For code that takes an optimizer and calls it itself:
+
+  ```python
+  optimizer = estimator_accum.AccumulatingOptimizer(
+      tf.compat.v1.train.AdamOptimizer(1e-3), k=4, clip_norm=1.0)
+  estimator = tf.compat.v1.estimator.DNNRegressor(
+      hidden_units=[64], feature_columns=columns, optimizer=optimizer)
+  ```
+
+  `minimize(loss, global_step)` is `build_accumulating_train_op(loss,
+  optimizer, k, global_step=global_step, ...)`: `global_step` counts
+  micro-batches. Without a `global_step` (TensorFlow's optimizers then
+  count nothing), a counter of the wrapper's own, `<name>/micro_batches`,
+  counts them, and the graph's global step is left alone.
+
+  `compute_gradients` returns one micro-batch's gradients as they are (not
+  divided by the replicas, as a v1 optimizer's are under a strategy: the
+  window divides by k and the replicas itself), and `apply_gradients` adds
+  them to the window. Whatever the caller does in between applies to each
+  micro-batch: clip with `clip_norm` here, which clips the window's gradient
+  as the big batch's would be, not with the caller's per-gradient clipping.
+
+  A loss summed over its batch (a canned estimator's default
+  `loss_reduction=SUM`, or any `tf.compat.v1.losses` call with
+  `Reduction.SUM`) is recognised as TensorFlow's optimizers recognise it, and
+  the windows are summed (`reduction="sum"`) unless `reduction` says
+  otherwise; a mean loss gives the mean over the window.
+
+  Args:
+    optimizer: the optimizer to apply once per window, as for
+      `build_accumulating_train_op`.
+    k: int >= 1, micro-batches per update.
+    clip_norm, accumulator_dtype, summaries, loss_scale,
+      sparse_accumulation, sparse_threshold_bytes, communication_options,
+      after_update: as for `build_accumulating_train_op` (`loss_scale`
+      needs `minimize`: it scales the loss).
+    reduction: None (the loss's own reduction, above), "mean", "sum" or
+      "running_mean".
+    name: str, the name scope of the window's ops and the prefix of its
+      counters; also this optimizer's name. Default: "gradient_accumulation",
+      or "gradient_accumulation_1", ... in a graph where another train op
+      took it (a wide-and-deep estimator's two optimizers).
+
+  Raises:
+    TypeError, ValueError: a bad argument, named, as
+      `build_accumulating_train_op` raises them.
+  """
+
+  # What tells build_accumulating_train_op not to accumulate twice.
+  accumulates_micro_batches = True
+
+  def __init__(self, optimizer, k, *, clip_norm=None, reduction=None,
+               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
+               sparse_accumulation="auto",
+               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+               communication_options=None, after_update=None, name=None):
+    self._k = _checks.check_k(k)
+    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
+    _checks.check_optimizer(inner)
+    self._clip_norm = _checks.check_clip_norm(clip_norm)
+    if reduction is not None:
+      _checks.check_reduction(reduction)
+    _checks.check_bool("summaries", summaries)
+    if name is not None:
+      _checks.check_name(name)
+    _checks.check_accumulator_dtype(accumulator_dtype)
+    _checks.check_communication_options(communication_options, BYTES_PER_PACK)
+    if after_update is not None and not callable(after_update):
+      raise TypeError(
+          f"after_update must be a callable with no arguments or None, got "
+          f"{after_update!r} of type {type(after_update).__name__}.")
+    super().__init__(use_locking=False, name=name or _DEFAULT_NAME)
+    self._given_name = name
+    # The name each graph's window got: every replica of a strategy builds
+    # the same window, under the same name.
+    self._window_names = weakref.WeakKeyDictionary()
+    self._optimizer = optimizer
+    self._reduction = reduction
+    self._settings = dict(
+        clip_norm=self._clip_norm, accumulator_dtype=accumulator_dtype,
+        summaries=summaries, loss_scale=loss_scale,
+        sparse_accumulation=sparse_accumulation,
+        sparse_threshold_bytes=sparse_threshold_bytes,
+        communication_options=communication_options,
+        after_update=after_update)
+    if isinstance(optimizer, tf.__internal__.tracking.Trackable):
+      # Object-based checkpoints of this wrapper hold the inner optimizer's
+      # slots, as name-based ones (Estimator's) do.
+      self._track_trackable(optimizer, name="optimizer")
+
+  @property
+  def k(self):
+    """Micro-batches per update."""
+    return self._k
+
+  @property
+  def optimizer(self):
+    """The optimizer applied once per window."""
+    return self._optimizer
+
+  def minimize(self, loss, global_step=None, var_list=None,
+               gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
+               aggregation_method=None, colocate_gradients_with_ops=False,
+               name=None, grad_loss=None):
+    """Returns the train op of one micro-batch of `loss`: run it once per
+    micro-batch. `name` is not used: the ops are named by the optimizer's
+    name. Other arguments as for `tf.compat.v1.train.Optimizer.minimize`."""
+    del name  # The window's scope is this optimizer's name.
+    return self._train_op(
+        loss, None, global_step, var_list, _gradient_options(
+            gate_gradients, aggregation_method, colocate_gradients_with_ops,
+            grad_loss))
+
+  def compute_gradients(self, loss, var_list=None,
+                        gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
+                        aggregation_method=None,
+                        colocate_gradients_with_ops=False, grad_loss=None):
+    """Returns [(gradient, variable)] of one micro-batch's `loss`, not
+    divided by the number of replicas (the window does that). Arguments as
+    for `tf.compat.v1.train.Optimizer.compute_gradients`."""
+    _checks.check_graph_mode()
+    _checks.check_loss(loss)
+    var_list = _checks.check_var_list(var_list)
+    if var_list is None:
+      var_list = list({id(v): v for v in (
+          tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+              tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))}.values())
+    if not var_list:
+      raise ValueError(f"loss {loss.name} cannot be trained: the graph has no "
+                       "trainable variables.")
+    gradients = tf.compat.v1.gradients(loss, var_list, **_gradient_options(
+        gate_gradients, aggregation_method, colocate_gradients_with_ops,
+        grad_loss))
+    return list(zip(gradients, var_list))
+
+  def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    """Returns the train op that adds one micro-batch's `grads_and_vars` (from
+    `compute_gradients`) to the window, and applies the window at its k-th
+    micro-batch. `global_step` as for `minimize`; `name` is not used."""
+    del name  # The window's scope is this optimizer's name.
+    return self._train_op(
+        None, grads_and_vars, global_step, None,
+        dict(colocate_gradients_with_ops=False))
+
+  def get_slot(self, var, name):
+    return self._optimizer.get_slot(var, name)
+
+  def get_slot_names(self):
+    return self._optimizer.get_slot_names()
+
+  def variables(self):
+    return self._optimizer.variables()
+
+  def _train_op(self, loss, grads_and_vars, global_step, var_list,
+                gradient_options):
+    _checks.check_graph_mode()
+    name = self._window_name()
+    if global_step is None:
+      global_step = state_variable(
+          f"{name}/micro_batches", [], tf.int64, per_replica=False)
+    return accumulating_train_op(
+        loss, grads_and_vars, self._optimizer, self._k,
+        global_step=global_step, var_list=var_list, num_examples=None,
+        reduction=self._reduction or _loss_reduction(), name=name,
+        gradient_options=gradient_options, **self._settings)
+
+  def _window_name(self):
+    """The given name, or the first default no other window in the graph
+    has taken."""
+    if self._given_name is not None:
+      return self._given_name
+    graph = tf.compat.v1.get_default_graph()
+    if graph not in self._window_names:
+      taken = claimed_names(graph)
+      name, number = _DEFAULT_NAME, 0
+      while name in taken:
+        number += 1
+        name = f"{_DEFAULT_NAME}_{number}"
+      self._window_names[graph] = name
+    return self._window_names[graph]
+
+
+def _gradient_options(gate_gradients, aggregation_method,
+                      colocate_gradients_with_ops, grad_loss):
+  """tf.gradients arguments for Optimizer.compute_gradients' arguments."""
+  if gate_gradients not in _GATES:
+    raise ValueError(
+        f"gate_gradients must be one of Optimizer.GATE_NONE, GATE_OP or "
+        f"GATE_GRAPH, got {gate_gradients!r}.")
+  return dict(
+      grad_ys=grad_loss, aggregation_method=aggregation_method,
+      gate_gradients=gate_gradients != tf.compat.v1.train.Optimizer.GATE_NONE,
+      colocate_gradients_with_ops=colocate_gradients_with_ops)
+
+
+def _loss_reduction():
+  """"sum" when the last loss reduced in this graph was summed over its batch
+  (by tf.compat.v1.losses or Keras), else "mean"."""
+  summed = _checks.summed_loss_reduction()
+  if summed is None:
+    return "mean"
+  logging.info(
+      "gradient accumulation: the loss is summed over its batch (reduction "
+      "%s): the window's gradients are summed too, as one batch's are.",
+      summed)
+  return "sum"

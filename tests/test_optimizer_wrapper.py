@@ -1,0 +1,229 @@
+"""AccumulatingOptimizer: code that calls an optimizer itself (canned
+estimators, tf-slim) trains k micro-batches of B with the wrapper as the same
+code trains one batch of k*B with the plain optimizer, at <= 1e-5."""
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_slim as slim
+
+import estimator_accum as ea
+from tests import support
+
+v1 = tf.compat.v1.train
+K, MICRO_BATCH, UPDATES = 3, 4, 4
+OPTIMIZERS = {
+    "adam": lambda: v1.AdamOptimizer(0.05),
+    "sgd": lambda: v1.GradientDescentOptimizer(0.01),
+    "ftrl": lambda: v1.FtrlOptimizer(0.1),
+}
+
+_rng = np.random.RandomState(0)
+_X = _rng.randn(96, 4).astype(np.float32)
+_CATEGORY = _rng.randint(0, 20, size=96).astype(np.int64)
+_Y = (_X @ _rng.randn(4, 1) + 0.1 * _CATEGORY[:, None]).astype(np.float32)
+
+
+def _input_fn(batch):
+  def input_fn():
+    features = {"x": _X, "category": _CATEGORY}
+    return tf.data.Dataset.from_tensor_slices((features, _Y)).batch(
+        batch).repeat()
+  return input_fn
+
+
+def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
+            train_distribute=None):
+  """Trains a tf.compat.v1 canned regressor; returns its weights and it."""
+  numeric = tf.feature_column.numeric_column("x", [4])
+  category = tf.feature_column.categorical_column_with_identity("category", 20)
+  config = tf.estimator.RunConfig(
+      tf_random_seed=3, train_distribute=train_distribute,
+      session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}))
+  options = {} if loss_reduction is None else {"loss_reduction": loss_reduction}
+  embedded = tf.feature_column.embedding_column(category, 3)
+  if kind == "dnn":
+    estimator = tf.compat.v1.estimator.DNNRegressor(
+        [8], [numeric, embedded], model_dir=model_dir, optimizer=optimizer,
+        config=config, **options)
+  else:
+    # Wide and deep: two optimizers, each minimize()d without a global step
+    # (the estimator increments it); the linear part's categorical weights
+    # get a sparse gradient.
+    linear_optimizer, dnn_optimizer = optimizer
+    estimator = tf.compat.v1.estimator.DNNLinearCombinedRegressor(
+        model_dir=model_dir, linear_feature_columns=[numeric, category],
+        linear_optimizer=linear_optimizer, dnn_feature_columns=[
+            numeric, embedded], dnn_optimizer=dnn_optimizer,
+        dnn_hidden_units=[8], config=config, **options)
+  estimator.train(_input_fn(batch), max_steps=steps)
+  weights = {name: estimator.get_variable_value(name)
+             for name in estimator.get_variable_names()
+             if name.startswith(("dnn/hiddenlayer", "dnn/logits", "dnn/input",
+                                 "linear/linear_model/"))
+             and not name.endswith(("Adam", "Adam_1", "Ftrl", "Ftrl_1",
+                                    "Adagrad"))
+             and "/accum" not in name}
+  return weights, estimator
+
+
+@pytest.mark.parametrize("kind, optimizer_name, loss_reduction", [
+    ("dnn", "adam", None),  # The canned default sums the batch's losses.
+    ("dnn", "sgd", None),
+    ("dnn", "sgd", tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE),
+    ("wide_deep", "ftrl+adam", None),
+])
+def test_canned_estimator_equals_big_batch(kind, optimizer_name,
+                                           loss_reduction, tmp_path):
+  makes = [OPTIMIZERS[name] for name in optimizer_name.split("+")]
+  plain = [make() for make in makes]
+  wrapped = [ea.AccumulatingOptimizer(make(), K) for make in makes]
+  if kind == "dnn":
+    (plain,), (wrapped,) = plain, wrapped
+  expected, _ = _canned(kind, plain, K * MICRO_BATCH, UPDATES,
+                        str(tmp_path / "big"), loss_reduction)
+  actual, estimator = _canned(kind, wrapped, MICRO_BATCH, K * UPDATES,
+                              str(tmp_path / "accumulated"), loss_reduction)
+  assert len(expected) >= 3, sorted(expected)
+  support.assert_weights_close(actual, expected, what=kind)
+  assert estimator.get_variable_value("global_step") == K * UPDATES
+  # Wide and deep's second window takes the next default name.
+  for name in ["gradient_accumulation", "gradient_accumulation_1"][
+      :len(makes)]:
+    assert estimator.get_variable_value(f"{name}/updates_applied") == UPDATES
+
+
+def test_summed_loss_averaged_would_differ(tmp_path):
+  """The control for the canned default: a summed loss averaged over the
+  window (reduction="mean") moves the weights a k-th as far."""
+  expected, _ = _canned("dnn", OPTIMIZERS["sgd"](), K * MICRO_BATCH, UPDATES,
+                        str(tmp_path / "big"))
+  averaged, _ = _canned(
+      "dnn", ea.AccumulatingOptimizer(OPTIMIZERS["sgd"](), K,
+                                      reduction="mean"),
+      MICRO_BATCH, K * UPDATES, str(tmp_path / "averaged"))
+  worst = max(np.max(np.abs(averaged[n] - expected[n]) /
+                     (np.abs(expected[n]) + 1e-6)) for n in expected)
+  assert worst > 1e-2
+
+
+def test_canned_estimator_under_mirrored_strategy(tmp_path):
+  make = OPTIMIZERS["adam"]
+  replicas = 2
+  expected, _ = _canned("dnn", make(), replicas * K * MICRO_BATCH, UPDATES,
+                        str(tmp_path / "big"))
+  actual, estimator = _canned(
+      "dnn", ea.AccumulatingOptimizer(make(), K), MICRO_BATCH, K * UPDATES,
+      str(tmp_path / "accumulated"),
+      train_distribute=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
+  support.assert_weights_close(actual, expected, what="mirrored")
+  assert estimator.get_variable_value(
+      "gradient_accumulation/updates_applied") == UPDATES
+
+
+def _slim_train(optimizer, batch, steps):
+  """tf-slim's create_train_op (compute_gradients, then apply_gradients),
+  run one batch at a time; returns the weights and the global step."""
+  with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [None, 4])
+    y = tf.compat.v1.placeholder(tf.float32, [None, 1])
+    hidden = slim.fully_connected(
+        x, 8, weights_initializer=tf.compat.v1.constant_initializer(0.2))
+    out = slim.fully_connected(
+        hidden, 1, activation_fn=None,
+        weights_initializer=tf.compat.v1.constant_initializer(-0.1))
+    tf.compat.v1.losses.mean_squared_error(y, out)
+    train_op = slim.learning.create_train_op(
+        tf.compat.v1.losses.get_total_loss(), optimizer)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(steps):
+        rows = slice(step * batch, (step + 1) * batch)
+        session.run(train_op, {x: _X[rows], y: _Y[rows]})
+      weights = session.run({v.op.name: v
+                             for v in tf.compat.v1.trainable_variables()})
+      return weights, session.run(tf.compat.v1.train.get_global_step())
+
+
+def test_slim_create_train_op_equals_big_batch():
+  expected, _ = _slim_train(v1.MomentumOptimizer(0.05, 0.9),
+                            K * MICRO_BATCH, UPDATES)
+  actual, global_step = _slim_train(
+      ea.AccumulatingOptimizer(v1.MomentumOptimizer(0.05, 0.9), K),
+      MICRO_BATCH, K * UPDATES)
+  support.assert_weights_close(actual, expected, what="slim")
+  assert global_step == K * UPDATES
+
+
+def test_without_global_step_it_counts_its_own_micro_batches():
+  """minimize(loss) without global_step leaves the graph's global step
+  alone, as TensorFlow's optimizers do, and still ends windows every k."""
+  with tf.Graph().as_default():
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    w = tf.compat.v1.get_variable("w", [2], initializer=tf.ones_initializer())
+    train_op = ea.AccumulatingOptimizer(
+        v1.GradientDescentOptimizer(0.1), K).minimize(tf.reduce_sum(w * w))
+    counter = ea.get_accumulation_state().global_step
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(2 * K):
+        session.run(train_op)
+      assert session.run(global_step) == 0
+      assert counter.name == "gradient_accumulation/micro_batches:0"
+      assert session.run(counter) == 2 * K
+      np.testing.assert_allclose(session.run(w), [0.64, 0.64], rtol=1e-6)
+
+
+def _loss():
+  w = tf.compat.v1.get_variable("w", [2], initializer=tf.ones_initializer())
+  return w, tf.reduce_sum(w * w)
+
+
+@pytest.mark.parametrize("make, error, text", [
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 0), ValueError,
+     "k must be >= 1"),
+    (lambda: ea.AccumulatingOptimizer("adam", 2), TypeError,
+     "optimizer must be"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2,
+                                      reduction="avg"),
+     ValueError, "reduction must be one of"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2,
+                                      clip_norm=-1.0),
+     ValueError, "clip_norm"),
+    (lambda: ea.build_accumulating_train_op(
+        _loss()[1], ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2), 2),
+     TypeError, "already accumulates"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2,
+                                      loss_scale=128.0).apply_gradients(
+                                          [(tf.ones([2]), _loss()[0])]),
+     ValueError, "loss_scale needs the loss"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2)
+     .apply_gradients([(None, _loss()[0])]), ValueError, "has no gradient"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2)
+     .apply_gradients([tf.ones([2])]), TypeError,
+     "grads_and_vars[0] must be a (gradient, variable) pair"),
+    (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2)
+     .minimize(_loss()[1], gate_gradients=5), ValueError, "gate_gradients"),
+], ids=["k", "optimizer", "reduction", "clip_norm", "twice", "loss_scale",
+        "all_none", "pairs", "gate"])
+def test_bad_input_is_named(make, error, text):
+  with tf.Graph().as_default(), pytest.raises(error) as raised:
+    make()
+  assert text in str(raised.value)
+
+
+@pytest.mark.parametrize("reduction, warned", [
+    (tf.compat.v1.losses.Reduction.SUM, True),
+    (tf.compat.v1.losses.Reduction.SUM_OVER_BATCH_SIZE, False)])
+def test_averaging_a_summed_loss_is_warned_about(caplog, reduction, warned):
+  with tf.Graph().as_default(), caplog.at_level(logging.WARNING,
+                                                logger="absl"):
+    w, _ = _loss()
+    loss = tf.compat.v1.losses.mean_squared_error(
+        tf.zeros([2]), w, reduction=reduction)
+    ea.build_accumulating_train_op(loss, v1.AdamOptimizer(0.1), K)
+  messages = [r.getMessage() for r in caplog.records
+              if "is summed over its batch" in r.getMessage()]
+  assert len(messages) == warned, messages
