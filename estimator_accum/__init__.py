@@ -8,7 +8,10 @@ parameter-server workers. See `build_accumulating_train_op`.
 from estimator_accum.accumulators import Accumulator
 from estimator_accum.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.hooks import AccumulationLoggingHook
-from estimator_accum.optimizer import AccumulatingOptimizer
+from estimator_accum.optimizer import (
+    AccumulatingKerasOptimizer,
+    AccumulatingOptimizer,
+)
 from estimator_accum.sparse import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,
@@ -22,6 +25,7 @@ from estimator_accum.train_op import (
 )
 
 __all__ = [
+    "AccumulatingKerasOptimizer",
     "AccumulatingOptimizer",
     "Accumulator",
     "CompactSparseAccumulator",

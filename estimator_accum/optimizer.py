@@ -8,21 +8,22 @@ optimizer gives the window of `build_accumulating_train_op`, with nothing
 else changed.
 """
 
-import weakref
-
 import tensorflow as tf
 from absl import logging
 
 from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import state_variable
+from estimator_accum.gradient_ops import scale_gradient
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
 from estimator_accum.train_op import accumulating_train_op, claimed_names
 from estimator_accum.window import BYTES_PER_PACK
 
-__all__ = ["AccumulatingOptimizer"]
+__all__ = ["AccumulatingKerasOptimizer", "AccumulatingOptimizer"]
 
 _DEFAULT_NAME = "gradient_accumulation"
+# Graph attribute: {replica id: the default names its windows were given}.
+_DEFAULT_NAMES_ATTRIBUTE = "_estimator_accum_default_names"
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
           tf.compat.v1.train.Optimizer.GATE_OP,
           tf.compat.v1.train.Optimizer.GATE_GRAPH)
@@ -88,35 +89,14 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
                sparse_accumulation="auto",
                sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
                communication_options=None, after_update=None, name=None):
-    self._k = _checks.check_k(k)
-    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
-    _checks.check_optimizer(inner)
-    self._clip_norm = _checks.check_clip_norm(clip_norm)
-    if reduction is not None:
-      _checks.check_reduction(reduction)
-    _checks.check_bool("summaries", summaries)
-    if name is not None:
-      _checks.check_name(name)
-    _checks.check_accumulator_dtype(accumulator_dtype)
-    _checks.check_communication_options(communication_options, BYTES_PER_PACK)
-    if after_update is not None and not callable(after_update):
-      raise TypeError(
-          f"after_update must be a callable with no arguments or None, got "
-          f"{after_update!r} of type {type(after_update).__name__}.")
-    super().__init__(use_locking=False, name=name or _DEFAULT_NAME)
-    self._given_name = name
-    # The name each graph's window got: every replica of a strategy builds
-    # the same window, under the same name.
-    self._window_names = weakref.WeakKeyDictionary()
-    self._optimizer = optimizer
-    self._reduction = reduction
-    self._settings = dict(
-        clip_norm=self._clip_norm, accumulator_dtype=accumulator_dtype,
-        summaries=summaries, loss_scale=loss_scale,
-        sparse_accumulation=sparse_accumulation,
+    self._window = _WrapperWindow(
+        optimizer, k, clip_norm=clip_norm, reduction=reduction,
+        accumulator_dtype=accumulator_dtype, summaries=summaries,
+        loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
         sparse_threshold_bytes=sparse_threshold_bytes,
         communication_options=communication_options,
-        after_update=after_update)
+        after_update=after_update, name=name)
+    super().__init__(use_locking=False, name=name or _DEFAULT_NAME)
     if isinstance(optimizer, tf.__internal__.tracking.Trackable):
       # Object-based checkpoints of this wrapper hold the inner optimizer's
       # slots, as name-based ones (Estimator's) do.
@@ -125,12 +105,12 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
   @property
   def k(self):
     """Micro-batches per update."""
-    return self._k
+    return self._window.k
 
   @property
   def optimizer(self):
     """The optimizer applied once per window."""
-    return self._optimizer
+    return self._window.optimizer
 
   def minimize(self, loss, global_step=None, var_list=None,
                gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
@@ -140,7 +120,7 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
     micro-batch. `name` is not used: the ops are named by the optimizer's
     name. Other arguments as for `tf.compat.v1.train.Optimizer.minimize`."""
     del name  # The window's scope is this optimizer's name.
-    return self._train_op(
+    return self._window.train_op(
         loss, None, global_step, var_list, _gradient_options(
             gate_gradients, aggregation_method, colocate_gradients_with_ops,
             grad_loss))
@@ -152,66 +132,240 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
     """Returns [(gradient, variable)] of one micro-batch's `loss`, not
     divided by the number of replicas (the window does that). Arguments as
     for `tf.compat.v1.train.Optimizer.compute_gradients`."""
-    _checks.check_graph_mode()
-    _checks.check_loss(loss)
-    var_list = _checks.check_var_list(var_list)
-    if var_list is None:
-      var_list = list({id(v): v for v in (
-          tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
-              tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))}.values())
-    if not var_list:
-      raise ValueError(f"loss {loss.name} cannot be trained: the graph has no "
-                       "trainable variables.")
-    gradients = tf.compat.v1.gradients(loss, var_list, **_gradient_options(
+    return _gradients(loss, var_list, _gradient_options(
         gate_gradients, aggregation_method, colocate_gradients_with_ops,
         grad_loss))
-    return list(zip(gradients, var_list))
 
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Returns the train op that adds one micro-batch's `grads_and_vars` (from
     `compute_gradients`) to the window, and applies the window at its k-th
     micro-batch. `global_step` as for `minimize`; `name` is not used."""
     del name  # The window's scope is this optimizer's name.
-    return self._train_op(
-        None, grads_and_vars, global_step, None,
-        dict(colocate_gradients_with_ops=False))
+    return self._window.train_op(None, grads_and_vars, global_step)
 
   def get_slot(self, var, name):
-    return self._optimizer.get_slot(var, name)
+    return self._window.optimizer.get_slot(var, name)
 
   def get_slot_names(self):
-    return self._optimizer.get_slot_names()
+    return self._window.optimizer.get_slot_names()
 
   def variables(self):
-    return self._optimizer.variables()
+    return self._window.optimizer.variables()
 
-  def _train_op(self, loss, grads_and_vars, global_step, var_list,
-                gradient_options):
+
+class AccumulatingKerasOptimizer(tf.keras.optimizers.legacy.Optimizer):
+  """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
+  TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`,
+  `LinearClassifier`, `DNNLinearCombinedClassifier`, ...), which call
+  `get_updates`, and graph code calling `minimize` or `apply_gradients`.
+
+  ```python
+  estimator = tf.estimator.DNNRegressor(
+      hidden_units=[64], feature_columns=columns,
+      optimizer=lambda: estimator_accum.AccumulatingKerasOptimizer(
+          tf.keras.optimizers.legacy.Adam(1e-3), k=4, clip_norm=1.0))
+  ```
+
+  (A callable, as for any Keras optimizer given to an Estimator that
+  trains more than once: an instance can only be used in one graph.)
+
+  The micro-batch counter is the optimizer's `iterations`, which those
+  estimators set to their global step: it counts micro-batches. The inner
+  optimizer's own `iterations` counts updates, so a Keras
+  `LearningRateSchedule` runs as in big-batch training. As Keras
+  optimizers do, it takes the loss (or gradients) of each replica as
+  scaled by the caller for a sum over the replicas (the canned heads divide
+  a mean loss by the number of replicas).
+
+  The loss of a micro-batch is taken to be a mean over its examples
+  (`reduction="mean"`, the canned heads' default `SUM_OVER_BATCH_SIZE`);
+  with a canned head's `loss_reduction=SUM` pass `reduction="sum"`: Keras
+  losses do not record their reduction where it could be read.
+
+  Args: as for `AccumulatingOptimizer`; `optimizer` is a
+  `tf.keras.optimizers.legacy.Optimizer` or a `tf.compat.v1.train` one.
+  """
+
+  accumulates_micro_batches = True
+
+  def __init__(self, optimizer, k, *, clip_norm=None, reduction="mean",
+               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
+               sparse_accumulation="auto",
+               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+               communication_options=None, after_update=None, name=None):
+    _checks.check_reduction(reduction)
+    window = _WrapperWindow(
+        optimizer, k, clip_norm=clip_norm, reduction=reduction,
+        accumulator_dtype=accumulator_dtype, summaries=summaries,
+        loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
+        sparse_threshold_bytes=sparse_threshold_bytes,
+        communication_options=communication_options,
+        after_update=after_update, name=name)
+    super().__init__(name=name or _DEFAULT_NAME)
+    self._window = window
+
+  @property
+  def k(self):
+    """Micro-batches per update."""
+    return self._window.k
+
+  @property
+  def optimizer(self):
+    """The optimizer applied once per window."""
+    return self._window.optimizer
+
+  def get_updates(self, loss, params):
+    """[the train op of one micro-batch of `loss`], as Keras returns."""
+    return [self._from_loss(loss, params, None)]
+
+  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+    """The train op of one micro-batch of `loss` (graph mode; `name` and
+    `tape` are not used)."""
+    del name, tape
+    if callable(loss):
+      loss = loss()
+    if callable(var_list):
+      var_list = var_list()
+    return self._from_loss(loss, var_list, grad_loss)
+
+  def get_gradients(self, loss, params):
+    """The gradients of one micro-batch's loss, as they are."""
+    return [gradient for gradient, _ in _gradients(
+        loss, params, dict(colocate_gradients_with_ops=False))]
+
+  def apply_gradients(self, grads_and_vars, name=None,
+                      experimental_aggregate_gradients=True):
+    """The train op that adds one micro-batch's gradients to the window."""
+    del name, experimental_aggregate_gradients
+    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      grads_and_vars = [
+          (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
+           v) for g, v in grads_and_vars]
+    return self._window.train_op(None, grads_and_vars, self.iterations)
+
+  def get_config(self):
+    return {"name": self._name, "k": self.k}
+
+  def _from_loss(self, loss, var_list, grad_loss):
     _checks.check_graph_mode()
-    name = self._window_name()
+    _checks.check_loss(loss)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      loss = loss * tf.cast(replicas, loss.dtype)
+    return self._window.train_op(
+        loss, None, self.iterations, var_list,
+        _gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
+                          grad_loss))
+
+  def _replicas_summed(self):
+    """By how much the window's mean over replicas must be multiplied to be
+    the sum over replicas Keras optimizers form: a mean window's is the
+    replicas' number; a summed window already sums them."""
+    if self._window.reduction() == "sum":
+      return 1
+    return tf.distribute.get_strategy().num_replicas_in_sync
+
+
+class _WrapperWindow:
+  """The settings of a wrapper's window, checked when the wrapper is made,
+  and the window built from them in each graph."""
+
+  def __init__(self, optimizer, k, *, clip_norm, reduction, accumulator_dtype,
+               summaries, loss_scale, sparse_accumulation,
+               sparse_threshold_bytes, communication_options, after_update,
+               name):
+    self.k = _checks.check_k(k)
+    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
+    _checks.check_optimizer(inner)
+    clip_norm = _checks.check_clip_norm(clip_norm)
+    if reduction is not None:
+      _checks.check_reduction(reduction)
+    _checks.check_bool("summaries", summaries)
+    if name is not None:
+      _checks.check_name(name)
+    _checks.check_accumulator_dtype(accumulator_dtype)
+    _checks.check_communication_options(communication_options, BYTES_PER_PACK)
+    if after_update is not None and not callable(after_update):
+      raise TypeError(
+          f"after_update must be a callable with no arguments or None, got "
+          f"{after_update!r} of type {type(after_update).__name__}.")
+    self.optimizer = optimizer
+    self._reduction = reduction
+    self._given_name = name
+    self._settings = dict(
+        clip_norm=clip_norm, accumulator_dtype=accumulator_dtype,
+        summaries=summaries, loss_scale=loss_scale,
+        sparse_accumulation=sparse_accumulation,
+        sparse_threshold_bytes=sparse_threshold_bytes,
+        communication_options=communication_options,
+        after_update=after_update)
+
+  def reduction(self):
+    """The window's reduction: the given one, else the loss's own."""
+    return self._reduction or _loss_reduction()
+
+  def train_op(self, loss, grads_and_vars, global_step, var_list=None,
+               gradient_options=None, reduction=None):
+    """The train op of one micro-batch, from its loss or its gradients."""
+    _checks.check_graph_mode()
+    name = self._name()
     if global_step is None:
       global_step = state_variable(
           f"{name}/micro_batches", [], tf.int64, per_replica=False)
     return accumulating_train_op(
-        loss, grads_and_vars, self._optimizer, self._k,
+        loss, grads_and_vars, self.optimizer, self.k,
         global_step=global_step, var_list=var_list, num_examples=None,
-        reduction=self._reduction or _loss_reduction(), name=name,
-        gradient_options=gradient_options, **self._settings)
+        reduction=reduction or self.reduction(), name=name,
+        gradient_options=(gradient_options or
+                          dict(colocate_gradients_with_ops=False)),
+        **self._settings)
 
-  def _window_name(self):
-    """The given name, or the first default no other window in the graph
-    has taken."""
+  def _name(self):
+    """The given name, or the next default name of this replica."""
     if self._given_name is not None:
       return self._given_name
-    graph = tf.compat.v1.get_default_graph()
-    if graph not in self._window_names:
-      taken = claimed_names(graph)
-      name, number = _DEFAULT_NAME, 0
-      while name in taken:
-        number += 1
-        name = f"{_DEFAULT_NAME}_{number}"
-      self._window_names[graph] = name
-    return self._window_names[graph]
+    return _next_default_name()
+
+
+def _next_default_name():
+  """"gradient_accumulation" for the first default-named window a replica
+  builds in the graph, then "gradient_accumulation_1", ..., skipping the
+  names windows built with a name of their own took. Counted per replica:
+  under MirroredStrategy each replica builds the same windows, in the same
+  order, from optimizers a canned estimator makes anew for each replica."""
+  graph = tf.compat.v1.get_default_graph()
+  handed = getattr(graph, _DEFAULT_NAMES_ATTRIBUTE, None)
+  if handed is None:
+    handed = {}
+    setattr(graph, _DEFAULT_NAMES_ATTRIBUTE, handed)
+  context = tf.distribute.get_replica_context()
+  replica = (None if context is None else
+             int(tf.get_static_value(context.replica_id_in_sync_group)))
+  mine = handed.setdefault(replica, [])
+  named = claimed_names(graph).difference(*handed.values())
+  number, name = 0, _DEFAULT_NAME
+  while name in named or name in mine:
+    number += 1
+    name = f"{_DEFAULT_NAME}_{number}"
+  mine.append(name)
+  return name
+
+
+def _gradients(loss, var_list, options):
+  """[(gradient, variable)] of one micro-batch's loss, as they are."""
+  _checks.check_graph_mode()
+  _checks.check_loss(loss)
+  var_list = _checks.check_var_list(var_list)
+  if var_list is None:
+    var_list = list({id(v): v for v in (
+        tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))}.values())
+  if not var_list:
+    raise ValueError(f"loss {loss.name} cannot be trained: the graph has no "
+                     "trainable variables.")
+  return list(zip(tf.compat.v1.gradients(loss, var_list, **options), var_list))
 
 
 def _gradient_options(gate_gradients, aggregation_method,

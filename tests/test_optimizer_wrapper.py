@@ -35,8 +35,9 @@ def _input_fn(batch):
 
 
 def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
-            train_distribute=None):
-  """Trains a tf.compat.v1 canned regressor; returns its weights and it."""
+            train_distribute=None, canned=tf.compat.v1.estimator):
+  """Trains a canned regressor (tf.compat.v1's, or `canned`'s); returns its
+  weights and it."""
   numeric = tf.feature_column.numeric_column("x", [4])
   category = tf.feature_column.categorical_column_with_identity("category", 20)
   config = tf.estimator.RunConfig(
@@ -45,8 +46,12 @@ def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
   options = {} if loss_reduction is None else {"loss_reduction": loss_reduction}
   embedded = tf.feature_column.embedding_column(category, 3)
   if kind == "dnn":
-    estimator = tf.compat.v1.estimator.DNNRegressor(
+    estimator = canned.DNNRegressor(
         [8], [numeric, embedded], model_dir=model_dir, optimizer=optimizer,
+        config=config, **options)
+  elif kind == "linear":
+    estimator = canned.LinearRegressor(
+        [numeric, category], model_dir=model_dir, optimizer=optimizer,
         config=config, **options)
   else:
     # Wide and deep: two optimizers, each minimize()d without a global step
@@ -62,7 +67,8 @@ def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
   weights = {name: estimator.get_variable_value(name)
              for name in estimator.get_variable_names()
              if name.startswith(("dnn/hiddenlayer", "dnn/logits", "dnn/input",
-                                 "linear/linear_model/"))
+                                 "linear/linear_model/", "linear/"))
+             and "/Ftrl" not in name and "/training/" not in name
              and not name.endswith(("Adam", "Adam_1", "Ftrl", "Ftrl_1",
                                     "Adagrad"))
              and "/accum" not in name}
@@ -119,6 +125,42 @@ def test_canned_estimator_under_mirrored_strategy(tmp_path):
       str(tmp_path / "accumulated"),
       train_distribute=tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"]))
   support.assert_weights_close(actual, expected, what="mirrored")
+  assert estimator.get_variable_value(
+      "gradient_accumulation/updates_applied") == UPDATES
+
+
+KERAS = {
+    "adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
+    "sgd": lambda: tf.keras.optimizers.legacy.SGD(0.005),
+    "ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1),
+}
+
+
+@pytest.mark.parametrize("kind, optimizer_name, reduction, replicas", [
+    ("dnn", "adam", "mean", 2),
+    ("dnn", "sgd", "sum", 1),
+    ("linear", "ftrl", "mean", 1),
+])
+def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
+                                                 reduction, replicas,
+                                                 tmp_path):
+  """TF 2's canned estimators (Keras optimizers, get_updates, a head that
+  divides a mean loss by the replicas)."""
+  make = KERAS[optimizer_name]
+  loss_reduction = {"mean": None, "sum": tf.keras.losses.Reduction.SUM}[
+      reduction]
+  expected, _ = _canned(kind, make, replicas * K * MICRO_BATCH, UPDATES,
+                        str(tmp_path / "big"), loss_reduction,
+                        canned=tf.estimator)
+  actual, estimator = _canned(
+      kind, lambda: ea.AccumulatingKerasOptimizer(make(), K,
+                                                  reduction=reduction),
+      MICRO_BATCH, K * UPDATES, str(tmp_path / "accumulated"), loss_reduction,
+      train_distribute=(tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+                        if replicas > 1 else None), canned=tf.estimator)
+  assert len(expected) >= 3, sorted(expected)
+  support.assert_weights_close(actual, expected, what=kind)
+  assert estimator.get_variable_value("global_step") == K * UPDATES
   assert estimator.get_variable_value(
       "gradient_accumulation/updates_applied") == UPDATES
 
@@ -206,8 +248,14 @@ def _loss():
      "grads_and_vars[0] must be a (gradient, variable) pair"),
     (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 2)
      .minimize(_loss()[1], gate_gradients=5), ValueError, "gate_gradients"),
+    (lambda: ea.AccumulatingKerasOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.1), "4"), TypeError,
+     "k must be a Python int"),
+    (lambda: ea.AccumulatingKerasOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.1), 2, reduction=None), ValueError,
+     "reduction must be one of"),
 ], ids=["k", "optimizer", "reduction", "clip_norm", "twice", "loss_scale",
-        "all_none", "pairs", "gate"])
+        "all_none", "pairs", "gate", "keras_k", "keras_reduction"])
 def test_bad_input_is_named(make, error, text):
   with tf.Graph().as_default(), pytest.raises(error) as raised:
     make()
@@ -227,3 +275,25 @@ def test_averaging_a_summed_loss_is_warned_about(caplog, reduction, warned):
   messages = [r.getMessage() for r in caplog.records
               if "is summed over its batch" in r.getMessage()]
   assert len(messages) == warned, messages
+
+
+@pytest.mark.parametrize("path", ["minimize", "apply_gradients"])
+def test_keras_wrapper_counts_micro_batches_and_its_optimizer_updates(path):
+  """In a plain graph: its iterations count micro-batches, the inner Keras
+  optimizer's count updates (what a LearningRateSchedule reads)."""
+  with tf.Graph().as_default():
+    inner = tf.keras.optimizers.legacy.SGD(0.1)
+    optimizer = ea.AccumulatingKerasOptimizer(inner, K)
+    w, loss = _loss()
+    if path == "minimize":
+      train_op = optimizer.minimize(lambda: loss, [w])
+    else:
+      train_op = optimizer.apply_gradients(
+          zip(optimizer.get_gradients(loss, [w]), [w]))
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(2 * K):
+        session.run(train_op)
+      assert session.run(optimizer.iterations) == 2 * K
+      assert session.run(inner.iterations) == 2
+      np.testing.assert_allclose(session.run(w), [0.64, 0.64], rtol=1e-6)
