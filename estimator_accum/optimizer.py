@@ -1,11 +1,13 @@
-"""`AccumulatingOptimizer`: accumulation for code that calls an optimizer.
+"""Optimizer wrappers: accumulation for code that calls an optimizer.
 
 Canned estimators (`tf.compat.v1.estimator.DNNRegressor(optimizer=...)`),
 `tf_slim.learning.create_train_op` and other code written against
 `tf.compat.v1.train.Optimizer` call `minimize`, or `compute_gradients` then
-`apply_gradients`, themselves. Handing them this wrapper instead of the
-optimizer gives the window of `build_accumulating_train_op`, with nothing
-else changed.
+`apply_gradients`, themselves; TensorFlow 2's canned estimators
+(`tf.estimator.DNNRegressor`) call a Keras optimizer's `get_updates`.
+Handing them `AccumulatingOptimizer` or `AccumulatingKerasOptimizer` instead
+of the optimizer gives the window of `build_accumulating_train_op`, with
+nothing else changed.
 """
 
 import tensorflow as tf
