@@ -53,6 +53,23 @@ def variable_base_name(var):
   return var.name.split(":")[0]
 
 
+def graph_registry(attribute):
+  """The dict the default graph keeps in `attribute` (made empty at first)."""
+  graph = tf.compat.v1.get_default_graph()
+  registry = getattr(graph, attribute, None)
+  if registry is None:
+    registry = {}
+    setattr(graph, attribute, registry)
+  return registry
+
+
+def replica_id():
+  """The replica being built (an int), or None in cross-replica context."""
+  context = tf.distribute.get_replica_context()
+  return (None if context is None else
+          int(tf.get_static_value(context.replica_id_in_sync_group)))
+
+
 def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
                    local_device=None, aggregation=_SUM):
   """Creates a non-trainable state variable with exactly `name`.
@@ -86,14 +103,8 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   # scope says: under a scope with reuse=True the first replica creates
   # its state, and under AUTO_REUSE a second build is refused, not handed
   # the first one's accumulators.
-  graph = tf.compat.v1.get_default_graph()
-  creators = getattr(graph, _CREATORS_ATTRIBUTE, None)
-  if creators is None:
-    creators = {}
-    setattr(graph, _CREATORS_ATTRIBUTE, creators)
-  context = tf.distribute.get_replica_context()
-  replica = (None if context is None else
-             int(tf.get_static_value(context.replica_id_in_sync_group)))
+  creators = graph_registry(_CREATORS_ATTRIBUTE)
+  replica = replica_id()
   reuse = name in creators and creators[name] != replica
   root = tf.compat.v1.VariableScope(reuse=reuse, name="")
   if not per_replica:

@@ -15,7 +15,11 @@ from absl import logging
 
 from estimator_accum import _checks
 from estimator_accum import loss_scale as _loss_scale
-from estimator_accum.accumulators import state_variable
+from estimator_accum.accumulators import (
+    graph_registry,
+    replica_id,
+    state_variable,
+)
 from estimator_accum.gradient_ops import scale_gradient
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
 from estimator_accum.train_op import accumulating_train_op, claimed_names
@@ -31,7 +35,21 @@ _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
           tf.compat.v1.train.Optimizer.GATE_GRAPH)
 
 
-class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
+class _Wrapper:
+  """What both wrappers expose of their window."""
+
+  @property
+  def k(self):
+    """Micro-batches per update."""
+    return self._window.k
+
+  @property
+  def optimizer(self):
+    """The optimizer applied once per window."""
+    return self._window.optimizer
+
+
+class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
   """An optimizer whose `minimize` and `apply_gradients` accumulate k
   micro-batches and apply `optimizer` once per window.
 
@@ -104,16 +122,6 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
       # slots, as name-based ones (Estimator's) do.
       self._track_trackable(optimizer, name="optimizer")
 
-  @property
-  def k(self):
-    """Micro-batches per update."""
-    return self._window.k
-
-  @property
-  def optimizer(self):
-    """The optimizer applied once per window."""
-    return self._window.optimizer
-
   def minimize(self, loss, global_step=None, var_list=None,
                gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
                aggregation_method=None, colocate_gradients_with_ops=False,
@@ -155,7 +163,8 @@ class AccumulatingOptimizer(tf.compat.v1.train.Optimizer):
     return self._window.optimizer.variables()
 
 
-class AccumulatingKerasOptimizer(tf.keras.optimizers.legacy.Optimizer):
+class AccumulatingKerasOptimizer(_Wrapper,
+                                 tf.keras.optimizers.legacy.Optimizer):
   """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
   TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`,
   `LinearClassifier`, `DNNLinearCombinedClassifier`, ...), which call
@@ -184,37 +193,26 @@ class AccumulatingKerasOptimizer(tf.keras.optimizers.legacy.Optimizer):
   with a canned head's `loss_reduction=SUM` pass `reduction="sum"`: Keras
   losses do not record their reduction where it could be read.
 
-  Args: as for `AccumulatingOptimizer`; `optimizer` is a
-  `tf.keras.optimizers.legacy.Optimizer` or a `tf.compat.v1.train` one.
+  Args:
+    optimizer: a `tf.keras.optimizers.legacy.Optimizer` (or a
+      `tf.compat.v1.train` one), applied once per window.
+    k: int >= 1, micro-batches per update.
+    reduction: "mean" (default), "sum" or "running_mean".
+    name: as for `AccumulatingOptimizer`.
+    **settings: clip_norm, accumulator_dtype, summaries, loss_scale,
+      sparse_accumulation, sparse_threshold_bytes, communication_options,
+      after_update, as for `AccumulatingOptimizer`.
   """
 
   accumulates_micro_batches = True
 
-  def __init__(self, optimizer, k, *, clip_norm=None, reduction="mean",
-               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
-               sparse_accumulation="auto",
-               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
-               communication_options=None, after_update=None, name=None):
+  def __init__(self, optimizer, k, *, reduction="mean", name=None,
+               **settings):
     _checks.check_reduction(reduction)
-    window = _WrapperWindow(
-        optimizer, k, clip_norm=clip_norm, reduction=reduction,
-        accumulator_dtype=accumulator_dtype, summaries=summaries,
-        loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
-        sparse_threshold_bytes=sparse_threshold_bytes,
-        communication_options=communication_options,
-        after_update=after_update, name=name)
+    window = _WrapperWindow(optimizer, k, reduction=reduction, name=name,
+                            **settings)
     super().__init__(name=name or _DEFAULT_NAME)
     self._window = window
-
-  @property
-  def k(self):
-    """Micro-batches per update."""
-    return self._window.k
-
-  @property
-  def optimizer(self):
-    """The optimizer applied once per window."""
-    return self._window.optimizer
 
   def get_updates(self, loss, params):
     """[the train op of one micro-batch of `loss`], as Keras returns."""
@@ -274,10 +272,11 @@ class _WrapperWindow:
   """The settings of a wrapper's window, checked when the wrapper is made,
   and the window built from them in each graph."""
 
-  def __init__(self, optimizer, k, *, clip_norm, reduction, accumulator_dtype,
-               summaries, loss_scale, sparse_accumulation,
-               sparse_threshold_bytes, communication_options, after_update,
-               name):
+  def __init__(self, optimizer, k, *, reduction, name, clip_norm=None,
+               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
+               sparse_accumulation="auto",
+               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+               communication_options=None, after_update=None):
     self.k = _checks.check_k(k)
     inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
     _checks.check_optimizer(inner)
@@ -337,16 +336,10 @@ def _next_default_name():
   names windows built with a name of their own took. Counted per replica:
   under MirroredStrategy each replica builds the same windows, in the same
   order, from optimizers a canned estimator makes anew for each replica."""
-  graph = tf.compat.v1.get_default_graph()
-  handed = getattr(graph, _DEFAULT_NAMES_ATTRIBUTE, None)
-  if handed is None:
-    handed = {}
-    setattr(graph, _DEFAULT_NAMES_ATTRIBUTE, handed)
-  context = tf.distribute.get_replica_context()
-  replica = (None if context is None else
-             int(tf.get_static_value(context.replica_id_in_sync_group)))
-  mine = handed.setdefault(replica, [])
-  named = claimed_names(graph).difference(*handed.values())
+  handed = graph_registry(_DEFAULT_NAMES_ATTRIBUTE)
+  mine = handed.setdefault(replica_id(), [])
+  named = claimed_names(tf.compat.v1.get_default_graph()).difference(
+      *handed.values())
   number, name = 0, _DEFAULT_NAME
   while name in named or name in mine:
     number += 1
