@@ -14,6 +14,8 @@ from tests import support
 
 def test_public_api_is_pinned():
   assert sorted(estimator_accum.__all__) == [
+      "AccumulatingKerasOptimizer",
+      "AccumulatingOptimizer",
       "AccumulationLoggingHook",
       "AccumulationState",
       "Accumulator",

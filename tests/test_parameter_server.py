@@ -52,10 +52,21 @@ def test_each_worker_applies_its_own_windows(placement, tmp_path):
     assert table[row] == [-PLAN[task][0] * windows[task]] * 2, task
   assert not any(any(r) for i, r in enumerate(table) if i > SHARED_ROW)
   # Each completed window moved the shared moving statistics once toward
-  # the pattern's (every task's window has the same statistics).
-  keep = BATCH_NORM_MOMENTUM ** final["updates"]
+  # the pattern's (every task's window has the same statistics), without a
+  # lock, as asynchronous training updates shared variables: two windows
+  # ending at the same instant on two tasks may both read the statistics
+  # before either writes, and one move is lost (seen about once in ten
+  # runs). So n moves, n at most the windows and at most two fewer.
   pattern = np.array(PATTERN)
-  np.testing.assert_allclose(final["bn/moving_mean"],
-                             pattern.mean(0) * (1 - keep), rtol=1e-5)
-  np.testing.assert_allclose(final["bn/moving_variance"],
-                             keep + pattern.var(0) * (1 - keep), rtol=1e-5)
+
+  def moved(n):
+    keep = BATCH_NORM_MOMENTUM ** n
+    return (np.allclose(final["bn/moving_mean"],
+                        pattern.mean(0) * (1 - keep), rtol=1e-5, atol=0) and
+            np.allclose(final["bn/moving_variance"],
+                        keep + pattern.var(0) * (1 - keep), rtol=1e-5, atol=0))
+
+  moves = [n for n in range(final["updates"] - 2, final["updates"] + 1)
+           if moved(n)]
+  assert moves, (final["bn/moving_mean"], final["bn/moving_variance"],
+                 final["updates"])
