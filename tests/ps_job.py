@@ -48,6 +48,12 @@ class _Record(tf.estimator.SessionRunHook):
   def __init__(self, model_dir, task):
     self._model_dir, self._task, self._runs = model_dir, task, 0
 
+  def after_create_session(self, session, coord):
+    if self._task == "chief:0":
+      # The variables are initialized: the workers may start.
+      with open(os.path.join(self._model_dir, "chief_ready"), "w"):
+        pass
+
   def after_run(self, run_context, run_values):
     self._runs += 1
 
@@ -126,6 +132,13 @@ def main():
       experimental_max_worker_delay_secs=1, log_step_count_steps=10_000,
       train_distribute=train_distribute)
   estimator = tf.estimator.Estimator(model_fn, config=config)
+  if task["type"] == "worker":
+    # A worker that finds the variables uninitialized checks again only 30 s
+    # later (SessionManager's recovery wait): start once the chief is in.
+    ready = os.path.join(model_dir, "chief_ready")
+    deadline = time.time() + 60
+    while not os.path.exists(ready) and time.time() < deadline:
+      time.sleep(0.1)
   tf.estimator.train_and_evaluate(
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=10_000),
       tf.estimator.EvalSpec(input_fn, steps=1))
