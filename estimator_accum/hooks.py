@@ -9,6 +9,7 @@ and a warning whenever a window has been skipped for a non-finite gradient
 since the previous line.
 """
 
+import math
 import time
 
 import tensorflow as tf
@@ -120,7 +121,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
       progress += f"/{self._total} ({100 * step / self._total:.0f}%)"
     line = (f"{progress} | update {values['updates']} "
             f"(k={self._state.k}) | skipped windows {values['skipped']} | "
-            f"{rate:.1f} micro-batches/sec")
+            f"{_rate(rate)} micro-batches/sec")
     examples = None
     if self._micro_batch_size is not None:
       examples = rate * self._micro_batch_size * self._num_replicas
@@ -129,7 +130,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
       examples = (self._examples_counted * self._num_replicas /
                   len(self._examples) / max(now - self._last_time, 1e-9))
     if examples is not None:
-      line += f" | {examples:.1f} examples/sec"
+      line += f" | {_rate(examples)} examples/sec"
     if "loss" in results:
       line += f" | loss {results['loss']:.4f}"
     if self._total is not None and rate > 0:
@@ -143,3 +144,13 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._last_step, self._last_time = step, now
     self._examples_counted = 0
     self._last_skipped = values["skipped"]
+
+
+def _rate(value):
+  """A rate with one decimal, and more below 10/sec so that it keeps three
+  significant digits (a BERT-Base micro-batch on a CPU is 0.312/sec, not
+  0.3)."""
+  decimals = 1
+  if 0 < value < 10:
+    decimals = min(2 - math.floor(math.log10(value)), 6)
+  return f"{value:.{decimals}f}"
