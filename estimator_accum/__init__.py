@@ -16,13 +16,13 @@ from estimator_accum.sparse import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,
 )
+from estimator_accum.step_counting import update_count
 from estimator_accum.train_op import (
     AccumulationState,
     build_accumulating_train_op,
     get_accumulation_state,
-    reportable_loss,
-    update_count,
 )
+from estimator_accum.window_reports import reportable_loss
 
 __all__ = [
     "AccumulatingKerasOptimizer",

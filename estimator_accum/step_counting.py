@@ -1,4 +1,4 @@
-"""Optimizers and schedules that read `global_step` (internal).
+"""Optimizers and schedules that read `global_step`, and `update_count`.
 
 Under accumulation `global_step` counts micro-batches, k per update. An
 optimizer whose update reads a step count (AdagradDA) or a learning rate
@@ -12,6 +12,8 @@ import weakref
 
 import tensorflow as tf
 from absl import logging
+
+from estimator_accum import _checks
 
 # Ops visited at most when looking for the global step among a
 # hyperparameter's inputs: schedules are small graphs.
@@ -111,3 +113,22 @@ def check_optimizer_steps(optimizer, global_step, k):
           "schedule written for big-batch training runs %d times faster. "
           "If it should count updates, build it on "
           "estimator_accum.update_count(%d).", name, k, k, k)
+
+
+def update_count(k, global_step=None):
+  """Returns the number of updates applied so far: `global_step // k`.
+
+  Args:
+    k: int >= 1, micro-batches per update, as given to
+      `build_accumulating_train_op`.
+    global_step: the micro-batch counter; default the graph's global step.
+
+  Returns:
+    int64 scalar tf.Tensor. Use it where a learning-rate schedule would use
+    the global step of big-batch training.
+  """
+  k = _checks.check_k(k)
+  if global_step is None:
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+  return mark_update_count(
+      tf.math.floordiv(tf.cast(global_step, tf.int64), k))

@@ -35,19 +35,16 @@ from absl import logging
 from estimator_accum import _checks, window_reports
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import (
+    AccumulationState,
     between_graph_worker_device,
-    state_variable,
     variable_base_name,
 )
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
-from estimator_accum.step_counting import (
-    check_optimizer_steps,
-    mark_update_count,
-)
-from estimator_accum.window import BYTES_PER_PACK, AccumulationState, Window
+from estimator_accum.step_counting import check_optimizer_steps
+from estimator_accum.window import BYTES_PER_PACK, Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
-           "get_accumulation_state", "reportable_loss", "update_count"]
+           "get_accumulation_state"]
 
 # The graph's AccumulationState is kept in this attribute of the graph. Not a
 # graph collection: collections are exported with every checkpoint's meta
@@ -376,55 +373,6 @@ def _log_state_size(state):
 def _dense_mb(variable):
   return (variable.shape.num_elements() * variable.dtype.base_dtype.size
           / 2**20)
-
-
-def update_count(k, global_step=None):
-  """Returns the number of updates applied so far: `global_step // k`.
-
-  Args:
-    k: int >= 1, micro-batches per update, as given to
-      `build_accumulating_train_op`.
-    global_step: the micro-batch counter; default the graph's global step.
-
-  Returns:
-    int64 scalar tf.Tensor. Use it where a learning-rate schedule would use
-    the global step of big-batch training.
-  """
-  k = _checks.check_k(k)
-  if global_step is None:
-    global_step = tf.compat.v1.train.get_or_create_global_step()
-  return mark_update_count(
-      tf.math.floordiv(tf.cast(global_step, tf.int64), k))
-
-
-def reportable_loss(loss, name="gradient_accumulation"):
-  """Returns `loss` where it is finite, else the last finite loss reported.
-
-  Estimator stops training with `NanTensorHook` when the loss it is given is
-  NaN. A micro-batch with a NaN loss only costs its window, which
-  `build_accumulating_train_op` skips, counts and logs; pass this tensor as
-  `EstimatorSpec(loss=...)` so that Estimator keeps training past it.
-
-  Args:
-    loss: scalar floating tf.Tensor, the micro-batch loss.
-    name: str, prefix of the variable holding the last finite loss.
-
-  Returns:
-    float32 scalar tf.Tensor.
-  """
-  _checks.check_graph_mode()
-  _checks.check_loss(loss)
-  _checks.check_name(name)
-  # Each worker's own in parameter-server training, like its window.
-  global_step = tf.compat.v1.train.get_global_step()
-  last_finite = state_variable(
-      name + "/last_finite_loss", [], tf.float32, per_replica=True,
-      local_device=(None if global_step is None else
-                    between_graph_worker_device(loss, global_step)))
-  loss = tf.cast(loss, tf.float32)
-  value = tf.where(tf.math.is_finite(loss), loss, last_finite.read_value())
-  with tf.control_dependencies([last_finite.assign(value, read_value=False)]):
-    return tf.identity(value, name="reportable_loss")
 
 
 def get_accumulation_state(graph=None):

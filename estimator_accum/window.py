@@ -7,12 +7,12 @@ form the window's gradient, all-reduce it once, check it, clip it, apply it
 through `call_for_each_replica`, and count it.
 """
 
-import collections
 
 import tensorflow as tf
 
 from estimator_accum import window_reports
 from estimator_accum.accumulators import (
+  AccumulationState,
   Accumulator,
   rows_to_slices,
   state_variable,
@@ -22,6 +22,7 @@ from estimator_accum.gradient_ops import (
   cast_gradient,
   scale_gradient,
   scale_unless_one,
+  sum_over_replicas,
 )
 from estimator_accum.optimizer_apply import (
   AlreadyReduced,
@@ -30,29 +31,6 @@ from estimator_accum.optimizer_apply import (
   reduction_taken_out,
 )
 from estimator_accum.sparse import CompactSparseAccumulator
-
-AccumulationState = collections.namedtuple(
-    "AccumulationState",
-    ["k", "global_step", "updates_applied", "skipped_windows",
-     "applied_gradient_norm", "accumulators", "loss_scale", "examples"],
-    defaults=[None])
-AccumulationState.__doc__ = """What a built accumulation keeps, for hooks and tests.
-
-Fields:
-  k: int, micro-batches per update.
-  global_step: the int64 variable counting micro-batches.
-  updates_applied: int64 variable, windows applied so far.
-  skipped_windows: int64 variable, windows skipped for NaN/Inf gradients.
-  applied_gradient_norm: float32 variable, global norm of the last window's
-    gradient (after the mean and the all-reduce, before clipping).
-  accumulators: list of `Accumulator`, one per trained variable.
-  loss_scale: float32 variable holding the loss scale, or None without loss
-    scaling.
-  examples: dict, replica id -> scalar tensor, for each replica on this
-    worker: the examples in its micro-batch (`num_examples`, else the
-    leading dimension of the input pipeline's batch), or None where that
-    cannot be told. What `AccumulationLoggingHook` counts for examples/sec.
-"""
 
 # Default size of the window all-reduce's packs. One pack (TensorFlow's
 # default) concatenates every gradient, reduces, and splits the result: two
@@ -254,24 +232,11 @@ class Window:
     """True branch: form, check and apply the window; reset it; count it."""
     local = strategy.extended.call_for_each_replica(self._local_window)
     if strategy.num_replicas_in_sync > 1:
-      # The window's one all-reduce, batched over every variable. It is made
-      # here, in cross-replica context: ReplicaContext.all_reduce wraps itself
-      # in tf.custom_gradient, which looks variables up by op name and cannot
-      # find a replica's component of an ON_READ accumulator.
-      # One batched all-reduce per dtype (one, unless the accumulators are
-      # not float32): a pack is concatenated, so its tensors share a dtype.
-      flat = tf.nest.flatten(local)
-      by_dtype = collections.defaultdict(list)
-      for i, value in enumerate(flat):
-        if value is not None:
-          by_dtype[strategy.experimental_local_results(value)[0].dtype].append(i)
-      for indices in by_dtype.values():
-        reduced = strategy.extended.batch_reduce_to(
-            tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in indices],
-            options=self._communication_options)
-        for i, value in zip(indices, reduced):
-          flat[i] = value
-      local = tf.nest.pack_sequence_as(local, flat)
+      # The window's one all-reduce, made here in cross-replica context:
+      # ReplicaContext.all_reduce wraps itself in tf.custom_gradient, which
+      # looks variables up by op name and cannot find a replica's component
+      # of an ON_READ accumulator.
+      local = sum_over_replicas(strategy, local, self._communication_options)
     sums, rows, weight, statistics = local
     gradients, norm, finite, held = strategy.extended.call_for_each_replica(
         self._window_gradients, args=(sums, rows, weight))

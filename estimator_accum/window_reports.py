@@ -1,6 +1,7 @@
-"""What a window tells the user (internal to estimator_accum): TensorBoard
-scalars, and the warnings printed from the graph when a window is skipped
-or holds other than k micro-batches per replica.
+"""What a window tells the user: TensorBoard scalars, the warnings printed
+from the graph when a window is skipped or holds other than k micro-batches
+per replica (internal), and `reportable_loss`, the loss to give Estimator
+so that a skipped window does not stop training (public).
 
 Warnings are printed by the graph itself, to stderr: they happen inside a
 `tf.cond` at run time, and TensorFlow's C++ log (tf.print's logging streams)
@@ -10,6 +11,12 @@ is often silenced by TF_CPP_MIN_LOG_LEVEL.
 import sys
 
 import tensorflow as tf
+
+from estimator_accum import _checks
+from estimator_accum.accumulators import (
+  between_graph_worker_device,
+  state_variable,
+)
 
 
 def add_summaries(after, state):
@@ -112,3 +119,33 @@ def micro_batch_examples(loss, num_examples):
     return None
   with tf.compat.v1.name_scope("micro_batch_examples"):
     return tf.shape(batched[0], out_type=tf.int64)[0]
+
+
+def reportable_loss(loss, name="gradient_accumulation"):
+  """Returns `loss` where it is finite, else the last finite loss reported.
+
+  Estimator stops training with `NanTensorHook` when the loss it is given is
+  NaN. A micro-batch with a NaN loss only costs its window, which
+  `build_accumulating_train_op` skips, counts and logs; pass this tensor as
+  `EstimatorSpec(loss=...)` so that Estimator keeps training past it.
+
+  Args:
+    loss: scalar floating tf.Tensor, the micro-batch loss.
+    name: str, prefix of the variable holding the last finite loss.
+
+  Returns:
+    float32 scalar tf.Tensor.
+  """
+  _checks.check_graph_mode()
+  _checks.check_loss(loss)
+  _checks.check_name(name)
+  # Each worker's own in parameter-server training, like its window.
+  global_step = tf.compat.v1.train.get_global_step()
+  last_finite = state_variable(
+      name + "/last_finite_loss", [], tf.float32, per_replica=True,
+      local_device=(None if global_step is None else
+                    between_graph_worker_device(loss, global_step)))
+  loss = tf.cast(loss, tf.float32)
+  value = tf.where(tf.math.is_finite(loss), loss, last_finite.read_value())
+  with tf.control_dependencies([last_finite.assign(value, read_value=False)]):
+    return tf.identity(value, name="reportable_loss")
