@@ -3,6 +3,8 @@ estimators, tf-slim) trains k micro-batches of B with the wrapper as the same
 code trains one batch of k*B with the plain optimizer, at <= 1e-5."""
 
 import logging
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,69 +12,24 @@ import tensorflow as tf
 import tf_slim as slim
 
 import estimator_accum as ea
-from tests import support
+from tests import canned_job, support
 
 v1 = tf.compat.v1.train
 K, MICRO_BATCH, UPDATES = 3, 4, 4
-OPTIMIZERS = {
-    "adam": lambda: v1.AdamOptimizer(0.05),
-    "sgd": lambda: v1.GradientDescentOptimizer(0.01),
-    "ftrl": lambda: v1.FtrlOptimizer(0.1),
-}
-
-_rng = np.random.RandomState(0)
-_X = _rng.randn(96, 4).astype(np.float32)
-_CATEGORY = _rng.randint(0, 20, size=96).astype(np.int64)
-_Y = (_X @ _rng.randn(4, 1) + 0.1 * _CATEGORY[:, None]).astype(np.float32)
-
-
-def _input_fn(batch):
-  def input_fn():
-    features = {"x": _X, "category": _CATEGORY}
-    return tf.data.Dataset.from_tensor_slices((features, _Y)).batch(
-        batch).repeat()
-  return input_fn
+OPTIMIZERS = canned_job.V1_OPTIMIZERS
+KERAS = canned_job.KERAS_OPTIMIZERS
+_X, _Y = canned_job.X, canned_job.Y
 
 
 def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
             train_distribute=None, canned=tf.compat.v1.estimator):
   """Trains a canned regressor (tf.compat.v1's, or `canned`'s); returns its
   weights and it."""
-  numeric = tf.feature_column.numeric_column("x", [4])
-  category = tf.feature_column.categorical_column_with_identity("category", 20)
-  config = tf.estimator.RunConfig(
-      tf_random_seed=3, train_distribute=train_distribute,
+  estimator = canned_job.canned_estimator(
+      kind, optimizer, model_dir, loss_reduction, train_distribute, canned,
       session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}))
-  options = {} if loss_reduction is None else {"loss_reduction": loss_reduction}
-  embedded = tf.feature_column.embedding_column(category, 3)
-  if kind == "dnn":
-    estimator = canned.DNNRegressor(
-        [8], [numeric, embedded], model_dir=model_dir, optimizer=optimizer,
-        config=config, **options)
-  elif kind == "linear":
-    estimator = canned.LinearRegressor(
-        [numeric, category], model_dir=model_dir, optimizer=optimizer,
-        config=config, **options)
-  else:
-    # Wide and deep: two optimizers, each minimize()d without a global step
-    # (the estimator increments it); the linear part's categorical weights
-    # get a sparse gradient.
-    linear_optimizer, dnn_optimizer = optimizer
-    estimator = tf.compat.v1.estimator.DNNLinearCombinedRegressor(
-        model_dir=model_dir, linear_feature_columns=[numeric, category],
-        linear_optimizer=linear_optimizer, dnn_feature_columns=[
-            numeric, embedded], dnn_optimizer=dnn_optimizer,
-        dnn_hidden_units=[8], config=config, **options)
-  estimator.train(_input_fn(batch), max_steps=steps)
-  weights = {name: estimator.get_variable_value(name)
-             for name in estimator.get_variable_names()
-             if name.startswith(("dnn/hiddenlayer", "dnn/logits", "dnn/input",
-                                 "linear/linear_model/", "linear/"))
-             and "/Ftrl" not in name and "/training/" not in name
-             and not name.endswith(("Adam", "Adam_1", "Ftrl", "Ftrl_1",
-                                    "Adagrad"))
-             and "/accum" not in name}
-  return weights, estimator
+  estimator.train(canned_job.input_fn(batch), max_steps=steps)
+  return canned_job.trained_weights(estimator), estimator
 
 
 @pytest.mark.parametrize("kind, optimizer_name, loss_reduction", [
@@ -129,13 +86,6 @@ def test_canned_estimator_under_mirrored_strategy(tmp_path):
       "gradient_accumulation/updates_applied") == UPDATES
 
 
-KERAS = {
-    "adam": lambda: tf.keras.optimizers.legacy.Adam(0.05),
-    "sgd": lambda: tf.keras.optimizers.legacy.SGD(0.005),
-    "ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1),
-}
-
-
 @pytest.mark.parametrize("kind, optimizer_name, reduction, replicas", [
     ("dnn", "adam", "mean", 2),
     ("dnn", "sgd", "sum", 1),
@@ -163,6 +113,30 @@ def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
   assert estimator.get_variable_value("global_step") == K * UPDATES
   assert estimator.get_variable_value(
       "gradient_accumulation/updates_applied") == UPDATES
+
+
+def test_keras_canned_estimator_on_two_workers(tmp_path):
+  """TF 2's DNNRegressor with the Keras wrapper under
+  MultiWorkerMirroredStrategy, 2 worker processes from TF_CONFIG, each on
+  its shard: the window sums over both workers' replicas. SGD, whose step
+  scales with the gradient (Adam's would not show a factor of 2)."""
+  workers = 2
+  expected, _ = _canned("dnn", KERAS["sgd"], workers * K * MICRO_BATCH,
+                        UPDATES, str(tmp_path / "big"), canned=tf.estimator)
+  job = tmp_path / "job"
+  result = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", str(workers),
+       "--timeout", "240", "--", sys.executable, "tests/canned_job.py",
+       "--model_dir", str(job), "--api", "keras", "--optimizer", "sgd",
+       "--k", str(K), "--micro_batch", str(MICRO_BATCH),
+       "--updates", str(UPDATES)],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  final = dict(np.load(job / "final_weights.npz"))
+  assert final.pop("global_step") == K * UPDATES
+  assert final.pop("updates_applied") == UPDATES
+  assert len(expected) >= 3, sorted(expected)
+  support.assert_weights_close(final, expected, what="two workers")
 
 
 def _slim_train(optimizer, batch, steps):
