@@ -126,6 +126,32 @@ def test_parameter_servers_are_stopped_when_training_ends():
   assert "[worker:0] trained" in result.stdout
 
 
+@pytest.mark.parametrize("wait", [None, "60"])
+def test_evaluator_is_stopped_or_waited_for(wait):
+  """Without --evaluator_wait the evaluator is stopped when training ends;
+  with it, the evaluator finishes its last evaluation first."""
+  evaluation_seconds = 1 if wait else 120
+  script = ("import json, os, time; "
+            "t = json.loads(os.environ['TF_CONFIG'])['task']; "
+            f"time.sleep({evaluation_seconds}) if t['type'] == 'evaluator' "
+            "else None; print(t['type'], 'finished')")
+  flags = ["--evaluator_wait", wait] if wait else []
+  started = time.monotonic()
+  result = _tfconfig("launch", "--workers", "1", "--evaluator", *flags, "--",
+                     sys.executable, "-c", script, timeout=90)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert "[worker:0] worker finished" in result.stdout
+  if wait:
+    assert "[evaluator:0] evaluator finished" in result.stdout
+    assert "waiting up to 60 s for the evaluator's last evaluation" in (
+        result.stdout)
+  else:
+    assert "evaluator finished" not in result.stdout
+    assert ("stopping evaluator:0 (still running; --evaluator_wait S lets it "
+            "finish its last evaluation)") in result.stdout
+    assert time.monotonic() - started < 60, "the evaluator was not stopped"
+
+
 def test_launch_needs_a_command():
   result = _tfconfig("launch", "--workers", "2")
   assert result.returncode == 2
@@ -139,6 +165,9 @@ def test_launch_needs_a_command():
      "got --workers 0 and no chief"),
     (["--timeout", "0"], "error: --timeout must be a number of seconds > 0, "
      "got 0.0"),
+    (["--evaluator", "--evaluator_wait", "-1"], "error: --evaluator_wait must "
+     "be a number of seconds >= 0, got -1.0"),
+    (["--evaluator_wait", "5"], "error: --evaluator_wait 5 needs --evaluator"),
 ])
 def test_launch_refuses_bad_flags_before_starting_anything(flags, message):
   result = _tfconfig("launch", *flags, "--", sys.executable, "-c",

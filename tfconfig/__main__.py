@@ -3,7 +3,7 @@
   python -m tfconfig show
       Validates $TF_CONFIG and prints one line per task.
   python -m tfconfig launch --workers 2 [--chief] [--ps 1] [--evaluator] \\
-      [--timeout S] -- python train.py --flag ...
+      [--evaluator_wait S] [--timeout S] -- python train.py --flag ...
       Runs every task locally on free loopback ports; output lines are
       prefixed with the task; exits non-zero naming a task that fails.
   python -m tfconfig print --workers h1:2222 h2:2222 [--chief h0:2222] \\
@@ -43,6 +43,13 @@ def _launch(args):
     raise tfc.TFConfigError(
         "launch needs at least one training task, got --workers 0 and no "
         "chief")
+  if not args.evaluator_wait >= 0:
+    raise tfc.TFConfigError(
+        f"--evaluator_wait must be a number of seconds >= 0, got "
+        f"{args.evaluator_wait}")
+  if args.evaluator_wait > 0 and not args.evaluator:
+    raise tfc.TFConfigError(
+        f"--evaluator_wait {args.evaluator_wait:g} needs --evaluator")
   if args.timeout is not None and not args.timeout > 0:
     raise tfc.TFConfigError(
         f"--timeout must be a number of seconds > 0, got {args.timeout}")
@@ -51,7 +58,8 @@ def _launch(args):
   print("[tfconfig] cluster " + " ".join(
       f"{t}:{i}={cluster['cluster'][t][i]}" for t, i in tfc.tasks(cluster)),
         flush=True)
-  return tfl.run_cluster(command, cluster, timeout=args.timeout)
+  return tfl.run_cluster(command, cluster, timeout=args.timeout,
+                         evaluator_wait=args.evaluator_wait)
 
 
 def _print(args):
@@ -78,8 +86,11 @@ def main(argv=None):
   launch.add_argument("--ps", type=int, default=0,
                       help="parameter-server tasks (default 0)")
   launch.add_argument("--evaluator", action="store_true",
-                      help="add an evaluator task (it does not hold up the "
-                      "end of the job)")
+                      help="add an evaluator task (stopped when training "
+                      "ends, unless --evaluator_wait)")
+  launch.add_argument("--evaluator_wait", type=float, default=0, metavar="S",
+                      help="seconds the evaluator may run on after training, "
+                      "to evaluate the final checkpoint (default 0)")
   launch.add_argument("--timeout", type=float, default=None,
                       help="seconds before every task is stopped and the "
                       "launch fails (default: none)")

@@ -5,8 +5,10 @@ ports on 127.0.0.1, starts one process per task with its own TF_CONFIG,
 prefixes each output line with the task (`[worker:1] ...`), and returns 0
 when every training task (chief and workers) has exited 0. If a task fails,
 the others are stopped and the return code is non-zero, with a line that
-names the task. Parameter servers and the evaluator never finish on their
-own: they are stopped once training is done.
+names the task. Parameter servers never finish on their own: they are
+stopped once training is done. So is the evaluator, unless `evaluator_wait`
+gives it time to finish its last evaluation (train_and_evaluate's evaluator
+exits by itself once it has evaluated the final checkpoint).
 """
 
 import json
@@ -57,7 +59,8 @@ def _pump(stream, prefix, out, lock):
   stream.close()
 
 
-def run_cluster(command, cluster, out=None, timeout=None, env=None):
+def run_cluster(command, cluster, out=None, timeout=None, env=None,
+                evaluator_wait=0):
   """Starts `command` once per task of `cluster`; returns an exit code.
 
   Args:
@@ -66,9 +69,13 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None):
     out: text stream for the prefixed output; default sys.stdout.
     timeout: optional seconds; past it every task is stopped and 124 returned.
     env: optional base environment; default os.environ.
+    evaluator_wait: seconds the evaluator may go on after training has
+      finished, to evaluate the final checkpoint; 0 stops it at once (as a
+      Kubernetes TFJob does by default).
 
   Returns:
-    0 when all training tasks exited 0; otherwise the failing task's exit
+    0 when all training tasks exited 0 (and the evaluator too, if it
+    finished within `evaluator_wait`); otherwise the failing task's exit
     code (or 1 if it was killed by a signal), after stopping the others.
   """
   out = out or sys.stdout
@@ -96,6 +103,7 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None):
 
   deadline = None if timeout is None else time.monotonic() + timeout
   code = 0
+  training_finished = None
   try:
     while True:
       training_running = False
@@ -114,8 +122,21 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None):
         code = status if status > 0 else 1
         break
       if not training_running:
-        report("all training tasks finished")
-        break
+        if training_finished is None:
+          report("all training tasks finished")
+          training_finished = time.monotonic()
+          if evaluator_wait > 0 and _running(processes, "evaluator"):
+            report(f"waiting up to {evaluator_wait:g} s for the evaluator's "
+                   "last evaluation")
+        if not _running(processes, "evaluator"):
+          break
+        if time.monotonic() - training_finished >= evaluator_wait:
+          report(f"stopping {', '.join(_running(processes, 'evaluator'))} "
+                 "(still running" + (
+                     f" after {evaluator_wait:g} s" if evaluator_wait > 0
+                     else "; --evaluator_wait S lets it finish its last "
+                     "evaluation") + ")")
+          break
       if deadline is not None and time.monotonic() > deadline:
         report(f"timed out after {timeout} s; stopping every task")
         code = 124
@@ -126,6 +147,12 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None):
     for pump in pumps:
       pump.join(timeout=5)
   return code
+
+
+def _running(processes, task_type):
+  """The names of the tasks of `task_type` that are still running."""
+  return [name for name, (kind, process) in processes.items()
+          if kind == task_type and process.poll() is None]
 
 
 def _stop_all(processes):
