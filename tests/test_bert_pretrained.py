@@ -13,16 +13,9 @@ import tensorflow as tf
 from safetensors.numpy import load_file, save_file
 from tokenizers import Tokenizer
 
+from benchmarks.hf_parity import SENTENCES  # checked with transformers there
 from models.bert import convert_hf, modeling, pretrained, tokenization
 from tests import bert_fixtures, bert_numpy_reference
-
-SENTENCES = [
-    "Hello, world!",
-    "an overwrought , overlong mess that's never as funny as it thinks .",
-    "Café déjà vu: Über-cool 東京 — naïve \"quotes\" & ampersands…",
-    "A gripping, FUNNY and moving film; 10/10, would watch again!!!",
-    "   leading and trailing spaces\tand\ttabs\n",
-]
 
 
 @pytest.fixture(scope="module")
