@@ -115,19 +115,24 @@ def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
       "gradient_accumulation/updates_applied") == UPDATES
 
 
-def test_keras_canned_estimator_on_two_workers(tmp_path):
-  """TF 2's DNNRegressor with the Keras wrapper under
-  MultiWorkerMirroredStrategy, 2 worker processes from TF_CONFIG, each on
-  its shard: the window sums over both workers' replicas. SGD, whose step
-  scales with the gradient (Adam's would not show a factor of 2)."""
+@pytest.mark.parametrize("api", ["keras", "v1"])
+def test_canned_estimator_on_two_workers(api, tmp_path):
+  """DNNRegressor with a wrapper under MultiWorkerMirroredStrategy, 2 worker
+  processes from TF_CONFIG, each on its shard: TF 2's with the Keras
+  wrapper (a mean loss the head divides by the replicas), tf.compat.v1's
+  with the v1 wrapper (the canned summed loss, summed over the window and
+  the replicas). SGD, whose step scales with the gradient: a factor of 2 or
+  of k would show (Adam's would not)."""
   workers = 2
-  expected, _ = _canned("dnn", KERAS["sgd"], workers * K * MICRO_BATCH,
-                        UPDATES, str(tmp_path / "big"), canned=tf.estimator)
+  plain, canned = ((KERAS["sgd"], tf.estimator) if api == "keras" else
+                   (OPTIMIZERS["sgd"](), tf.compat.v1.estimator))
+  expected, _ = _canned("dnn", plain, workers * K * MICRO_BATCH, UPDATES,
+                        str(tmp_path / "big"), canned=canned)
   job = tmp_path / "job"
   result = subprocess.run(
       [sys.executable, "-m", "tfconfig", "launch", "--workers", str(workers),
        "--timeout", "240", "--", sys.executable, "tests/canned_job.py",
-       "--model_dir", str(job), "--api", "keras", "--optimizer", "sgd",
+       "--model_dir", str(job), "--api", api, "--optimizer", "sgd",
        "--k", str(K), "--micro_batch", str(MICRO_BATCH),
        "--updates", str(UPDATES)],
       capture_output=True, text=True, timeout=300)
