@@ -274,7 +274,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
         local_device=between_graph_worker_device(source, global_step),
         compact=compact, communication_options=communication_options,
         after_update=after_update, outer_scope=outer_scope)
-    accumulated = window.accumulate_micro_batch()
+    accumulated = window.accumulate_micro_batch(loss)
     train_op = replica_context.merge_call(
         window.end_micro_batch, args=(accumulated,))
   if tf.distribute.get_strategy().num_replicas_in_sync > 1:

@@ -127,8 +127,12 @@ class Window:
 
   # Replica context: every micro-batch.
 
-  def accumulate_micro_batch(self):
+  def accumulate_micro_batch(self, loss=None):
     """Adds this micro-batch to the local window; returns a done tensor.
+
+    With the micro-batch's `loss`, also warns when it is NaN: Estimator's
+    NanTensorHook stops training on it before the window's end would say
+    the window was skipped.
 
     The same ops run at every position of the window: no `tf.cond` decides
     whether to overwrite or add. The state is zeroed at the window's end
@@ -156,6 +160,9 @@ class Window:
                   for a, g in zip(self._accumulators, self._gradients)]
     updates += [added for added in (s.added_on_this_replica()
                                     for s in self._statistics) if added]
+    if loss is not None:
+      updates.append(window_reports.warn_nan_loss(
+          loss, self._position_counter.read_value()))
     with tf.control_dependencies(updates):
       return tf.constant(True, name="accumulated")
 

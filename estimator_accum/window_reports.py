@@ -55,6 +55,31 @@ def warn_skipped(position, norm):
     return tf.constant(False)
 
 
+def warn_nan_loss(loss, position):
+  """An op printing, when the micro-batch's `loss` is NaN, that its window
+  will be skipped, and how to keep Estimator training: its NanTensorHook
+  raises NanLossDuringTrainingError after this micro-batch, before the
+  window's end could report the skip, unless given `reportable_loss`.
+
+  Args:
+    loss: scalar floating tf.Tensor, the micro-batch loss.
+    position: int64 scalar tensor, the micro-batch's position (0-based).
+
+  Returns:
+    A tf.Operation.
+  """
+
+  def warn():
+    return tf.print(
+        "WARNING estimator_accum: the loss of micro-batch", position,
+        "is NaN; its window will be skipped. Estimator stops training on a "
+        "NaN loss (NanLossDuringTrainingError) unless its EstimatorSpec is "
+        "given loss=estimator_accum.reportable_loss(loss).",
+        output_stream=sys.stderr)
+
+  return tf.cond(tf.math.is_nan(loss), warn, tf.no_op, name="nan_loss")
+
+
 def note_window_size(position, held, k, window_size):
   """Prints, when a window held other than `window_size` (k x replicas)
   micro-batches, that it was applied as their mean: the window that

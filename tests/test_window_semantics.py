@@ -117,6 +117,24 @@ def test_non_finite_window_is_skipped_whole(bad_value, control_flow, tmp_path,
   assert np.isfinite(value("dense/kernel/accum")).all()
 
 
+def test_nan_loss_without_reportable_loss_says_how_to_train_on(tmp_path,
+                                                               capfd):
+  # Estimator's own NanTensorHook stops on a NaN loss, whatever the train op
+  # does with the window; the graph says so, at the micro-batch, and names
+  # the way out (the test above takes it).
+  k, micro_batch = 4, 4
+  data = support.make_data(k * micro_batch * 2)
+  data["x"][k * micro_batch + micro_batch + 1, 0] = np.nan  # micro-batch 5
+  with pytest.raises(tf.compat.v1.train.NanLossDuringTrainingError):
+    support.estimator_train(tmp_path, lambda: v1.AdamOptimizer(0.05), data,
+                            micro_batch, k, k * 2)
+  err = capfd.readouterr().err
+  assert ("the loss of micro-batch 5 is NaN; its window will be skipped" in
+          err), err[-2000:]
+  assert "loss=estimator_accum.reportable_loss(loss)" in err
+  assert "loss of micro-batch 4 " not in err
+
+
 def test_restart_mid_window_loses_nothing(control_flow, tmp_path):
   k, micro_batch, updates = 4, 4, 3
   stop_at = k + 2  # two micro-batches into the second window
