@@ -34,11 +34,32 @@ def _cluster(**cluster):
     (json.dumps(_cluster(chief=["a:1"], worker=["b:1", "a:1"])), "TF_CONFIG: "
      "address 'a:1' is given to both chief:0 and worker:1; every task needs "
      "its own host:port"),
+    (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "worker",
+                                                     "index": "first"})),
+     "TF_CONFIG: task index 'first' is not an integer (a JSON number such as "
+     "0)"),
+    (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "evaluator",
+                                                     "index": -1})),
+     "TF_CONFIG: task index -1 of the evaluator must be >= 0"),
 ])
 def test_parse_errors_are_one_clear_line(text, message):
   with pytest.raises(tfconfig.TFConfigError) as raised:
     tfconfig.parse(text)
   assert str(raised.value) == message
+
+
+def test_what_tensorflow_accepts_is_accepted():
+  # The evaluator is named in "task" only (RunConfig: "Evaluator is not part
+  # of the training cluster"), and TensorFlow reads the index with int().
+  evaluator = dict(_cluster(chief=["a:1"], worker=["b:1"]),
+                   task={"type": "evaluator", "index": 0})
+  assert tfconfig.parse(json.dumps(evaluator)) == evaluator
+  assert tfconfig.describe(evaluator).splitlines()[-1] == (
+      "evaluator:0  (this task; not part of the training cluster)")
+  worker = dict(_cluster(worker=["a:1", "b:1"]),
+                task={"type": "worker", "index": "1"})
+  assert tfconfig.parse(json.dumps(worker)) == worker
+  assert tfconfig.describe(worker).splitlines()[1] == "worker:1  b:1  (this task)"
 
 
 def test_missing_chief_where_required():
@@ -81,6 +102,17 @@ def test_show_and_print(monkeypatch):
   shown = _tfconfig("show", env=env)
   assert shown.stdout.splitlines() == [
       "chief:0  h0:2222", "worker:0  h1:2222", "worker:1  h2:2222  (this task)"]
+  # Every value print gives, the evaluator's too, is one show accepts.
+  printed = _tfconfig("print", "--workers", "h1:2222", "--chief", "h0:2222",
+                      "--evaluator", "h4:2222")
+  values = [line.split("=", 1)[1].strip("'")
+            for line in printed.stdout.splitlines()[1::2]]
+  assert len(values) == 3
+  for value in values:
+    shown = _tfconfig("show", env=dict(os.environ, TF_CONFIG=value))
+    assert shown.returncode == 0, (value, shown.stderr)
+  assert shown.stdout.splitlines()[-1] == (
+      "evaluator:0  (this task; not part of the training cluster)")
   bad = _tfconfig("show", env=dict(os.environ, TF_CONFIG="{"))
   assert bad.returncode == 2
   assert bad.stderr.strip().startswith("error: TF_CONFIG: not valid JSON")

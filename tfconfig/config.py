@@ -87,18 +87,33 @@ def validate(config, require_chief=False):
   if task is not None:
     if not isinstance(task, dict):
       _fail(f"'{TASK}' must be an object with 'type' and 'index', got {task!r}")
-    task_type, index = task.get(TYPE), task.get(INDEX, 0)
+    task_type, index = task.get(TYPE), _task_index(task.get(INDEX, 0))
     if task_type not in TASK_TYPES:
       _fail(f"unknown task type {task_type!r} in '{TASK}'; expected one of "
             f"{', '.join(TASK_TYPES)}")
+    if task_type == EVALUATOR and EVALUATOR not in cluster:
+      # TensorFlow's own form: the evaluator is not part of the training
+      # cluster, only named in "task", and its index has no upper bound.
+      if index < 0:
+        _fail(f"task index {index} of the evaluator must be >= 0")
+      return config
     if task_type not in cluster:
       _fail(f"task type {task_type!r} is not in '{CLUSTER}' (which has "
             f"{', '.join(cluster)})")
-    if isinstance(index, bool) or not isinstance(index, int) or not (
-        0 <= index < len(cluster[task_type])):
+    if not 0 <= index < len(cluster[task_type]):
       _fail(f"task index {index!r} is out of range for {task_type!r}, which "
             f"has {len(cluster[task_type])} task(s)")
   return config
+
+
+def _task_index(index):
+  """The task's index as TensorFlow reads it (`int(index)`: a number, or a
+  string of digits); TFConfigError for anything else."""
+  if isinstance(index, int) and not isinstance(index, bool):
+    return index
+  if isinstance(index, str) and index.strip().lstrip("-").isdigit():
+    return int(index)
+  _fail(f"task index {index!r} is not an integer (a JSON number such as 0)")
 
 
 def parse(text, require_chief=False):
@@ -149,10 +164,7 @@ def for_task(config, task_type, index):
   in "task", so it is dropped from "cluster" here.
   """
   cluster = {t: a for t, a in config[CLUSTER].items() if t != EVALUATOR}
-  value = {CLUSTER: cluster, TASK: {TYPE: task_type, INDEX: index}}
-  if task_type != EVALUATOR:
-    validate(value)
-  return value
+  return validate({CLUSTER: cluster, TASK: {TYPE: task_type, INDEX: index}})
 
 
 def tasks(config):
@@ -164,11 +176,15 @@ def tasks(config):
 def describe(config):
   """One line per task: `worker:1  10.0.0.2:2222  (this task)`."""
   this = config.get(TASK) or {}
+  this_type, this_index = this.get(TYPE), _task_index(this.get(INDEX, 0))
   lines = []
   for task_type, index in tasks(config):
     marker = ""
-    if this.get(TYPE) == task_type and this.get(INDEX, 0) == index:
+    if this_type == task_type and this_index == index:
       marker = "  (this task)"
     lines.append(f"{task_type}:{index}  "
                  f"{config[CLUSTER][task_type][index]}{marker}")
+  if this_type == EVALUATOR and EVALUATOR not in config[CLUSTER]:
+    lines.append(f"{EVALUATOR}:{this_index}  (this task; not part of the "
+                 "training cluster)")
   return "\n".join(lines)
