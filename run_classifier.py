@@ -14,7 +14,6 @@ workers x replicas x train_batch_size x gradient_accumulation_multiplier.
 """
 
 import datetime
-import json
 import math
 import os
 import sys
@@ -24,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging
 
+import tfconfig
 from data import bert_features, classification
 from models.bert import (
   classifier,
@@ -128,6 +128,23 @@ def _model_files():
   return given
 
 
+def _tf_config():
+  """TF_CONFIG as a validated dict ({} when unset); UsageError naming the
+  problem otherwise. The task's index is an int."""
+  text = os.environ.get("TF_CONFIG")
+  if not text:
+    return {}
+  try:
+    config = tfconfig.parse(
+        text, require_chief=FLAGS.distribution_strategy == "parameter_server")
+  except tfconfig.TFConfigError as error:
+    raise UsageError(str(error)) from None
+  task = config.get("task")
+  if task is not None:
+    config["task"] = dict(task, index=int(task.get("index", 0)))
+  return config
+
+
 def _strategy():
   """(strategy or None, workers, replicas per worker)."""
   name = FLAGS.distribution_strategy
@@ -136,7 +153,7 @@ def _strategy():
   if name == "mirrored":
     strategy = tf.distribute.MirroredStrategy()
     return strategy, 1, strategy.num_replicas_in_sync
-  cluster = json.loads(os.environ.get("TF_CONFIG") or "{}").get("cluster", {})
+  cluster = _tf_config().get("cluster", {})
   workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
   if not workers:
     raise UsageError(f"--distribution_strategy={name} needs TF_CONFIG with "
@@ -151,15 +168,16 @@ def _strategy():
 
 
 def _is_chief():
-  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  config = _tf_config()
+  task = config.get("task", {})
   return task.get("type", "chief") == "chief" or (
       task.get("type") == "worker" and task.get("index") == 0 and not
-      json.loads(os.environ["TF_CONFIG"])["cluster"].get("chief"))
+      config["cluster"].get("chief"))
 
 
 def _trainer_shard():
   """(trainers, this trainer's index) over the chief and the workers."""
-  config = json.loads(os.environ.get("TF_CONFIG") or "{}")
+  config = _tf_config()
   cluster, task = config.get("cluster", {}), config.get("task", {})
   chiefs = len(cluster.get("chief", []))
   index = task.get("index", 0) + (chiefs if task.get("type") == "worker"

@@ -2,6 +2,7 @@
 train + eval + predict with k=2, one-line errors for bad input, and a
 2-worker TF_CONFIG job through `python -m tfconfig launch`."""
 
+import json
 import os
 import re
 import subprocess
@@ -55,9 +56,10 @@ def _flags(model, data, output_dir, **extra):
   return [f"--{name}={value}" for name, value in flags.items()]
 
 
-def _run(args, timeout=TIMEOUT):
+def _run(args, timeout=TIMEOUT, env=None):
   return subprocess.run([sys.executable, "run_classifier.py", *args],
-                        capture_output=True, text=True, timeout=timeout)
+                        capture_output=True, text=True, timeout=timeout,
+                        env=env)
 
 
 def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
@@ -125,6 +127,7 @@ def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
     ("cased", r"--do_lower_case=False but vocab_file .* is an uncased"),
     ("k0", r"gradient_accumulation_multiplier.*0"),
     ("tpu", r"--use_tpu=true: .* has no TPU support"),
+    ("tf_config", r"TF_CONFIG: worker:1 address 'localhost' has no port"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
                                                   tiny_model, sst2, tmp_path):
@@ -145,7 +148,13 @@ def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
     extra["gradient_accumulation_multiplier"] = 0
   elif change == "tpu":
     extra["use_tpu"] = True
-  result = _run(_flags(tiny_model, sst2, tmp_path / "run", **extra))
+  env = None
+  if change == "tf_config":
+    extra["distribution_strategy"] = "multi_worker"
+    env = dict(os.environ, TF_CONFIG=json.dumps({
+        "cluster": {"worker": ["localhost:2222", "localhost"]},
+        "task": {"type": "worker", "index": 0}}))
+  result = _run(_flags(tiny_model, sst2, tmp_path / "run", **extra), env=env)
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines()
