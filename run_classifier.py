@@ -130,19 +130,12 @@ def _model_files():
 
 def _tf_config():
   """TF_CONFIG as a validated dict ({} when unset); UsageError naming the
-  problem otherwise. The task's index is an int."""
-  text = os.environ.get("TF_CONFIG")
-  if not text:
-    return {}
+  problem otherwise."""
   try:
-    config = tfconfig.parse(
-        text, require_chief=FLAGS.distribution_strategy == "parameter_server")
+    return tfconfig.from_environment(
+        require_chief=FLAGS.distribution_strategy == "parameter_server")
   except tfconfig.TFConfigError as error:
     raise UsageError(str(error)) from None
-  task = config.get("task")
-  if task is not None:
-    config["task"] = dict(task, index=int(task.get("index", 0)))
-  return config
 
 
 def _strategy():

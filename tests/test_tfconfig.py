@@ -62,6 +62,16 @@ def test_what_tensorflow_accepts_is_accepted():
   assert tfconfig.describe(worker).splitlines()[1] == "worker:1  b:1  (this task)"
 
 
+def test_from_environment(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  assert tfconfig.from_environment() == {}
+  monkeypatch.setenv("TF_CONFIG", json.dumps(dict(
+      _cluster(worker=["a:1", "b:1"]), task={"type": "worker", "index": "1"})))
+  assert tfconfig.from_environment()["task"] == {"type": "worker", "index": 1}
+  with pytest.raises(tfconfig.TFConfigError, match="this job needs a chief"):
+    tfconfig.from_environment(require_chief=True)
+
+
 def test_missing_chief_where_required():
   with pytest.raises(tfconfig.TFConfigError, match="this job needs a chief"):
     tfconfig.parse(json.dumps(_cluster(worker=["a:1"])), require_chief=True)

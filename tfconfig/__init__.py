@@ -5,11 +5,12 @@ from tfconfig.config import (
     build,
     describe,
     for_task,
+    from_environment,
     parse,
     tasks,
     validate,
 )
 from tfconfig.launch import local_cluster, run_cluster
 
-__all__ = ["TFConfigError", "build", "describe", "for_task", "local_cluster",
-           "parse", "run_cluster", "tasks", "validate"]
+__all__ = ["TFConfigError", "build", "describe", "for_task", "from_environment",
+           "local_cluster", "parse", "run_cluster", "tasks", "validate"]

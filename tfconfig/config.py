@@ -12,6 +12,7 @@ that names it and says the value may come from the TF_CONFIG variable.
 """
 
 import json
+import os
 
 CLUSTER = "cluster"
 TASK = "task"
@@ -128,6 +129,24 @@ def parse(text, require_chief=False):
     _fail(f"not valid JSON: {error.msg} at line {error.lineno} column "
           f"{error.colno}")
   return validate(config, require_chief=require_chief)
+
+
+def from_environment(require_chief=False):
+  """The TF_CONFIG of this process, validated; {} when it is not set.
+
+  The task's index is an int, whichever form TF_CONFIG gives it in.
+
+  Raises:
+    TFConfigError: naming the problem.
+  """
+  text = os.environ.get("TF_CONFIG")
+  if not text:
+    return {}
+  config = parse(text, require_chief=require_chief)
+  if config.get(TASK) is not None:
+    config[TASK] = dict(config[TASK],
+                        **{INDEX: _task_index(config[TASK].get(INDEX, 0))})
+  return config
 
 
 def build(workers, chief=None, ps=(), evaluator=None, task=None):

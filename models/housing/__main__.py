@@ -12,7 +12,6 @@ relative difference between their weights. With --strategy multi_worker
 worker 0 prints the eval RMSE.
 """
 
-import json
 import os
 import tempfile
 
@@ -22,6 +21,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
 
@@ -101,6 +101,10 @@ def main(argv):
 
 
 def _multi_worker(model_dir, train, evaluation):
+  try:
+    task = tfconfig.from_environment().get("task", {})
+  except tfconfig.TFConfigError as error:
+    raise SystemExit(f"housing: error: {error}") from None
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   workers = strategy.num_replicas_in_sync
   print(f"housing: effective batch {workers * FLAGS.batch * FLAGS.k} = "
@@ -109,7 +113,6 @@ def _multi_worker(model_dir, train, evaluation):
   metrics, _ = train_and_evaluate(
       os.path.join(model_dir, f"b{FLAGS.batch}_k{FLAGS.k}_w{workers}"),
       train, evaluation, FLAGS.k, FLAGS.batch, strategy)
-  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
   if task.get("index", 0) == 0:
     print(f"eval RMSE {metrics['rmse']:.3f} after {metrics['global_step']} "
           f"micro-batches", flush=True)

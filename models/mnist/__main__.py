@@ -24,6 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
 from models.mnist.model import model_fn, weight_names  # noqa: E402
 
@@ -98,7 +99,7 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
 
 
 def _task_index():
-  task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+  task = tfconfig.from_environment().get("task", {})
   return task.get("index", 0) if task.get("type", "worker") == "worker" else 0
 
 
@@ -110,6 +111,10 @@ def main(argv):
     raise SystemExit(f"mnist: error: {error}") from None
   strategy, workers = None, 1
   if FLAGS.strategy == "multi_worker":
+    try:
+      tfconfig.from_environment()
+    except tfconfig.TFConfigError as error:
+      raise SystemExit(f"mnist: error: {error}") from None
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
   model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="mnist_")
