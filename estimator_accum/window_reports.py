@@ -77,7 +77,10 @@ def warn_nan_loss(loss, position):
         "given loss=estimator_accum.reportable_loss(loss).",
         output_stream=sys.stderr)
 
-  return tf.cond(tf.math.is_nan(loss), warn, tf.no_op, name="nan_loss")
+  # reduce_any: a loss of unknown rank is checked to be a scalar by an op
+  # that may run after this one; a non-scalar predicate would fail first.
+  return tf.cond(tf.reduce_any(tf.math.is_nan(loss)), warn, tf.no_op,
+                 name="nan_loss")
 
 
 def note_window_size(position, held, k, window_size):
