@@ -190,6 +190,22 @@ def check_name(name):
         f"not starting with _ - / or >, not ending with /), got {name!r}.")
 
 
+
+def check_log_every(every_n):
+  """Checks `log_every_n_micro_batches`: an int >= 1, or None for no line."""
+  if every_n is None:
+    return None
+  if isinstance(every_n, bool) or not isinstance(every_n, numbers.Integral):
+    raise TypeError(
+        f"log_every_n_micro_batches must be an int, or None for no progress "
+        f"line, got {every_n!r} of type {type(every_n).__name__}.")
+  if every_n < 1:
+    raise ValueError(
+        f"log_every_n_micro_batches must be >= 1, or None for no progress "
+        f"line, got {every_n!r}.")
+  return int(every_n)
+
+
 def summed_loss_reduction():
   """The reduction the graph's last loss was summed over its batch with
   (`tf.compat.v1.losses.Reduction.SUM`, Keras' "sum"), or None. TensorFlow's

@@ -26,9 +26,10 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
-    between_graph_worker_device,
-    state_variable,
+  between_graph_worker_device,
+  state_variable,
 )
 
 # Graph attribute holding {scope name: WindowStatistics} for the train op.
@@ -45,6 +46,7 @@ def adjusted_momentum(momentum, k):
   return momentum ** (1.0 / k)
 
 
+@as_written
 def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
                center=True, scale=True, name="batch_normalization"):
   """Batch normalization over all axes but the last, window-aware.

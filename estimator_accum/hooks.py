@@ -1,6 +1,7 @@
 """`AccumulationLoggingHook`: a progress line for accumulating Estimator runs.
 
-Every `every_n_micro_batches` it logs one line through absl logging:
+Every `every_n_micro_batches` it logs one line (`progress.log_info`: absl
+logging, or TensorFlow's logger where only that one shows INFO):
 
   micro-batch 400 | update 100 (k=4) | skipped windows 0 |
       25.4 micro-batches/sec | 812.3 examples/sec
@@ -9,12 +10,12 @@ and a warning whenever a window has been skipped for a non-finite gradient
 since the previous line.
 """
 
-import math
 import time
 
 import tensorflow as tf
 from absl import logging
 
+from estimator_accum import progress
 from estimator_accum.train_op import get_accumulation_state
 
 
@@ -68,6 +69,8 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
 
   def begin(self):
     self._state = get_accumulation_state()
+    # This line replaces the one the train op logs by itself.
+    progress.silence(tf.compat.v1.get_default_graph())
     self._fetches = {
         "step": self._state.global_step,
         "updates": self._state.updates_applied,
@@ -80,7 +83,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     if examples and all(e is not None for e in examples):
       self._examples = examples
     else:
-      logging.info(
+      progress.log_info(
           "AccumulationLoggingHook: the micro-batch's examples cannot be "
           "counted (the loss does not come from one input_fn batch); pass "
           "micro_batch_size= to the hook or num_examples= to "
@@ -116,12 +119,12 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     step = values["step"]
     now = time.time()
     rate = (step - self._last_step) / max(now - self._last_time, 1e-9)
-    progress = f"micro-batch {step}"
+    done = f"micro-batch {step}"
     if self._total is not None:
-      progress += f"/{self._total} ({100 * step / self._total:.0f}%)"
-    line = (f"{progress} | update {values['updates']} "
+      done += f"/{self._total} ({100 * step / self._total:.0f}%)"
+    line = (f"{done} | update {values['updates']} "
             f"(k={self._state.k}) | skipped windows {values['skipped']} | "
-            f"{_rate(rate)} micro-batches/sec")
+            f"{progress.rate_text(rate)} micro-batches/sec")
     examples = None
     if self._micro_batch_size is not None:
       examples = rate * self._micro_batch_size * self._num_replicas
@@ -130,13 +133,13 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
       examples = (self._examples_counted * self._num_replicas /
                   len(self._examples) / max(now - self._last_time, 1e-9))
     if examples is not None:
-      line += f" | {_rate(examples)} examples/sec"
+      line += f" | {progress.rate_text(examples)} examples/sec"
     if "loss" in results:
       line += f" | loss {results['loss']:.4f}"
     if self._total is not None and rate > 0:
       left = max(self._total - step, 0) / rate
       line += f" | {int(left // 60)}m{int(left % 60):02d}s left"
-    logging.info(line)
+    progress.log_info(line)
     if values["skipped"] > self._last_skipped:
       logging.warning(
           "%d window(s) skipped for non-finite gradients since micro-batch %d",
@@ -145,12 +148,3 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._examples_counted = 0
     self._last_skipped = values["skipped"]
 
-
-def _rate(value):
-  """A rate with one decimal, and more below 10/sec so that it keeps three
-  significant digits (a BERT-Base micro-batch on a CPU is 0.312/sec, not
-  0.3)."""
-  decimals = 1
-  if 0 < value < 10:
-    decimals = min(2 - math.floor(math.log10(value)), 6)
-  return f"{value:.{decimals}f}"

@@ -11,14 +11,14 @@ nothing else changed.
 """
 
 import tensorflow as tf
-from absl import logging
 
-from estimator_accum import _checks
+from estimator_accum import _checks, progress
 from estimator_accum import loss_scale as _loss_scale
+from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
-    graph_registry,
-    replica_id,
-    state_variable,
+  graph_registry,
+  replica_id,
+  state_variable,
 )
 from estimator_accum.gradient_ops import scale_gradient
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
@@ -122,6 +122,7 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
       # slots, as name-based ones (Estimator's) do.
       self._track_trackable(optimizer, name="optimizer")
 
+  @as_written
   def minimize(self, loss, global_step=None, var_list=None,
                gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
                aggregation_method=None, colocate_gradients_with_ops=False,
@@ -135,6 +136,7 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
             gate_gradients, aggregation_method, colocate_gradients_with_ops,
             grad_loss))
 
+  @as_written
   def compute_gradients(self, loss, var_list=None,
                         gate_gradients=tf.compat.v1.train.Optimizer.GATE_OP,
                         aggregation_method=None,
@@ -146,6 +148,7 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
         gate_gradients, aggregation_method, colocate_gradients_with_ops,
         grad_loss))
 
+  @as_written
   def apply_gradients(self, grads_and_vars, global_step=None, name=None):
     """Returns the train op that adds one micro-batch's `grads_and_vars` (from
     `compute_gradients`) to the window, and applies the window at its k-th
@@ -214,10 +217,12 @@ class AccumulatingKerasOptimizer(_Wrapper,
     super().__init__(name=name or _DEFAULT_NAME)
     self._window = window
 
+  @as_written
   def get_updates(self, loss, params):
     """[the train op of one micro-batch of `loss`], as Keras returns."""
     return [self._from_loss(loss, params, None)]
 
+  @as_written
   def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
     """The train op of one micro-batch of `loss` (graph mode; `name` and
     `tape` are not used)."""
@@ -228,11 +233,13 @@ class AccumulatingKerasOptimizer(_Wrapper,
       var_list = var_list()
     return self._from_loss(loss, var_list, grad_loss)
 
+  @as_written
   def get_gradients(self, loss, params):
     """The gradients of one micro-batch's loss, as they are."""
     return [gradient for gradient, _ in _gradients(
         loss, params, dict(colocate_gradients_with_ops=False))]
 
+  @as_written
   def apply_gradients(self, grads_and_vars, name=None,
                       experimental_aggregate_gradients=True):
     """The train op that adds one micro-batch's gradients to the window."""
@@ -382,7 +389,7 @@ def _loss_reduction():
   summed = _checks.summed_loss_reduction()
   if summed is None:
     return "mean"
-  logging.info(
+  progress.log_info(
       "gradient accumulation: the loss is summed over its batch (reduction "
       "%s): the window's gradients are summed too, as one batch's are.",
       summed)

@@ -29,8 +29,8 @@ accumulation is refused).
 
 
 import tensorflow as tf
-from absl import logging
 
+from estimator_accum import progress
 from estimator_accum.accumulators import on_worker, variable_base_name
 
 __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
@@ -209,7 +209,7 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
     if num_replicas > 1:
       for name, compact in zip(names, chosen):
         if compact:
-          logging.info(
+          progress.log_info(
               "gradient accumulation: %s is above sparse_threshold_bytes but "
               "is accumulated densely: compact accumulation needs one "
               "replica, and there are %d.", name, num_replicas)

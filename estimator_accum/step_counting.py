@@ -14,6 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from estimator_accum import _checks
+from estimator_accum._autograph import as_written
 
 # Ops visited at most when looking for the global step among a
 # hyperparameter's inputs: schedules are small graphs.
@@ -115,6 +116,7 @@ def check_optimizer_steps(optimizer, global_step, k):
           "estimator_accum.update_count(%d).", name, k, k, k)
 
 
+@as_written
 def update_count(k, global_step=None):
   """Returns the number of updates applied so far: `global_step // k`.
 

@@ -30,14 +30,14 @@ strategy the same code runs under TensorFlow's default strategy, whose
 """
 
 import tensorflow as tf
-from absl import logging
 
-from estimator_accum import _checks, window_reports
+from estimator_accum import _checks, progress, window_reports
 from estimator_accum import loss_scale as _loss_scale
+from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
-    AccumulationState,
-    between_graph_worker_device,
-    variable_base_name,
+  AccumulationState,
+  between_graph_worker_device,
+  variable_base_name,
 )
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
 from estimator_accum.step_counting import check_optimizer_steps
@@ -57,6 +57,7 @@ _STATE_ATTRIBUTE = "_estimator_accum_state"
 _COUNTERS_ATTRIBUTE = "_estimator_accum_counters"
 
 
+@as_written
 def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 var_list=None, clip_norm=None,
                                 num_examples=None, reduction="mean",
@@ -67,6 +68,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
                                 communication_options=None,
                                 after_update=None,
+                                log_every_n_micro_batches=100,
                                 name="gradient_accumulation"):
   """Returns a train op that applies one update every `k` micro-batches.
 
@@ -148,6 +150,11 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       after the update, as the recipe reads its global step:
       `lambda: tf.compat.v1.train.ExponentialMovingAverage(0.999,
       num_updates=update_count(k)).apply(var_list)`.
+    log_every_n_micro_batches: int >= 1 or None. The train op logs a
+      progress line (micro-batch, update, skipped windows, micro-batches/sec
+      and examples/sec) at the first micro-batch and then every this many,
+      with no hook; None for none. `AccumulationLoggingHook`, when added,
+      logs its own line instead.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -170,6 +177,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
       sparse_threshold_bytes=sparse_threshold_bytes,
       communication_options=communication_options, after_update=after_update,
+      log_every_n_micro_batches=log_every_n_micro_batches,
       name=name, gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
 
@@ -179,7 +187,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
                           accumulator_dtype, summaries, loss_scale,
                           sparse_accumulation, sparse_threshold_bytes,
                           communication_options, after_update, name,
-                          gradient_options):
+                          gradient_options, log_every_n_micro_batches=100):
   """`build_accumulating_train_op`, from a loss or from one micro-batch's
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
   `minimize` and `apply_gradients` call it. `gradient_options` are
@@ -209,6 +217,8 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   _checks.check_bool("colocate_gradients_with_ops",
                      gradient_options["colocate_gradients_with_ops"])
   _checks.check_name(name)
+  log_every_n_micro_batches = _checks.check_log_every(
+      log_every_n_micro_batches)
   accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
   var_list = _checks.check_var_list(var_list)
   num_examples = _checks.check_num_examples(num_examples)
@@ -273,10 +283,13 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
         accumulator_dtype, summaries, name, loss_scaler=scaler,
         local_device=between_graph_worker_device(source, global_step),
         compact=compact, communication_options=communication_options,
-        after_update=after_update, outer_scope=outer_scope)
+        after_update=after_update, outer_scope=outer_scope,
+        progress=progress.progress_line(name, k, log_every_n_micro_batches))
+    examples = window_reports.micro_batch_examples(source, num_examples)
     accumulated = window.accumulate_micro_batch(loss)
     train_op = replica_context.merge_call(
-        window.end_micro_batch, args=(accumulated,))
+        window.end_micro_batch,
+        args=(accumulated,) + ((examples,) if examples is not None else ()))
   if tf.distribute.get_strategy().num_replicas_in_sync > 1:
     # The window is the mean over replicas, as optimizer.minimize's is; say
     # so the way it does, so that Estimator reports the replicas' mean loss
@@ -291,8 +304,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   # of the first train op, as the state is (a second one, in a GAN, runs on
   # the same batches).
   replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
-  getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(
-      replica, window_reports.micro_batch_examples(source, num_examples))
+  getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(replica, examples)
   return train_op
 
 
@@ -355,14 +367,14 @@ def _log_state_size(state):
       sizes["sparse" if accumulator.is_sparse else "dense"] += (
           variable.shape.num_elements() * variable.dtype.base_dtype.size)
   total = sizes["dense"] + sizes["sparse"]
-  logging.info(
+  progress.log_info(
       "gradient accumulation: k=%d over %d variables; accumulators take "
       "%.1f MB (%.2fx the trained variables' %.1f MB; %.1f MB for sparse "
       "gradients, with their row masks)", state.k, len(state.accumulators),
       total / 2**20, total / max(trained, 1), trained / 2**20,
       sizes["sparse"] / 2**20)
   if compact:
-    logging.info(
+    progress.log_info(
         "gradient accumulation: %d tables accumulated compactly, growing with "
         "the rows a window touches (not counted above): %s", len(compact),
         ", ".join(f"{variable_base_name(a.variable)} "
@@ -375,6 +387,7 @@ def _dense_mb(variable):
           / 2**20)
 
 
+@as_written
 def get_accumulation_state(graph=None):
   """Returns the `AccumulationState` built in `graph` (default graph).
 

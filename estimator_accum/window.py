@@ -58,7 +58,7 @@ class Window:
                num_examples, reduction, accumulator_dtype, summaries, name,
                loss_scaler=None, local_device=None, compact=None,
                communication_options=None, after_update=None,
-               outer_scope=""):
+               outer_scope="", progress=None):
     self._gradients = [g for g, _ in trained]
     # The name scope the train op is built in: see _outer_name_scope.
     self._outer_scope = outer_scope
@@ -74,6 +74,8 @@ class Window:
     self._loss_scaler = loss_scaler
     self._communication_options = communication_options
     self._after_update = after_update
+    # The graph's ProgressLine, or None.
+    self._progress = progress
     self._window_size = k * tf.distribute.get_strategy().num_replicas_in_sync
     # The batch_norm layers whose moving statistics this window updates.
     self._statistics = claim_window_statistics(k, name)
@@ -197,8 +199,10 @@ class Window:
 
   # Cross-replica context: the end-of-micro-batch decision.
 
-  def end_micro_batch(self, strategy, accumulated):
-    """merge_call body: maybe end the window, then count the micro-batch."""
+  def end_micro_batch(self, strategy, accumulated, examples=None):
+    """merge_call body: maybe end the window, then count the micro-batch
+    (and write the progress line when it is due). `examples`: the
+    micro-batch's examples on each replica, when they can be told."""
     with tf.control_dependencies(strategy.experimental_local_results(
         accumulated)):
       position = tf.cast(self._position_counter.read_value(), tf.int64)
@@ -217,12 +221,27 @@ class Window:
       if self._position_counter is not self._global_step:
         counters.append(self._position_counter.assign_add(
             tf.constant(1, tf.int64), read_value=False))
+    if self._progress is not None:
+      counters.append(self._progress_line(strategy, counters, position,
+                                          examples))
     if self._after_update is None:
       return tf.group(*counters, name="train_op")
     with tf.control_dependencies(counters):
       after = tf.cond(tf.equal(status, _STATUS_APPLIED),
                       self._run_after_update, tf.no_op, name="after_update")
     return tf.group(*counters, after, name="train_op")
+
+  def _progress_line(self, strategy, counters, position, examples):
+    """The op writing the progress line, after the micro-batch's counters."""
+    local = strategy.experimental_local_results(examples) if (
+        examples is not None) else ()
+    with tf.control_dependencies(counters):
+      total = tf.constant(-1, tf.int64)
+      if local:
+        total = tf.add_n([tf.cast(e, tf.int64) for e in local])
+      return self._progress.op(
+          position + 1, self._updates.read_value(),
+          self._skipped.read_value(), total, max(len(local), 1))
 
   def _run_after_update(self):
     """True branch: the user's `after_update` ops, once per applied update,

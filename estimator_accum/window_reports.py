@@ -13,6 +13,7 @@ import sys
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
   between_graph_worker_device,
   state_variable,
@@ -149,6 +150,7 @@ def micro_batch_examples(loss, num_examples):
     return tf.shape(batched[0], out_type=tf.int64)[0]
 
 
+@as_written
 def reportable_loss(loss, name="gradient_accumulation"):
   """Returns `loss` where it is finite, else the last finite loss reported.
 

@@ -268,7 +268,8 @@ def accumulating_model_fn(features, labels, mode, params):
       loss_scale=params.get("loss_scale"),
       sparse_accumulation=params.get("sparse_accumulation", "auto"),
       accumulator_dtype=params.get("accumulator_dtype", tf.float32),
-      communication_options=communication_options)
+      communication_options=communication_options,
+      log_every_n_micro_batches=params.get("log_every", 100))
   hooks = list(params.get("training_hooks", []))
   if params.get("reportable_loss"):
     loss = estimator_accum.reportable_loss(loss)

@@ -213,6 +213,12 @@ def test_own_global_step_is_accepted():
      "summaries must be True or False, got 'no' of type str"),
     (dict(colocate_gradients_with_ops=1), TypeError,
      "colocate_gradients_with_ops must be True or False, got 1 of type int"),
+    (dict(log_every_n_micro_batches=0), ValueError,
+     "log_every_n_micro_batches must be >= 1, or None for no progress line, "
+     "got 0"),
+    (dict(log_every_n_micro_batches=2.5), TypeError,
+     "log_every_n_micro_batches must be an int, or None for no progress "
+     "line, got 2.5 of type float"),
 ])
 def test_bad_name_and_flags(overrides, error, text):
   with pytest.raises(error) as raised:

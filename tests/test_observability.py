@@ -117,6 +117,63 @@ def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
         ex_half + per_micro_batch * mb_half + 1e-9), (rates, expected)
 
 
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_train_op_logs_progress_with_no_hook(replicas, tmp_path, caplog):
+  """The first micro-batch, then every log_every_n_micro_batches, written by
+  the graph itself; seen with TensorFlow's logger at INFO and absl's not (a
+  script with tf.compat.v1.logging.set_verbosity(INFO) and no app.run)."""
+  strategy = None
+  if replicas == 2:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  estimator = support.make_estimator(tmp_path, dict(
+      optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01), k=2,
+      log_every=3), train_distribute=strategy)
+  assert not logging.getLogger("absl").isEnabledFor(logging.INFO)
+  with caplog.at_level(logging.INFO, logger="tensorflow"):
+    estimator.train(support.micro_batch_input_fn(support.make_data(48), 4),
+                    max_steps=7)
+  lines = [r.getMessage() for r in caplog.records
+           if r.name == "tensorflow" and r.getMessage().startswith(
+               "micro-batch")]
+  assert [line.split(" | ")[:3] for line in lines] == [
+      ["micro-batch 1", "update 0 (k=2)", "skipped windows 0"],
+      ["micro-batch 3", "update 1 (k=2)", "skipped windows 0"],
+      ["micro-batch 6", "update 3 (k=2)", "skipped windows 0"]], lines
+  assert "micro-batches/sec" not in lines[0]
+  rates = _progress_rates(caplog)
+  assert len(rates) == 2, lines
+  for (micro_batches, mb_half), (examples, ex_half) in rates:
+    per_micro_batch = 4 * replicas  # every replica's examples
+    assert abs(examples - per_micro_batch * micro_batches) <= (
+        ex_half + per_micro_batch * mb_half + 1e-9), lines
+
+
+def test_the_hook_replaces_the_train_ops_line(tmp_path, caplog):
+  hook = estimator_accum.AccumulationLoggingHook(every_n_micro_batches=4,
+                                                 total_micro_batches=8)
+  estimator = support.make_estimator(tmp_path, dict(
+      optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01), k=2,
+      log_every=1, training_hooks=[hook]))
+  with caplog.at_level(logging.INFO):
+    estimator.train(support.micro_batch_input_fn(support.make_data(32), 4),
+                    max_steps=8)
+  lines = [r.getMessage() for r in caplog.records
+           if r.getMessage().startswith("micro-batch")]
+  assert [line.split(" | ")[0] for line in lines] == [
+      "micro-batch 4/8 (50%)", "micro-batch 8/8 (100%)"], lines
+
+
+def test_no_progress_line_when_asked(tmp_path, caplog):
+  estimator = support.make_estimator(tmp_path, dict(
+      optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01), k=2,
+      log_every=None))
+  with caplog.at_level(logging.INFO):
+    estimator.train(support.micro_batch_input_fn(support.make_data(16), 4),
+                    max_steps=4)
+  assert not [r for r in caplog.records
+              if r.getMessage().startswith("micro-batch")]
+
+
 def test_progress_line_says_when_it_cannot_count_examples(caplog):
   """A loss fed through placeholders has no input_fn batch to count."""
   with tf.Graph().as_default():
