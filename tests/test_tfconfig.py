@@ -158,6 +158,16 @@ def test_failing_task_stops_the_others_and_is_named():
   assert time.monotonic() - started < 60, "the sleeping tasks were not stopped"
 
 
+def test_a_command_that_cannot_start_is_one_line():
+  result = _tfconfig("launch", "--workers", "2", "--",
+                     "no-such-command-for-tfconfig", "--flag")
+  assert result.returncode == 127
+  assert "Traceback" not in result.stderr, result.stderr
+  assert result.stderr.strip() == (
+      "error: cannot start worker:0: 'no-such-command-for-tfconfig': No such "
+      "file or directory")
+
+
 def test_parameter_servers_are_stopped_when_training_ends():
   script = ("import json, os, time; "
             "t = json.loads(os.environ['TF_CONFIG'])['task']; "

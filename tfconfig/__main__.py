@@ -111,6 +111,9 @@ def main(argv=None):
   except tfc.TFConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
+  except tfl.LaunchError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return tfl.CANNOT_START
 
 
 if __name__ == "__main__":

@@ -24,6 +24,13 @@ from tfconfig import config as tfc
 
 _STOP_GRACE_SECONDS = 10
 
+# Exit code for a command that cannot be started, as a shell returns it.
+CANNOT_START = 127
+
+
+class LaunchError(RuntimeError):
+  """A task's command could not be started; the message is one line."""
+
 
 def free_ports(count, host="127.0.0.1"):
   """Returns `count` distinct ports that were free on `host` just now."""
@@ -77,6 +84,10 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
     0 when all training tasks exited 0 (and the evaluator too, if it
     finished within `evaluator_wait`); otherwise the failing task's exit
     code (or 1 if it was killed by a signal), after stopping the others.
+
+  Raises:
+    LaunchError: a task's command cannot be started (not found, not
+      executable); the tasks already started are stopped first.
   """
   out = out or sys.stdout
   lock = threading.Lock()
@@ -85,10 +96,16 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
     task_env = dict(env if env is not None else os.environ)
     task_env["TF_CONFIG"] = json.dumps(tfc.for_task(cluster, task_type, index))
     name = f"{task_type}:{index}"
-    process = subprocess.Popen(
-        command, env=task_env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, bufsize=1,
-        start_new_session=True)
+    try:
+      process = subprocess.Popen(
+          command, env=task_env, stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True, bufsize=1,
+          start_new_session=True)
+    except OSError as error:
+      _stop_all([p for _, p in processes.values()])
+      raise LaunchError(
+          f"cannot start {name}: {command[0]!r}: "
+          f"{error.strerror or error}") from None
     processes[name] = (task_type, process)
     pump = threading.Thread(target=_pump,
                             args=(process.stdout, f"[{name}]", out, lock),
