@@ -7,10 +7,11 @@
   where it cannot work.
 """
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
-from absl import logging
 
 import estimator_accum
 from estimator_accum.sparse import CompactSparseAccumulator
@@ -256,10 +257,9 @@ def test_several_replicas_accumulate_densely_or_refuse():
     _build_mirrored(True)
 
 
-def test_build_logs_compact_tables(monkeypatch):
-  lines = []
-  monkeypatch.setattr(logging, "info",
-                      lambda message, *args: lines.append(message % args))
-  _build(["table"])
+def test_build_logs_compact_tables(caplog):
+  with caplog.at_level(logging.INFO):
+    _build(["table"])
+  lines = [record.getMessage() for record in caplog.records]
   (line,) = [line for line in lines if "accumulated compactly" in line]
   assert "table 40 bytes per row touched, 0.0 MB dense" in line
