@@ -190,7 +190,6 @@ def check_name(name):
         f"not starting with _ - / or >, not ending with /), got {name!r}.")
 
 
-
 def check_log_every(every_n):
   """Checks `log_every_n_micro_batches`: an int >= 1, or None for no line."""
   if every_n is None:

@@ -40,6 +40,10 @@ def log_info(message, *args):
     logging.info(message, *args)
 
 
+# absl names the caller of log_info (hooks.py, train_op.py) in its lines.
+logging.ABSLLogger.register_frame_to_skip(__file__, "log_info")
+
+
 def rate_text(value):
   """A rate with one decimal, and more below 10/sec so that it keeps three
   significant digits (a BERT-Base micro-batch on a CPU is 0.312/sec, not
