@@ -154,7 +154,9 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       progress line (micro-batch, update, skipped windows, micro-batches/sec
       and examples/sec) at the first micro-batch and then every this many,
       with no hook; None for none. `AccumulationLoggingHook`, when added,
-      logs its own line instead.
+      logs its own line instead. The line is written by a Python function
+      the graph runs: build with None a graph that another process will
+      import (`import_meta_graph`) and run.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -257,6 +259,8 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
           "variables.")
 
   outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
+  train_ops_before = list(tf.compat.v1.get_collection(
+      tf.compat.v1.GraphKeys.TRAIN_OP))
   with tf.compat.v1.name_scope(name):
     scaler = None
     if grads_and_vars is None:
@@ -290,6 +294,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
     train_op = replica_context.merge_call(
         window.end_micro_batch,
         args=(accumulated,) + ((examples,) if examples is not None else ()))
+  _replace_train_ops(train_ops_before, train_op)
   if tf.distribute.get_strategy().num_replicas_in_sync > 1:
     # The window is the mean over replicas, as optimizer.minimize's is; say
     # so the way it does, so that Estimator reports the replicas' mean loss
@@ -306,6 +311,24 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
   getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(replica, examples)
   return train_op
+
+
+def _replace_train_ops(before, train_op):
+  """Puts `train_op` in the graph's TRAIN_OP collection in place of the
+  optimizer's apply ops added there while the window was built.
+
+  A tf.compat.v1 optimizer adds its apply op to TRAIN_OP, as `minimize` does.
+  Built inside the window's tf.cond, that op runs only as part of the
+  branch; under control flow v2 it is not even in this graph but in the
+  branch's function, and a meta graph listing it cannot be imported
+  (`import_meta_graph`: KeyError naming the op).
+  """
+  collection = tf.compat.v1.get_collection_ref(
+      tf.compat.v1.GraphKeys.TRAIN_OP)
+  added = [op for op in collection if not any(op is b for b in before)]
+  if added:
+    collection[:] = [op for op in collection if not any(op is a for a in added)]
+    collection.append(train_op)
 
 
 def _micro_batch_gradients(loss, var_list, variables_named, scaler, options):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import estimator_accum
 from tests import support
 
 v1 = tf.compat.v1.train
@@ -258,3 +259,49 @@ def test_running_mean_equals_mean(tmp_path):
   _, running = support.estimator_train(tmp_path / "running", optimizer_fn,
                                        data, 4, 4, 12, reduction="running_mean")
   support.assert_weights_close(running, mean, rtol=2e-6, what="running_mean")
+
+
+def test_an_exported_meta_graph_imports_and_trains_on(control_flow, tmp_path):
+  """import_meta_graph of a graph with the train op (the TF1 way to resume
+  without the model's code): under control flow v2 the optimizer's apply op,
+  which tf.compat.v1 optimizers add to TRAIN_OP, lives in the window's
+  branch function, and a meta graph listing it could not be imported."""
+  v1c = tf.compat.v1
+  data = support.make_data(4 * 6)
+  batches = [{key: value[4 * i:4 * (i + 1)] for key, value in data.items()}
+             for i in range(6)]
+
+  def feed(inputs, batch):
+    return {inputs[key]: batch[key] for key in inputs}
+
+  with tf.Graph().as_default():
+    inputs = {key: v1c.placeholder(tf.as_dtype(value.dtype), value.shape,
+                                   name=key)
+              for key, value in batches[0].items()}
+    loss = support.model_loss({k: v for k, v in inputs.items()
+                               if k != "labels"}, inputs["labels"])
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, v1.AdamOptimizer(0.05), 2, clip_norm=1.0,
+        log_every_n_micro_batches=None)
+    saver = v1c.train.Saver()
+    with v1c.Session() as session:
+      session.run(v1c.global_variables_initializer())
+      for batch in batches[:3]:  # stopped mid-window
+        session.run(train_op, feed(inputs, batch))
+      saver.save(session, str(tmp_path / "model"))
+      for batch in batches[3:]:
+        session.run(train_op, feed(inputs, batch))
+      expected = {v.op.name: session.run(v)
+                  for v in v1c.trainable_variables()}
+
+  with tf.Graph().as_default() as graph:
+    saver = v1c.train.import_meta_graph(str(tmp_path / "model.meta"))
+    (train_op,) = v1c.get_collection(v1c.GraphKeys.TRAIN_OP)
+    inputs = {key: graph.get_tensor_by_name(key + ":0") for key in batches[0]}
+    with v1c.Session() as session:
+      saver.restore(session, str(tmp_path / "model"))
+      for batch in batches[3:]:
+        session.run(train_op, feed(inputs, batch))
+      actual = {v.op.name: session.run(v) for v in v1c.trainable_variables()}
+  support.assert_weights_close(actual, expected, rtol=1e-6, atol=1e-7,
+                               what="after import_meta_graph")
