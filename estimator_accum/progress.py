@@ -11,7 +11,9 @@ The graph decides when (a `tf.cond`, true on those micro-batches only) and a
 Python function run by the graph writes the line, so it needs no hook and
 costs nothing on the other micro-batches. `AccumulationLoggingHook` logs a
 fuller line (progress against max_steps, loss, time left) and silences this
-one.
+one. The function exists only in the process that built the graph: a graph
+imported elsewhere (`import_meta_graph`) fails the first step a line is due
+unless it was built with `log_every_n_micro_batches=None`.
 """
 
 import logging as std_logging
