@@ -2,7 +2,8 @@
 lines show.
 
 `build_accumulating_train_op` logs, with no hook added, the first
-micro-batch and then every `log_every_n_micro_batches`:
+micro-batch, the end of the first window, and then every
+`log_every_n_micro_batches`:
 
   micro-batch 400 | update 100 (k=4) | skipped windows 0 |
       25.4 micro-batches/sec | 812.3 examples/sec
@@ -71,8 +72,9 @@ class ProgressLine:
     self.silenced = False
 
   def op(self, step, updates, skipped, examples, local_replicas):
-    """The op that writes the line when micro-batch `step` (1-based, int64
-    scalar tensor) is the first or a multiple of `every_n`.
+    """The op that writes the line when micro-batch `step` (1-based) is the
+    first, ends the first window (the line that has rates first: the first
+    only starts the clock), or is a multiple of `every_n`.
 
     Args:
       step: int64 scalar tensor, micro-batches run, this one included.
@@ -83,8 +85,9 @@ class ProgressLine:
       local_replicas: int, the worker's replicas (examples/sec counts every
         replica in sync, as many on every worker).
     """
-    due = tf.logical_or(tf.equal(step, 1),
-                        tf.equal(tf.math.floormod(step, self._every_n), 0))
+    due = tf.reduce_any([
+        tf.equal(step, 1), tf.equal(step, max(self._k, 2)),
+        tf.equal(tf.math.floormod(step, self._every_n), 0)])
 
     def write():
       return tf.numpy_function(

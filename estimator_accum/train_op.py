@@ -152,7 +152,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       num_updates=update_count(k)).apply(var_list)`.
     log_every_n_micro_batches: int >= 1 or None. The train op logs a
       progress line (micro-batch, update, skipped windows, micro-batches/sec
-      and examples/sec) at the first micro-batch and then every this many,
+      and examples/sec) at the first micro-batch, at the end of the first
+      window (the first line with rates) and then every this many,
       with no hook; None for none. `AccumulationLoggingHook`, when added,
       logs its own line instead. The line is written by a Python function
       the graph runs: build with None a graph that another process will

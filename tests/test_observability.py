@@ -119,8 +119,8 @@ def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
 
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_the_train_op_logs_progress_with_no_hook(replicas, tmp_path, caplog):
-  """The first micro-batch, then every log_every_n_micro_batches, written by
-  the graph itself; seen with TensorFlow's logger at INFO and absl's not (a
+  """The first micro-batch, the end of the first window, then every
+  log_every_n_micro_batches, written by the graph itself; seen with TensorFlow's logger at INFO and absl's not (a
   script with tf.compat.v1.logging.set_verbosity(INFO) and no app.run)."""
   strategy = None
   if replicas == 2:
@@ -137,11 +137,12 @@ def test_the_train_op_logs_progress_with_no_hook(replicas, tmp_path, caplog):
                "micro-batch")]
   assert [line.split(" | ")[:3] for line in lines] == [
       ["micro-batch 1", "update 0 (k=2)", "skipped windows 0"],
+      ["micro-batch 2", "update 1 (k=2)", "skipped windows 0"],
       ["micro-batch 3", "update 1 (k=2)", "skipped windows 0"],
       ["micro-batch 6", "update 3 (k=2)", "skipped windows 0"]], lines
   assert "micro-batches/sec" not in lines[0]
   rates = _progress_rates(caplog)
-  assert len(rates) == 2, lines
+  assert len(rates) == 3, lines
   for (micro_batches, mb_half), (examples, ex_half) in rates:
     per_micro_batch = 4 * replicas  # every replica's examples
     assert abs(examples - per_micro_batch * micro_batches) <= (
