@@ -7,7 +7,13 @@ parameters, 128 tokens, micro-batch 8), Adam, one thread per task, timed per
 session.run by a hook, medians over windows after a warm-up window:
 
   window       2 workers, build_accumulating_train_op(k=8): the sum of the
-               8 micro-batch steps of each window (the 8th applies)
+               8 micro-batch steps of each window (the 8th applies), the
+               loss given to Estimator as reportable_loss(loss) (each
+               worker reports its own: nothing crosses workers between
+               window ends)
+  window, loss across workers
+               the same with reportable_loss(loss, across_workers=True):
+               Estimator all-reduces the reported loss at every micro-batch
   fwd+bwd      one worker alone, no strategy: a step that computes the
                gradients and nothing else; also with two such processes at
                once, as the two workers share this machine
@@ -41,7 +47,8 @@ import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from estimator_accum.window import BYTES_PER_PACK  # noqa: E402
 
-MODES = ("window", "forward_backward", "all_reduce", "all_reduce_packed")
+MODES = ("window", "window_loss_across", "forward_backward", "all_reduce",
+         "all_reduce_packed")
 # Model -> (description, default micro-batch).
 MODEL_CHOICES = {
     "mlp": ("MLP 3.2M parameters", 64),
@@ -82,7 +89,8 @@ def model_fn(features, labels, mode, params):
   loss = MODELS[params["model"]](batch_size=params["micro_batch"])
   step = tf.compat.v1.train.get_or_create_global_step()
   variables = tf.compat.v1.trainable_variables()
-  if params["mode"] == "window":
+  reported = tf.identity(loss)
+  if params["mode"].startswith("window"):
     options = None
     if params["bytes_per_pack"] is not None:
       options = tf.distribute.experimental.CommunicationOptions(
@@ -90,6 +98,8 @@ def model_fn(features, labels, mode, params):
     train_op = estimator_accum.build_accumulating_train_op(
         loss, tf.compat.v1.train.AdamOptimizer(1e-4), params["k"],
         summaries=False, communication_options=options)
+    reported = estimator_accum.reportable_loss(
+        loss, across_workers=params["mode"] == "window_loss_across")
   else:
     if params["mode"] == "forward_backward":
       done = _fetch_all(tf.compat.v1.gradients(loss, variables))
@@ -109,7 +119,7 @@ def model_fn(features, labels, mode, params):
     # skip the gradients (0.1 ms a step instead of 29).
     train_op = step.assign_add(1 + tf.cast(tf.math.is_nan(done), tf.int64))
   return tf.estimator.EstimatorSpec(
-      mode, loss=tf.identity(loss), train_op=train_op,
+      mode, loss=reported, train_op=train_op,
       training_hooks=[_StepTimer(params["output"])])
 
 
@@ -234,6 +244,8 @@ def main():
 # Figure name -> its label in the printed table.
 FIGURES = (
     ("window", "window (2 workers, k={k})"),
+    ("window_loss_across", "window, the reported loss all-reduced every "
+                           "micro-batch (2 workers, k={k})"),
     ("accumulate", "accumulate-only micro-batch (2 workers)"),
     ("apply", "apply micro-batch, all-reduce included (2 workers)"),
     ("fb_alone", "fwd+bwd per micro-batch, one worker alone"),
@@ -251,21 +263,25 @@ def _measure_round(args, directory):
   """One run of every variant, one after the other; returns seconds."""
   k = args.k
   windows = _launch(args, "window", 2, directory)
+  across = _launch(args, "window_loss_across", 2, directory)
   reduce_steps = _launch(args, "all_reduce", 2, directory)
   packed_steps = _launch(args, "all_reduce_packed", 2, directory)
   alone = _launch(args, "forward_backward", 1, directory)
   shared = _launch(args, "forward_backward", 2, directory)
   in_cluster = _launch(args, "forward_backward", 2, directory, cluster=True)
   # Skip the first window (graph warm-up); windows end at steps k, 2k, ...
-  per_window = [sum(times[i:i + k]) for times in windows
-                for i in range(k, len(times) - k + 1, k)]
+  def window_times(runs):
+    return [sum(times[i:i + k]) for times in runs
+            for i in range(k, len(times) - k + 1, k)]
+
   apply_steps = [times[i] for times in windows
                  for i in range(2 * k - 1, len(times), k)]
   accumulate_steps = [t for times in windows
                       for i, t in enumerate(times[k:], k) if (i + 1) % k]
   later = lambda runs: [t for times in runs for t in times[k:]]  # noqa: E731
   return {
-      "window": statistics.median(per_window),
+      "window": statistics.median(window_times(windows)),
+      "window_loss_across": statistics.median(window_times(across)),
       "accumulate": statistics.median(accumulate_steps),
       "apply": statistics.median(apply_steps),
       "fb_alone": statistics.median(alone[0][k:]),
@@ -286,6 +302,8 @@ def _ratios(figures, k):
       out.append((f"window / ({k} x fwd+bwd {label} + all-reduce "
                   f"{pack_label})",
                   figures["window"] / (k * figures[fb] + figures[reduce])))
+  out.append(("window, loss across workers / window",
+              figures["window_loss_across"] / figures["window"]))
   return out
 
 if __name__ == "__main__":

@@ -11,11 +11,14 @@ is often silenced by TF_CPP_MIN_LOG_LEVEL.
 import sys
 
 import tensorflow as tf
+# Not public: the type MultiWorkerMirroredStrategy's reduce returns as it is.
+from tensorflow.python.distribute import values as values_lib
 
 from estimator_accum import _checks
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
   between_graph_worker_device,
+  graph_registry,
   state_variable,
 )
 
@@ -151,7 +154,7 @@ def micro_batch_examples(loss, num_examples):
 
 
 @as_written
-def reportable_loss(loss, name="gradient_accumulation"):
+def reportable_loss(loss, name="gradient_accumulation", across_workers=False):
   """Returns `loss` where it is finite, else the last finite loss reported.
 
   Estimator stops training with `NanTensorHook` when the loss it is given is
@@ -159,9 +162,22 @@ def reportable_loss(loss, name="gradient_accumulation"):
   `build_accumulating_train_op` skips, counts and logs; pass this tensor as
   `EstimatorSpec(loss=...)` so that Estimator keeps training past it.
 
+  Under `MultiWorkerMirroredStrategy` over several workers, Estimator
+  all-reduces the loss it reports across the workers at every micro-batch:
+  the one collective left between two window ends, and one that makes the
+  workers wait for each other at every micro-batch. The tensor returned
+  here is reported as it is on each worker instead (the mean over that
+  worker's own devices), so that a micro-batch that ends no window crosses
+  no worker boundary. `across_workers=True` keeps Estimator's mean over
+  every worker, at the price of that all-reduce. One machine
+  (`MirroredStrategy`) and parameter-server training report as before.
+
   Args:
     loss: scalar floating tf.Tensor, the micro-batch loss.
     name: str, prefix of the variable holding the last finite loss.
+    across_workers: bool, have Estimator report the mean over every
+      worker's replicas (an all-reduce at every micro-batch) rather than
+      this worker's own.
 
   Returns:
     float32 scalar tf.Tensor.
@@ -169,6 +185,7 @@ def reportable_loss(loss, name="gradient_accumulation"):
   _checks.check_graph_mode()
   _checks.check_loss(loss)
   _checks.check_name(name)
+  _checks.check_bool("across_workers", across_workers)
   # Each worker's own in parameter-server training, like its window.
   global_step = tf.compat.v1.train.get_global_step()
   last_finite = state_variable(
@@ -178,4 +195,63 @@ def reportable_loss(loss, name="gradient_accumulation"):
   loss = tf.cast(loss, tf.float32)
   value = tf.where(tf.math.is_finite(loss), loss, last_finite.read_value())
   with tf.control_dependencies([last_finite.assign(value, read_value=False)]):
-    return tf.identity(value, name="reportable_loss")
+    value = tf.identity(value, name="reportable_loss")
+  if not across_workers:
+    _report_on_this_worker(value)
+  return value
+
+
+_WORKER_LOSSES = "_estimator_accum_worker_losses"
+
+
+def _report_on_this_worker(value):
+  """Makes `value`, one replica's reported loss under a strategy spanning
+  several workers, reach Estimator as one value mirrored over this
+  worker's replicas, which it reports without an all-reduce.
+
+  Estimator reduces the regrouped per-replica losses with
+  `strategy.reduce(MEAN, ...)` (MEAN because the window scales by the
+  replicas, see `build_accumulating_train_op`), and
+  MultiWorkerMirroredStrategy returns a `Mirrored` value as it is from a
+  MEAN. Regrouping takes a value's container from its
+  `_distributed_container`: here a `Mirrored` holding the mean of this
+  worker's replicas' values, made once they all exist. Anywhere the
+  container is not complete, or where Estimator would SUM, the value is its
+  own container, and is reduced as before.
+  """
+  context = tf.distribute.get_replica_context()
+  if context is None or not tf.distribute.has_strategy():
+    return
+  strategy = tf.distribute.get_strategy()
+  devices = tuple(strategy.extended.worker_devices)
+  if strategy.num_replicas_in_sync <= len(devices):
+    return
+  registry = graph_registry(_WORKER_LOSSES)
+  replica = int(tf.get_static_value(context.replica_id_in_sync_group))
+  # The n-th call on each replica is the same loss: group them by n.
+  calls = registry.setdefault("calls", {})
+  call = calls.get(replica, 0)
+  calls[replica] = call + 1
+  groups = registry.setdefault("groups", [])
+  while len(groups) <= call:
+    groups.append({"values": {}, "container": None})
+  group = groups[call]
+  group["values"][replica] = value
+  graph = value.graph
+
+  def container():
+    if group["container"] is None:
+      if (len(group["values"]) != len(devices) or not getattr(
+          graph, "_is_loss_scaled_by_optimizer", False)):
+        return value
+      local = [group["values"][r] for r in sorted(group["values"])]
+      with graph.as_default(), tf.name_scope("worker_loss"):
+        mean = local[0] if len(local) == 1 else tf.add_n(local) / len(local)
+        copies = []
+        for device in devices:
+          with tf.device(device):
+            copies.append(tf.identity(mean))
+      group["container"] = values_lib.Mirrored(tuple(copies))
+    return group["container"]
+
+  value._distributed_container = container  # noqa: SLF001

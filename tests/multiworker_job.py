@@ -60,6 +60,14 @@ def main():
   parser.add_argument("--clip_norm", type=float, default=None)
   parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
   parser.add_argument("--count_collectives", action="store_true")
+  parser.add_argument("--reportable_loss", default=None,
+                      choices=["this_worker", "across_workers"],
+                      help="give Estimator estimator_accum.reportable_loss "
+                      "(with across_workers=True or not)")
+  parser.add_argument("--record_losses", action="store_true",
+                      help="write each worker's micro-batch losses to "
+                      "D/losses_<index>.json and the chief's summaries "
+                      "every step")
   parser.add_argument("--bytes_per_pack", type=int, default=None,
                       help="the window all-reduce's pack size (default: the "
                       "library's)")
@@ -108,9 +116,14 @@ def main():
   if args.count_collectives:
     counter = CollectiveCounter(os.path.join(
         args.model_dir, f"collectives_{task['index']}.json"))
+  recorder = None
+  if args.record_losses:
+    recorder = support.LossRecorder(os.path.join(
+        args.model_dir, f"losses_{task['index']}.json"))
   config = tf.estimator.RunConfig(
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
-      save_checkpoints_steps=args.save_every, log_step_count_steps=10_000)
+      save_checkpoints_steps=args.save_every, log_step_count_steps=10_000,
+      save_summary_steps=1 if args.record_losses else 100)
   estimator = tf.estimator.Estimator(
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
@@ -118,7 +131,8 @@ def main():
                   ema_decay=args.ema_decay,
                   batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
-                  training_hooks=[h for h in (counter, dier) if h]))
+                  reportable_loss=args.reportable_loss,
+                  training_hooks=[h for h in (counter, dier, recorder) if h]))
   tf.estimator.train_and_evaluate(
       estimator,
       tf.estimator.TrainSpec(input_fn, max_steps=args.k * args.updates),

@@ -9,6 +9,8 @@ The model has a dense part and an embedding lookup, so every optimizer test
 covers both dense gradients and tf.IndexedSlices.
 """
 
+import json
+
 import numpy as np
 import tensorflow as tf
 
@@ -225,6 +227,36 @@ def run_in_order(session, fetch, inputs, values, batch_sizes):
     start += size
 
 
+MICRO_BATCH_LOSS = "test_micro_batch_loss"
+
+
+class LossRecorder(tf.estimator.SessionRunHook):
+  """Writes the micro-batch loss of every step (this replica's, from
+  accumulating_model_fn) to `output_path` as JSON at the end; Estimator
+  deep-copies the hooks in its params, as with CollectiveCounter."""
+
+  def __init__(self, output_path):
+    self._output_path = output_path
+    self._losses = []
+    self._loss = None
+
+  def begin(self):
+    self._loss = tf.compat.v1.get_collection(MICRO_BATCH_LOSS)[0]
+
+  def before_run(self, run_context):
+    del run_context
+    return tf.estimator.SessionRunArgs(self._loss)
+
+  def after_run(self, run_context, run_values):
+    del run_context
+    self._losses.append(float(run_values.results))
+
+  def end(self, session):
+    del session
+    with open(self._output_path, "w") as writer:
+      json.dump(self._losses, writer)
+
+
 def accumulating_model_fn(features, labels, mode, params):
   """model_fn: the test model trained with build_accumulating_train_op.
 
@@ -271,8 +303,11 @@ def accumulating_model_fn(features, labels, mode, params):
       communication_options=communication_options,
       log_every_n_micro_batches=params.get("log_every", 100))
   hooks = list(params.get("training_hooks", []))
+  # The micro-batch's own loss, for hooks that record it (LossRecorder).
+  tf.compat.v1.add_to_collection(MICRO_BATCH_LOSS, loss)
   if params.get("reportable_loss"):
-    loss = estimator_accum.reportable_loss(loss)
+    loss = estimator_accum.reportable_loss(
+        loss, across_workers=params["reportable_loss"] == "across_workers")
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,
                                     training_hooks=hooks)
 

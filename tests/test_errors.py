@@ -236,6 +236,12 @@ def test_bad_name_of_reportable_loss():
       estimator_accum.reportable_loss(tf.constant(1.0), name="bad name")
 
 
+def test_across_workers_of_reportable_loss_must_be_a_bool():
+  with tf.Graph().as_default():
+    with pytest.raises(TypeError, match="across_workers.*got 'yes'"):
+      estimator_accum.reportable_loss(tf.constant(1.0), across_workers="yes")
+
+
 @pytest.mark.parametrize("reuse", [None, tf.compat.v1.AUTO_REUSE])
 def test_building_twice_in_one_graph_names_the_variable(reuse):
   """Also under a scope with AUTO_REUSE, where the second build would

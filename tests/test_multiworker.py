@@ -148,6 +148,58 @@ def test_gradients_cross_workers_only_when_a_window_ends(
         assert count == collectives_at_window_end, (worker, step, count)
 
 
+def _summaries(model_dir, tag):
+  """{step: value} of a scalar summary in the chief's events files."""
+  values = {}
+  for path in model_dir.glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        if value.tag == tag:
+          values[event.step] = value.simple_value
+  return values
+
+
+@pytest.mark.parametrize("reported", ["this_worker", "across_workers"])
+def test_reportable_loss_leaves_the_workers_alone_between_windows(
+    reported, tmp_path):
+  """Given reportable_loss, Estimator reports each worker's own micro-batch
+  loss (the chief's in its summaries) and nothing crosses workers between
+  window ends; with across_workers=True, the mean over both workers, at one
+  scalar all-reduce per micro-batch."""
+  k, updates = 3, 2
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(k),
+      "--micro_batch", str(MICRO_BATCH), "--updates", str(updates),
+      "--count_collectives", "--reportable_loss", reported,
+      "--record_losses"]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:]
+  losses = [json.loads((tmp_path / f"losses_{w}.json").read_text())
+            for w in range(WORKERS)]
+  assert [len(worker) for worker in losses] == [k * updates] * WORKERS
+  # The shards differ, so the two reports can be told apart.
+  assert all(abs(a - b) > 1e-3 for a, b in zip(*losses)), losses
+  # Summarized at the global step after the micro-batch: 1, 2, ...
+  reported_losses = _summaries(tmp_path, "loss")
+  assert sorted(reported_losses) == list(range(1, k * updates + 1))
+  for step, value in reported_losses.items():
+    expected = (losses[0][step - 1] if reported == "this_worker"
+                else np.mean([worker[step - 1] for worker in losses]))
+    assert value == pytest.approx(expected, rel=1e-6), (step, losses)
+  between_windows = 0 if reported == "this_worker" else 1
+  for worker in range(WORKERS):
+    steps = json.loads((tmp_path / f"collectives_{worker}.json").read_text())
+    for step, (count, size, _) in enumerate(steps):
+      if (step + 1) % k:
+        assert count == between_windows, (worker, step, count, size)
+      else:
+        # The window's one pack, and the loss unless it stays local.
+        assert count == 1 + between_windows, (worker, step, count, size)
+
+
 def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   """Worker 1 dies mid-window after micro-batch 3; launch stops worker 0
   and names the task; the same command again resumes from the checkpoint
