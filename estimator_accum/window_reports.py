@@ -11,6 +11,7 @@ is often silenced by TF_CPP_MIN_LOG_LEVEL.
 import sys
 
 import tensorflow as tf
+
 # Not public: the type MultiWorkerMirroredStrategy's reduce returns as it is.
 from tensorflow.python.distribute import values as values_lib
 
