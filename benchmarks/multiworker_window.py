@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -125,6 +126,9 @@ def model_fn(features, labels, mode, params):
 
 def run_task(mode, model_dir, output, k, steps, micro_batch,
              bytes_per_pack=None, model="mlp"):
+  # The tasks' deprecation warnings would bury the figures.
+  tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+  warnings.simplefilter("ignore", UserWarning)
   distributed = "TF_CONFIG" in os.environ
   strategy = (tf.distribute.MultiWorkerMirroredStrategy() if distributed
               else None)

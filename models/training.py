@@ -16,6 +16,9 @@ def train_spec(loss, optimizer, params, log_every=200):
     hooks.append(estimator_accum.AccumulationLoggingHook(
         every_n_micro_batches=log_every,
         micro_batch_size=params.get("micro_batch_size")))
+    # A NaN micro-batch costs its window, not the run; under
+    # MultiWorkerMirroredStrategy each worker reports its own loss.
+    loss = estimator_accum.reportable_loss(loss)
   else:
     train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
   return tf.estimator.EstimatorSpec(tf.estimator.ModeKeys.TRAIN, loss=loss,
