@@ -115,24 +115,26 @@ def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
       "gradient_accumulation/updates_applied") == UPDATES
 
 
-@pytest.mark.parametrize("api", ["keras", "v1"])
-def test_canned_estimator_on_two_workers(api, tmp_path):
+@pytest.mark.parametrize("api, optimizer_name", [
+    ("keras", "sgd"), ("v1", "sgd"), ("keras", "adam")])
+def test_canned_estimator_on_two_workers(api, optimizer_name, tmp_path):
   """DNNRegressor with a wrapper under MultiWorkerMirroredStrategy, 2 worker
   processes from TF_CONFIG, each on its shard: TF 2's with the Keras
   wrapper (a mean loss the head divides by the replicas), tf.compat.v1's
   with the v1 wrapper (the canned summed loss, summed over the window and
   the replicas). SGD, whose step scales with the gradient: a factor of 2 or
-  of k would show (Adam's would not)."""
+  of k would show (Adam's would not); Adam for its slots, which must move
+  once per window on both workers alike."""
   workers = 2
-  plain, canned = ((KERAS["sgd"], tf.estimator) if api == "keras" else
-                   (OPTIMIZERS["sgd"](), tf.compat.v1.estimator))
+  plain, canned = ((KERAS[optimizer_name], tf.estimator) if api == "keras"
+                   else (OPTIMIZERS[optimizer_name](), tf.compat.v1.estimator))
   expected, _ = _canned("dnn", plain, workers * K * MICRO_BATCH, UPDATES,
                         str(tmp_path / "big"), canned=canned)
   job = tmp_path / "job"
   result = subprocess.run(
       [sys.executable, "-m", "tfconfig", "launch", "--workers", str(workers),
        "--timeout", "240", "--", sys.executable, "tests/canned_job.py",
-       "--model_dir", str(job), "--api", api, "--optimizer", "sgd",
+       "--model_dir", str(job), "--api", api, "--optimizer", optimizer_name,
        "--k", str(K), "--micro_batch", str(MICRO_BATCH),
        "--updates", str(UPDATES)],
       capture_output=True, text=True, timeout=300)
