@@ -19,6 +19,7 @@ sum over replicas.
 
 import collections
 import contextlib
+import threading
 
 import tensorflow as tf
 
@@ -51,6 +52,29 @@ _MEAN = tf.VariableAggregation.MEAN
 # Graph attribute: state variable name -> the replica id (None in
 # cross-replica context) that created it.
 _CREATORS_ATTRIBUTE = "_estimator_accum_state_creators"
+# Per thread (MirroredStrategy builds each replica in a thread of its own):
+# the dicts `recording_state_variables` is filling.
+_RECORDING = threading.local()
+
+
+@contextlib.contextmanager
+def recording_state_variables():
+  """Yields a dict that receives {name: variable} for every window state
+  variable made or reused in this thread while the context is open."""
+  stack = _RECORDING.__dict__.setdefault("stack", [])
+  found = {}
+  stack.append(found)
+  try:
+    yield found
+  finally:
+    stack.remove(found)
+
+
+def record_state_variable(name, variable):
+  """Hands `variable` to the recordings open in this thread; returns it."""
+  for found in getattr(_RECORDING, "stack", ()):
+    found[name] = variable
+  return variable
 
 
 def _unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
@@ -151,7 +175,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           use_resource=True,
           **extra)
       creators.setdefault(name, replica)
-      return variable
+      return record_state_variable(name, variable)
     except ValueError as error:
       if "already exists" not in str(error):
         raise

@@ -10,6 +10,8 @@ of the optimizer gives the window of `build_accumulating_train_op`, with
 nothing else changed.
 """
 
+import copy
+
 import tensorflow as tf
 
 from estimator_accum import _checks, progress
@@ -17,6 +19,7 @@ from estimator_accum import loss_scale as _loss_scale
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
   graph_registry,
+  recording_state_variables,
   replica_id,
   state_variable,
 )
@@ -47,6 +50,17 @@ class _Wrapper:
   def optimizer(self):
     """The optimizer applied once per window."""
     return self._window.optimizer
+
+  # The inner optimizer's slots are the wrapper's, for its callers and for
+  # object-based checkpoints, which find slots through these two and so
+  # name them as the plain optimizer's (the wrapper takes its place).
+  def get_slot(self, var, name):
+    """The inner optimizer's slot `name` of `var`."""
+    return self._window.optimizer.get_slot(var, name)
+
+  def get_slot_names(self):
+    """The inner optimizer's slot names."""
+    return self._window.optimizer.get_slot_names()
 
 
 class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
@@ -117,10 +131,6 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
         communication_options=communication_options,
         after_update=after_update, name=name)
     super().__init__(use_locking=False, name=name or _DEFAULT_NAME)
-    if isinstance(optimizer, tf.__internal__.tracking.Trackable):
-      # Object-based checkpoints of this wrapper hold the inner optimizer's
-      # slots, as name-based ones (Estimator's) do.
-      self._track_trackable(optimizer, name="optimizer")
 
   @as_written
   def minimize(self, loss, global_step=None, var_list=None,
@@ -132,7 +142,7 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
     name. Other arguments as for `tf.compat.v1.train.Optimizer.minimize`."""
     del name  # The window's scope is this optimizer's name.
     return self._window.train_op(
-        loss, None, global_step, var_list, _gradient_options(
+        self, loss, None, global_step, var_list, _gradient_options(
             gate_gradients, aggregation_method, colocate_gradients_with_ops,
             grad_loss))
 
@@ -154,13 +164,7 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
     `compute_gradients`) to the window, and applies the window at its k-th
     micro-batch. `global_step` as for `minimize`; `name` is not used."""
     del name  # The window's scope is this optimizer's name.
-    return self._window.train_op(None, grads_and_vars, global_step)
-
-  def get_slot(self, var, name):
-    return self._window.optimizer.get_slot(var, name)
-
-  def get_slot_names(self):
-    return self._window.optimizer.get_slot_names()
+    return self._window.train_op(self, None, grads_and_vars, global_step)
 
   def variables(self):
     return self._window.optimizer.variables()
@@ -250,10 +254,36 @@ class AccumulatingKerasOptimizer(_Wrapper,
       grads_and_vars = [
           (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
            v) for g, v in grads_and_vars]
-    return self._window.train_op(None, grads_and_vars, self.iterations)
+    return self._window.train_op(self, None, grads_and_vars, self.iterations)
 
   def get_config(self):
-    return {"name": self._name, "k": self.k}
+    """The wrapper's arguments, the inner optimizer serialized as Keras
+    serializes optimizers: `from_config` makes a new wrapper around a new
+    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
+    compiled model's optimizer this way into every graph it builds.
+
+    A `tf.compat.v1.train` inner optimizer, `communication_options` and
+    `after_update` are held as the objects themselves (they have no Keras
+    config): such a config is for `from_config`, not for JSON.
+    """
+    config = self._window.arguments()
+    inner = config.pop("optimizer")
+    if isinstance(inner, tf.keras.optimizers.legacy.Optimizer):
+      inner = tf.keras.optimizers.serialize(inner)
+    return {"optimizer": inner, **config}
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
+    when it was serialized)."""
+    config = dict(config)
+    inner = config.pop("optimizer")
+    if isinstance(inner, dict):
+      # Keras's deserialize rewrites the dict it is given.
+      inner = tf.keras.optimizers.deserialize(copy.deepcopy(inner),
+                                              custom_objects=custom_objects,
+                                              use_legacy_optimizer=True)
+    return cls(inner, **config)
 
   def _from_loss(self, loss, var_list, grad_loss):
     _checks.check_graph_mode()
@@ -262,7 +292,7 @@ class AccumulatingKerasOptimizer(_Wrapper,
     if replicas > 1:
       loss = loss * tf.cast(replicas, loss.dtype)
     return self._window.train_op(
-        loss, None, self.iterations, var_list,
+        self, loss, None, self.iterations, var_list,
         _gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
                           grad_loss))
 
@@ -293,7 +323,7 @@ class _WrapperWindow:
     _checks.check_bool("summaries", summaries)
     if name is not None:
       _checks.check_name(name)
-    _checks.check_accumulator_dtype(accumulator_dtype)
+    accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
     _checks.check_communication_options(communication_options, BYTES_PER_PACK)
     if after_update is not None and not callable(after_update):
       raise TypeError(
@@ -310,31 +340,115 @@ class _WrapperWindow:
         communication_options=communication_options,
         after_update=after_update)
 
+  def arguments(self):
+    """The arguments that make an equal window: the optimizer, k, the
+    given reduction and name, and the settings (the dtype by name)."""
+    settings = dict(self._settings)
+    settings["accumulator_dtype"] = settings["accumulator_dtype"].name
+    return dict(optimizer=self.optimizer, k=self.k, reduction=self._reduction,
+                name=self._given_name, **settings)
+
   def reduction(self):
     """The window's reduction: the given one, else the loss's own."""
     return self._reduction or _loss_reduction()
 
-  def train_op(self, loss, grads_and_vars, global_step, var_list=None,
+  def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
                gradient_options=None, reduction=None):
-    """The train op of one micro-batch, from its loss or its gradients."""
+    """The train op of one micro-batch, from its loss or its gradients.
+
+    `owner`, the wrapper, tracks the window's state variables (and the
+    inner optimizer), so that object-based checkpoints of whatever tracks
+    the wrapper (a Keras model given it, as `model_to_estimator` saves
+    them) hold the window and the optimizer's slots, as name-based ones do.
+    """
     _checks.check_graph_mode()
     name = self._name()
-    if global_step is None:
-      global_step = state_variable(
-          f"{name}/micro_batches", [], tf.int64, per_replica=False)
-    return accumulating_train_op(
-        loss, grads_and_vars, self.optimizer, self.k,
-        global_step=global_step, var_list=var_list, num_examples=None,
-        reduction=reduction or self.reduction(), name=name,
-        gradient_options=(gradient_options or
-                          dict(colocate_gradients_with_ops=False)),
-        **self._settings)
+    with recording_state_variables() as state:
+      if global_step is None:
+        global_step = state_variable(
+            f"{name}/micro_batches", [], tf.int64, per_replica=False)
+      train_op = accumulating_train_op(
+          loss, grads_and_vars, self.optimizer, self.k,
+          global_step=global_step, var_list=var_list, num_examples=None,
+          reduction=reduction or self.reduction(), name=name,
+          gradient_options=(gradient_options or
+                            dict(colocate_gradients_with_ops=False)),
+          **self._settings)
+    _track_window(owner, self.optimizer, state)
+    return train_op
 
   def _name(self):
     """The given name, or the next default name of this replica."""
     if self._given_name is not None:
       return self._given_name
     return _next_default_name()
+
+
+def _track_window(owner, optimizer, state):
+  """Makes `owner` track what an object-based checkpoint of it must hold:
+  the inner optimizer's own variables (hyperparameters, step and non-slot
+  variables, by the names the optimizer gives them, so the keys are those of
+  the plain optimizer in the wrapper's place; its slots `owner.get_slot`
+  serves) and the window's state variables (`state`: {variable name:
+  variable}). What it tracked in an earlier graph is replaced. Keras is
+  told of the variables too: a session Keras prepares initializes only the
+  variables it knows (model_to_estimator writes its first checkpoint from
+  one)."""
+  tracked = dict(_optimizer_children(optimizer))
+  tracked.update(state)
+  for name, child in sorted(tracked.items()):
+    if isinstance(child, tf.Variable):
+      tf.compat.v2.keras.__internal__.backend.track_variable(child)
+    if _is_sync_on_read(child):
+      child = _SyncOnReadCheckpoint(child)
+    owner._track_trackable(child, name=name, overwrite=True)
+
+
+def _is_sync_on_read(variable):
+  return (isinstance(variable, tf.distribute.DistributedValues) and
+          variable.synchronization == tf.VariableSynchronization.ON_READ)
+
+
+class _SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
+  """A per-replica window variable in an object-based checkpoint, saved
+  and restored from its replicas' components as Estimator's name-based
+  checkpoints save it (the sum, or the mean, over the replicas; a restore
+  gives each replica its share), under the key the variable itself would
+  have. TensorFlow's own saveable of a sync-on-read variable reads it
+  across replicas, which fails where a Keras estimator builds its saver:
+  in `model_fn`, in replica context."""
+
+  def __init__(self, variable):
+    self._variable = variable
+
+  def _serialize_to_tensors(self):
+    components = [c.read_value() for c in self._variable.values]
+    value = tf.add_n(components)
+    if self._variable.aggregation == tf.VariableAggregation.MEAN:
+      value = value / len(components)
+    return {"VARIABLE_VALUE": value}
+
+  def _restore_from_tensors(self, restored_tensors):
+    value = restored_tensors["VARIABLE_VALUE"]
+    components = self._variable.values
+    if self._variable.aggregation == tf.VariableAggregation.SUM:
+      value = tf.cast(value / len(components), self._variable.dtype)
+    return tf.group([c.assign(value, read_value=False) for c in components])
+
+
+def _optimizer_children(optimizer):
+  """[(name, trackable)]: the checkpointed children of `optimizer` and of the
+  optimizers it wraps, without those optimizers (whose slots the wrapper
+  serves: tracked too, each slot would be found twice)."""
+  if not isinstance(optimizer, tf.__internal__.tracking.Trackable):
+    return []
+  children = []
+  for name, child in optimizer._trackable_children().items():
+    if "get_slot_names" in dir(child):
+      children += _optimizer_children(child)
+    else:
+      children.append((name, child))
+  return children
 
 
 def _next_default_name():

@@ -31,7 +31,11 @@ accumulation is refused).
 import tensorflow as tf
 
 from estimator_accum import progress
-from estimator_accum.accumulators import on_worker, variable_base_name
+from estimator_accum.accumulators import (
+  on_worker,
+  record_state_variable,
+  variable_base_name,
+)
 
 __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
            "choose_compact"]
@@ -60,10 +64,10 @@ def _dynamic_rows_variable(name, row_shape, dtype, local_device):
   if local_device is not None:
     collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
   with tf.compat.v1.name_scope(None), on_worker(local_device):
-    return tf.compat.v1.Variable(
+    return record_state_variable(name, tf.compat.v1.Variable(
         tf.zeros([0] + row_shape, dtype), trainable=False, name=name,
         shape=tf.TensorShape([None] + row_shape), use_resource=True,
-        collections=collections)
+        collections=collections))
 
 
 class CompactSparseAccumulator:

@@ -1,0 +1,139 @@
+"""A Keras model compiled with an accumulating optimizer, turned into an
+Estimator by `tf.keras.estimator.model_to_estimator`: trained in three
+`train()` calls that stop in the middle of windows, it ends with the weights
+and optimizer slots of the plain optimizer's big batch (one call), in either
+checkpoint format, on one device and under MirroredStrategy."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_accum as ea
+from tests import canned_job, support
+
+K, MICRO_BATCH, UPDATES = 3, 8, 4
+# Each stop but the last is in the middle of a window.
+STOPS = (2, 7, K * UPDATES)
+_X, _Y = canned_job.X, canned_job.Y
+_SESSION = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+
+
+def _keras_model(optimizer):
+  tf.keras.utils.set_random_seed(1)
+  model = tf.keras.Sequential([
+      tf.keras.layers.Dense(8, activation="tanh", input_shape=(4,),
+                            name="hidden"),
+      tf.keras.layers.Dense(1, name="out")])
+  model.compile(optimizer=optimizer, loss="mse")
+  return model
+
+
+def _train(optimizer, batch, stops, model_dir, checkpoint_format,
+           strategy=None):
+  """Trains in one train() call per stop, each reading on from where the
+  checkpoint's step left off; returns the checkpoint's values."""
+  model = _keras_model(optimizer)
+  estimator = tf.keras.estimator.model_to_estimator(
+      keras_model=model, model_dir=model_dir,
+      checkpoint_format=checkpoint_format,
+      config=tf.estimator.RunConfig(train_distribute=strategy,
+                                    session_config=_SESSION))
+  feature = model.input_names[0]
+  replicas = strategy.num_replicas_in_sync if strategy else 1
+  for stop in stops:
+    done = _global_step(estimator) if estimator.latest_checkpoint() else 0
+
+    def input_fn(done=done):
+      return tf.data.Dataset.from_tensor_slices(({feature: _X}, _Y)).batch(
+          batch).repeat().skip(done * replicas)
+
+    estimator.train(input_fn, max_steps=stop)
+  return {name: estimator.get_variable_value(name)
+          for name in estimator.get_variable_names()
+          if "OBJECT_GRAPH" not in name}
+
+
+def _global_step(estimator):
+  (name,) = [n for n in estimator.get_variable_names() if "global_step" in n]
+  return int(estimator.get_variable_value(name))
+
+
+@pytest.mark.parametrize("api, checkpoint_format, replicas", [
+    ("keras", "checkpoint", 1),
+    ("keras", "saver", 1),
+    ("v1", "checkpoint", 1),
+    ("keras", "checkpoint", 2),
+])
+def test_model_to_estimator_resumed_mid_window_equals_big_batch(
+    api, checkpoint_format, replicas, tmp_path):
+  if api == "keras":
+    plain = canned_job.KERAS_OPTIMIZERS["adam"]
+    wrap = ea.AccumulatingKerasOptimizer
+  else:
+    plain = canned_job.V1_OPTIMIZERS["adam"]
+    wrap = ea.AccumulatingOptimizer
+  expected = _train(plain(), replicas * K * MICRO_BATCH, [UPDATES],
+                    str(tmp_path / "big"), checkpoint_format)
+  strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+              if replicas > 1 else None)
+  actual = _train(wrap(plain(), K), MICRO_BATCH, STOPS,
+                  str(tmp_path / "accumulated"), checkpoint_format, strategy)
+  # The wrapper takes the plain optimizer's place: its slots and
+  # hyperparameters are under the plain optimizer's keys.
+  missing = sorted(set(expected) - set(actual))
+  assert not missing, missing
+  slots = [n for n in expected if "OPTIMIZER_SLOT" in n or "/Adam" in n]
+  assert len(slots) >= 8, sorted(expected)
+  steps = [n for n in expected if "global_step" in n]
+  assert [actual[n] for n in steps] == [K * UPDATES]
+  support.assert_weights_close(
+      {n: actual[n] for n in expected if n not in steps},
+      {n: expected[n] for n in expected if n not in steps},
+      what=f"{api} {checkpoint_format} x{replicas}")
+  window = {n: v for n, v in actual.items() if "gradient_accumulation" in n}
+  (updates,) = [v for n, v in window.items() if "updates_applied" in n]
+  assert updates == UPDATES
+  accumulators = [n for n in actual if re.search(r"(\.S|/)accum(/|$)", n)]
+  assert len(accumulators) == 4, sorted(actual)
+
+
+def test_stopped_mid_window_the_window_is_in_the_checkpoint(tmp_path):
+  """The object-based checkpoint at a stop in the middle of a window holds
+  the window's sum, under MirroredStrategy the sum over both replicas."""
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  actual = _train(ea.AccumulatingKerasOptimizer(
+      canned_job.KERAS_OPTIMIZERS["sgd"](), K, summaries=False),
+      MICRO_BATCH, [2], str(tmp_path / "stopped"), "checkpoint", strategy)
+  (kernel,) = [v for n, v in actual.items() if "hidden.Skernel.Saccum" in n]
+  # The mean's share of 2 micro-batches on each of 2 replicas: nonzero.
+  assert np.abs(kernel).max() > 1e-3
+  # The same micro-batches' gradients, as the window holds them: the sum
+  # over the 4 micro-batches of gradient / (k * replicas).
+  model = _keras_model(tf.keras.optimizers.legacy.SGD(0.0))
+  variable = model.layers[0].kernel
+  total = np.zeros(variable.shape, np.float32)
+  for step in range(4):
+    rows = slice(step * MICRO_BATCH, (step + 1) * MICRO_BATCH)
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(tf.square(model(_X[rows]) - _Y[rows]))
+    total += tape.gradient(loss, variable).numpy() / (K * 2)
+  np.testing.assert_allclose(kernel, total, rtol=1e-5, atol=1e-7)
+
+
+def test_config_makes_an_equal_wrapper_around_a_new_optimizer():
+  wrapper = ea.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.legacy.Adam(0.05, beta_1=0.8), 4, clip_norm=2.0,
+      reduction="sum", accumulator_dtype=tf.float32, name="window")
+  config = wrapper.get_config()
+  json.dumps(config)  # Plain data: a Keras inner optimizer serializes.
+  copy = ea.AccumulatingKerasOptimizer.from_config(config)
+  assert copy.k == 4
+  assert copy.get_config() == config
+  assert copy.optimizer is not wrapper.optimizer
+  assert type(copy.optimizer) is type(wrapper.optimizer)
+  assert copy.optimizer.get_config() == wrapper.optimizer.get_config()
+  assert config["clip_norm"] == 2.0 and config["reduction"] == "sum"
+  assert config["name"] == "window"
