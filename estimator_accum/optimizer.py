@@ -422,6 +422,14 @@ class _SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
     self._variable = variable
 
   def _serialize_to_tensors(self):
+    replicas = self._variable._distribute_strategy.num_replicas_in_sync
+    if replicas > len(self._variable.values):
+      # The other workers' components are out of reach here.
+      raise ValueError(
+          f"window variable {self._variable.name} has replicas on other "
+          "workers, which an object-based checkpoint built in model_fn "
+          "cannot reach: with MultiWorkerMirroredStrategy pass "
+          "checkpoint_format='saver' to model_to_estimator.")
     components = [c.read_value() for c in self._variable.values]
     value = tf.add_n(components)
     if self._variable.aggregation == tf.VariableAggregation.MEAN:
