@@ -38,11 +38,20 @@ def _require_scalar(argument, tensor, hint):
 
 
 def check_graph_mode():
-  """Raises RuntimeError when called eagerly: the train op is a graph op."""
+  """Raises RuntimeError when called eagerly or inside a tf.function: the
+  train op is an op of a tf.compat.v1 graph, run once per micro-batch."""
   if tf.executing_eagerly():
     raise RuntimeError(
         "build_accumulating_train_op builds a tf.compat.v1 graph; call it in a "
         "model_fn or under `with tf.Graph().as_default():`, not eagerly.")
+  if tf.compat.v1.get_default_graph().building_function:
+    raise RuntimeError(
+        "build_accumulating_train_op builds a tf.compat.v1 graph, and was "
+        "called inside a tf.function (Keras's model.fit in TensorFlow 2 "
+        "mode builds its train step in one): call it in a model_fn, give a "
+        "Keras model to an Estimator with "
+        "tf.keras.estimator.model_to_estimator, or run Keras in graph mode "
+        "(tf.compat.v1.disable_v2_behavior() before building the model).")
 
 
 def check_loss(loss):

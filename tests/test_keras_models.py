@@ -1,11 +1,16 @@
-"""A Keras model compiled with an accumulating optimizer, turned into an
-Estimator by `tf.keras.estimator.model_to_estimator`: trained in three
-`train()` calls that stop in the middle of windows, it ends with the weights
-and optimizer slots of the plain optimizer's big batch (one call), in either
-checkpoint format, on one device and under MirroredStrategy."""
+"""Keras models compiled with an accumulating optimizer.
+
+Turned into an Estimator by `tf.keras.estimator.model_to_estimator` and
+trained in three `train()` calls that stop in the middle of windows, a model
+ends with the weights and optimizer slots of the plain optimizer's big batch
+(one call), in either checkpoint format, on one device and under
+MirroredStrategy. Trained by `model.fit` in graph mode, it ends with the big
+batch's weights."""
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -137,3 +142,26 @@ def test_config_makes_an_equal_wrapper_around_a_new_optimizer():
   assert copy.optimizer.get_config() == wrapper.optimizer.get_config()
   assert config["clip_norm"] == 2.0 and config["reduction"] == "sum"
   assert config["name"] == "window"
+
+
+@pytest.mark.parametrize("optimizer_name", ["adam", "sgd"])
+def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, tmp_path):
+  """model.fit under tf.compat.v1.disable_v2_behavior() (its own process):
+  k micro-batches of B per update give the weights of batch k*B. Before
+  this release the wrapper's window variables were not initialized there
+  (Keras initializes the variables it knows of)."""
+  output = tmp_path / "weights.npz"
+  subprocess.run(
+      [sys.executable, "tests/keras_fit_job.py", "--optimizer",
+       optimizer_name, "--output", str(output)],
+      check=True, capture_output=True, text=True, timeout=300)
+  saved = np.load(output)
+  names = sorted(n.split("__")[1] for n in saved.files if "big__" in n)
+  assert len(names) == 4
+  actual = {n: saved[f"accumulated__{n}"] for n in names}
+  expected = {n: saved[f"big__{n}"] for n in names}
+  for n in names:
+    assert not np.allclose(actual[n], saved[f"initial__{n}"]), n
+  support.assert_weights_close(actual, expected, what="model.fit")
+  # 48 examples, 2 epochs, windows of 3 x 8.
+  assert saved["updates"] == 4
