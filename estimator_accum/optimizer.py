@@ -170,6 +170,9 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
     return self._window.optimizer.variables()
 
 
+# Registered, so that a Keras model saved compiled with the wrapper loads
+# without custom_objects.
+@tf.keras.utils.register_keras_serializable(package="estimator_accum")
 class AccumulatingKerasOptimizer(_Wrapper,
                                  tf.keras.optimizers.legacy.Optimizer):
   """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:

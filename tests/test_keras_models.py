@@ -165,3 +165,17 @@ def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, tmp_path):
   support.assert_weights_close(actual, expected, what="model.fit")
   # 48 examples, 2 epochs, windows of 3 x 8.
   assert saved["updates"] == 4
+
+
+@pytest.mark.parametrize("file_name", ["model.h5", "model.keras", "saved"])
+def test_saved_compiled_model_loads_with_its_wrapper(file_name, tmp_path):
+  """Keras saves the compiled optimizer's config and loads it back by its
+  registered name: no custom_objects needed."""
+  wrapper = ea.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.legacy.Adam(0.05), 4, clip_norm=1.0)
+  model = _keras_model(wrapper)
+  path = str(tmp_path / file_name)
+  model.save(path)
+  loaded = tf.keras.models.load_model(path)
+  assert isinstance(loaded.optimizer, ea.AccumulatingKerasOptimizer)
+  assert loaded.optimizer.get_config() == wrapper.get_config()
