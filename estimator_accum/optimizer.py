@@ -243,6 +243,7 @@ class AccumulatingKerasOptimizer(_Wrapper,
   @as_written
   def get_gradients(self, loss, params):
     """The gradients of one micro-batch's loss, as they are."""
+    self._check_not_loss_scaled_outside()
     return [gradient for gradient, _ in _gradients(
         loss, params, dict(colocate_gradients_with_ops=False))]
 
@@ -251,6 +252,7 @@ class AccumulatingKerasOptimizer(_Wrapper,
                       experimental_aggregate_gradients=True):
     """The train op that adds one micro-batch's gradients to the window."""
     del name, experimental_aggregate_gradients
+    self._check_not_loss_scaled_outside()
     grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
     replicas = self._replicas_summed()
     if replicas > 1:
@@ -288,7 +290,24 @@ class AccumulatingKerasOptimizer(_Wrapper,
                                               use_legacy_optimizer=True)
     return cls(inner, **config)
 
+  def _check_not_loss_scaled_outside(self):
+    """Refuses a Keras LossScaleOptimizer around the wrapper: it would call
+    `apply_gradients` inside its own tf.cond, where no window can be built
+    (Keras's compile puts one around the optimizer of a model whose dtype
+    policy is mixed_float16)."""
+    if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False):
+      raise ValueError(
+          "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer "
+          "(compile wraps the optimizer of a model whose dtype policy is "
+          "mixed_float16) and would call it inside its tf.cond, where the "
+          "window cannot be built. Let the wrapper scale the loss: "
+          "AccumulatingKerasOptimizer(..., loss_scale='dynamic'), and keep "
+          "the model's own dtype policy float32 (give the layers "
+          "dtype='mixed_float16', or set the global policy back to float32 "
+          "before the model object is made).")
+
   def _from_loss(self, loss, var_list, grad_loss):
+    self._check_not_loss_scaled_outside()
     _checks.check_graph_mode()
     _checks.check_loss(loss)
     replicas = self._replicas_summed()

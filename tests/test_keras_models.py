@@ -179,3 +179,50 @@ def test_saved_compiled_model_loads_with_its_wrapper(file_name, tmp_path):
   loaded = tf.keras.models.load_model(path)
   assert isinstance(loaded.optimizer, ea.AccumulatingKerasOptimizer)
   assert loaded.optimizer.get_config() == wrapper.get_config()
+
+
+def test_loss_scale_optimizer_around_the_wrapper_is_refused(tmp_path):
+  """Under the mixed_float16 policy Keras's compile wraps the optimizer in
+  a LossScaleOptimizer, which would build the window inside its tf.cond:
+  refused, saying what to do instead."""
+  tf.keras.mixed_precision.set_global_policy("mixed_float16")
+  try:
+    model = _keras_model(ea.AccumulatingKerasOptimizer(
+        tf.keras.optimizers.legacy.Adam(0.05), K))
+  finally:
+    tf.keras.mixed_precision.set_global_policy("float32")
+  # model_to_estimator builds the train step for its first checkpoint.
+  with pytest.raises(ValueError, match="loss_scale='dynamic'"):
+    tf.keras.estimator.model_to_estimator(keras_model=model,
+                                          model_dir=str(tmp_path))
+
+
+def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
+  """What the refusal above says to do: float16 layers in a float32 model,
+  the wrapper scaling the loss. The first window overflows at the initial
+  scale of 2**15 and is skipped; the scale halves and the rest apply."""
+  tf.keras.utils.set_random_seed(1)
+  model = tf.keras.Sequential([
+      tf.keras.layers.Dense(8, activation="tanh", input_shape=(4,),
+                            dtype="mixed_float16", name="hidden"),
+      tf.keras.layers.Dense(1, dtype="float32", name="out")])
+  model.compile(optimizer=ea.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.legacy.Adam(0.05), K, loss_scale="dynamic"),
+      loss="mse")
+  assert isinstance(model.optimizer, ea.AccumulatingKerasOptimizer)
+  before = model.get_weights()
+  estimator = tf.keras.estimator.model_to_estimator(
+      keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
+
+  def input_fn():
+    return tf.data.Dataset.from_tensor_slices(
+        ({model.input_names[0]: _X}, _Y)).batch(MICRO_BATCH).repeat()
+
+  estimator.train(input_fn, max_steps=K * UPDATES)
+  value = estimator.get_variable_value
+  assert value("global_step") == K * UPDATES
+  assert value("gradient_accumulation/skipped_windows") == 1
+  assert value("gradient_accumulation/updates_applied") == UPDATES - 1
+  assert value("gradient_accumulation/loss_scale") == 2.0**14
+  assert value("hidden/kernel").dtype == np.float32
+  assert not np.allclose(value("hidden/kernel"), before[0])
