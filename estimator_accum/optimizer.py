@@ -396,6 +396,10 @@ class _WrapperWindow:
           gradient_options=(gradient_options or
                             dict(colocate_gradients_with_ops=False)),
           **self._settings)
+    if isinstance(global_step, tf.Variable):
+      # A Keras wrapper's own `iterations`, which Keras tracks as "iter":
+      # the inner optimizer's counter of updates takes that key below.
+      state.setdefault("micro_batches", global_step)
     _track_window(owner, self.optimizer, state)
     return train_op
 

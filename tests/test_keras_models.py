@@ -165,6 +165,14 @@ def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, tmp_path):
   support.assert_weights_close(actual, expected, what="model.fit")
   # 48 examples, 2 epochs, windows of 3 x 8.
   assert saved["updates"] == 4
+  # An object-based checkpoint (save_weights) holds the open window: the
+  # micro-batch count (the wrapper's own; the inner optimizer's count of
+  # updates has the plain optimizer's key) and the accumulators.
+  assert saved["saved__micro_batches"] == K * UPDATES + 1
+  assert np.abs(saved["saved__accum"]).max() > 0
+  assert saved["restored__micro_batches"] == saved["saved__micro_batches"]
+  np.testing.assert_array_equal(saved["restored__accum"],
+                                saved["saved__accum"])
 
 
 @pytest.mark.parametrize("file_name", ["model.h5", "model.keras", "saved"])
