@@ -416,12 +416,16 @@ def _track_window(owner, optimizer, state):
   variables, by the names the optimizer gives them, so the keys are those of
   the plain optimizer in the wrapper's place; its slots `owner.get_slot`
   serves) and the window's state variables (`state`: {variable name:
-  variable}). What it tracked in an earlier graph is replaced. Keras is
-  told of the variables too: a session Keras prepares initializes only the
-  variables it knows (model_to_estimator writes its first checkpoint from
-  one)."""
+  variable}) but those local to a parameter-server worker. What it
+  tracked in an earlier graph is replaced. Keras is told of the variables
+  too: a session Keras prepares initializes only the variables it knows
+  (model_to_estimator writes its first checkpoint from one)."""
   tracked = dict(_optimizer_children(optimizer))
-  tracked.update(state)
+  # A parameter-server worker's own window is in local variables, which
+  # name-based checkpoints leave out: so do these.
+  local = tf.compat.v1.local_variables()
+  tracked.update((name, variable) for name, variable in state.items()
+                 if not any(variable is v for v in local))
   for name, child in sorted(tracked.items()):
     if isinstance(child, tf.Variable):
       tf.compat.v2.keras.__internal__.backend.track_variable(child)

@@ -234,3 +234,26 @@ def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
   assert value("gradient_accumulation/loss_scale") == 2.0**14
   assert value("hidden/kernel").dtype == np.float32
   assert not np.allclose(value("hidden/kernel"), before[0])
+
+
+def test_parameter_server_windows_stay_out_of_object_checkpoints():
+  """Between-graph (parameter-server) training keeps each worker's window
+  in local variables, which name-based checkpoints leave out (each worker
+  has its own); the wrapper does not put them in object-based ones either,
+  where the chief's window would be restored into every worker."""
+  with tf.Graph().as_default():
+    with tf.compat.v1.device(tf.compat.v1.train.replica_device_setter(
+        ps_tasks=1, worker_device="/job:worker/task:0")):
+      step = tf.compat.v1.train.get_or_create_global_step()
+      weight = tf.compat.v1.get_variable("w", [4, 1])
+      loss = tf.reduce_mean(tf.square(tf.matmul(_X[:MICRO_BATCH], weight)))
+      wrapper = ea.AccumulatingKerasOptimizer(
+          tf.keras.optimizers.legacy.SGD(0.1), K)
+      wrapper.iterations = step
+      wrapper.get_updates(loss, [weight])
+    local = tf.compat.v1.local_variables()
+    assert any("accum" in v.name for v in local), local
+    tracked = wrapper._trackable_children()
+    assert not [n for n, v in tracked.items()
+                if any(v is w for w in local)], sorted(tracked)
+    assert "iter" in tracked  # The inner optimizer's, shared.
