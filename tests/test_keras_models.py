@@ -144,16 +144,20 @@ def test_config_makes_an_equal_wrapper_around_a_new_optimizer():
   assert config["name"] == "window"
 
 
-@pytest.mark.parametrize("optimizer_name", ["adam", "sgd"])
-def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, tmp_path):
-  """model.fit under tf.compat.v1.disable_v2_behavior() (its own process):
-  k micro-batches of B per update give the weights of batch k*B. Before
-  this release the wrapper's window variables were not initialized there
-  (Keras initializes the variables it knows of)."""
+@pytest.mark.parametrize("optimizer_name, replicas", [
+    ("adam", 1), ("sgd", 1), ("adam", 2)])
+def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, replicas,
+                                                  tmp_path):
+  """model.fit under tf.compat.v1.disable_v2_behavior() (its own process),
+  on one device and under MirroredStrategy over 2 logical CPUs: k
+  micro-batches of B per replica per update give the weights of batch
+  replicas*k*B on one device. Before this release the wrapper's window
+  variables were not initialized there (Keras initializes the variables it
+  knows of)."""
   output = tmp_path / "weights.npz"
   subprocess.run(
       [sys.executable, "tests/keras_fit_job.py", "--optimizer",
-       optimizer_name, "--output", str(output)],
+       optimizer_name, "--output", str(output), "--replicas", str(replicas)],
       check=True, capture_output=True, text=True, timeout=300)
   saved = np.load(output)
   names = sorted(n.split("__")[1] for n in saved.files if "big__" in n)
@@ -163,12 +167,12 @@ def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, tmp_path):
   for n in names:
     assert not np.allclose(actual[n], saved[f"initial__{n}"]), n
   support.assert_weights_close(actual, expected, what="model.fit")
-  # 48 examples, 2 epochs, windows of 3 x 8.
-  assert saved["updates"] == 4
+  # 48 examples, 2 epochs, windows of 3 x 8 on each replica.
+  assert saved["updates"] == 4 // replicas
   # An object-based checkpoint (save_weights) holds the open window: the
   # micro-batch count (the wrapper's own; the inner optimizer's count of
   # updates has the plain optimizer's key) and the accumulators.
-  assert saved["saved__micro_batches"] == K * UPDATES + 1
+  assert saved["saved__micro_batches"] == K * UPDATES // replicas + 1
   assert np.abs(saved["saved__accum"]).max() > 0
   assert saved["restored__micro_batches"] == saved["saved__micro_batches"]
   np.testing.assert_array_equal(saved["restored__accum"],
