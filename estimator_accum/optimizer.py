@@ -378,10 +378,11 @@ class _WrapperWindow:
                gradient_options=None, reduction=None):
     """The train op of one micro-batch, from its loss or its gradients.
 
-    `owner`, the wrapper, tracks the window's state variables (and the
-    inner optimizer), so that object-based checkpoints of whatever tracks
-    the wrapper (a Keras model given it, as `model_to_estimator` saves
-    them) hold the window and the optimizer's slots, as name-based ones do.
+    `owner`, the wrapper, then tracks the window's state variables and the
+    inner optimizer's own (`_track_window`), so that object-based
+    checkpoints of whatever tracks the wrapper (a Keras model compiled with
+    it, as `model_to_estimator` and `save_weights` save them) hold the
+    window and the optimizer's state, as name-based ones do.
     """
     _checks.check_graph_mode()
     name = self._name()
