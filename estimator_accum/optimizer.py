@@ -14,7 +14,7 @@ import copy
 
 import tensorflow as tf
 
-from estimator_accum import _checks, progress
+from estimator_accum import _checks, object_checkpoints, progress
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
@@ -379,7 +379,7 @@ class _WrapperWindow:
     """The train op of one micro-batch, from its loss or its gradients.
 
     `owner`, the wrapper, then tracks the window's state variables and the
-    inner optimizer's own (`_track_window`), so that object-based
+    inner optimizer's own (`object_checkpoints.track_window`), so that object-based
     checkpoints of whatever tracks the wrapper (a Keras model compiled with
     it, as `model_to_estimator` and `save_weights` save them) hold the
     window and the optimizer's state, as name-based ones do.
@@ -401,7 +401,7 @@ class _WrapperWindow:
       # A Keras wrapper's own `iterations`, which Keras tracks as "iter":
       # the inner optimizer's counter of updates takes that key below.
       state.setdefault("micro_batches", global_step)
-    _track_window(owner, self.optimizer, state)
+    object_checkpoints.track_window(owner, self.optimizer, state)
     return train_op
 
   def _name(self):
@@ -409,85 +409,6 @@ class _WrapperWindow:
     if self._given_name is not None:
       return self._given_name
     return _next_default_name()
-
-
-def _track_window(owner, optimizer, state):
-  """Makes `owner` track what an object-based checkpoint of it must hold:
-  the inner optimizer's own variables (hyperparameters, step and non-slot
-  variables, by the names the optimizer gives them, so the keys are those of
-  the plain optimizer in the wrapper's place; its slots `owner.get_slot`
-  serves) and the window's state variables (`state`: {variable name:
-  variable}) but those local to a parameter-server worker. What it
-  tracked in an earlier graph is replaced. Keras is told of the variables
-  too: a session Keras prepares initializes only the variables it knows
-  (model_to_estimator writes its first checkpoint from one)."""
-  tracked = dict(_optimizer_children(optimizer))
-  # A parameter-server worker's own window is in local variables, which
-  # name-based checkpoints leave out: so do these.
-  local = tf.compat.v1.local_variables()
-  tracked.update((name, variable) for name, variable in state.items()
-                 if not any(variable is v for v in local))
-  for name, child in sorted(tracked.items()):
-    if isinstance(child, tf.Variable):
-      tf.compat.v2.keras.__internal__.backend.track_variable(child)
-    if _is_sync_on_read(child):
-      child = _SyncOnReadCheckpoint(child)
-    owner._track_trackable(child, name=name, overwrite=True)
-
-
-def _is_sync_on_read(variable):
-  return (isinstance(variable, tf.distribute.DistributedValues) and
-          variable.synchronization == tf.VariableSynchronization.ON_READ)
-
-
-class _SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
-  """A per-replica window variable in an object-based checkpoint, saved
-  and restored from its replicas' components as Estimator's name-based
-  checkpoints save it (the sum, or the mean, over the replicas; a restore
-  gives each replica its share), under the key the variable itself would
-  have. TensorFlow's own saveable of a sync-on-read variable reads it
-  across replicas, which fails where a Keras estimator builds its saver:
-  in `model_fn`, in replica context."""
-
-  def __init__(self, variable):
-    self._variable = variable
-
-  def _serialize_to_tensors(self):
-    replicas = self._variable._distribute_strategy.num_replicas_in_sync
-    if replicas > len(self._variable.values):
-      # The other workers' components are out of reach here.
-      raise ValueError(
-          f"window variable {self._variable.name} has replicas on other "
-          "workers, which an object-based checkpoint built in model_fn "
-          "cannot reach: with MultiWorkerMirroredStrategy pass "
-          "checkpoint_format='saver' to model_to_estimator.")
-    components = [c.read_value() for c in self._variable.values]
-    value = tf.add_n(components)
-    if self._variable.aggregation == tf.VariableAggregation.MEAN:
-      value = value / len(components)
-    return {"VARIABLE_VALUE": value}
-
-  def _restore_from_tensors(self, restored_tensors):
-    value = restored_tensors["VARIABLE_VALUE"]
-    components = self._variable.values
-    if self._variable.aggregation == tf.VariableAggregation.SUM:
-      value = tf.cast(value / len(components), self._variable.dtype)
-    return tf.group([c.assign(value, read_value=False) for c in components])
-
-
-def _optimizer_children(optimizer):
-  """[(name, trackable)]: the checkpointed children of `optimizer` and of the
-  optimizers it wraps, without those optimizers (whose slots the wrapper
-  serves: tracked too, each slot would be found twice)."""
-  if not isinstance(optimizer, tf.__internal__.tracking.Trackable):
-    return []
-  children = []
-  for name, child in optimizer._trackable_children().items():
-    if "get_slot_names" in dir(child):
-      children += _optimizer_children(child)
-    else:
-      children.append((name, child))
-  return children
 
 
 def _next_default_name():
