@@ -46,6 +46,21 @@ def track_window(owner, optimizer, state):
     if _is_sync_on_read(child):
       child = SyncOnReadCheckpoint(child)
     owner._track_trackable(child, name=name, overwrite=True)
+    # Values a checkpoint loaded before this build holds for it (Keras's
+    # load_weights before fit): restored now.
+    owner._handle_deferred_dependencies(name=name, trackable=child)
+  # Window state is keyed by variable name (its names hold a "/"; the
+  # inner optimizer's do not): state left unclaimed belongs to variables
+  # named otherwise, and resuming without it would train wrongly.
+  unclaimed = sorted(n for n in owner._deferred_dependencies if "/" in n)
+  if unclaimed:
+    raise ValueError(
+        f"the checkpoint being restored holds window state {unclaimed} "
+        f"that this model's window, {sorted(tracked)}, does not have: "
+        "window state is keyed by variable name, and these variables are "
+        "named otherwise (a second model built in one process gets new "
+        "layer names). Build the model with the layer names it was saved "
+        "with, e.g. in a new process.")
 
 
 def _is_sync_on_read(variable):

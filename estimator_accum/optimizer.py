@@ -62,6 +62,14 @@ class _Wrapper:
     """The inner optimizer's slot names."""
     return self._window.optimizer.get_slot_names()
 
+  def _create_or_restore_slot_variable(self, slot_variable_position,
+                                       slot_name, variable):
+    # A checkpoint restored before the window is built (Keras's
+    # load_weights before fit) hands the slots it holds under the wrapper
+    # to the optimizer that will make them.
+    return self._window.optimizer._create_or_restore_slot_variable(
+        slot_variable_position, slot_name, variable)
+
 
 class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
   """An optimizer whose `minimize` and `apply_gradients` accumulate k
@@ -223,6 +231,25 @@ class AccumulatingKerasOptimizer(_Wrapper,
                             **settings)
     super().__init__(name=name or _DEFAULT_NAME)
     self._window = window
+
+  @property
+  def iterations(self):
+    """int64 variable counting micro-batches (Keras's `iterations`); the
+    estimators that take Keras optimizers set it to their global step.
+    Made here, it is named and checkpointed `micro_batches`: the key
+    `iter` is the inner optimizer's, which counts updates as the plain
+    optimizer's `iter` does."""
+    if self._iterations is None:
+      with self._distribution_strategy_scope():
+        self._iterations = self.add_weight(
+            "micro_batches", shape=[], dtype=tf.int64, trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self._weights.append(self._iterations)
+    return self._iterations
+
+  @iterations.setter
+  def iterations(self, variable):
+    tf.keras.optimizers.legacy.Optimizer.iterations.fset(self, variable)
 
   @as_written
   def get_updates(self, loss, params):
@@ -398,8 +425,8 @@ class _WrapperWindow:
                             dict(colocate_gradients_with_ops=False)),
           **self._settings)
     if isinstance(global_step, tf.Variable):
-      # A Keras wrapper's own `iterations`, which Keras tracks as "iter":
-      # the inner optimizer's counter of updates takes that key below.
+      # The caller's counter (a Keras wrapper's `iterations`, Estimator's
+      # global step) is part of the window's position.
       state.setdefault("micro_batches", global_step)
     object_checkpoints.track_window(owner, self.optimizer, state)
     return train_op

@@ -261,3 +261,26 @@ def test_parameter_server_windows_stay_out_of_object_checkpoints():
     assert not [n for n, v in tracked.items()
                 if any(v is w for w in local)], sorted(tracked)
     assert "iter" in tracked  # The inner optimizer's, shared.
+
+
+def test_keras_fit_resumed_in_a_new_process_from_save_weights(tmp_path):
+  """save_weights in the middle of a window; a new process loads it before
+  its first fit (the window is built after the checkpoint is read) and
+  finishes the window: the weights of the same micro-batches in one fit.
+  Loading into a model whose layers got other names is refused."""
+  def run(stage):
+    return subprocess.run(
+        [sys.executable, "tests/keras_resume_job.py", stage, str(tmp_path)],
+        check=True, capture_output=True, text=True, timeout=300).stdout
+
+  run("save")
+  run("resume")
+  resumed = np.load(tmp_path / "resumed.npz")
+  uninterrupted = np.load(tmp_path / "uninterrupted.npz")
+  initial = np.load(tmp_path / "initial.npz")
+  for name in uninterrupted.files:
+    assert not np.allclose(uninterrupted[name], initial[name]), name
+  support.assert_weights_close(
+      {n: resumed[n] for n in resumed.files},
+      {n: uninterrupted[n] for n in uninterrupted.files}, what="resumed fit")
+  assert "holds window state ['dense/bias/accum'" in run("renamed")
