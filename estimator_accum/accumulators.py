@@ -57,12 +57,24 @@ _CREATORS_ATTRIBUTE = "_estimator_accum_state_creators"
 _RECORDING = threading.local()
 
 
+class StateRecording(dict):
+  """{name: variable} of the window state variables made or reused in a
+  thread; `slots` holds, by the same names, (trained variable's name, slot
+  name) for the state that belongs to one trained variable (its
+  accumulators), which object-based checkpoints key as the trained
+  variable's optimizer slots."""
+
+  def __init__(self):
+    super().__init__()
+    self.slots = {}
+
+
 @contextlib.contextmanager
 def recording_state_variables():
-  """Yields a dict that receives {name: variable} for every window state
-  variable made or reused in this thread while the context is open."""
+  """Yields a `StateRecording` that receives every window state variable
+  made or reused in this thread while the context is open."""
   stack = _RECORDING.__dict__.setdefault("stack", [])
-  found = {}
+  found = StateRecording()
   stack.append(found)
   try:
     yield found
@@ -70,10 +82,17 @@ def recording_state_variables():
     stack.remove(found)
 
 
-def record_state_variable(name, variable):
-  """Hands `variable` to the recordings open in this thread; returns it."""
+def record_state_variable(name, variable, slot_of=None):
+  """Hands `variable` to the recordings open in this thread; returns it.
+
+  `slot_of`: the trained variable whose state `variable` is, named
+  `<its name>/<suffix>`: recorded as its slot "window_<suffix>".
+  """
   for found in getattr(_RECORDING, "stack", ()):
     found[name] = variable
+    if slot_of is not None:
+      base = variable_base_name(slot_of)
+      found.slots[name] = (base, "window_" + name[len(base) + 1:])
   return variable
 
 
@@ -119,7 +138,7 @@ def replica_id():
 
 
 def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
-                   local_device=None, aggregation=_SUM):
+                   local_device=None, aggregation=_SUM, slot_of=None):
   """Creates a non-trainable state variable with exactly `name`.
 
   Args:
@@ -137,6 +156,8 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
       over replicas, and a restore gives each replica its share), or MEAN
       (the mean over replicas, restored whole to each: for values that are
       themselves means).
+    slot_of: the trained variable whose state this is, if it is one's
+      (its name is then `<that variable's name>/<suffix>`), else None.
 
   Returns:
     The variable, initialized to zeros (or initial_value).
@@ -175,7 +196,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           use_resource=True,
           **extra)
       creators.setdefault(name, replica)
-      return record_state_variable(name, variable)
+      return record_state_variable(name, variable, slot_of)
     except ValueError as error:
       if "already exists" not in str(error):
         raise
@@ -302,11 +323,13 @@ class Accumulator:
           "accumulators need a static shape.")
     self.total = state_variable(
         base + "/accum", shape, dtype, per_replica=True,
-        local_device=local_device, aggregation=(_MEAN if holds_mean else _SUM))
+        local_device=local_device, aggregation=(_MEAN if holds_mean else _SUM),
+        slot_of=variable)
     self.rows = None
     if self.is_sparse:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
-                                 per_replica=True, local_device=local_device)
+                                 per_replica=True, local_device=local_device,
+                                 slot_of=variable)
 
   def state_variables(self):
     """The variables holding this accumulator's window."""

@@ -15,52 +15,168 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 
 import tensorflow as tf
 
-__all__ = ["SyncOnReadCheckpoint", "track_window"]
+__all__ = [
+    "SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "lookup_window_state",
+    "restore_window_slot", "track_window", "window_slot", "window_slot_names"]
 
 
-def track_window(owner, optimizer, state):
+WINDOW_SLOT_PREFIX = "window_"
+_TRACKING_ATTRIBUTE = "_estimator_accum_tracking"
+
+
+class _Tracking:
+  """What a wrapper tracks of the windows it built in one graph."""
+
+  def __init__(self, graph):
+    self.graph = graph
+    self.windows = {}   # window name -> its index among the wrapper's
+    self.slots = {}     # (trained variable's name, slot name) -> state
+    self.children = {}  # window state tracked by key ("window/...") -> it
+    self.by_name = {}   # state variable name -> state (earlier key format)
+
+
+def _tracking(owner, graph=None):
+  """The wrapper's `_Tracking` of `graph` (the default graph), made anew
+  for a new graph, or None if it built no window there and graph is None."""
+  current = tf.compat.v1.get_default_graph()
+  tracking = getattr(owner, _TRACKING_ATTRIBUTE, None)
+  if tracking is not None and tracking.graph is current:
+    return tracking
+  if graph is None:
+    return None
+  tracking = _Tracking(current)
+  setattr(owner, _TRACKING_ATTRIBUTE, tracking)
+  return tracking
+
+
+def track_window(owner, optimizer, state, window_name):
   """Makes `owner` track what an object-based checkpoint of it must hold.
 
   That is the inner optimizer's own variables (hyperparameters, step count,
-  non-slot variables), by the names the optimizer gives them, and the
-  window's state variables, but not those local to a parameter-server
-  worker (name-based checkpoints leave them out too). What `owner` tracked
-  in an earlier graph is replaced. Keras is told of the variables as well:
-  a session Keras prepares initializes only the variables it knows
-  (model_to_estimator writes its first checkpoint from one).
+  non-slot variables) by the names the optimizer gives them; the state of
+  each trained variable (its accumulators) as that variable's slots
+  (`window_accum`, ...), so that it is keyed by the variable's path in the
+  model, as the optimizer's own slots are, whatever the variable is named;
+  and the window's counters as `window/<counter>` (`window_1/...` for a
+  second window the wrapper builds in one graph). State local to a
+  parameter-server worker is left out (name-based checkpoints leave it out
+  too). What `owner` tracked in an earlier graph is replaced. Values a
+  checkpoint loaded before this build holds for the window are restored
+  now. Keras is told of the variables as well: a session Keras prepares
+  initializes only the variables it knows (model_to_estimator writes its
+  first checkpoint from one).
 
   Args:
     owner: the wrapper, a `tf.compat.v1.train.Optimizer` or a Keras legacy
       optimizer, which serves the inner optimizer's slots itself.
     optimizer: the inner optimizer.
-    state: {name: tf.Variable}, the window's state variables by the names
-      they are tracked under.
+    state: `accumulators.StateRecording` of the window's state variables.
+    window_name: the window's name, which its counters' names begin with.
+
+  Raises:
+    ValueError: if a checkpoint loaded before this build holds window
+      state that this window does not have.
   """
-  tracked = dict(_optimizer_children(optimizer))
+  tracking = _tracking(owner, tf.compat.v1.get_default_graph())
+  index = tracking.windows.setdefault(window_name, len(tracking.windows))
+  prefix = "window" if index == 0 else f"window_{index}"
   local = tf.compat.v1.local_variables()
-  tracked.update((name, variable) for name, variable in state.items()
-                 if not any(variable is v for v in local))
-  for name, child in sorted(tracked.items()):
+  children = dict(_optimizer_children(optimizer))
+  slots = {}
+  for name, variable in state.items():
+    if any(variable is v for v in local):
+      continue
+    tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+    view = (SyncOnReadCheckpoint(variable) if _is_sync_on_read(variable)
+            else variable)
+    tracking.by_name[name] = view
+    if name in state.slots:
+      slots[state.slots[name]] = view
+    elif name.startswith(window_name + "/"):
+      children[prefix + name[len(window_name):]] = view
+    else:
+      children[name] = view
+  tracking.slots.update(slots)
+  tracking.children.update(children)
+  for name, child in sorted(children.items()):
     if isinstance(child, tf.Variable):
       tf.compat.v2.keras.__internal__.backend.track_variable(child)
-    if _is_sync_on_read(child):
-      child = SyncOnReadCheckpoint(child)
     owner._track_trackable(child, name=name, overwrite=True)
     # Values a checkpoint loaded before this build holds for it (Keras's
     # load_weights before fit): restored now.
     owner._handle_deferred_dependencies(name=name, trackable=child)
-  # Window state is keyed by variable name (its names hold a "/"; the
-  # inner optimizer's do not): state left unclaimed belongs to variables
-  # named otherwise, and resuming without it would train wrongly.
+  deferred = owner.__dict__.setdefault("_deferred_window_slots", {})
+  for key, view in slots.items():
+    for position in deferred.pop(key, ()):
+      position.restore(view)
+  # A checkpoint written before window state was keyed this way (state
+  # under its variable names, estimator_accum 0a07752).
+  for name in state:
+    if name in tracking.by_name:
+      owner._handle_deferred_dependencies(name=name,
+                                          trackable=tracking.by_name[name])
   unclaimed = sorted(n for n in owner._deferred_dependencies if "/" in n)
   if unclaimed:
-    raise ValueError(
-        f"the checkpoint being restored holds window state {unclaimed} "
-        f"that this model's window, {sorted(tracked)}, does not have: "
-        "window state is keyed by variable name, and these variables are "
-        "named otherwise (a second model built in one process gets new "
-        "layer names). Build the model with the layer names it was saved "
-        "with, e.g. in a new process.")
+    raise _unclaimed_state(unclaimed, children, slots)
+
+
+def _unclaimed_state(unclaimed, children=None, slots=None):
+  have = sorted(n for n in (children or {}) if "/" in n)
+  have += sorted({slot for _, slot in (slots or {})})
+  return ValueError(
+      f"the checkpoint being restored holds window state {unclaimed} that "
+      f"this model's window ({have}) does not have: it was saved by a "
+      "window with other settings (reduction, sparse accumulation, "
+      "loss scaling), or, from a checkpoint written before window state was "
+      "keyed by the model's variables, for variables named otherwise. "
+      "Resuming without it would train wrongly; build the window as it was "
+      "saved.")
+
+
+def window_slot_names(owner):
+  """The slot names of the window state `owner` built in this graph."""
+  tracking = _tracking(owner)
+  return sorted({slot for _, slot in tracking.slots}) if tracking else []
+
+
+def window_slot(owner, variable, slot_name):
+  """The state `owner` keeps as `variable`'s slot `slot_name`, or None."""
+  tracking = _tracking(owner)
+  if tracking is None or not isinstance(variable, tf.Variable):
+    return None
+  return tracking.slots.get(
+      (variable.name.split(":")[0], slot_name))
+
+
+def restore_window_slot(owner, position, slot_name, variable):
+  """Restores a checkpoint's window slot of `variable` into the window's
+  state, or keeps it until the window is built."""
+  state = window_slot(owner, variable, slot_name)
+  if state is not None:
+    position.restore(state)
+  else:
+    key = (variable.name.split(":")[0], slot_name)
+    owner.__dict__.setdefault("_deferred_window_slots", {}).setdefault(
+        key, []).append(position)
+
+
+def lookup_window_state(owner, name):
+  """The window state a checkpoint names `name` in the key format before
+  this one; None if `owner` built no window in this graph, for a name with
+  no "/" (not window state), or for window state `owner` tracks as `name`.
+
+  Raises:
+    ValueError: if `owner` built its window in this graph and has no
+      window state `name` (a name with a "/"), which would otherwise be
+      dropped silently.
+  """
+  tracking = _tracking(owner)
+  if tracking is None or "/" not in name or name in tracking.children:
+    return None  # (tracked state is found as the dependency it is)
+  found = tracking.by_name.get(name)
+  if found is None:
+    raise _unclaimed_state([name], tracking.children, tracking.slots)
+  return found
 
 
 def _is_sync_on_read(variable):

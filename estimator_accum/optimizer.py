@@ -53,22 +53,41 @@ class _Wrapper:
 
   # The inner optimizer's slots are the wrapper's, for its callers and for
   # object-based checkpoints, which find slots through these two and so
-  # name them as the plain optimizer's (the wrapper takes its place).
+  # name them as the plain optimizer's (the wrapper takes its place). The
+  # window's state of each trained variable is served as its slots too
+  # (`window_accum`, ...), so that checkpoints key it by the variable's
+  # path in the model, not by its name.
   def get_slot(self, var, name):
-    """The inner optimizer's slot `name` of `var`."""
+    """The inner optimizer's slot `name` of `var`, or the window's state of
+    `var` for a slot named `window_...` (under a distribution strategy, a
+    view of the per-replica state for checkpoints)."""
+    if name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
+      return object_checkpoints.window_slot(self, var, name)
     return self._window.optimizer.get_slot(var, name)
 
   def get_slot_names(self):
-    """The inner optimizer's slot names."""
-    return self._window.optimizer.get_slot_names()
+    """The inner optimizer's slot names and the window's, in this graph."""
+    return (list(self._window.optimizer.get_slot_names()) +
+            object_checkpoints.window_slot_names(self))
 
   def _create_or_restore_slot_variable(self, slot_variable_position,
                                        slot_name, variable):
     # A checkpoint restored before the window is built (Keras's
     # load_weights before fit) hands the slots it holds under the wrapper
-    # to the optimizer that will make them.
+    # to the optimizer that will make them, and the window's to the window.
+    if slot_name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
+      return object_checkpoints.restore_window_slot(
+          self, slot_variable_position, slot_name, variable)
     return self._window.optimizer._create_or_restore_slot_variable(
         slot_variable_position, slot_name, variable)
+
+  def _lookup_dependency(self, name, cached_dependencies=None):
+    # Window state a checkpoint holds that this window does not have is
+    # refused, not dropped (and state keyed as before is found).
+    found = super()._lookup_dependency(name, cached_dependencies)
+    if found is None:
+      found = object_checkpoints.lookup_window_state(self, name)
+    return found
 
 
 class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
@@ -428,7 +447,7 @@ class _WrapperWindow:
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
       state.setdefault("micro_batches", global_step)
-    object_checkpoints.track_window(owner, self.optimizer, state)
+    object_checkpoints.track_window(owner, self.optimizer, state, name)
     return train_op
 
   def _name(self):

@@ -43,8 +43,9 @@ __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
 SPARSE_THRESHOLD_BYTES = 128 * 2**20
 
 
-def _dynamic_rows_variable(name, row_shape, dtype, local_device):
-  """A non-trainable variable of shape [None] + row_shape, initially empty.
+def _dynamic_rows_variable(name, row_shape, dtype, local_device, table):
+  """A non-trainable variable of shape [None] + row_shape, initially empty,
+  window state of the variable `table`.
 
   `tf.compat.v1.get_variable` cannot make a variable whose first dimension is
   unknown (with `validate_shape=False` it still records the initial shape,
@@ -67,7 +68,7 @@ def _dynamic_rows_variable(name, row_shape, dtype, local_device):
     return record_state_variable(name, tf.compat.v1.Variable(
         tf.zeros([0] + row_shape, dtype), trainable=False, name=name,
         shape=tf.TensorShape([None] + row_shape), use_resource=True,
-        collections=collections))
+        collections=collections), slot_of=table)
 
 
 class CompactSparseAccumulator:
@@ -99,9 +100,9 @@ class CompactSparseAccumulator:
     self._dense_shape = shape.as_list()
     row_shape = self._dense_shape[1:]
     self.indices = _dynamic_rows_variable(base + "/accum_indices", [],
-                                          tf.int64, local_device)
+                                          tf.int64, local_device, variable)
     self.values = _dynamic_rows_variable(base + "/accum_values", row_shape,
-                                         dtype, local_device)
+                                         dtype, local_device, variable)
 
   def state_variables(self):
     return [self.indices, self.values]

@@ -1,15 +1,15 @@
 """Keras `model.fit` in graph mode resumed in a new process from
-`save_weights` taken in the middle of a window, loaded before the first
-`fit` (so the window is built after the checkpoint is read).
+`save_weights` taken in the middle of a window.
 
-  python tests/keras_resume_job.py save DIR     # 4 micro-batches (k=3), save
-  python tests/keras_resume_job.py resume DIR   # load, 2 more; then 6 anew
-  python tests/keras_resume_job.py renamed DIR  # load into other names
+  python tests/keras_resume_job.py save DIR   # 4 micro-batches (k=3), save
+  python tests/keras_resume_job.py resume DIR OUT [--renamed] [--built]
 
-`resume` writes DIR/resumed.npz and DIR/uninterrupted.npz (the same 6
-micro-batches in one `fit`, from the same initial weights); `renamed` builds
-one model first, so the loaded one's layers get other names, and prints the
-error loading raises.
+`resume` loads DIR's checkpoint, fits the 2 micro-batches left, then fits
+the same 6 micro-batches in one `fit` from DIR/initial.npz, and writes
+OUT/resumed.npz and OUT/uninterrupted.npz. `--renamed` builds a model
+first, so that the loaded one's layers get other names (`dense_2`...);
+`--built` builds the train step (and the window) before loading, not
+after. A ValueError loading raises is printed.
 """
 
 import os
@@ -47,31 +47,32 @@ def _fit(model, first, last):
 
 
 def main():
-  stage, directory = sys.argv[1:]
+  stage, directory, *rest = sys.argv[1:]
   prefix = os.path.join(directory, "weights")
   if stage == "save":
     model = _model()
     np.savez(os.path.join(directory, "initial.npz"), *model.get_weights())
     _fit(model, 0, SAVED_AFTER)
     model.save_weights(prefix)
-  elif stage == "resume":
-    resumed = _model()
+    return
+  output, options = rest[0], rest[1:]
+  if "--renamed" in options:
+    _model()
+  resumed = _model()
+  if "--built" in options:
+    resumed._make_train_function()
+  try:
     resumed.load_weights(prefix)
     _fit(resumed, SAVED_AFTER, TOTAL)
-    saved = np.load(os.path.join(directory, "initial.npz"))
-    uninterrupted = _model([saved[f"arr_{i}"] for i in range(4)])
-    _fit(uninterrupted, 0, TOTAL)
-    np.savez(os.path.join(directory, "resumed.npz"), *resumed.get_weights())
-    np.savez(os.path.join(directory, "uninterrupted.npz"),
-             *uninterrupted.get_weights())
-  else:
-    _model()
-    renamed = _model()
-    renamed.load_weights(prefix)
-    try:
-      _fit(renamed, SAVED_AFTER, TOTAL)
-    except ValueError as error:
-      print("ValueError:", error)
+  except ValueError as error:
+    print("ValueError:", error)
+    return
+  saved = np.load(os.path.join(directory, "initial.npz"))
+  uninterrupted = _model([saved[f"arr_{i}"] for i in range(4)])
+  _fit(uninterrupted, 0, TOTAL)
+  np.savez(os.path.join(output, "resumed.npz"), *resumed.get_weights())
+  np.savez(os.path.join(output, "uninterrupted.npz"),
+           *uninterrupted.get_weights())
 
 
 if __name__ == "__main__":

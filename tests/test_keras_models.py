@@ -8,6 +8,7 @@ MirroredStrategy. Trained by `model.fit` in graph mode, it ends with the big
 batch's weights."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -98,10 +99,15 @@ def test_model_to_estimator_resumed_mid_window_equals_big_batch(
       {n: actual[n] for n in expected if n not in steps},
       {n: expected[n] for n in expected if n not in steps},
       what=f"{api} {checkpoint_format} x{replicas}")
-  window = {n: v for n, v in actual.items() if "gradient_accumulation" in n}
-  (updates,) = [v for n, v in window.items() if "updates_applied" in n]
+  # The window's counters under the optimizer; its accumulators as slots
+  # of the trained variables, keyed by their paths in the model.
+  # (A v1 optimizer is under Keras's TFOptimizer: optimizer/optimizer.)
+  key = (r"^(optimizer/)+window\.Supdates_applied/" if checkpoint_format ==
+         "checkpoint" else "^gradient_accumulation/updates_applied$")
+  (updates,) = [v for n, v in actual.items() if re.search(key, n)]
   assert updates == UPDATES
-  accumulators = [n for n in actual if re.search(r"(\.S|/)accum(/|$)", n)]
+  accumulators = [n for n in actual if re.search(
+      r"\.OPTIMIZER_SLOT/(optimizer/)+window_accum/|/accum$", n)]
   assert len(accumulators) == 4, sorted(actual)
 
 
@@ -112,7 +118,8 @@ def test_stopped_mid_window_the_window_is_in_the_checkpoint(tmp_path):
   actual = _train(ea.AccumulatingKerasOptimizer(
       canned_job.KERAS_OPTIMIZERS["sgd"](), K, summaries=False),
       MICRO_BATCH, [2], str(tmp_path / "stopped"), "checkpoint", strategy)
-  (kernel,) = [v for n, v in actual.items() if "hidden.Skernel.Saccum" in n]
+  (kernel,) = [v for n, v in actual.items() if n.startswith(
+      "layer_with_weights-0/kernel/.OPTIMIZER_SLOT/optimizer/window_accum/")]
   # The mean's share of 2 micro-batches on each of 2 replicas: nonzero.
   assert np.abs(kernel).max() > 1e-3
   # The same micro-batches' gradients, as the window holds them: the sum
@@ -261,26 +268,73 @@ def test_parameter_server_windows_stay_out_of_object_checkpoints():
     assert not [n for n, v in tracked.items()
                 if any(v is w for w in local)], sorted(tracked)
     assert "iter" in tracked  # The inner optimizer's, shared.
+    # Nor as slots.
+    assert wrapper.get_slot_names() == []
+    assert wrapper.get_slot(weight, "window_accum") is None
 
 
-def test_keras_fit_resumed_in_a_new_process_from_save_weights(tmp_path):
-  """save_weights in the middle of a window; a new process loads it before
-  its first fit (the window is built after the checkpoint is read) and
-  finishes the window: the weights of the same micro-batches in one fit.
-  Loading into a model whose layers got other names is refused."""
-  def run(stage):
-    return subprocess.run(
-        [sys.executable, "tests/keras_resume_job.py", stage, str(tmp_path)],
-        check=True, capture_output=True, text=True, timeout=300).stdout
+def _resume(directory, output, *options):
+  return subprocess.run(
+      [sys.executable, "tests/keras_resume_job.py", "resume", str(directory),
+       str(output), *options],
+      check=True, capture_output=True, text=True, timeout=300).stdout
 
-  run("save")
-  run("resume")
-  resumed = np.load(tmp_path / "resumed.npz")
-  uninterrupted = np.load(tmp_path / "uninterrupted.npz")
-  initial = np.load(tmp_path / "initial.npz")
+
+def _assert_resumed_equals_uninterrupted(output, initial):
+  resumed = np.load(output / "resumed.npz")
+  uninterrupted = np.load(output / "uninterrupted.npz")
   for name in uninterrupted.files:
     assert not np.allclose(uninterrupted[name], initial[name]), name
   support.assert_weights_close(
       {n: resumed[n] for n in resumed.files},
       {n: uninterrupted[n] for n in uninterrupted.files}, what="resumed fit")
-  assert "holds window state ['dense/bias/accum'" in run("renamed")
+
+
+@pytest.mark.parametrize("options", [
+    (), ("--renamed",), ("--renamed", "--built")])
+def test_keras_fit_resumed_in_a_new_process_from_save_weights(
+    options, tmp_path):
+  """save_weights in the middle of a window; a new process loads it and
+  finishes the window: the weights of the same micro-batches in one fit.
+  Loaded before its first fit (the window is built after the checkpoint is
+  read) or after the window is built, into a model whose layers got other
+  names (a second model built in one process gets `dense_2`...): the
+  window's accumulators are keyed as slots of the model's variables, by
+  their paths in the model, not by their names. Before, a renamed model was
+  refused when loaded before the build and silently left with an empty
+  window when loaded after it."""
+  saved = tmp_path / "saved"
+  saved.mkdir()
+  subprocess.run(
+      [sys.executable, "tests/keras_resume_job.py", "save", str(saved)],
+      check=True, capture_output=True, text=True, timeout=300)
+  output = tmp_path / "output"
+  output.mkdir()
+  _resume(saved, output, *options)
+  _assert_resumed_equals_uninterrupted(output, np.load(saved / "initial.npz"))
+
+
+_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures",
+                        "keras_window_0a07752")
+
+
+@pytest.mark.parametrize("options", [(), ("--built",)])
+def test_checkpoint_of_the_earlier_key_format_resumes(options, tmp_path):
+  """A save_weights checkpoint written by estimator_accum 0a07752 (window
+  state keyed by variable names; made by tests/keras_resume_job.py save)
+  resumes exactly into a model with those names, loaded before or after the
+  window is built."""
+  _resume(_FIXTURE, tmp_path, *options)
+  _assert_resumed_equals_uninterrupted(
+      tmp_path, np.load(os.path.join(_FIXTURE, "initial.npz")))
+
+
+@pytest.mark.parametrize("options", [("--renamed",), ("--renamed", "--built")])
+def test_earlier_key_format_for_other_names_is_refused(options, tmp_path):
+  """The same checkpoint loaded into a model whose variables are named
+  otherwise: its window state cannot be matched, and is refused (before
+  the window is built and after), not dropped."""
+  printed = _resume(_FIXTURE, tmp_path, *options)
+  assert "ValueError: the checkpoint being restored holds window state " \
+      "['dense/bias/accum'" in printed, printed
+  assert not os.path.exists(tmp_path / "resumed.npz")
