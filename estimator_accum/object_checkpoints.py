@@ -17,7 +17,8 @@ import tensorflow as tf
 
 __all__ = [
     "SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "lookup_window_state",
-    "restore_window_slot", "track_window", "window_slot", "window_slot_names"]
+    "restore_window_slot", "track_window", "window_slot", "window_slot_names",
+    "window_variables"]
 
 
 WINDOW_SLOT_PREFIX = "window_"
@@ -33,6 +34,7 @@ class _Tracking:
     self.slots = {}     # (trained variable's name, slot name) -> state
     self.children = {}  # window state tracked by key ("window/...") -> it
     self.by_name = {}   # state variable name -> state (earlier key format)
+    self.variables = {}  # state variable name -> the variable itself
 
 
 def _tracking(owner, graph=None):
@@ -87,6 +89,8 @@ def track_window(owner, optimizer, state, window_name):
     if any(variable is v for v in local):
       continue
     tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+    if name != "micro_batches":  # (the caller's counter, not the window's)
+      tracking.variables[name] = variable
     view = (SyncOnReadCheckpoint(variable) if _is_sync_on_read(variable)
             else variable)
     tracking.by_name[name] = view
@@ -137,6 +141,13 @@ def window_slot_names(owner):
   """The slot names of the window state `owner` built in this graph."""
   tracking = _tracking(owner)
   return sorted({slot for _, slot in tracking.slots}) if tracking else []
+
+
+def window_variables(owner):
+  """The window state variables `owner` built in this graph (those local
+  to a parameter-server worker left out), in the order they were made."""
+  tracking = _tracking(owner)
+  return list(tracking.variables.values()) if tracking else []
 
 
 def window_slot(owner, variable, slot_name):

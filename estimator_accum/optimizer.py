@@ -12,6 +12,7 @@ nothing else changed.
 
 import copy
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_accum import _checks, object_checkpoints, progress
@@ -194,7 +195,10 @@ class AccumulatingOptimizer(_Wrapper, tf.compat.v1.train.Optimizer):
     return self._window.train_op(self, None, grads_and_vars, global_step)
 
   def variables(self):
-    return self._window.optimizer.variables()
+    """The inner optimizer's variables, then the window's state variables
+    in this graph (its accumulators and counters)."""
+    return (list(self._window.optimizer.variables()) +
+            object_checkpoints.window_variables(self))
 
 
 # Registered, so that a Keras model saved compiled with the wrapper loads
@@ -270,6 +274,59 @@ class AccumulatingKerasOptimizer(_Wrapper,
   def iterations(self, variable):
     tf.keras.optimizers.legacy.Optimizer.iterations.fset(self, variable)
 
+  @property
+  def weights(self):
+    """The optimizer's state, as Keras's `get_weights`, `set_weights` and
+    `.h5` files of a compiled model hold it: the micro-batch count, the
+    inner optimizer's weights (its update count and slots), then the
+    window's state variables in this graph."""
+    inner = self._window.optimizer
+    inner = (inner.weights if isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
+             else inner.variables())
+    return (list(self._weights) + list(inner) +
+            object_checkpoints.window_variables(self))
+
+  def variables(self):
+    """As `weights`."""
+    return self.weights
+
+  def set_weights(self, weights):
+    """Sets the optimizer's state from `get_weights`' list. Before the window
+    is built (Keras's `load_model` of an `.h5` file sets it right after
+    compile), the values beyond the micro-batch count are kept and set when
+    it is built, and must then match its weights in number and shapes."""
+    weights = list(weights)
+    _ = self.iterations  # (the first value, made if need be)
+    if weights and len(weights) != len(self.weights):
+      # Read now: Keras hands over datasets of an .h5 file it then closes.
+      self.__dict__["_pending_weights"] = [
+          np.asarray(w) for w in weights[len(self._weights):]]
+      weights = weights[:len(self._weights)]
+    tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
+
+  def _set_pending_weights(self):
+    """Sets the values `set_weights` kept, now that the window is built."""
+    pending = self.__dict__.pop("_pending_weights", None)
+    if pending is None:
+      return
+    weights = self.weights[len(self._weights):]
+    shapes = [tuple(w.shape) for w in weights]
+    given = [p.shape for p in pending]
+    if shapes != given:
+      raise ValueError(
+          f"set_weights was given {len(pending) + len(self._weights)} "
+          f"values of shapes {given} after the micro-batch count, but this "
+          f"optimizer's weights there, now that its window is built, are "
+          f"{len(weights)} of shapes {shapes}: they were saved by another "
+          "optimizer or window.")
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
+      raise ValueError(
+          "optimizer weights set before the window was built (load_model of "
+          "an .h5 file) cannot be set in a replica's context under a "
+          "distribution strategy: call set_weights after the first fit, or "
+          "save and load with save_weights/load_weights.")
+    tf.keras.backend.batch_set_value(list(zip(weights, pending)))
+
   @as_written
   def get_updates(self, loss, params):
     """[the train op of one micro-batch of `loss`], as Keras returns."""
@@ -305,7 +362,10 @@ class AccumulatingKerasOptimizer(_Wrapper,
       grads_and_vars = [
           (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
            v) for g, v in grads_and_vars]
-    return self._window.train_op(self, None, grads_and_vars, self.iterations)
+    train_op = self._window.train_op(self, None, grads_and_vars,
+                                     self.iterations)
+    self._set_pending_weights()
+    return train_op
 
   def get_config(self):
     """The wrapper's arguments, the inner optimizer serialized as Keras
@@ -359,10 +419,12 @@ class AccumulatingKerasOptimizer(_Wrapper,
     replicas = self._replicas_summed()
     if replicas > 1:
       loss = loss * tf.cast(replicas, loss.dtype)
-    return self._window.train_op(
+    train_op = self._window.train_op(
         self, loss, None, self.iterations, var_list,
         _gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
                           grad_loss))
+    self._set_pending_weights()
+    return train_op
 
   def _replicas_summed(self):
     """By how much the window's mean over replicas must be multiplied to be

@@ -3,13 +3,17 @@
 
   python tests/keras_resume_job.py save DIR   # 4 micro-batches (k=3), save
   python tests/keras_resume_job.py resume DIR OUT [--renamed] [--built]
+  python tests/keras_resume_job.py h5 DIR     # save the model, load_model
 
 `resume` loads DIR's checkpoint, fits the 2 micro-batches left, then fits
 the same 6 micro-batches in one `fit` from DIR/initial.npz, and writes
 OUT/resumed.npz and OUT/uninterrupted.npz. `--renamed` builds a model
 first, so that the loaded one's layers get other names (`dense_2`...);
 `--built` builds the train step (and the window) before loading, not
-after. A ValueError loading raises is printed.
+after. A ValueError loading raises is printed. `h5` saves the whole model
+as an .h5 file after 4 micro-batches, loads it with `load_model`, fits the
+2 left and writes DIR/resumed.npz, DIR/uninterrupted.npz and
+DIR/initial.npz.
 """
 
 import os
@@ -54,6 +58,20 @@ def main():
     np.savez(os.path.join(directory, "initial.npz"), *model.get_weights())
     _fit(model, 0, SAVED_AFTER)
     model.save_weights(prefix)
+    return
+  if stage == "h5":
+    model = _model()
+    initial = model.get_weights()
+    np.savez(os.path.join(directory, "initial.npz"), *initial)
+    _fit(model, 0, SAVED_AFTER)
+    model.save(os.path.join(directory, "model.h5"))
+    resumed = tf.keras.models.load_model(os.path.join(directory, "model.h5"))
+    _fit(resumed, SAVED_AFTER, TOTAL)
+    uninterrupted = _model(initial)
+    _fit(uninterrupted, 0, TOTAL)
+    np.savez(os.path.join(directory, "resumed.npz"), *resumed.get_weights())
+    np.savez(os.path.join(directory, "uninterrupted.npz"),
+             *uninterrupted.get_weights())
     return
   output, options = rest[0], rest[1:]
   if "--renamed" in options:

@@ -314,6 +314,20 @@ def test_keras_fit_resumed_in_a_new_process_from_save_weights(
   _assert_resumed_equals_uninterrupted(output, np.load(saved / "initial.npz"))
 
 
+def test_model_saved_mid_window_as_h5_resumes(tmp_path):
+  """model.save to .h5 in the middle of a window, load_model, fit on: the
+  weights of one uninterrupted fit. Keras's .h5 file holds the optimizer's
+  `weights`, and sets them right after compile, before the window is built:
+  the wrapper's are the micro-batch count, the inner optimizer's update
+  count and slots, and the window's state, set when it is built (before,
+  only the micro-batch count was saved: Adam restarted with the window)."""
+  subprocess.run(
+      [sys.executable, "tests/keras_resume_job.py", "h5", str(tmp_path)],
+      check=True, capture_output=True, text=True, timeout=300)
+  _assert_resumed_equals_uninterrupted(
+      tmp_path, np.load(tmp_path / "initial.npz"))
+
+
 _FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures",
                         "keras_window_0a07752")
 

@@ -115,3 +115,64 @@ def test_sparse_window_is_restored_into_a_table_named_otherwise(
       session.run(train, {ids: [5]})
       np.testing.assert_array_equal(session.run(table), expected)
       assert not np.array_equal(expected, np.ones([50, 3]))
+
+
+def _keras_window(**settings):
+  """A graph's weight, Keras wrapper (Adam inside) and train op."""
+  weight = tf.compat.v1.get_variable(
+      "w", initializer=np.ones([4, 1], np.float32))
+  loss = tf.reduce_mean(tf.square(tf.matmul(tf.constant(_X), weight) - 1.0))
+  wrapper = ea.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.legacy.Adam(0.1), 3, **settings)
+  return weight, wrapper, lambda: wrapper.minimize(loss, [weight])
+
+
+def test_keras_weights_are_the_whole_state_and_set_before_the_build():
+  """get_weights holds the micro-batch count, the inner optimizer's weights
+  and the window's; set_weights before the window is built (as Keras's
+  load_model of an .h5 file does) sets them when it is built."""
+  with tf.Graph().as_default():
+    weight, wrapper, make_train = _keras_window()
+    train = make_train()
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(4):  # One update, and one micro-batch of the next.
+        session.run(train)
+      names = [v.name for v in wrapper.weights]
+      saved = session.run(wrapper.weights)
+      accumulator = session.run(wrapper.get_slot(weight, "window_accum"))
+  assert names[:4] == ["micro_batches:0", "Adam/iter:0", "Adam/w/m:0",
+                       "Adam/w/v:0"], names
+  assert "w/accum:0" in names and len(names) == len(set(names)), names
+  assert saved[0] == 4 and saved[1] == 1
+  with tf.Graph().as_default():
+    weight, wrapper, make_train = _keras_window()
+    with tf.compat.v1.Session().as_default() as session:
+      tf.compat.v1.keras.backend.set_session(session)
+      wrapper.set_weights(saved)
+      make_train()
+      restored = session.run(wrapper.weights)
+      for value, expected in zip(restored, saved):
+        np.testing.assert_array_equal(value, expected)
+      np.testing.assert_array_equal(
+          session.run(wrapper.get_slot(weight, "window_accum")), accumulator)
+  tf.compat.v1.keras.backend.clear_session()
+
+
+def test_keras_weights_of_another_window_are_refused_at_the_build():
+  with tf.Graph().as_default():
+    _, wrapper, make_train = _keras_window()
+    wrapper.set_weights([np.int64(4), np.int64(1), np.zeros([2, 2])])
+    with pytest.raises(ValueError, match=r"set_weights was given 3 values"):
+      make_train()
+
+
+def test_v1_variables_include_the_window():
+  with tf.Graph().as_default():
+    weight, wrapper, _, _ = _build("w")
+    names = [v.name for v in wrapper.variables()]
+  assert names[:4] == ["beta1_power:0", "beta2_power:0", "w/Adam:0",
+                       "w/Adam_1:0"], names
+  assert "w/accum:0" in names, names
+  assert "gradient_accumulation/window_micro_batches:0" in names, names
+  assert "global_step:0" not in names, names
