@@ -52,6 +52,9 @@ _MEAN = tf.VariableAggregation.MEAN
 # Graph attribute: state variable name -> the replica id (None in
 # cross-replica context) that created it.
 _CREATORS_ATTRIBUTE = "_estimator_accum_state_creators"
+# Graph attribute: state variable name -> the trained variable whose state
+# it is (for the state that is one variable's).
+_OWNERS_ATTRIBUTE = "_estimator_accum_state_owners"
 # Per thread (MirroredStrategy builds each replica in a thread of its own):
 # the dicts `recording_state_variables` is filling.
 _RECORDING = threading.local()
@@ -196,10 +199,22 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           use_resource=True,
           **extra)
       creators.setdefault(name, replica)
+      if slot_of is not None:
+        graph_registry(_OWNERS_ATTRIBUTE).setdefault(name, slot_of)
       return record_state_variable(name, variable, slot_of)
     except ValueError as error:
       if "already exists" not in str(error):
         raise
+      owner = graph_registry(_OWNERS_ATTRIBUTE).get(name)
+      if slot_of is not None and owner is not None and owner is not slot_of:
+        raise ValueError(
+            f"the window state {name!r} of variable {slot_of.name} exists "
+            f"already for another variable of that name ({owner.name}) in "
+            "this graph: two models in one graph have variables of the same "
+            "names (a Keras model loaded from a SavedModel into the graph "
+            "of the model it was saved from keeps its layer names). Load or "
+            "build the second model in a new graph or process, or name its "
+            "layers otherwise.") from error
       raise ValueError(
           f"variable {name!r} already exists: build_accumulating_train_op was "
           "called twice for the same variables in one graph. Build one train "

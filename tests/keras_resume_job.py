@@ -4,6 +4,7 @@
   python tests/keras_resume_job.py save DIR   # 4 micro-batches (k=3), save
   python tests/keras_resume_job.py resume DIR OUT [--renamed] [--built]
   python tests/keras_resume_job.py h5 DIR     # save the model, load_model
+  python tests/keras_resume_job.py tf DIR     # the same as a SavedModel
 
 `resume` loads DIR's checkpoint, fits the 2 micro-batches left, then fits
 the same 6 micro-batches in one `fit` from DIR/initial.npz, and writes
@@ -13,7 +14,9 @@ first, so that the loaded one's layers get other names (`dense_2`...);
 after. A ValueError loading raises is printed. `h5` saves the whole model
 as an .h5 file after 4 micro-batches, loads it with `load_model`, fits the
 2 left and writes DIR/resumed.npz, DIR/uninterrupted.npz and
-DIR/initial.npz.
+DIR/initial.npz; `tf` does the same with Keras's SavedModel format, loaded
+into the graph of the model it was saved from (which keeps its layer names),
+and prints the ValueError fitting it raises.
 """
 
 import os
@@ -59,14 +62,19 @@ def main():
     _fit(model, 0, SAVED_AFTER)
     model.save_weights(prefix)
     return
-  if stage == "h5":
+  if stage in ("h5", "tf"):
     model = _model()
     initial = model.get_weights()
     np.savez(os.path.join(directory, "initial.npz"), *initial)
     _fit(model, 0, SAVED_AFTER)
-    model.save(os.path.join(directory, "model.h5"))
-    resumed = tf.keras.models.load_model(os.path.join(directory, "model.h5"))
-    _fit(resumed, SAVED_AFTER, TOTAL)
+    path = os.path.join(directory, "model.h5" if stage == "h5" else "model")
+    model.save(path, save_format=stage)
+    resumed = tf.keras.models.load_model(path)
+    try:
+      _fit(resumed, SAVED_AFTER, TOTAL)
+    except ValueError as error:
+      print("ValueError:", error)
+      return
     uninterrupted = _model(initial)
     _fit(uninterrupted, 0, TOTAL)
     np.savez(os.path.join(directory, "resumed.npz"), *resumed.get_weights())

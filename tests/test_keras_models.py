@@ -328,6 +328,20 @@ def test_model_saved_mid_window_as_h5_resumes(tmp_path):
       tmp_path, np.load(tmp_path / "initial.npz"))
 
 
+def test_saved_model_loaded_into_the_graph_it_was_saved_from_says_why(
+    tmp_path):
+  """A Keras SavedModel loaded into the graph of the model it was saved from
+  keeps its layer names: the second window's state would take the first's
+  names. Refused naming the cause, not as a variable that "already exists"
+  from deep in TensorFlow."""
+  printed = subprocess.run(
+      [sys.executable, "tests/keras_resume_job.py", "tf", str(tmp_path)],
+      check=True, capture_output=True, text=True, timeout=300).stdout
+  assert "ValueError: the window state 'dense/kernel/accum' of variable " \
+      "dense/kernel:0 exists already for another variable of that name" \
+      in printed, printed
+
+
 _FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures",
                         "keras_window_0a07752")
 
