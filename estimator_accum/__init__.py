@@ -8,10 +8,8 @@ parameter-server workers. See `build_accumulating_train_op`.
 from estimator_accum.accumulators import Accumulator
 from estimator_accum.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.hooks import AccumulationLoggingHook
-from estimator_accum.optimizer import (
-    AccumulatingKerasOptimizer,
-    AccumulatingOptimizer,
-)
+from estimator_accum.keras_optimizer import AccumulatingKerasOptimizer
+from estimator_accum.optimizer import AccumulatingOptimizer
 from estimator_accum.sparse import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,

@@ -1,0 +1,261 @@
+"""`AccumulatingKerasOptimizer`: accumulation for code that calls a Keras
+legacy optimizer itself.
+
+TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`) call a Keras
+optimizer's `get_updates`; Keras models compiled with one (through
+`model_to_estimator`, or `model.fit` in graph mode) call `apply_gradients`.
+Handing them `AccumulatingKerasOptimizer` instead of the optimizer gives the
+window of `build_accumulating_train_op`, with nothing else changed.
+"""
+
+import copy
+
+import numpy as np
+import tensorflow as tf
+
+from estimator_accum import _checks, object_checkpoints
+from estimator_accum._autograph import as_written
+from estimator_accum.gradient_ops import scale_gradient
+from estimator_accum.wrappers import (
+  DEFAULT_NAME,
+  Wrapper,
+  WrapperWindow,
+  gradient_options,
+  gradients_as_they_are,
+)
+
+__all__ = ["AccumulatingKerasOptimizer"]
+
+
+# Registered, so that a Keras model saved compiled with the wrapper loads
+# without custom_objects.
+@tf.keras.utils.register_keras_serializable(package="estimator_accum")
+class AccumulatingKerasOptimizer(Wrapper,
+                                 tf.keras.optimizers.legacy.Optimizer):
+  """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
+  TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`,
+  `LinearClassifier`, `DNNLinearCombinedClassifier`, ...), which call
+  `get_updates`, and graph code calling `minimize` or `apply_gradients`.
+
+  ```python
+  estimator = tf.estimator.DNNRegressor(
+      hidden_units=[64], feature_columns=columns,
+      optimizer=lambda: estimator_accum.AccumulatingKerasOptimizer(
+          tf.keras.optimizers.legacy.Adam(1e-3), k=4, clip_norm=1.0))
+  ```
+
+  (A callable, as for any Keras optimizer given to an Estimator that
+  trains more than once: an instance can only be used in one graph.)
+
+  The micro-batch counter is the optimizer's `iterations`, which those
+  estimators set to their global step: it counts micro-batches. The inner
+  optimizer's own `iterations` counts updates, so a Keras
+  `LearningRateSchedule` runs as in big-batch training. As Keras
+  optimizers do, it takes the loss (or gradients) of each replica as
+  scaled by the caller for a sum over the replicas (the canned heads divide
+  a mean loss by the number of replicas).
+
+  The loss of a micro-batch is taken to be a mean over its examples
+  (`reduction="mean"`, the canned heads' default `SUM_OVER_BATCH_SIZE`);
+  with a canned head's `loss_reduction=SUM` pass `reduction="sum"`: Keras
+  losses do not record their reduction where it could be read.
+
+  Args:
+    optimizer: a `tf.keras.optimizers.legacy.Optimizer` (or a
+      `tf.compat.v1.train` one), applied once per window.
+    k: int >= 1, micro-batches per update.
+    reduction: "mean" (default), "sum" or "running_mean".
+    name: as for `AccumulatingOptimizer`.
+    **settings: clip_norm, accumulator_dtype, summaries, loss_scale,
+      sparse_accumulation, sparse_threshold_bytes, communication_options,
+      after_update, as for `AccumulatingOptimizer`.
+  """
+
+  accumulates_micro_batches = True
+
+  def __init__(self, optimizer, k, *, reduction="mean", name=None,
+               **settings):
+    _checks.check_reduction(reduction)
+    window = WrapperWindow(optimizer, k, reduction=reduction, name=name,
+                            **settings)
+    super().__init__(name=name or DEFAULT_NAME)
+    self._window = window
+
+  @property
+  def iterations(self):
+    """int64 variable counting micro-batches (Keras's `iterations`); the
+    estimators that take Keras optimizers set it to their global step.
+    Made here, it is named and checkpointed `micro_batches`: the key
+    `iter` is the inner optimizer's, which counts updates as the plain
+    optimizer's `iter` does."""
+    if self._iterations is None:
+      with self._distribution_strategy_scope():
+        self._iterations = self.add_weight(
+            "micro_batches", shape=[], dtype=tf.int64, trainable=False,
+            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+      self._weights.append(self._iterations)
+    return self._iterations
+
+  @iterations.setter
+  def iterations(self, variable):
+    tf.keras.optimizers.legacy.Optimizer.iterations.fset(self, variable)
+
+  @property
+  def weights(self):
+    """The optimizer's state, as Keras's `get_weights`, `set_weights` and
+    `.h5` files of a compiled model hold it: the micro-batch count, the
+    inner optimizer's weights (its update count and slots), then the
+    window's state variables in this graph."""
+    inner = self._window.optimizer
+    inner = (inner.weights if isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
+             else inner.variables())
+    return (list(self._weights) + list(inner) +
+            object_checkpoints.window_variables(self))
+
+  def variables(self):
+    """As `weights`."""
+    return self.weights
+
+  def set_weights(self, weights):
+    """Sets the optimizer's state from `get_weights`' list. Before the window
+    is built (Keras's `load_model` of an `.h5` file sets it right after
+    compile), the values beyond the micro-batch count are kept and set when
+    it is built, and must then match its weights in number and shapes."""
+    weights = list(weights)
+    _ = self.iterations  # (the first value, made if need be)
+    if weights and len(weights) != len(self.weights):
+      # Read now: Keras hands over datasets of an .h5 file it then closes.
+      self.__dict__["_pending_weights"] = [
+          np.asarray(w) for w in weights[len(self._weights):]]
+      weights = weights[:len(self._weights)]
+    tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
+
+  def _set_pending_weights(self):
+    """Sets the values `set_weights` kept, now that the window is built."""
+    pending = self.__dict__.pop("_pending_weights", None)
+    if pending is None:
+      return
+    weights = self.weights[len(self._weights):]
+    shapes = [tuple(w.shape) for w in weights]
+    given = [p.shape for p in pending]
+    if shapes != given:
+      raise ValueError(
+          f"set_weights was given {len(pending) + len(self._weights)} "
+          f"values of shapes {given} after the micro-batch count, but this "
+          f"optimizer's weights there, now that its window is built, are "
+          f"{len(weights)} of shapes {shapes}: they were saved by another "
+          "optimizer or window.")
+    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
+      raise ValueError(
+          "optimizer weights set before the window was built (load_model of "
+          "an .h5 file) cannot be set in a replica's context under a "
+          "distribution strategy: call set_weights after the first fit, or "
+          "save and load with save_weights/load_weights.")
+    tf.keras.backend.batch_set_value(list(zip(weights, pending)))
+
+  @as_written
+  def get_updates(self, loss, params):
+    """[the train op of one micro-batch of `loss`], as Keras returns."""
+    return [self._from_loss(loss, params, None)]
+
+  @as_written
+  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+    """The train op of one micro-batch of `loss` (graph mode; `name` and
+    `tape` are not used)."""
+    del name, tape
+    if callable(loss):
+      loss = loss()
+    if callable(var_list):
+      var_list = var_list()
+    return self._from_loss(loss, var_list, grad_loss)
+
+  @as_written
+  def get_gradients(self, loss, params):
+    """The gradients of one micro-batch's loss, as they are."""
+    self._check_not_loss_scaled_outside()
+    return [gradient for gradient, _ in gradients_as_they_are(
+        loss, params, dict(colocate_gradients_with_ops=False))]
+
+  @as_written
+  def apply_gradients(self, grads_and_vars, name=None,
+                      experimental_aggregate_gradients=True):
+    """The train op that adds one micro-batch's gradients to the window."""
+    del name, experimental_aggregate_gradients
+    self._check_not_loss_scaled_outside()
+    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      grads_and_vars = [
+          (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
+           v) for g, v in grads_and_vars]
+    train_op = self._window.train_op(self, None, grads_and_vars,
+                                     self.iterations)
+    self._set_pending_weights()
+    return train_op
+
+  def get_config(self):
+    """The wrapper's arguments, the inner optimizer serialized as Keras
+    serializes optimizers: `from_config` makes a new wrapper around a new
+    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
+    compiled model's optimizer this way into every graph it builds.
+
+    A `tf.compat.v1.train` inner optimizer, `communication_options` and
+    `after_update` are held as the objects themselves (they have no Keras
+    config): such a config is for `from_config`, not for JSON.
+    """
+    config = self._window.arguments()
+    inner = config.pop("optimizer")
+    if isinstance(inner, tf.keras.optimizers.legacy.Optimizer):
+      inner = tf.keras.optimizers.serialize(inner)
+    return {"optimizer": inner, **config}
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
+    when it was serialized)."""
+    config = dict(config)
+    inner = config.pop("optimizer")
+    if isinstance(inner, dict):
+      # Keras's deserialize rewrites the dict it is given.
+      inner = tf.keras.optimizers.deserialize(copy.deepcopy(inner),
+                                              custom_objects=custom_objects,
+                                              use_legacy_optimizer=True)
+    return cls(inner, **config)
+
+  def _check_not_loss_scaled_outside(self):
+    """Refuses a Keras LossScaleOptimizer around the wrapper: it would call
+    `apply_gradients` inside its own tf.cond, where no window can be built
+    (Keras's compile puts one around the optimizer of a model whose dtype
+    policy is mixed_float16)."""
+    if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False):
+      raise ValueError(
+          "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer "
+          "(compile wraps the optimizer of a model whose dtype policy is "
+          "mixed_float16) and would call it inside its tf.cond, where the "
+          "window cannot be built. Let the wrapper scale the loss: "
+          "AccumulatingKerasOptimizer(..., loss_scale='dynamic'), and keep "
+          "the model's own dtype policy float32 (give the layers "
+          "dtype='mixed_float16', or set the global policy back to float32 "
+          "before the model object is made).")
+
+  def _from_loss(self, loss, var_list, grad_loss):
+    self._check_not_loss_scaled_outside()
+    _checks.check_graph_mode()
+    _checks.check_loss(loss)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      loss = loss * tf.cast(replicas, loss.dtype)
+    train_op = self._window.train_op(
+        self, loss, None, self.iterations, var_list,
+        gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
+                          grad_loss))
+    self._set_pending_weights()
+    return train_op
+
+  def _replicas_summed(self):
+    """By how much the window's mean over replicas must be multiplied to be
+    the sum over replicas Keras optimizers form: a mean window's is the
+    replicas' number; a summed window already sums them."""
+    if self._window.reduction() == "sum":
+      return 1
+    return tf.distribute.get_strategy().num_replicas_in_sync

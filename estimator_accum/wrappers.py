@@ -1,0 +1,224 @@
+"""What the optimizer wrappers share (internal to estimator_accum).
+
+`Wrapper` is the part of `AccumulatingOptimizer` and
+`AccumulatingKerasOptimizer` that serves their window's and inner
+optimizer's state (slots, checkpoints); `WrapperWindow` holds a wrapper's
+settings, checked when the wrapper is made, and builds its window in each
+graph through `train_op.accumulating_train_op`.
+"""
+
+import tensorflow as tf
+
+from estimator_accum import _checks, object_checkpoints, progress
+from estimator_accum import loss_scale as _loss_scale
+from estimator_accum.accumulators import (
+  graph_registry,
+  recording_state_variables,
+  replica_id,
+  state_variable,
+)
+from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
+from estimator_accum.train_op import accumulating_train_op, claimed_names
+from estimator_accum.window import BYTES_PER_PACK
+
+DEFAULT_NAME = "gradient_accumulation"
+# Graph attribute: {replica id: the default names its windows were given}.
+_DEFAULT_NAMES_ATTRIBUTE = "_estimator_accum_default_names"
+_GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
+          tf.compat.v1.train.Optimizer.GATE_OP,
+          tf.compat.v1.train.Optimizer.GATE_GRAPH)
+
+
+class Wrapper:
+  """What both wrappers expose of their window."""
+
+  @property
+  def k(self):
+    """Micro-batches per update."""
+    return self._window.k
+
+  @property
+  def optimizer(self):
+    """The optimizer applied once per window."""
+    return self._window.optimizer
+
+  # The inner optimizer's slots are the wrapper's, for its callers and for
+  # object-based checkpoints, which find slots through these two and so
+  # name them as the plain optimizer's (the wrapper takes its place). The
+  # window's state of each trained variable is served as its slots too
+  # (`window_accum`, ...), so that checkpoints key it by the variable's
+  # path in the model, not by its name.
+  def get_slot(self, var, name):
+    """The inner optimizer's slot `name` of `var`, or the window's state of
+    `var` for a slot named `window_...` (under a distribution strategy, a
+    view of the per-replica state for checkpoints)."""
+    if name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
+      return object_checkpoints.window_slot(self, var, name)
+    return self._window.optimizer.get_slot(var, name)
+
+  def get_slot_names(self):
+    """The inner optimizer's slot names and the window's, in this graph."""
+    return (list(self._window.optimizer.get_slot_names()) +
+            object_checkpoints.window_slot_names(self))
+
+  def _create_or_restore_slot_variable(self, slot_variable_position,
+                                       slot_name, variable):
+    # A checkpoint restored before the window is built (Keras's
+    # load_weights before fit) hands the slots it holds under the wrapper
+    # to the optimizer that will make them, and the window's to the window.
+    if slot_name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
+      return object_checkpoints.restore_window_slot(
+          self, slot_variable_position, slot_name, variable)
+    return self._window.optimizer._create_or_restore_slot_variable(
+        slot_variable_position, slot_name, variable)
+
+  def _lookup_dependency(self, name, cached_dependencies=None):
+    # Window state a checkpoint holds that this window does not have is
+    # refused, not dropped (and state keyed as before is found).
+    found = super()._lookup_dependency(name, cached_dependencies)
+    if found is None:
+      found = object_checkpoints.lookup_window_state(self, name)
+    return found
+
+
+class WrapperWindow:
+  """The settings of a wrapper's window, checked when the wrapper is made,
+  and the window built from them in each graph."""
+
+  def __init__(self, optimizer, k, *, reduction, name, clip_norm=None,
+               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
+               sparse_accumulation="auto",
+               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+               communication_options=None, after_update=None):
+    self.k = _checks.check_k(k)
+    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
+    _checks.check_optimizer(inner)
+    clip_norm = _checks.check_clip_norm(clip_norm)
+    if reduction is not None:
+      _checks.check_reduction(reduction)
+    _checks.check_bool("summaries", summaries)
+    if name is not None:
+      _checks.check_name(name)
+    accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
+    _checks.check_communication_options(communication_options, BYTES_PER_PACK)
+    if after_update is not None and not callable(after_update):
+      raise TypeError(
+          f"after_update must be a callable with no arguments or None, got "
+          f"{after_update!r} of type {type(after_update).__name__}.")
+    self.optimizer = optimizer
+    self._reduction = reduction
+    self._given_name = name
+    self._settings = dict(
+        clip_norm=clip_norm, accumulator_dtype=accumulator_dtype,
+        summaries=summaries, loss_scale=loss_scale,
+        sparse_accumulation=sparse_accumulation,
+        sparse_threshold_bytes=sparse_threshold_bytes,
+        communication_options=communication_options,
+        after_update=after_update)
+
+  def arguments(self):
+    """The arguments that make an equal window: the optimizer, k, the
+    given reduction and name, and the settings (the dtype by name)."""
+    settings = dict(self._settings)
+    settings["accumulator_dtype"] = settings["accumulator_dtype"].name
+    return dict(optimizer=self.optimizer, k=self.k, reduction=self._reduction,
+                name=self._given_name, **settings)
+
+  def reduction(self):
+    """The window's reduction: the given one, else the loss's own."""
+    return self._reduction or loss_reduction()
+
+  def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
+               gradient_options=None, reduction=None):
+    """The train op of one micro-batch, from its loss or its gradients.
+
+    `owner`, the wrapper, then tracks the window's state variables and the
+    inner optimizer's own (`object_checkpoints.track_window`), so that object-based
+    checkpoints of whatever tracks the wrapper (a Keras model compiled with
+    it, as `model_to_estimator` and `save_weights` save them) hold the
+    window and the optimizer's state, as name-based ones do.
+    """
+    _checks.check_graph_mode()
+    name = self._name()
+    with recording_state_variables() as state:
+      if global_step is None:
+        global_step = state_variable(
+            f"{name}/micro_batches", [], tf.int64, per_replica=False)
+      train_op = accumulating_train_op(
+          loss, grads_and_vars, self.optimizer, self.k,
+          global_step=global_step, var_list=var_list, num_examples=None,
+          reduction=reduction or self.reduction(), name=name,
+          gradient_options=(gradient_options or
+                            dict(colocate_gradients_with_ops=False)),
+          **self._settings)
+    if isinstance(global_step, tf.Variable):
+      # The caller's counter (a Keras wrapper's `iterations`, Estimator's
+      # global step) is part of the window's position.
+      state.setdefault("micro_batches", global_step)
+    object_checkpoints.track_window(owner, self.optimizer, state, name)
+    return train_op
+
+  def _name(self):
+    """The given name, or the next default name of this replica."""
+    if self._given_name is not None:
+      return self._given_name
+    return next_default_name()
+
+
+def next_default_name():
+  """"gradient_accumulation" for the first default-named window a replica
+  builds in the graph, then "gradient_accumulation_1", ..., skipping the
+  names windows built with a name of their own took. Counted per replica:
+  under MirroredStrategy each replica builds the same windows, in the same
+  order, from optimizers a canned estimator makes anew for each replica."""
+  handed = graph_registry(_DEFAULT_NAMES_ATTRIBUTE)
+  mine = handed.setdefault(replica_id(), [])
+  named = claimed_names(tf.compat.v1.get_default_graph()).difference(
+      *handed.values())
+  number, name = 0, DEFAULT_NAME
+  while name in named or name in mine:
+    number += 1
+    name = f"{DEFAULT_NAME}_{number}"
+  mine.append(name)
+  return name
+
+
+def gradients_as_they_are(loss, var_list, options):
+  """[(gradient, variable)] of one micro-batch's loss, as they are."""
+  _checks.check_graph_mode()
+  _checks.check_loss(loss)
+  var_list = _checks.check_var_list(var_list)
+  if var_list is None:
+    var_list = list({id(v): v for v in (
+        tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))}.values())
+  if not var_list:
+    raise ValueError(f"loss {loss.name} cannot be trained: the graph has no "
+                     "trainable variables.")
+  return list(zip(tf.compat.v1.gradients(loss, var_list, **options), var_list))
+
+
+def gradient_options(gate_gradients, aggregation_method,
+                      colocate_gradients_with_ops, grad_loss):
+  """tf.gradients arguments for Optimizer.compute_gradients' arguments."""
+  if gate_gradients not in _GATES:
+    raise ValueError(
+        f"gate_gradients must be one of Optimizer.GATE_NONE, GATE_OP or "
+        f"GATE_GRAPH, got {gate_gradients!r}.")
+  return dict(
+      grad_ys=grad_loss, aggregation_method=aggregation_method,
+      gate_gradients=gate_gradients != tf.compat.v1.train.Optimizer.GATE_NONE,
+      colocate_gradients_with_ops=colocate_gradients_with_ops)
+
+
+def loss_reduction():
+  """"sum" when the last loss reduced in this graph was summed over its batch
+  (by tf.compat.v1.losses or Keras), else "mean"."""
+  summed = _checks.summed_loss_reduction()
+  if summed is None:
+    return "mean"
+  progress.log_info(
+      "gradient accumulation: the loss is summed over its batch (reduction "
+      "%s): the window's gradients are summed too, as one batch's are.",
+      summed)
+  return "sum"
