@@ -11,9 +11,10 @@ For each model, these graphs are built from the same network and data:
            in variables: what any training pays per update, accumulating or
            not
 
-They are timed side by side in interleaved rounds (each round runs every
-variant for the same number of micro-batches, a multiple of k, so the apply
-steps are included at their real frequency). Printed: the median over rounds
+They are timed side by side, interleaved micro-batch by micro-batch (for
+each micro-batch of a window, one run of every variant in turn, so a drift
+of this shared machine's speed moves them together, and the apply steps
+are included at their real frequency). Printed: the median over windows
 of accum / fwd_bwd and accum / plain; what accumulation itself costs, as
 accumulate step / fwd_bwd and as (accum - opt_apply / k) / fwd_bwd (the
 window's time without the optimizer's own update, per micro-batch); and the
@@ -196,11 +197,16 @@ def build_graph(model_name, variant, k, optimizer_name="adam"):
   return graph, train_op, trainable, accumulators, setup
 
 
-def build(model_name, variant, k, optimizer_name="adam"):
-  """Returns (session, train_op, trainable bytes, accumulator bytes)."""
+def build(model_name, variant, k, optimizer_name="adam", threads=None):
+  """Returns (session, train_op, trainable bytes, accumulator bytes); the
+  session on `threads` threads (inter- and intra-op), default TensorFlow's."""
   graph, train_op, trainable, accumulators, setup = build_graph(
       model_name, variant, k, optimizer_name)
-  session = tf.compat.v1.Session(graph=graph)
+  config = None
+  if threads is not None:
+    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
+                                      intra_op_parallelism_threads=threads)
+  session = tf.compat.v1.Session(graph=graph, config=config)
   for op in setup:
     session.run(op)
   return session, train_op, trainable, accumulators
@@ -214,37 +220,45 @@ def seconds_per_micro_batch(session, train_op, micro_batches):
 
 
 def run(model_name, k, rounds, windows_per_round, optimizer_name):
+  """Times every variant micro-batch by micro-batch, interleaved: for each
+  micro-batch of a window, one run of each variant in turn. A window's
+  figures (each variant's k micro-batches) then come from the same few
+  seconds of this shared machine, and the ratios are taken per window
+  (median over `rounds * windows_per_round` windows)."""
   built = {variant: build(model_name, variant, k, optimizer_name)
            for variant in VARIANTS}
-  micro_batches = k * windows_per_round
   for session, train_op, _, _ in built.values():
     seconds_per_micro_batch(session, train_op, k)  # warm-up, one window
-  times = {variant: [] for variant in VARIANTS}
-  for _ in range(rounds):
+  windows = {variant: [] for variant in VARIANTS}
+  for _ in range(rounds * windows_per_round):
+    window = {variant: 0.0 for variant in VARIANTS}
+    for _ in range(k):
+      for variant in VARIANTS:
+        session, train_op, _, _ = built[variant]
+        window[variant] += seconds_per_micro_batch(session, train_op, 1)
     for variant in VARIANTS:
-      session, train_op, _, _ = built[variant]
-      times[variant].append(
-          seconds_per_micro_batch(session, train_op, micro_batches))
-  per_round = lambda a, b: [x / y for x, y in zip(times[a], times[b])]  # noqa: E731
+      windows[variant].append(window[variant] / k)
+  per_window = lambda a, b: [x / y for x, y in zip(windows[a], windows[b])]  # noqa: E731
   _, _, trainable, accumulators = built["accum"]
   for session, _, _, _ in built.values():
     session.close()
   return {
       "model": model_name,
       "k": k,
-      "ms_fwd_bwd": 1e3 * statistics.median(times["fwd_bwd"]),
-      "ms_plain": 1e3 * statistics.median(times["plain"]),
-      "ms_accum": 1e3 * statistics.median(times["accum"]),
-      "accum_over_fwd_bwd": statistics.median(per_round("accum", "fwd_bwd")),
-      "accum_over_plain": statistics.median(per_round("accum", "plain")),
-      "step_over_fwd_bwd": statistics.median(per_round("accum_step",
-                                                       "fwd_bwd")),
-      "ms_opt_apply": 1e3 * statistics.median(times["opt_apply"]),
+      "ms_fwd_bwd": 1e3 * statistics.median(windows["fwd_bwd"]),
+      "ms_plain": 1e3 * statistics.median(windows["plain"]),
+      "ms_accum": 1e3 * statistics.median(windows["accum"]),
+      "accum_over_fwd_bwd": statistics.median(per_window("accum", "fwd_bwd")),
+      "accum_over_plain": statistics.median(per_window("accum", "plain")),
+      "step_over_fwd_bwd": statistics.median(per_window("accum_step",
+                                                        "fwd_bwd")),
+      "ms_opt_apply": 1e3 * statistics.median(windows["opt_apply"]),
       # The window without the optimizer's own update, per micro-batch.
       "own_over_fwd_bwd": statistics.median([
           (accum - apply / k) / pass_
-          for accum, apply, pass_ in zip(times["accum"], times["opt_apply"],
-                                         times["fwd_bwd"])]),
+          for accum, apply, pass_ in zip(windows["accum"],
+                                         windows["opt_apply"],
+                                         windows["fwd_bwd"])]),
       "trainable_mb": trainable / 2**20,
       "accumulator_mb": accumulators / 2**20,
   }

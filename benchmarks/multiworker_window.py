@@ -16,7 +16,10 @@ session.run by a hook, medians over windows after a warm-up window:
                Estimator all-reduces the reported loss at every micro-batch
   fwd+bwd      one worker alone, no strategy: a step that computes the
                gradients and nothing else; also with two such processes at
-               once, as the two workers share this machine
+               once, as the two workers share this machine; and on the 2
+               workers under the strategy, each reporting its own loss as
+               the window's workers do (no collective at all): the pass in
+               the conditions of the window's steps
   all-reduce   2 workers: a step that all-reduces tensors of the gradients'
                shapes in one batched all-reduce: TensorFlow's default (one
                pack), and packed as the window packs it (4 MB packs)
@@ -74,7 +77,7 @@ class _StepTimer(tf.estimator.SessionRunHook):
       json.dump(self._times, writer)
 
 
-def _fetch_all(tensors):
+def fetch_all(tensors):
   """One scalar needing every tensor whole (a group would be pruned).
 
   An embedding's tf.IndexedSlices gradient is taken as its rows: densifying
@@ -103,7 +106,16 @@ def model_fn(features, labels, mode, params):
         loss, across_workers=params["mode"] == "window_loss_across")
   else:
     if params["mode"] == "forward_backward":
-      done = _fetch_all(tf.compat.v1.gradients(loss, variables))
+      done = fetch_all(tf.compat.v1.gradients(loss, variables))
+      if tf.distribute.get_strategy().num_replicas_in_sync > 1:
+        # Report each worker's own loss, as the window does: the reference
+        # pass then runs no collective either. Estimator means the
+        # replicas' losses only in a graph whose loss an optimizer scaled,
+        # and reportable_loss keeps its value on the worker only then; this
+        # graph has no optimizer, so it is marked as the library marks its
+        # own (train_op.py).
+        tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
+        reported = estimator_accum.reportable_loss(loss)
     else:
       # Tensors shaped like the gradients, not constants (which Grappler
       # would fold), all-reduced in one batch.
@@ -115,7 +127,7 @@ def model_fn(features, labels, mode, params):
       reduced = tf.distribute.get_replica_context().all_reduce(
           tf.distribute.ReduceOp.SUM,
           [tf.fill(v.shape, seed) for v in variables], options=options)
-      done = _fetch_all(reduced)
+      done = fetch_all(reduced)
     # A data dependency: under a control dependency Grappler was found to
     # skip the gradients (0.1 ms a step instead of 29).
     train_op = step.assign_add(1 + tf.cast(tf.math.is_nan(done), tf.int64))
@@ -254,8 +266,8 @@ FIGURES = (
     ("apply", "apply micro-batch, all-reduce included (2 workers)"),
     ("fb_alone", "fwd+bwd per micro-batch, one worker alone"),
     ("fb_shared", "fwd+bwd per micro-batch, two processes at once"),
-    ("fb_cluster", "fwd+bwd step under the 2-worker strategy (Estimator's "
-                   "per-step loss reduce included)"),
+    ("fb_cluster", "fwd+bwd step under the 2-worker strategy (each worker "
+                   "reporting its own loss, as the window: no collective)"),
     ("all_reduce", "one all-reduce of the gradients, one pack (TensorFlow's "
                    "default; 2 workers)"),
     ("all_reduce_packed", "one all-reduce of the gradients, {pack} MB packs, "

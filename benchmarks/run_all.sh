@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 echo "# benchmarks/run_all.sh, $(date -u +%Y-%m-%dT%H:%MZ), $(uname -m), $(nproc) cores"
 echo
-echo "## Cost per micro-batch (k=4; Adam, then SGD)"
+echo "## Cost per micro-batch (k=4; Adam, then SGD), variants interleaved micro-batch by micro-batch"
 $PY benchmarks/accumulation_overhead.py --models mlp bert_small minilm
 $PY benchmarks/accumulation_overhead.py --models bert_small --optimizer sgd
 echo
@@ -39,3 +39,11 @@ echo
 echo "## Resident memory across repeated Estimator.train() calls (BERT-Small, Adam)"
 $PY benchmarks/repeated_train.py --calls 8 2>/dev/null
 $PY benchmarks/repeated_train.py --calls 8 --plain 2>/dev/null
+echo
+echo "## What accumulating itself costs, from traced op times (one thread, k=4)"
+$PY benchmarks/window_ops.py 2>/dev/null
+echo
+echo "## Time per window on 2 workers, k=8, the reference interleaved in the same job (MLP micro-batch 64 and 256; BERT-Small micro-batch 8)"
+$PY benchmarks/multiworker_interleaved.py --windows 16 2>/dev/null
+$PY benchmarks/multiworker_interleaved.py --micro_batch 256 --windows 8 2>/dev/null
+$PY benchmarks/multiworker_interleaved.py --model bert_small --windows 6 2>/dev/null
