@@ -1,6 +1,8 @@
 """tfconfig: validation messages, show/print, and real local launches."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -141,8 +143,8 @@ def test_launch_runs_every_task_with_its_config():
   for task in ("chief:0] I am chief 0 2", "worker:0] I am worker 0 2",
                "worker:1] I am worker 1 2"):
     assert "[" + task in out, out
-  assert "[tfconfig] all training tasks finished" in out
-  assert "127.0.0.1:" in out.splitlines()[0]
+  assert "[tfconfig] all training tasks finished" in result.stderr
+  assert "127.0.0.1:" in result.stderr.splitlines()[0]
 
 
 def test_failing_task_stops_the_others_and_is_named():
@@ -154,7 +156,7 @@ def test_failing_task_stops_the_others_and_is_named():
                      sys.executable, "-c", script)
   assert result.returncode == 3
   assert ("[tfconfig] task worker:1 failed with exit code 3; stopping the "
-          "other tasks") in result.stdout
+          "other tasks") in result.stderr
   assert time.monotonic() - started < 60, "the sleeping tasks were not stopped"
 
 
@@ -196,11 +198,11 @@ def test_evaluator_is_stopped_or_waited_for(wait):
   if wait:
     assert "[evaluator:0] evaluator finished" in result.stdout
     assert "waiting up to 60 s for the evaluator's last evaluation" in (
-        result.stdout)
+        result.stderr)
   else:
     assert "evaluator finished" not in result.stdout
     assert ("stopping evaluator:0 (still running; --evaluator_wait S lets it "
-            "finish its last evaluation)") in result.stdout
+            "finish its last evaluation)") in result.stderr
     assert time.monotonic() - started < 60, "the evaluator was not stopped"
 
 
@@ -234,3 +236,118 @@ def test_print_refuses_one_address_for_two_tasks():
   assert result.returncode == 2
   assert "address 'h1:2222' is given to both worker:0 and worker:1" in (
       result.stderr)
+
+
+# A task that records its pid, then sleeps; with IGNORE_TERM it survives
+# SIGTERM, so only the launcher's SIGKILL after the grace period ends it.
+SLEEPING_TASK = """
+import json, os, signal, sys, time
+task = json.loads(os.environ["TF_CONFIG"])["task"]
+if "IGNORE_TERM" in os.environ:
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+path = os.path.join(sys.argv[1], f"{task['type']}_{task['index']}.pid")
+with open(path + ".tmp", "w") as f:
+  f.write(str(os.getpid()))
+os.rename(path + ".tmp", path)
+print("started", flush=True)
+time.sleep(300)
+"""
+
+
+def _alive(pid):
+  """Whether `pid` runs (a zombie counts as gone)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split(")")[-1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def _start_sleeping_launch(tmp_path, *flags, env=None):
+  """Starts a launch of 2 workers and a ps that sleep; returns (launcher,
+  task pids) once every task has written its pid."""
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+       "--chief", "--ps", "1", *flags, "--", sys.executable, "-c",
+       SLEEPING_TASK, str(tmp_path)],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=env, start_new_session=True)
+  deadline = time.monotonic() + 60
+  while len(list(tmp_path.glob("*.pid"))) < 4:
+    assert time.monotonic() < deadline, "the tasks did not start"
+    assert launcher.poll() is None, launcher.communicate()
+    time.sleep(0.05)
+  pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
+  assert all(_alive(pid) for pid in pids)
+  return launcher, pids
+
+
+def _wait_gone(pids, seconds):
+  deadline = time.monotonic() + seconds
+  while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  return [pid for pid in pids if _alive(pid)]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP,
+                                    signal.SIGINT])
+def test_a_stopped_launcher_stops_every_task(tmp_path, signum):
+  launcher, pids = _start_sleeping_launch(tmp_path)
+  os.kill(launcher.pid, signum)
+  out, err = launcher.communicate(timeout=60)
+  assert launcher.returncode == 128 + signum, (out, err)
+  assert not _wait_gone(pids, 5), "tasks left running after the launcher"
+  name = signal.Signals(signum).name
+  assert f"[tfconfig] received {name}; stopping every task" in err, err
+  assert f"[tfconfig] stopped every task; exiting with {128 + signum}" in err
+  assert "Traceback" not in err, err
+  assert "[tfconfig]" not in out, "the launcher's lines belong on stderr"
+
+
+def test_a_task_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
+  env = dict(os.environ, IGNORE_TERM="1")
+  launcher, pids = _start_sleeping_launch(tmp_path, "--grace", "1", env=env)
+  started = time.monotonic()
+  os.kill(launcher.pid, signal.SIGTERM)
+  launcher.communicate(timeout=60)
+  assert launcher.returncode == 128 + signal.SIGTERM
+  assert not _wait_gone(pids, 5)
+  assert time.monotonic() - started < 30
+
+
+def test_a_second_signal_kills_at_once(tmp_path):
+  env = dict(os.environ, IGNORE_TERM="1")
+  launcher, pids = _start_sleeping_launch(tmp_path, "--grace", "300",
+                                          env=env)
+  os.kill(launcher.pid, signal.SIGINT)
+  time.sleep(0.5)
+  os.kill(launcher.pid, signal.SIGINT)
+  launcher.communicate(timeout=60)
+  assert launcher.returncode == 128 + signal.SIGINT
+  assert not _wait_gone(pids, 5)
+
+
+def test_tasks_die_with_a_launcher_killed_outright(tmp_path):
+  launcher, pids = _start_sleeping_launch(tmp_path)
+  os.kill(launcher.pid, signal.SIGKILL)
+  launcher.communicate(timeout=60)
+  assert not _wait_gone(pids, 10), "tasks outlived a SIGKILLed launcher"
+
+
+def test_launch_prints_what_the_network_exposure_is():
+  result = _tfconfig("launch", "--workers", "1", "--", sys.executable, "-c",
+                     "print('ok')")
+  assert result.returncode == 0, result.stderr
+  assert "listen on every network interface" in result.stderr
+  assert result.stderr.count("every network interface") == 1
+
+
+def test_an_absurd_number_of_tasks_is_one_line():
+  result = _tfconfig("launch", "--workers", "100000", "--", sys.executable,
+                     "-c", "print('started')")
+  assert result.returncode == 2
+  assert "Traceback" not in result.stderr
+  assert result.stderr.strip() == (
+      "error: --workers 100000 --ps 0: 100000 tasks, but a local launch runs "
+      "at most 256 on this machine; for a larger cluster give each machine "
+      "its TF_CONFIG (python -m tfconfig print)")

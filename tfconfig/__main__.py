@@ -6,6 +6,8 @@
       [--evaluator_wait S] [--timeout S] -- python train.py --flag ...
       Runs every task locally on free loopback ports; output lines are
       prefixed with the task; exits non-zero naming a task that fails.
+      SIGINT, SIGTERM and SIGHUP stop every task; the exit code is then
+      128 + the signal's number.
   python -m tfconfig print --workers h1:2222 h2:2222 [--chief h0:2222] \\
       [--ps h3:2222]
       Prints the TF_CONFIG value of every task, for a multi-machine job.
@@ -14,6 +16,7 @@
 import argparse
 import json
 import os
+import signal
 import sys
 
 from tfconfig import config as tfc
@@ -39,6 +42,13 @@ def _launch(args):
   for flag, value in (("--workers", args.workers), ("--ps", args.ps)):
     if value < 0:
       raise tfc.TFConfigError(f"{flag} must be >= 0, got {value}")
+  tasks = args.workers + int(args.chief) + args.ps + int(args.evaluator)
+  if tasks > tfl.MAX_LOCAL_TASKS:
+    raise tfc.TFConfigError(
+        f"--workers {args.workers} --ps {args.ps}: {tasks} tasks, but a local "
+        f"launch runs at most {tfl.MAX_LOCAL_TASKS} on this machine; for a "
+        "larger cluster give each machine its TF_CONFIG (python -m tfconfig "
+        "print)")
   if args.workers == 0 and not args.chief:
     raise tfc.TFConfigError(
         "launch needs at least one training task, got --workers 0 and no "
@@ -50,16 +60,22 @@ def _launch(args):
   if args.evaluator_wait > 0 and not args.evaluator:
     raise tfc.TFConfigError(
         f"--evaluator_wait {args.evaluator_wait:g} needs --evaluator")
+  if not args.grace >= 0:
+    raise tfc.TFConfigError(
+        f"--grace must be a number of seconds >= 0, got {args.grace}")
   if args.timeout is not None and not args.timeout > 0:
     raise tfc.TFConfigError(
         f"--timeout must be a number of seconds > 0, got {args.timeout}")
+  tfl.check_command(command, "chief:0" if args.chief else "worker:0")
   cluster = tfl.local_cluster(args.workers, chief=args.chief, ps=args.ps,
                               evaluator=args.evaluator)
   print("[tfconfig] cluster " + " ".join(
       f"{t}:{i}={cluster['cluster'][t][i]}" for t, i in tfc.tasks(cluster)),
-        flush=True)
+        file=sys.stderr, flush=True)
+  print(f"[tfconfig] {tfl.EXPOSURE_NOTE}", file=sys.stderr, flush=True)
   return tfl.run_cluster(command, cluster, timeout=args.timeout,
-                         evaluator_wait=args.evaluator_wait)
+                         evaluator_wait=args.evaluator_wait,
+                         grace=args.grace)
 
 
 def _print(args):
@@ -94,6 +110,10 @@ def main(argv=None):
   launch.add_argument("--timeout", type=float, default=None,
                       help="seconds before every task is stopped and the "
                       "launch fails (default: none)")
+  launch.add_argument("--grace", type=float, default=tfl.STOP_GRACE_SECONDS,
+                      metavar="S",
+                      help="seconds a stopped task has between SIGTERM and "
+                      f"SIGKILL (default {tfl.STOP_GRACE_SECONDS})")
   launch.add_argument("command", nargs=argparse.REMAINDER,
                       help="-- then the command every task runs")
   printer = commands.add_parser("print", help="per-task TF_CONFIG values")
@@ -114,6 +134,10 @@ def main(argv=None):
   except tfl.LaunchError as error:
     print(f"error: {error}", file=sys.stderr)
     return tfl.CANNOT_START
+  except KeyboardInterrupt:
+    # Ctrl-C before the launch's own handlers are set: nothing started yet.
+    print("[tfconfig] interrupted", file=sys.stderr)
+    return 128 + int(signal.SIGINT)
 
 
 if __name__ == "__main__":

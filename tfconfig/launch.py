@@ -2,17 +2,28 @@
 
 `launch(command, workers=2, chief=False, ps=0, evaluator=False)` picks free
 ports on 127.0.0.1, starts one process per task with its own TF_CONFIG,
-prefixes each output line with the task (`[worker:1] ...`), and returns 0
-when every training task (chief and workers) has exited 0. If a task fails,
-the others are stopped and the return code is non-zero, with a line that
-names the task. Parameter servers never finish on their own: they are
-stopped once training is done. So is the evaluator, unless `evaluator_wait`
-gives it time to finish its last evaluation (train_and_evaluate's evaluator
-exits by itself once it has evaluated the final checkpoint).
+prefixes each output line with the task (`[worker:1] ...`) on stdout, writes
+its own lines (`[tfconfig] ...`) on stderr, and returns 0 when every training
+task (chief and workers) has exited 0. If a task fails, the others are
+stopped and the return code is non-zero, with a line that names the task.
+Parameter servers never finish on their own: they are stopped once training
+is done. So is the evaluator, unless `evaluator_wait` gives it time to
+finish its last evaluation (train_and_evaluate's evaluator exits by itself
+once it has evaluated the final checkpoint).
+
+Stopping: SIGINT (Ctrl-C), SIGTERM (a batch system, `timeout`) and SIGHUP
+(a closed terminal) sent to the launcher stop every task it started (SIGTERM
+to each task's process group, then SIGKILL after a grace period, at once on
+a second signal), and the launcher exits with 128 + the signal's number. A
+launcher killed outright (SIGKILL) takes its tasks with it too: each task is
+started with the kernel's parent-death signal set (Linux).
 """
 
+import ctypes
+import ctypes.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,25 +33,62 @@ import time
 
 from tfconfig import config as tfc
 
-_STOP_GRACE_SECONDS = 10
+STOP_GRACE_SECONDS = 10
+# A local launch runs every task on this machine: more than this is a typo
+# (and would exhaust open files reserving ports).
+MAX_LOCAL_TASKS = 256
 
 # Exit code for a command that cannot be started, as a shell returns it.
 CANNOT_START = 127
+# Exit code when `timeout` runs out, as coreutils' timeout returns it.
+TIMED_OUT = 124
+# The signals that stop a launch; each task is stopped, and the launch
+# returns 128 + the signal's number.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# What TensorFlow's gRPC servers listen on, whatever address TF_CONFIG names.
+EXPOSURE_NOTE = (
+    "note: TensorFlow's gRPC servers listen on every network interface "
+    "(0.0.0.0:<port>), not only on the loopback addresses in TF_CONFIG; on "
+    "a shared or public network, confine the ports with a firewall or run "
+    "on a private network (docs/distributed.md)")
+
+_PR_SET_PDEATHSIG = 1
 
 
 class LaunchError(RuntimeError):
   """A task's command could not be started; the message is one line."""
 
 
+def check_command(command, first_task="worker:0"):
+  """Raises LaunchError, naming the command, if it cannot be started."""
+  program = command[0]
+  found = shutil.which(program)
+  if found is None:
+    reason = "No such file or directory"
+    if os.path.sep in program and os.path.exists(program):
+      reason = "Permission denied"
+    raise LaunchError(f"cannot start {first_task}: {program!r}: {reason}")
+
+
 def free_ports(count, host="127.0.0.1"):
-  """Returns `count` distinct ports that were free on `host` just now."""
+  """Returns `count` distinct ports that were free on `host` just now.
+
+  Raises:
+    tfc.TFConfigError: the machine cannot give that many ports (open files
+      or ports exhausted), in one line.
+  """
   sockets, ports = [], []
   try:
     for _ in range(count):
       sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-      sock.bind((host, 0))
       sockets.append(sock)
+      sock.bind((host, 0))
       ports.append(sock.getsockname()[1])
+  except OSError as error:
+    raise tfc.TFConfigError(
+        f"cannot reserve {count} free ports on {host}: "
+        f"{error.strerror or error}") from None
   finally:
     for sock in sockets:
       sock.close()
@@ -57,136 +105,217 @@ def local_cluster(workers, chief=False, ps=0, evaluator=False):
       ps=take(ps), evaluator=take(1)[0] if evaluator else None)
 
 
-def _pump(stream, prefix, out, lock):
-  for line in iter(stream.readline, ""):
-    with lock:
-      out.write(f"{prefix} {line}" if line.endswith("\n") else
-                f"{prefix} {line}\n")
-      out.flush()
-  stream.close()
+class StopSignals:
+  """Context manager: while open, SIGINT, SIGTERM and SIGHUP are recorded
+  instead of ending the process; `received` is the first one's number (or
+  None), `repeated` whether another came after it.
+
+  Signal handlers can only be set from the main thread; elsewhere this is
+  a no-op and the signals keep their handlers.
+  """
+
+  def __init__(self):
+    self.received = None
+    self.repeated = False
+    self._previous = {}
+
+  def _record(self, signum, frame):
+    del frame
+    if self.received is None:
+      self.received = signum
+    else:
+      self.repeated = True
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for signum in STOP_SIGNALS:
+        self._previous[signum] = signal.signal(signum, self._record)
+    return self
+
+  def __exit__(self, *exc_info):
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous.clear()
+
+
+def signal_name(signum):
+  return signal.Signals(signum).name
+
+
+def _die_with_parent():
+  """preexec_fn: the kernel sends SIGKILL to the task if the launcher dies."""
+  libc_name = ctypes.util.find_library("c")
+  if not libc_name:
+    return
+  libc = ctypes.CDLL(libc_name, use_errno=True)
+  libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+  if os.getppid() == 1:  # The launcher died before prctl: go with it.
+    os._exit(128 + int(signal.SIGKILL))
+
+
+class _Tasks:
+  """The processes of one launch, their output pumps and its own lines."""
+
+  def __init__(self, out, log, grace):
+    self.out, self.log, self.grace = out, log, grace
+    self.lock = threading.Lock()
+    self.processes = {}
+    self._pumps = []
+
+  def report(self, message):
+    with self.lock:
+      self.log.write(f"[tfconfig] {message}\n")
+      self.log.flush()
+
+  def start(self, name, task_type, command, env):
+    try:
+      process = subprocess.Popen(
+          command, env=env, stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True, bufsize=1,
+          start_new_session=True,
+          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    except OSError as error:
+      raise LaunchError(
+          f"cannot start {name}: {command[0]!r}: "
+          f"{error.strerror or error}") from None
+    self.processes[name] = (task_type, process)
+    pump = threading.Thread(target=self._pump,
+                            args=(process.stdout, f"[{name}]"), daemon=True)
+    pump.start()
+    self._pumps.append(pump)
+
+  def _pump(self, stream, prefix):
+    for line in iter(stream.readline, ""):
+      with self.lock:
+        self.out.write(f"{prefix} {line}" if line.endswith("\n") else
+                       f"{prefix} {line}\n")
+        self.out.flush()
+    stream.close()
+
+  def running(self, task_type=None):
+    """Names of the running tasks (of `task_type`, if given)."""
+    return [name for name, (kind, process) in self.processes.items()
+            if process.poll() is None and task_type in (None, kind)]
+
+  def first_failure(self):
+    """(name, exit status) of a task that exited non-zero, or None."""
+    for name, (_, process) in self.processes.items():
+      status = process.poll()
+      if status not in (None, 0):
+        return name, status
+    return None
+
+  def training_running(self):
+    return any(kind in tfc.TRAINING_TYPES and process.poll() is None
+               for kind, process in self.processes.values())
+
+  def stop_all(self, signals=None):
+    """SIGTERM to every running task's group; SIGKILL to those still running
+    after the grace period, or at once when `signals` records a repeat."""
+    processes = [p for _, p in self.processes.values()]
+    for process in processes:
+      if process.poll() is None:
+        _signal_group(process, signal.SIGTERM)
+    deadline = time.monotonic() + self.grace
+    while any(p.poll() is None for p in processes):
+      if time.monotonic() > deadline or (signals and signals.repeated):
+        break
+      time.sleep(0.05)
+    for process in processes:
+      if process.poll() is None:
+        _signal_group(process, signal.SIGKILL)
+      process.wait()
+      # A task's own children left behind in its group go too.
+      _signal_group(process, signal.SIGKILL)
+    for pump in self._pumps:
+      pump.join(timeout=5)
 
 
 def run_cluster(command, cluster, out=None, timeout=None, env=None,
-                evaluator_wait=0):
+                evaluator_wait=0, log=None, grace=STOP_GRACE_SECONDS):
   """Starts `command` once per task of `cluster`; returns an exit code.
 
   Args:
     command: list of str, the program every task runs.
     cluster: TF_CONFIG dict, e.g. from `local_cluster`.
-    out: text stream for the prefixed output; default sys.stdout.
+    out: text stream for the tasks' prefixed output; default sys.stdout.
     timeout: optional seconds; past it every task is stopped and 124 returned.
     env: optional base environment; default os.environ.
     evaluator_wait: seconds the evaluator may go on after training has
       finished, to evaluate the final checkpoint; 0 stops it at once (as a
       Kubernetes TFJob does by default).
+    log: text stream for the launcher's own lines; default sys.stderr.
+    grace: seconds a stopped task has between SIGTERM and SIGKILL.
 
   Returns:
     0 when all training tasks exited 0 (and the evaluator too, if it
     finished within `evaluator_wait`); otherwise the failing task's exit
-    code (or 1 if it was killed by a signal), after stopping the others.
+    code (or 1 if it was killed by a signal), after stopping the others;
+    128 + N when the launcher received signal N (SIGINT, SIGTERM, SIGHUP),
+    after stopping every task.
 
   Raises:
     LaunchError: a task's command cannot be started (not found, not
       executable); the tasks already started are stopped first.
   """
-  out = out or sys.stdout
-  lock = threading.Lock()
-  processes, pumps = {}, []
-  for task_type, index in tfc.tasks(cluster):
-    task_env = dict(env if env is not None else os.environ)
-    task_env["TF_CONFIG"] = json.dumps(tfc.for_task(cluster, task_type, index))
-    name = f"{task_type}:{index}"
+  tasks = _Tasks(out or sys.stdout, log or sys.stderr, grace)
+  with StopSignals() as signals:
     try:
-      process = subprocess.Popen(
-          command, env=task_env, stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, text=True, bufsize=1,
-          start_new_session=True)
-    except OSError as error:
-      _stop_all([p for _, p in processes.values()])
-      raise LaunchError(
-          f"cannot start {name}: {command[0]!r}: "
-          f"{error.strerror or error}") from None
-    processes[name] = (task_type, process)
-    pump = threading.Thread(target=_pump,
-                            args=(process.stdout, f"[{name}]", out, lock),
-                            daemon=True)
-    pump.start()
-    pumps.append(pump)
-
-  def report(message):
-    with lock:
-      out.write(f"[tfconfig] {message}\n")
-      out.flush()
-
-  deadline = None if timeout is None else time.monotonic() + timeout
-  code = 0
-  training_finished = None
-  try:
-    while True:
-      training_running = False
-      failed = None
-      for name, (task_type, process) in processes.items():
-        status = process.poll()
-        if status is None:
-          training_running |= task_type in tfc.TRAINING_TYPES
-        elif status != 0:
-          failed = (name, status)
+      for task_type, index in tfc.tasks(cluster):
+        if signals.received is not None:
           break
-      if failed:
-        name, status = failed
-        report(f"task {name} failed with exit code {status}; stopping the "
-               "other tasks")
-        code = status if status > 0 else 1
-        break
-      if not training_running:
-        if training_finished is None:
-          report("all training tasks finished")
-          training_finished = time.monotonic()
-          if evaluator_wait > 0 and _running(processes, "evaluator"):
-            report(f"waiting up to {evaluator_wait:g} s for the evaluator's "
-                   "last evaluation")
-        if not _running(processes, "evaluator"):
-          break
-        if time.monotonic() - training_finished >= evaluator_wait:
-          report(f"stopping {', '.join(_running(processes, 'evaluator'))} "
-                 "(still running" + (
-                     f" after {evaluator_wait:g} s" if evaluator_wait > 0
-                     else "; --evaluator_wait S lets it finish its last "
-                     "evaluation") + ")")
-          break
-      if deadline is not None and time.monotonic() > deadline:
-        report(f"timed out after {timeout} s; stopping every task")
-        code = 124
-        break
-      time.sleep(0.2)
-  finally:
-    _stop_all([p for _, p in processes.values()])
-    for pump in pumps:
-      pump.join(timeout=5)
+        task_env = dict(env if env is not None else os.environ)
+        task_env["TF_CONFIG"] = json.dumps(
+            tfc.for_task(cluster, task_type, index))
+        tasks.start(f"{task_type}:{index}", task_type, command, task_env)
+      code = _supervise(tasks, signals, timeout, evaluator_wait)
+    finally:
+      tasks.stop_all(signals)
+    if signals.received is not None:
+      code = 128 + signals.received
+      tasks.report(f"stopped every task; exiting with {code}")
   return code
 
 
-def _running(processes, task_type):
-  """The names of the tasks of `task_type` that are still running."""
-  return [name for name, (kind, process) in processes.items()
-          if kind == task_type and process.poll() is None]
+def _supervise(tasks, signals, timeout, evaluator_wait):
+  """Waits until the launch is over; returns its exit code."""
+  deadline = None if timeout is None else time.monotonic() + timeout
+  training_finished = None
+  while True:
+    if signals.received is not None:
+      tasks.report(f"received {signal_name(signals.received)}; stopping "
+                   "every task")
+      return 128 + signals.received
+    failed = tasks.first_failure()
+    if failed:
+      name, status = failed
+      tasks.report(f"task {name} failed with exit code {status}; stopping "
+                   "the other tasks")
+      return status if status > 0 else 1
+    if not tasks.training_running():
+      if training_finished is None:
+        tasks.report("all training tasks finished")
+        training_finished = time.monotonic()
+        if evaluator_wait > 0 and tasks.running("evaluator"):
+          tasks.report(f"waiting up to {evaluator_wait:g} s for the "
+                       "evaluator's last evaluation")
+      if not tasks.running("evaluator"):
+        return 0
+      if time.monotonic() - training_finished >= evaluator_wait:
+        tasks.report(
+            f"stopping {', '.join(tasks.running('evaluator'))} (still "
+            "running" + (f" after {evaluator_wait:g} s" if evaluator_wait > 0
+                         else "; --evaluator_wait S lets it finish its last "
+                         "evaluation") + ")")
+        return 0
+    if deadline is not None and time.monotonic() > deadline:
+      tasks.report(f"timed out after {timeout} s; stopping every task")
+      return TIMED_OUT
+    time.sleep(0.1)
 
 
-def _stop_all(processes):
-  for process in processes:
-    if process.poll() is None:
-      _signal_group(process, "SIGTERM")
-  deadline = time.monotonic() + _STOP_GRACE_SECONDS
-  for process in processes:
-    try:
-      process.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      _signal_group(process, "SIGKILL")
-      process.wait()
-
-
-def _signal_group(process, signal_name):
+def _signal_group(process, signum):
   try:
-    os.killpg(process.pid, getattr(signal, signal_name))
-  except ProcessLookupError:
+    os.killpg(process.pid, signum)
+  except (ProcessLookupError, PermissionError):
     pass
