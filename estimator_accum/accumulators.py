@@ -23,6 +23,9 @@ import threading
 
 import tensorflow as tf
 
+from estimator_accum.graph_state import graph_registry
+from estimator_accum.ordered_saves import order_saves
+
 AccumulationState = collections.namedtuple(
     "AccumulationState",
     ["k", "global_step", "updates_applied", "skipped_windows",
@@ -123,16 +126,6 @@ def variable_base_name(var):
   return var.name.split(":")[0]
 
 
-def graph_registry(attribute):
-  """The dict the default graph keeps in `attribute` (made empty at first)."""
-  graph = tf.compat.v1.get_default_graph()
-  registry = getattr(graph, attribute, None)
-  if registry is None:
-    registry = {}
-    setattr(graph, attribute, registry)
-  return registry
-
-
 def replica_id():
   """The replica being built (an int), or None in cross-replica context."""
   context = tf.distribute.get_replica_context()
@@ -198,7 +191,8 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
                        tf.compat.v1.constant_initializer(initial_value)),
           use_resource=True,
           **extra)
-      creators.setdefault(name, replica)
+      if creators.setdefault(name, replica) == replica and per_replica:
+        order_saves(variable)
       if slot_of is not None:
         graph_registry(_OWNERS_ATTRIBUTE).setdefault(name, slot_of)
       return record_state_variable(name, variable, slot_of)

@@ -151,9 +151,10 @@ class Window:
     else:
       updates = []
       if self._weight is not None:
-        updates.append(self._weight.assign_add(
-            tf.constant(1.0, _COUNT_DTYPE) if weight is None else weight,
-            read_value=False))
+        with self._after_the_gradients():
+          updates.append(self._weight.assign_add(
+              tf.constant(1.0, _COUNT_DTYPE) if weight is None else weight,
+              read_value=False))
       scale = weight
       if self._divisor is not None:
         scale = tf.math.reciprocal(self._divisor.read_value())
@@ -175,7 +176,8 @@ class Window:
     this micro-batch in the weight seen so far in the window: its examples,
     or 1 of its micro-batches).
     """
-    seen = self._weight.assign_add(weight)
+    with self._after_the_gradients():
+      seen = self._weight.assign_add(weight)
     fraction = weight / seen
     with tf.control_dependencies([seen]):
       keep = self._in_accumulator_dtype(1.0 - fraction)
@@ -184,6 +186,13 @@ class Window:
       fraction = self._in_accumulator_dtype(self._unscaled(fraction))
       return [a.add(g, fraction)
               for a, g in zip(self._accumulators, self._gradients)]
+
+  def _after_the_gradients(self):
+    """A scope whose ops wait for the micro-batch's gradients: a step whose
+    input has ended (OutOfRangeError) still runs every op that does not
+    need the input, and would count a micro-batch it never added."""
+    return tf.control_dependencies(
+        [getattr(g, "values", g) for g in self._gradients])
 
   def _unscaled(self, weight):
     """`weight` (None for 1) times 1/loss scale, when the loss is scaled: the

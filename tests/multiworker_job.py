@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +34,19 @@ OPTIMIZERS = {
     "google_adam_weight_decay": lambda: GoogleStyleAdamWeightDecay(
         0.05, weight_decay_rate=0.01),
 }
+
+
+class _SlowStep(tf.estimator.SessionRunHook):
+  """Sleeps before this worker's n-th micro-batch of this run (the one that
+  finds the input ended, to force the race at the job's end)."""
+
+  def __init__(self, n, seconds):
+    self._n, self._seconds, self._runs = n, seconds, 0
+
+  def before_run(self, run_context):
+    self._runs += 1
+    if self._runs == self._n:
+      time.sleep(self._seconds)
 
 
 class _DieAfter(tf.estimator.SessionRunHook):
@@ -75,6 +89,15 @@ def main():
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
   parser.add_argument("--save_every", type=int, default=10_000)
+  parser.add_argument("--extra_micro_batches", type=int, default=0,
+                      help="each worker's input holds this many micro-batches "
+                      "past the last whole window")
+  parser.add_argument("--slow_last_step", type=int, default=None,
+                      metavar="INDEX",
+                      help="worker INDEX sleeps 3 s before the micro-batch "
+                      "that finds the input ended (with --until_input_ends)")
+  parser.add_argument("--until_input_ends", action="store_true",
+                      help="train until the finite input ends (no max_steps)")
   parser.add_argument("--accumulator_dtype", default="float32")
   parser.add_argument("--ema_decay", type=float, default=None,
                       help="also keep a moving average of the weights, "
@@ -89,7 +112,8 @@ def main():
     args.clip_norm = None
 
   workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-  data = support.make_data(workers * args.k * args.micro_batch * args.updates)
+  data = support.make_data(workers * args.micro_batch * (
+      args.k * args.updates + args.extra_micro_batches))
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
   # A restarted job goes on from its checkpoint's step: skip the
@@ -104,7 +128,8 @@ def main():
     if input_context is not None:
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
-    return dataset.batch(args.micro_batch).skip(start).repeat()
+    dataset = dataset.batch(args.micro_batch).skip(start)
+    return dataset if args.until_input_ends else dataset.repeat()
 
   task = json.loads(os.environ["TF_CONFIG"])["task"]
   counter = None
@@ -117,6 +142,10 @@ def main():
     counter = CollectiveCounter(os.path.join(
         args.model_dir, f"collectives_{task['index']}.json"))
   recorder = None
+  slow = None
+  if args.slow_last_step == task["index"]:
+    per_worker = args.k * args.updates + args.extra_micro_batches - start
+    slow = _SlowStep(per_worker + 1, 3.0)
   if args.record_losses:
     recorder = support.LossRecorder(os.path.join(
         args.model_dir, f"losses_{task['index']}.json"))
@@ -132,10 +161,12 @@ def main():
                   batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   reportable_loss=args.reportable_loss,
-                  training_hooks=[h for h in (counter, dier, recorder) if h]))
+                  training_hooks=[h for h in (counter, dier, recorder, slow) if h]))
   tf.estimator.train_and_evaluate(
       estimator,
-      tf.estimator.TrainSpec(input_fn, max_steps=args.k * args.updates),
+      tf.estimator.TrainSpec(
+          input_fn,
+          max_steps=None if args.until_input_ends else args.k * args.updates),
       tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
                             throttle_secs=0))
   if task["index"] == 0:

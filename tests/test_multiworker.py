@@ -218,7 +218,7 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   assert first.returncode != 0
   assert "[worker:1] dying after 3 micro-batches" in first.stdout
   assert ("[tfconfig] task worker:1 failed with exit code 3; stopping the "
-          "other tasks") in first.stdout, first.stdout[-3000:]
+          "other tasks") in first.stderr, first.stderr[-3000:]
   second = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert second.returncode == 0, second.stdout[-4000:]
@@ -227,3 +227,38 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   saved = np.load(tmp_path / "final_weights.npz")
   actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
   support.assert_weights_close(actual, expected, what="restarted job")
+
+
+@pytest.mark.parametrize("slow_worker, extra", [(0, 0), (1, 0), (0, 1)])
+def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
+    slow_worker, extra, tmp_path):
+  """train_and_evaluate on a finite input, no max_steps. One worker's last
+  step (the one that finds the input ended) starts 3 s after the other's:
+  the other worker's final checkpoint, which reads the window across
+  workers, must not start before it (without the save barrier this fails
+  every time). With `extra` micro-batches past the last whole window, that
+  partial window is not applied: it is kept in the checkpoint, and the
+  weights are the big batch's after the whole windows."""
+  # The job's data: the whole windows' examples first, as the reference's.
+  data = support.make_data(BIG_BATCH * UPDATES + WORKERS * MICRO_BATCH * extra)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(K),
+      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES),
+      "--until_input_ends", "--slow_last_step", str(slow_worker),
+      "--extra_micro_batches", str(extra)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+  steps = K * UPDATES + extra
+  assert f"[worker:0] saved final weights at global step {steps}" in (
+      result.stdout)
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="ended with its input")
+  reader = tf.train.load_checkpoint(str(tmp_path))
+  held = reader.get_tensor("gradient_accumulation/window_micro_batches")
+  assert held == extra * WORKERS, (held, extra)
