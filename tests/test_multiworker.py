@@ -200,6 +200,15 @@ def test_reportable_loss_leaves_the_workers_alone_between_windows(
         assert count == 1 + between_windows, (worker, step, count, size)
 
 
+def _adam_job(model_dir, *flags):
+  """The launch command of a 2-worker Adam job of tests/multiworker_job.py."""
+  return [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(model_dir), "--optimizer", "adam", "--k", str(K),
+      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES), *flags]
+
+
 def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   """Worker 1 dies mid-window after micro-batch 3; launch stops worker 0
   and names the task; the same command again resumes from the checkpoint
@@ -207,12 +216,7 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   data = support.make_data(BIG_BATCH * UPDATES)
   expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
                                      UPDATES)
-  command = [
-      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
-      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
-      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(K),
-      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES),
-      "--die_at", "3", "--save_every", "2"]
+  command = _adam_job(tmp_path, "--die_at", "3", "--save_every", "2")
   first = subprocess.run(command, capture_output=True, text=True,
                          timeout=300)
   assert first.returncode != 0
@@ -243,13 +247,8 @@ def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
   data = support.make_data(BIG_BATCH * UPDATES + WORKERS * MICRO_BATCH * extra)
   expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
                                      UPDATES)
-  command = [
-      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
-      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
-      "--model_dir", str(tmp_path), "--optimizer", "adam", "--k", str(K),
-      "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES),
-      "--until_input_ends", "--slow_last_step", str(slow_worker),
-      "--extra_micro_batches", str(extra)]
+  command = _adam_job(tmp_path, "--until_input_ends", "--slow_last_step",
+                      str(slow_worker), "--extra_micro_batches", str(extra))
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
