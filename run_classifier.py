@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging
 
+import estimator_accum
 import tfconfig
 from data import bert_features, classification
 from models.bert import (
@@ -68,7 +69,8 @@ flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates spent "
 flags.DEFINE_integer("save_checkpoints_steps", 1000, "Micro-batches between "
                      "checkpoints.", lower_bound=1)
 flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
-                     "accumulated per optimizer update.", lower_bound=1)
+                     "accumulated per optimizer update.", lower_bound=1,
+                     upper_bound=2**24)
 # The names other accumulation scripts use for k (Hugging Face's Trainer,
 # NVIDIA's TF1 BERT), so their users' command lines carry over.
 flags.DEFINE_alias("gradient_accumulation_steps",
@@ -77,6 +79,10 @@ flags.DEFINE_alias("num_accumulation_steps",
                    "gradient_accumulation_multiplier")
 flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
                    "global norm; 0 disables.", lower_bound=0.0)
+flags.DEFINE_integer("max_consecutive_skipped_windows", 25, "Stop as diverged "
+                     "(exit code 3) when this many windows in a row are "
+                     "skipped for non-finite gradients; 0 never stops.",
+                     lower_bound=0)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
 flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
                   "with dynamic loss scaling.")
@@ -103,6 +109,14 @@ TPU_FLAGS = ("tpu_name", "tpu_zone", "gcp_project", "master", "num_tpu_cores",
 
 class UsageError(ValueError):
   """Bad flags or inputs: reported as one line and a non-zero exit."""
+
+
+class NotFinite(RuntimeError):
+  """Training or evaluation diverged: one line and exit code 3."""
+
+
+# Exit codes: 1 for bad flags or inputs, 3 for a diverged run.
+DIVERGED_EXIT_CODE = 3
 
 
 def _model_files():
@@ -255,7 +269,9 @@ def run():
       init_checkpoint=init_checkpoint,
       micro_batch_size=FLAGS.train_batch_size,
       total_micro_batches=num_train_updates * k,
-      log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16)
+      log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16,
+      max_consecutive_skipped_windows=(
+          FLAGS.max_consecutive_skipped_windows or None))
   session_config = None
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(
@@ -290,6 +306,8 @@ def run():
         eval_file, FLAGS.max_seq_length, FLAGS.eval_batch_size,
         is_training=False, drop_remainder=False))
     result["num_examples"] = num_eval
+    not_finite = sorted(key for key, value in result.items()
+                        if not math.isfinite(float(value)))
     path = os.path.join(FLAGS.output_dir, "eval_results.txt")
     with tf.io.gfile.GFile(path, "w") as writer:
       for key in sorted(result):
@@ -297,6 +315,10 @@ def run():
     print(f"eval on {num_eval} held-out examples: accuracy "
           f"{result['eval_accuracy']:.4f}, loss {result['eval_loss']:.4f} "
           f"(written to {path})", flush=True)
+    if not_finite:
+      values = ", ".join(f"{key} = {result[key]}" for key in not_finite)
+      raise NotFinite(f"evaluation is not finite: {values} (see {path}); "
+                      "the model diverged.")
   if FLAGS.do_predict:
     _, test_file, num_test = _features(processor, "test", tokenizer,
                                        label_list)
@@ -324,6 +346,18 @@ def main(argv):
     run()
   except (UsageError, classification.DataError, FileNotFoundError) as error:
     sys.exit(f"run_classifier: error: {error}")
+  except NotFinite as error:
+    print(f"run_classifier: error: {error}", file=sys.stderr)
+    sys.exit(DIVERGED_EXIT_CODE)
+  except tf.errors.InvalidArgumentError as error:
+    if not estimator_accum.is_divergence(error):
+      raise
+    print("run_classifier: error: training diverged: "
+          f"{FLAGS.max_consecutive_skipped_windows} windows in a row were "
+          "skipped for non-finite gradients; lower --learning_rate or "
+          "--clip_norm (or raise --max_consecutive_skipped_windows).",
+          file=sys.stderr)
+    sys.exit(DIVERGED_EXIT_CODE)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from estimator_accum.train_op import (
     build_accumulating_train_op,
     get_accumulation_state,
 )
-from estimator_accum.window_reports import reportable_loss
+from estimator_accum.window_reports import is_divergence, reportable_loss
 
 __all__ = [
     "AccumulatingKerasOptimizer",
@@ -34,6 +34,7 @@ __all__ = [
     "batch_norm",
     "build_accumulating_train_op",
     "get_accumulation_state",
+    "is_divergence",
     "reportable_loss",
     "update_count",
 ]

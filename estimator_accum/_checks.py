@@ -19,15 +19,45 @@ REDUCTIONS = ("mean", "sum", "running_mean")
 _SCOPE_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/>]*$")
 
 
+# The window counts its micro-batches in float32, exact up to 2**24.
+MAX_K = 2**24
+
+
 def check_k(k):
-  """Returns `k` as a Python int after checking it is an integer >= 1."""
+  """Returns `k` as a Python int after checking it is an integer in
+  1..MAX_K."""
   if isinstance(k, bool) or not isinstance(k, numbers.Integral):
     raise TypeError(
         f"k must be a Python int (the number of micro-batches per update), "
         f"got {k!r} of type {type(k).__name__}.")
   if k < 1:
     raise ValueError(f"k must be >= 1 (micro-batches per update), got {k!r}.")
+  if k > MAX_K:
+    raise ValueError(
+        f"k must be at most {MAX_K} (2**24, the micro-batch counts are exact "
+        f"float32 up to there), got {_short(k)}.")
   return int(k)
+
+
+def _short(value, limit=60):
+  """repr(value), cut to `limit` characters."""
+  text = repr(value)
+  return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_max_skipped(value):
+  """Returns max_consecutive_skipped_windows: None or an int in 1..2**31."""
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(
+        f"max_consecutive_skipped_windows must be an int or None, got "
+        f"{_short(value)} of type {type(value).__name__}.")
+  if not 1 <= value <= 2**31:
+    raise ValueError(
+        f"max_consecutive_skipped_windows must be in 1..{2**31} (or None to "
+        f"never stop), got {_short(value)}.")
+  return int(value)
 
 
 def _require_scalar(argument, tensor, hint):

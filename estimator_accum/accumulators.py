@@ -134,7 +134,8 @@ def replica_id():
 
 
 def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
-                   local_device=None, aggregation=_SUM, slot_of=None):
+                   local_device=None, aggregation=_SUM, slot_of=None,
+                   checkpointed=True):
   """Creates a non-trainable state variable with exactly `name`.
 
   Args:
@@ -154,6 +155,10 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
       themselves means).
     slot_of: the trained variable whose state this is, if it is one's
       (its name is then `<that variable's name>/<suffix>`), else None.
+    checkpointed: bool. False for state that lives for one run only: in
+      no collection (neither saved, nor initialized by an initializer, nor
+      counted among the window's state); the caller assigns it before it
+      reads it.
 
   Returns:
     The variable, initialized to zeros (or initial_value).
@@ -175,7 +180,11 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   if not per_replica:
     aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
   extra = dict(aggregation=aggregation)
-  if local_device is not None:
+  if not checkpointed:
+    # In no collection: no saver, no initializer, no readiness check sees
+    # it; it is assigned before it is read (see Window._check_divergence).
+    extra["collections"] = []
+  elif local_device is not None:
     # A ParameterServerStrategy over several devices of a worker sums the
     # replicas' updates of a variable by its aggregation (a ps worker's
     # window is shared by its devices, as central storage's is).
@@ -193,6 +202,8 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           **extra)
       if creators.setdefault(name, replica) == replica and per_replica:
         order_saves(variable)
+      if not checkpointed:
+        return variable
       if slot_of is not None:
         graph_registry(_OWNERS_ATTRIBUTE).setdefault(name, slot_of)
       return record_state_variable(name, variable, slot_of)

@@ -53,6 +53,8 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 # so the key would never die and every graph built (Estimator builds one per
 # train() call) would stay in memory for the life of the process.
 _STATE_ATTRIBUTE = "_estimator_accum_state"
+# See build_accumulating_train_op's max_consecutive_skipped_windows.
+DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS = 25
 # Graph attribute: {counter variable name: name of the train op counting it}.
 _COUNTERS_ATTRIBUTE = "_estimator_accum_counters"
 
@@ -69,6 +71,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
                                 communication_options=None,
                                 after_update=None,
                                 log_every_n_micro_batches=100,
+                                max_consecutive_skipped_windows=(
+                                    DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS),
                                 name="gradient_accumulation"):
   """Returns a train op that applies one update every `k` micro-batches.
 
@@ -158,6 +162,14 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       logs its own line instead. The line is written by a Python function
       the graph runs: build with None a graph that another process will
       import (`import_meta_graph`) and run.
+    max_consecutive_skipped_windows: int >= 1 or None. When this many
+      windows in a row are skipped for non-finite gradients, the micro-batch
+      that ends the last of them fails with `tf.errors.InvalidArgumentError`
+      saying "training diverged" (`estimator_accum.is_divergence(error)`
+      tells it), so that a diverged run stops instead of going on skipping.
+      Default 25: a dynamic loss scale starting at 2**15 skips at most about
+      15 windows in a row while it settles. The count is of this run (not
+      saved in checkpoints). None: never stop.
     name: str, name scope of the ops and prefix of the counters.
 
   Returns:
@@ -181,6 +193,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       sparse_threshold_bytes=sparse_threshold_bytes,
       communication_options=communication_options, after_update=after_update,
       log_every_n_micro_batches=log_every_n_micro_batches,
+      max_consecutive_skipped_windows=max_consecutive_skipped_windows,
       name=name, gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
 
@@ -190,7 +203,9 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
                           accumulator_dtype, summaries, loss_scale,
                           sparse_accumulation, sparse_threshold_bytes,
                           communication_options, after_update, name,
-                          gradient_options, log_every_n_micro_batches=100):
+                          gradient_options, log_every_n_micro_batches=100,
+                          max_consecutive_skipped_windows=(
+                              DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS)):
   """`build_accumulating_train_op`, from a loss or from one micro-batch's
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
   `minimize` and `apply_gradients` call it. `gradient_options` are
@@ -222,6 +237,8 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   _checks.check_name(name)
   log_every_n_micro_batches = _checks.check_log_every(
       log_every_n_micro_batches)
+  max_consecutive_skipped_windows = _checks.check_max_skipped(
+      max_consecutive_skipped_windows)
   accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
   var_list = _checks.check_var_list(var_list)
   num_examples = _checks.check_num_examples(num_examples)
@@ -289,7 +306,8 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
         local_device=between_graph_worker_device(source, global_step),
         compact=compact, communication_options=communication_options,
         after_update=after_update, outer_scope=outer_scope,
-        progress=progress.progress_line(name, k, log_every_n_micro_batches))
+        progress=progress.progress_line(name, k, log_every_n_micro_batches),
+        max_consecutive_skipped_windows=max_consecutive_skipped_windows)
     examples = window_reports.micro_batch_examples(source, num_examples)
     accumulated = window.accumulate_micro_batch(loss)
     train_op = replica_context.merge_call(

@@ -58,7 +58,8 @@ class Window:
                num_examples, reduction, accumulator_dtype, summaries, name,
                loss_scaler=None, local_device=None, compact=None,
                communication_options=None, after_update=None,
-               outer_scope="", progress=None):
+               outer_scope="", progress=None,
+               max_consecutive_skipped_windows=None):
     self._gradients = [g for g, _ in trained]
     # The name scope the train op is built in: see _outer_name_scope.
     self._outer_scope = outer_scope
@@ -123,6 +124,14 @@ class Window:
         name + "/skipped_windows", [], tf.int64, per_replica=False)
     self._norm = state_variable(
         name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
+    # Windows skipped in a row in this run (not saved: a resumed run starts
+    # counting again), or None when no number of them stops training.
+    self._max_skipped = max_consecutive_skipped_windows
+    self._skipped_in_a_row = None
+    if self._max_skipped is not None:
+      self._skipped_in_a_row = state_variable(
+          name + "/skipped_windows_in_a_row", [], tf.int64, per_replica=False,
+          checkpointed=False)
     self.state = AccumulationState(
         k, global_step, self._updates, self._skipped, self._norm,
         self._accumulators, loss_scaler.scale if loss_scaler else None)
@@ -298,12 +307,30 @@ class Window:
       ]
       if self._loss_scaler is not None:
         counters.append(self._loss_scaler.update(finite))
+      if self._skipped_in_a_row is not None:
+        counters.append(self._check_divergence(applied, position))
       if self._divisor is not None:
         # The next window is added with this run's k * replicas.
         counters.append(self._divisor.assign(
             tf.constant(self._window_size, _COUNT_DTYPE), read_value=False))
     with tf.control_dependencies(counters):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
+
+  def _check_divergence(self, applied, position):
+    """Counts the windows skipped in a row; fails the step (an
+    InvalidArgumentError saying `training diverged`) when they reach
+    max_consecutive_skipped_windows."""
+    counter = self._skipped_in_a_row
+    # Not initialized by any initializer (it is in no collection): the
+    # first window starts it.
+    before = tf.cond(counter.is_initialized(), counter.read_value,
+                     lambda: tf.constant(0, tf.int64))
+    in_a_row = counter.assign(tf.where(
+        applied, tf.constant(0, tf.int64), before + 1))
+    return tf.debugging.Assert(
+        in_a_row < self._max_skipped,
+        [window_reports.diverged_message(self._max_skipped), position],
+        name="diverged")
 
   def _apply(self, strategy, gradients, statistics):
     moved = [s.move_averages(strategy, sums)

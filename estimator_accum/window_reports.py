@@ -60,6 +60,27 @@ def warn_skipped(position, norm):
     return tf.constant(False)
 
 
+# Every error that stops a diverged run says this; `is_divergence` looks for
+# it in the error TensorFlow raises.
+DIVERGED = "training diverged"
+
+
+def diverged_message(max_skipped):
+  """The text of the error stopping a run whose windows were skipped
+  `max_skipped` times in a row; the micro-batch follows it."""
+  return (f"estimator_accum: {DIVERGED}: {max_skipped} windows in a row were "
+          "skipped for non-finite gradients (NaN/Inf); lower the learning "
+          "rate, clip (clip_norm), or raise max_consecutive_skipped_windows "
+          "(None never stops). The last skipped window ended at micro-batch")
+
+
+def is_divergence(error):
+  """Whether `error` (an exception from a train op's run) is the stop of a
+  run whose windows were skipped too many times in a row."""
+  return isinstance(error, tf.errors.InvalidArgumentError) and (
+      DIVERGED in str(error))
+
+
 def warn_nan_loss(loss, position):
   """An op printing, when the micro-batch's `loss` is NaN, that its window
   will be skipped, and how to keep Estimator training: its NanTensorHook
@@ -77,9 +98,10 @@ def warn_nan_loss(loss, position):
   def warn():
     return tf.print(
         "WARNING estimator_accum: the loss of micro-batch", position,
-        "is NaN; its window will be skipped. Estimator stops training on a "
-        "NaN loss (NanLossDuringTrainingError) unless its EstimatorSpec is "
-        "given loss=estimator_accum.reportable_loss(loss).",
+        "is NaN; its window will be skipped. If Estimator stops here with "
+        "NanLossDuringTrainingError, give its EstimatorSpec "
+        "loss=estimator_accum.reportable_loss(loss), which reports the last "
+        "finite loss instead.",
         output_stream=sys.stderr)
 
   # reduce_any: a loss of unknown rank is checked to be a scalar by an op

@@ -25,6 +25,7 @@ def test_public_api_is_pinned():
       "batch_norm",
       "build_accumulating_train_op",
       "get_accumulation_state",
+      "is_divergence",
       "reportable_loss",
       "update_count",
   ]

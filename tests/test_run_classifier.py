@@ -203,3 +203,23 @@ def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
   assert reader.get_tensor("global_step") >= 20
   assert reader.get_tensor("gradient_accumulation/updates_applied") >= 8
   assert "[chief:0] eval on 10 held-out examples" in result.stdout
+
+
+@pytest.mark.parametrize("stop_after, message", [
+    (2, "run_classifier: error: training diverged: 2 windows in a row were "
+     "skipped for non-finite gradients"),
+    # Never stopped: the run trains on, skipping, and its evaluation is NaN.
+    (0, "run_classifier: error: evaluation is not finite: eval_loss = nan"),
+])
+def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
+                                                     tiny_model, sst2,
+                                                     tmp_path):
+  result = _run(_flags(tiny_model, sst2, tmp_path / "run",
+                       learning_rate=1e30, clip_norm=0,
+                       max_consecutive_skipped_windows=stop_after))
+  assert result.returncode == 3, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if line.startswith("run_classifier: error")]
+  assert len(errors) == 1 and errors[0].startswith(message), (
+      result.stderr[-3000:])

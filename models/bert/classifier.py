@@ -31,6 +31,9 @@ class TrainingConfig:
   total_micro_batches: int | None = None
   log_every_n_micro_batches: int = 50
   use_fp16: bool = False
+  # Windows skipped in a row (non-finite gradients) that stop training as
+  # diverged; None never stops.
+  max_consecutive_skipped_windows: int | None = 25
 
 
 def create_model(bert_config, is_training, features, num_labels,
@@ -98,7 +101,9 @@ def model_fn_builder(bert_config, training):
                                               learning_rate)
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,
-        loss_scale="dynamic" if training.use_fp16 else None)
+        loss_scale="dynamic" if training.use_fp16 else None,
+        max_consecutive_skipped_windows=(
+            training.max_consecutive_skipped_windows))
     tf.compat.v1.summary.scalar("learning_rate", learning_rate)
     hook = estimator_accum.AccumulationLoggingHook(
         every_n_micro_batches=training.log_every_n_micro_batches,
