@@ -65,3 +65,31 @@ def test_two_workers_train_and_evaluate(tmp_path):
   # 2 epochs x (405 train rows // 32) windows x k=2 micro-batches.
   assert "[worker:0] eval RMSE" in result.stdout
   assert "after 48 micro-batches" in result.stdout
+
+
+def test_a_diverged_run_exits_non_zero_with_one_line(tmp_path):
+  message = ("housing: error: training diverged: 25 windows in a row were "
+             "skipped for non-finite gradients (NaN/Inf); lower the learning "
+             "rate or clip.")
+  result = subprocess.run(
+      [sys.executable, "-m", "models.housing", "--epochs", "20",
+       "--learning_rate", "1e30", "--model_dir", str(tmp_path)],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 3, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  errors = [line for line in result.stderr.splitlines()
+            if line.startswith("housing: error")]
+  assert errors == [message], result.stderr[-3000:]
+
+
+def test_checkpoints_every_n_micro_batches_and_keeps_the_last(tmp_path):
+  subprocess.run(
+      [sys.executable, "-m", "models.housing", "--epochs", "3",
+       "--save_checkpoints_steps", "20", "--keep_checkpoint_max", "2",
+       "--model_dir", str(tmp_path)],
+      capture_output=True, text=True, timeout=300, check=True)
+  run = next(tmp_path.glob("accumulated_*"))
+  kept = sorted(int(p.name.split("-")[1].split(".")[0])
+                for p in run.glob("model.ckpt-*.index"))
+  assert len(kept) == 2, kept
+  assert kept[0] % 20 == 0 and kept[0] > 0, kept

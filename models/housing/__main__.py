@@ -23,6 +23,7 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
+from models import training  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -36,15 +37,18 @@ flags.DEFINE_string("data_csv", None, "Housing CSV; default the one in the "
                     "mlxtend package.")
 flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
                   "multi_worker: the cluster from TF_CONFIG; trains once.")
+training.define_checkpoint_flags(flags, every_n_micro_batches=500)
 
 
 def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
                        strategy=None):
   estimator = tf.estimator.Estimator(
       model_fn, model_dir=model_dir,
-      config=tf.estimator.RunConfig(tf_random_seed=0,
-                                    train_distribute=strategy,
-                                    log_step_count_steps=10_000),
+      config=tf.estimator.RunConfig(
+          tf_random_seed=0, train_distribute=strategy,
+          log_step_count_steps=10_000,
+          save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+          keep_checkpoint_max=FLAGS.keep_checkpoint_max),
       params=dict(k=k, learning_rate=FLAGS.learning_rate))
 
   def train_input(input_context=None):
@@ -62,6 +66,7 @@ def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
         tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
                               throttle_secs=0))
   metrics = estimator.evaluate(lambda: housing.input_fn(evaluation, 64))
+  training.check_finite("housing", metrics)
   weights = {name: estimator.get_variable_value(name)
              for name in ("linear/kernel", "linear/bias")}
   return metrics, weights
@@ -82,7 +87,8 @@ def main(argv):
   print(f"housing: {len(train['price'])} train / {len(evaluation['price'])} "
         f"eval examples; effective batch {big_batch} = micro-batch "
         f"{FLAGS.batch} x k={FLAGS.k}; runs in {model_dir}", flush=True)
-  accumulated, accumulated_weights = train_and_evaluate(
+  accumulated, accumulated_weights = training.exit_if_diverged(
+      "housing", train_and_evaluate,
       os.path.join(model_dir, f"accumulated_b{FLAGS.batch}_k{FLAGS.k}"),
       train, evaluation, FLAGS.k, FLAGS.batch)
   plain, plain_weights = train_and_evaluate(
@@ -110,8 +116,8 @@ def _multi_worker(model_dir, train, evaluation):
   print(f"housing: effective batch {workers * FLAGS.batch * FLAGS.k} = "
         f"{workers} worker(s) x micro-batch {FLAGS.batch} x k={FLAGS.k}; "
         f"runs in {model_dir}", flush=True)
-  metrics, _ = train_and_evaluate(
-      os.path.join(model_dir, f"b{FLAGS.batch}_k{FLAGS.k}_w{workers}"),
+  metrics, _ = training.exit_if_diverged(
+      "housing", train_and_evaluate, os.path.join(model_dir, f"b{FLAGS.batch}_k{FLAGS.k}_w{workers}"),
       train, evaluation, FLAGS.k, FLAGS.batch, strategy)
   if task.get("index", 0) == 0:
     print(f"eval RMSE {metrics['rmse']:.3f} after {metrics['global_step']} "

@@ -26,6 +26,7 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
+from models import training  # noqa: E402
 from models.mnist.model import model_fn, weight_names  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -46,6 +47,7 @@ flags.DEFINE_bool("compare", True, "Also train batch k*B without "
                   "accumulation and compare the weights (one worker).")
 flags.DEFINE_string("model_dir", None, "Where runs go; default a temporary "
                     "directory.")
+training.define_checkpoint_flags(flags, every_n_micro_batches=100)
 
 
 def _load():
@@ -68,7 +70,9 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
   micro_batches = FLAGS.epochs * len(train["labels"]) // per_step // k * k
   config = tf.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
-      save_summary_steps=10, log_step_count_steps=10_000)
+      save_summary_steps=10, log_step_count_steps=10_000,
+      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+      keep_checkpoint_max=FLAGS.keep_checkpoint_max)
   estimator = tf.estimator.Estimator(
       model_fn, config=config,
       params=dict(k=k, learning_rate=FLAGS.learning_rate))
@@ -94,6 +98,7 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
         tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
                               throttle_secs=0))
   metrics = estimator.evaluate(lambda: mnist.input_fn(test, 100))
+  training.check_finite("mnist", metrics)
   return metrics, {name: estimator.get_variable_value(name)
                    for name in weight_names()}
 
@@ -124,8 +129,9 @@ def main(argv):
         f"micro-batch {FLAGS.batch} x k={FLAGS.k}; runs in {model_dir}",
         flush=True)
   name = f"b{FLAGS.batch}_k{FLAGS.k}" + (f"_w{workers}" if workers > 1 else "")
-  metrics, weights = _run(os.path.join(model_dir, name), train, test,
-                          FLAGS.k, FLAGS.batch, strategy, workers)
+  metrics, weights = training.exit_if_diverged(
+      "mnist", _run, os.path.join(model_dir, name), train, test, FLAGS.k,
+      FLAGS.batch, strategy, workers)
   if _task_index() != 0:
     return
   print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
