@@ -66,8 +66,13 @@ flags.DEFINE_float("num_train_epochs", 1.0, "Epochs over the train split.",
 flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates spent "
                    "warming the learning rate up.", lower_bound=0.0,
                    upper_bound=1.0)
-flags.DEFINE_integer("save_checkpoints_steps", 1000, "Micro-batches between "
-                     "checkpoints.", lower_bound=1)
+flags.DEFINE_integer("save_checkpoints_steps", 250, "Micro-batches between "
+                     "checkpoints: a run stopped or killed resumes from the "
+                     "last one, on the batches it would have trained on.",
+                     lower_bound=1)
+flags.DEFINE_integer("keep_checkpoint_max", 2, "Checkpoints kept (weights, "
+                     "optimizer slots and window: about 3x the model each).",
+                     lower_bound=1)
 flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
                      "accumulated per optimizer update.", lower_bound=1,
                      upper_bound=2**24)
@@ -79,6 +84,11 @@ flags.DEFINE_alias("num_accumulation_steps",
                    "gradient_accumulation_multiplier")
 flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
                    "global norm; 0 disables.", lower_bound=0.0)
+flags.DEFINE_float("classifier_dropout", 0.1, "Dropout on the pooled output "
+                   "(Google's 0.1). Dropout masks are drawn anew after a "
+                   "resume: only a run without dropout resumes to the very "
+                   "weights of an uninterrupted one.", lower_bound=0.0,
+                   upper_bound=0.99)
 flags.DEFINE_integer("max_consecutive_skipped_windows", 25, "Stop as diverged "
                      "(exit code 3) when this many windows in a row are "
                      "skipped for non-finite gradients; 0 never stops.",
@@ -204,6 +214,34 @@ def _features(processor, split, tokenizer, label_list):
   return examples, path, count
 
 
+def _resumed_at():
+  """The micro-batch the run resumes at: its latest checkpoint's global
+  step (0 for a new run). Parameter-server workers share one global step
+  and cannot tell their own position: they start their input again."""
+  latest = tf.train.latest_checkpoint(FLAGS.output_dir)
+  if not latest:
+    return 0
+  step = int(tf.train.load_checkpoint(latest).get_tensor("global_step"))
+  print(f"resuming from {latest} at micro-batch {step}", flush=True)
+  return step
+
+
+def _require_checkpoint(what):
+  """UsageError unless --output_dir holds a checkpoint to `what` with
+  (without one Estimator would use an untrained classifier head)."""
+  if tf.train.latest_checkpoint(FLAGS.output_dir) is None:
+    raise UsageError(
+        f"--do_train=false: nothing to {what}, --output_dir="
+        f"{FLAGS.output_dir} holds no checkpoint; train first (--do_train) "
+        "or give the --output_dir of a trained run.")
+
+
+def _directory_size(path):
+  """Bytes in the files under `path`."""
+  return sum(os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(path) for name in names)
+
+
 def _check_tpu_flags():
   if FLAGS.use_tpu:
     raise UsageError(
@@ -271,7 +309,8 @@ def run():
       total_micro_batches=num_train_updates * k,
       log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16,
       max_consecutive_skipped_windows=(
-          FLAGS.max_consecutive_skipped_windows or None))
+          FLAGS.max_consecutive_skipped_windows or None),
+      classifier_dropout=FLAGS.classifier_dropout)
   session_config = None
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(
@@ -280,6 +319,7 @@ def run():
       model_dir=FLAGS.output_dir, tf_random_seed=FLAGS.seed,
       train_distribute=strategy, session_config=session_config,
       save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+      keep_checkpoint_max=FLAGS.keep_checkpoint_max,
       log_step_count_steps=FLAGS.log_every * 1000)
   estimator = tf.estimator.Estimator(
       classifier.model_fn_builder(bert_config, training), config=run_config)
@@ -288,7 +328,8 @@ def run():
     train_input = bert_features.input_fn_builder(
         train_file, FLAGS.max_seq_length, FLAGS.train_batch_size,
         is_training=True, drop_remainder=True, seed=FLAGS.seed,
-        shard=_trainer_shard() if between_graph else None)
+        shard=_trainer_shard() if between_graph else None,
+        skip_batches=0 if between_graph else _resumed_at())
     if FLAGS.distribution_strategy in ("multi_worker", "parameter_server"):
       tf.estimator.train_and_evaluate(
           estimator,
@@ -299,9 +340,17 @@ def run():
       estimator.train(train_input, max_steps=num_train_updates * k)
   if not _is_chief():
     return
+  _evaluate_and_predict(estimator, processor, tokenizer, label_list)
+  print(f"{FLAGS.output_dir}: {_directory_size(FLAGS.output_dir) / 2**20:.1f}"
+        f" MB (the last {FLAGS.keep_checkpoint_max} checkpoints, features, "
+        "events)", flush=True)
+
+
+def _evaluate_and_predict(estimator, processor, tokenizer, label_list):
   if FLAGS.do_eval:
     _, eval_file, num_eval = _features(processor, "dev", tokenizer,
                                        label_list)
+    _require_checkpoint("evaluate")
     result = estimator.evaluate(bert_features.input_fn_builder(
         eval_file, FLAGS.max_seq_length, FLAGS.eval_batch_size,
         is_training=False, drop_remainder=False))
@@ -322,6 +371,7 @@ def run():
   if FLAGS.do_predict:
     _, test_file, num_test = _features(processor, "test", tokenizer,
                                        label_list)
+    _require_checkpoint("predict")
     path = os.path.join(FLAGS.output_dir, "test_results.tsv")
     predictions = estimator.predict(bert_features.input_fn_builder(
         test_file, FLAGS.max_seq_length, FLAGS.predict_batch_size,

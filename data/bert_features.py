@@ -108,13 +108,16 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
-                     drop_remainder, seed=None, shard=None):
+                     drop_remainder, seed=None, shard=None, skip_batches=0):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
   Under a distribution strategy with an input context (multi-worker), each
   input pipeline reads its own shard of the file; `shard` = (count, index)
   does the same without a strategy (parameter-server workers).
+  `skip_batches`: batches to skip first, so that a run resumed from a
+  checkpoint at that many micro-batches goes on with the very batches the
+  uninterrupted run would have trained on (the shuffle is seeded).
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
@@ -138,6 +141,8 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if skip_batches:
+      dataset = dataset.skip(skip_batches)
     return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
         tf.data.AUTOTUNE)
 

@@ -5,8 +5,10 @@ train + eval + predict with k=2, one-line errors for bad input, and a
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -223,3 +225,67 @@ def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
             if line.startswith("run_classifier: error")]
   assert len(errors) == 1 and errors[0].startswith(message), (
       result.stderr[-3000:])
+
+
+def _no_dropout_model(tiny_model, tmp_path):
+  """The tiny model's files with dropout off (with --classifier_dropout=0):
+  its random masks restart with a resumed run's graph, so only a model
+  without dropout can resume to the very weights of an uninterrupted run."""
+  config = json.loads((tiny_model / "bert_config.json").read_text())
+  config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "bert_config.json").write_text(json.dumps(config))
+  for path in tiny_model.iterdir():
+    if path.name != "bert_config.json":
+      (model / path.name).symlink_to(path)
+  return model
+
+
+def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
+    tiny_model, sst2, tmp_path):
+  model = _no_dropout_model(tiny_model, tmp_path)
+  args = dict(num_train_epochs=20, save_checkpoints_steps=6, do_eval=False,
+              classifier_dropout=0)
+  whole = _run(_flags(model, sst2, tmp_path / "whole", **args))
+  assert whole.returncode == 0, whole.stderr[-3000:]
+
+  output_dir = tmp_path / "killed"
+  command = [sys.executable, "run_classifier.py",
+             *_flags(model, sst2, output_dir, **args)]
+  process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + TIMEOUT
+  while not list(output_dir.glob("model.ckpt-6.index")):
+    assert process.poll() is None, "finished before it could be killed"
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step")
+  assert killed_at < 200, "the run was not killed mid-training"
+
+  resumed = _run(_flags(model, sst2, output_dir, **args))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"at micro-batch {killed_at}" in resumed.stdout
+  expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
+  actual = tf.train.load_checkpoint(str(output_dir))
+  assert actual.get_tensor("global_step") == 200
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
+  kept = list(output_dir.glob("model.ckpt-*.index"))
+  assert len(kept) == 2, kept  # --keep_checkpoint_max's default
+
+
+def test_evaluating_a_directory_without_a_checkpoint_is_refused(
+    tiny_model, sst2, tmp_path):
+  result = _run(_flags(tiny_model, sst2, tmp_path / "empty", do_train=False))
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr
+  assert ("run_classifier: error: --do_train=false: nothing to evaluate, "
+          f"--output_dir={tmp_path / 'empty'} holds no checkpoint") in (
+              result.stderr)

@@ -34,10 +34,12 @@ class TrainingConfig:
   # Windows skipped in a row (non-finite gradients) that stop training as
   # diverged; None never stops.
   max_consecutive_skipped_windows: int | None = 25
+  # Dropout on the pooled output (Google's run_classifier.py: 0.1).
+  classifier_dropout: float = 0.1
 
 
 def create_model(bert_config, is_training, features, num_labels,
-                 compute_type=tf.float32):
+                 compute_type=tf.float32, classifier_dropout=0.1):
   """Returns (logits, probabilities) for features from bert_features."""
   model = modeling.BertModel(
       bert_config, is_training, features["input_ids"],
@@ -50,8 +52,8 @@ def create_model(bert_config, is_training, features, num_labels,
       initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.02))
   output_bias = tf.compat.v1.get_variable(
       "output_bias", [num_labels], initializer=tf.compat.v1.zeros_initializer())
-  if is_training:
-    pooled = tf.nn.dropout(pooled, rate=0.1)
+  if is_training and classifier_dropout:
+    pooled = tf.nn.dropout(pooled, rate=classifier_dropout)
   logits = tf.matmul(pooled, output_weights, transpose_b=True) + output_bias
   return logits, tf.nn.softmax(logits, axis=-1)
 
@@ -66,7 +68,8 @@ def model_fn_builder(bert_config, training):
     is_training = mode == tf.estimator.ModeKeys.TRAIN
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
-        tf.float16 if training.use_fp16 else tf.float32)
+        tf.float16 if training.use_fp16 else tf.float32,
+        training.classifier_dropout)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)
