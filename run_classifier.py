@@ -14,6 +14,7 @@ workers x replicas x train_batch_size x gradient_accumulation_multiplier.
 """
 
 import datetime
+import json
 import math
 import os
 import sys
@@ -207,11 +208,83 @@ def _features(processor, split, tokenizer, label_list):
             "dev": processor.get_dev_examples,
             "test": processor.get_test_examples}[split]
   examples = getter(FLAGS.data_dir)
+  if FLAGS.max_seq_length < 5 and any(e.text_b is not None for e in examples):
+    raise UsageError(
+        f"--max_seq_length={FLAGS.max_seq_length} cannot hold a sentence "
+        f"pair of task {processor.name}: [CLS] a [SEP] b [SEP] needs at "
+        "least 5 tokens.")
+  # Keyed by everything the features depend on: another --data_dir,
+  # vocabulary, case, length or task never reuses this file.
+  key = bert_features.cache_key(examples, label_list, FLAGS.max_seq_length,
+                                tokenizer)
   path = os.path.join(FLAGS.output_dir, "features",
-                      f"{split}-{FLAGS.max_seq_length}.tf_record")
+                      f"{split}-{FLAGS.max_seq_length}-{key}.tf_record")
   count = bert_features.cached_tfrecord(examples, label_list,
                                         FLAGS.max_seq_length, tokenizer, path)
   return examples, path, count
+
+
+RUN_INFO = "run_info.json"
+
+
+def _prepare_output_dir(task, bert_config):
+  """Checks --output_dir before anything is written, creates it, and
+  records which task and model it holds; refuses one that holds another's.
+  Returns whether it was created here."""
+  path = FLAGS.output_dir
+  if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+    raise UsageError(f"--output_dir={path} is a file, not a directory.")
+  existed = tf.io.gfile.exists(path)
+  try:
+    tf.io.gfile.makedirs(path)
+    probe = os.path.join(path, f".write_test_{os.getpid()}")
+    with tf.io.gfile.GFile(probe, "w") as f:
+      f.write("")
+    tf.io.gfile.remove(probe)
+  except (OSError, tf.errors.OpError) as error:
+    reason = getattr(error, "strerror", None) or getattr(
+        error, "message", None) or str(error)
+    raise UsageError(f"--output_dir={path} is not writable: "
+                     f"{reason.splitlines()[0]}") from None
+  info_path = os.path.join(path, RUN_INFO)
+  info = {"task_name": task, "bert_config": bert_config.to_dict()}
+  if tf.io.gfile.exists(info_path):
+    with tf.io.gfile.GFile(info_path) as f:
+      held = json.load(f)
+    _refuse_another_run(path, held, info)
+  else:
+    with tf.io.gfile.GFile(info_path, "w") as f:
+      json.dump(info, f, indent=2)
+  return not existed
+
+
+def _refuse_another_run(path, held, info):
+  """UsageError naming both runs if `held` (the run_info of --output_dir)
+  is of another task or model than `info` (this run's)."""
+  if held.get("task_name") != info["task_name"]:
+    raise UsageError(
+        f"--output_dir={path} holds a run of task {held.get('task_name')}, "
+        f"not {info['task_name']}: give this run another --output_dir.")
+  there, here = held.get("bert_config", {}), info["bert_config"]
+  changed = sorted(key for key in set(there) | set(here)
+                   if there.get(key) != here.get(key))
+  if changed:
+    differences = ", ".join(f"{key} {there.get(key)} there, {here.get(key)} "
+                            "here" for key in changed[:3])
+    raise UsageError(
+        f"--output_dir={path} holds a run of another model ({differences}): "
+        "give this run another --output_dir.")
+
+
+def _remove_if_empty(path):
+  """Removes `path` and its subdirectories if they hold no file but our
+  run_info.json (a start that failed before writing anything)."""
+  for root, _, files in os.walk(path, topdown=False):
+    if set(files) <= ({RUN_INFO} if root == path else set()):
+      for name in files:
+        os.remove(os.path.join(root, name))
+      if not os.listdir(root):
+        os.rmdir(root)
 
 
 def _resumed_at():
@@ -277,8 +350,18 @@ def run():
   if FLAGS.output_dir is None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     FLAGS.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
-  tf.io.gfile.makedirs(FLAGS.output_dir)
+  created = _prepare_output_dir(processor.name, bert_config)
+  try:
+    _train_and_evaluate(processor, label_list, bert_config, tokenizer,
+                        init_checkpoint, strategy, workers, replicas)
+  except BaseException:
+    if created:
+      _remove_if_empty(FLAGS.output_dir)
+    raise
 
+
+def _train_and_evaluate(processor, label_list, bert_config, tokenizer,
+                        init_checkpoint, strategy, workers, replicas):
   k = FLAGS.gradient_accumulation_multiplier
   between_graph = FLAGS.distribution_strategy == "parameter_server"
   effective_batch = workers * replicas * FLAGS.train_batch_size * k

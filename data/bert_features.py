@@ -8,6 +8,8 @@ model's output (it is masked out of attention) but costs compute.
 """
 
 import collections
+import hashlib
+import json
 import os
 import uuid
 
@@ -18,6 +20,8 @@ from absl import logging
 from data import sharding
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
+# Part of every cache key: bump it when the conversion changes.
+FEATURES_FORMAT = 1
 
 
 def _truncate_pair(tokens_a, tokens_b, max_length):
@@ -65,8 +69,12 @@ def convert_examples_to_features(examples, label_list, max_seq_length,
     if example.label is not None:
       arrays["label_ids"][row] = label_map[example.label]
   if truncated:
-    logging.info("%d of %d examples were truncated to max_seq_length=%d.",
-                 truncated, count, max_seq_length)
+    # Past a tenth, the model no longer sees most of what it classifies.
+    log = logging.warning if truncated * 10 > count else logging.info
+    log("%d of %d examples were truncated to max_seq_length=%d%s.",
+        truncated, count, max_seq_length,
+        "; raise --max_seq_length to keep their tokens"
+        if truncated * 10 > count else "")
   return arrays
 
 
@@ -95,10 +103,26 @@ def _int_feature(values):
       value=[int(value) for value in values]))
 
 
+def cache_key(examples, label_list, max_seq_length, tokenizer):
+  """A 16-hex-digit key of everything the features of `examples` depend on:
+  the examples themselves (ids, texts, labels), the label list,
+  max_seq_length and the tokenizer (its vocabulary, case and version)."""
+  digest = hashlib.sha256()
+  identity = getattr(tokenizer, "identity", None)
+  digest.update(json.dumps({
+      "labels": list(label_list), "max_seq_length": max_seq_length,
+      "tokenizer": identity() if identity else type(tokenizer).__name__,
+      "format": FEATURES_FORMAT}).encode())
+  for example in examples:
+    digest.update(json.dumps([example.guid, example.text_a, example.text_b,
+                              example.label]).encode())
+  return digest.hexdigest()[:16]
+
+
 def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
                     output_file):
   """Writes output_file once (skipped when it exists); returns its example
-  count."""
+  count. Name the file by `cache_key`, so that no other input reuses it."""
   if tf.io.gfile.exists(output_file):
     return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(output_file))
   tf.io.gfile.makedirs(os.path.dirname(output_file) or ".")

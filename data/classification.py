@@ -18,6 +18,7 @@ import csv
 import dataclasses
 import hashlib
 import importlib.metadata
+import io
 import os
 import sys
 
@@ -28,6 +29,26 @@ csv.field_size_limit(sys.maxsize)
 
 class DataError(ValueError):
   """A data file is missing or malformed; the message names file and line."""
+
+
+def _read_text(path):
+  """The UTF-8 text of `path`; DataError naming the file and the line of
+  the first byte that is not UTF-8, or of a NUL byte."""
+  with tf.io.gfile.GFile(path, "rb") as reader:
+    data = reader.read()
+  nul = data.find(b"\0")
+  if nul >= 0:
+    line = data.count(b"\n", 0, nul) + 1
+    raise DataError(f"{path}:{line}: a NUL byte; the file is binary or "
+                    "corrupt, not UTF-8 text.")
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as error:
+    line = data.count(b"\n", 0, error.start) + 1
+    raise DataError(
+        f"{path}:{line}: byte {data[error.start:error.start + 1]!r} is not "
+        "UTF-8; re-encode the file as UTF-8 (e.g. iconv -f latin1 -t "
+        "utf-8).") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +91,7 @@ class DataProcessor:
   def _rows(self, path, min_fields, delimiter="\t", skip_header=False):
     """Yields (line number, fields), checking each row has min_fields."""
     quotechar = '"' if delimiter == "," else None
-    with tf.io.gfile.GFile(path, "r") as reader:
+    with io.StringIO(_read_text(path), newline="") as reader:
       rows = csv.reader(reader, delimiter=delimiter, quotechar=quotechar)
       try:
         for fields in rows:

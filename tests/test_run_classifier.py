@@ -45,6 +45,15 @@ def sst2(tmp_path):
   return data
 
 
+def _write_mrpc(data):
+  """MRPC-format train and dev files (sentence pairs) in `data`."""
+  for split in ("train", "dev"):
+    (data / f"{split}.tsv").write_text(
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" +
+        "1\t1\t2\ta good film\ta fine film\n"
+        "0\t3\t4\ta dull film\ta great film\n" * 4)
+
+
 def _flags(model, data, output_dir, **extra):
   flags = {"task_name": "sst-2", "data_dir": data,
            "bert_config_file": model / "bert_config.json",
@@ -130,6 +139,12 @@ def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
     ("k0", r"gradient_accumulation_multiplier.*0"),
     ("tpu", r"--use_tpu=true: .* has no TPU support"),
     ("tf_config", r"TF_CONFIG: worker:1 address 'localhost' has no port"),
+    ("output_is_a_file", r"--output_dir=.*/run is a file, not a directory"),
+    ("output_not_writable", r"--output_dir=.*/blocker/run is not writable"),
+    ("non_utf8", r"train.tsv:3: byte b'\\xff' is not UTF-8"),
+    ("nul_byte", r"train.tsv:2: a NUL byte"),
+    ("huge_k", r"gradient_accumulation_multiplier.*16777216"),
+    ("pair_too_long", r"--max_seq_length=4 cannot hold a sentence pair"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
                                                   tiny_model, sst2, tmp_path):
@@ -150,18 +165,36 @@ def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
     extra["gradient_accumulation_multiplier"] = 0
   elif change == "tpu":
     extra["use_tpu"] = True
+  elif change == "output_is_a_file":
+    (tmp_path / "run").write_text("not a directory")
+  elif change == "output_not_writable":
+    (tmp_path / "blocker").write_text("a file where a directory must go")
+    extra["output_dir"] = tmp_path / "blocker" / "run"
+  elif change == "non_utf8":
+    (sst2 / "train.tsv").write_bytes(
+        b"sentence\tlabel\ngood fun\t1\ncaf\xff bad\t0\n")
+  elif change == "nul_byte":
+    (sst2 / "train.tsv").write_bytes(b"sentence\tlabel\ngood\0fun\t1\n")
+  elif change == "huge_k":
+    extra["gradient_accumulation_multiplier"] = 2**70
+  elif change == "pair_too_long":
+    _write_mrpc(sst2)
+    extra.update(task_name="mrpc", max_seq_length=4)
   env = None
   if change == "tf_config":
     extra["distribution_strategy"] = "multi_worker"
     env = dict(os.environ, TF_CONFIG=json.dumps({
         "cluster": {"worker": ["localhost:2222", "localhost"]},
         "task": {"type": "worker", "index": 0}}))
-  result = _run(_flags(tiny_model, sst2, tmp_path / "run", **extra), env=env)
+  output_dir = extra.pop("output_dir", tmp_path / "run")
+  result = _run(_flags(tiny_model, sst2, output_dir, **extra), env=env)
   assert result.returncode != 0
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
   errors = [line for line in result.stderr.splitlines()
             if "error" in line.lower()]
   assert errors and re.search(message, errors[0]), result.stderr[-2000:]
+  if change not in ("output_is_a_file", "output_not_writable"):
+    assert not (tmp_path / "run").exists(), "a failed start left its dir"
 
 
 def test_two_workers_train_with_the_effective_batch_they_print(
@@ -289,3 +322,47 @@ def test_evaluating_a_directory_without_a_checkpoint_is_refused(
   assert ("run_classifier: error: --do_train=false: nothing to evaluate, "
           f"--output_dir={tmp_path / 'empty'} holds no checkpoint") in (
               result.stderr)
+
+
+def test_another_task_or_model_in_the_same_output_dir_is_refused(
+    tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  first = _run(_flags(tiny_model, sst2, output_dir, num_train_epochs=0.1,
+                      do_eval=False))
+  assert first.returncode == 0, first.stderr[-3000:]
+  _write_mrpc(sst2)
+  second = _run(_flags(tiny_model, sst2, output_dir, task_name="mrpc"))
+  assert second.returncode != 0
+  assert "Traceback" not in second.stderr
+  assert (f"run_classifier: error: --output_dir={output_dir} holds a run of "
+          "task sst-2, not mrpc: give this run another --output_dir."
+          ) in second.stderr, second.stderr[-2000:]
+  config = json.loads((tiny_model / "bert_config.json").read_text())
+  config["intermediate_size"] += 1
+  other = tmp_path / "other_model"
+  other.mkdir()
+  (other / "bert_config.json").write_text(json.dumps(config))
+  third = _run(_flags(tiny_model, sst2, output_dir, num_train_epochs=0.1,
+                      bert_config_file=other / "bert_config.json",
+                      init_checkpoint="", task_name="sst-2"))
+  assert third.returncode != 0
+  assert "holds a run of another model (intermediate_size" in third.stderr, (
+      third.stderr[-2000:])
+
+
+def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
+  """A second run in the same directory with another --data_dir trains on
+  the other data's features, not on a cache of the first's."""
+  output_dir = tmp_path / "run"
+  args = dict(num_train_epochs=0.1, do_eval=False)
+  first = _run(_flags(tiny_model, sst2, output_dir, **args))
+  assert first.returncode == 0, first.stderr[-3000:]
+  other = tmp_path / "other_data"
+  other.mkdir()
+  (other / "train.tsv").write_text(
+      "sentence\tlabel\n" + "an entirely other film\t1\n" * 7)
+  second = _run(_flags(tiny_model, other, output_dir, **args))
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "over 7 examples" in second.stdout, second.stdout
+  files = sorted((output_dir / "features").glob("train-16-*.tf_record"))
+  assert len(files) == 2, files

@@ -13,9 +13,11 @@ many texts at once in native code, which is what feature conversion uses.
 """
 
 import collections
+import hashlib
 import os
 
 import tensorflow as tf
+import tokenizers
 from tokenizers import (
   BertWordPieceTokenizer,
   models,
@@ -163,6 +165,14 @@ class FullTokenizer:
     # Google's two stages, for scripts that call them directly.
     self.basic_tokenizer = BasicTokenizer(do_lower_case)
     self.wordpiece_tokenizer = WordpieceTokenizer(self.vocab, unk or "[UNK]")
+
+  def identity(self):
+    """What the tokens depend on: the vocabulary's digest, the case and the
+    tokenizer library's version (a dict, for cache keys)."""
+    vocabulary = hashlib.sha256("\n".join(
+        sorted(self.vocab, key=self.vocab.get)).encode()).hexdigest()
+    return {"vocab_sha256": vocabulary, "do_lower_case": self.do_lower_case,
+            "tokenizers": tokenizers.__version__}
 
   def tokenize(self, text):
     """The word pieces of `text`, without [CLS]/[SEP]."""
