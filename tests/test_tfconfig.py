@@ -351,3 +351,44 @@ def test_an_absurd_number_of_tasks_is_one_line():
       "error: --workers 100000 --ps 0: 100000 tasks, but a local launch runs "
       "at most 256 on this machine; for a larger cluster give each machine "
       "its TF_CONFIG (python -m tfconfig print)")
+
+
+@pytest.mark.parametrize("text, message", [
+    # Digits TensorFlow's int() would read, or fail on, but no port has.
+    (json.dumps(_cluster(worker=["a:２２２２"])), "TF_CONFIG: worker:0 address "
+     "'a:２２２２' is not host:port with a port in 1..65535"),
+    (json.dumps(_cluster(worker=["a:2²"])), "TF_CONFIG: worker:0 address "
+     "'a:2²' is not host:port with a port in 1..65535"),
+    (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "worker",
+                                                     "index": "٣"})),
+     "TF_CONFIG: task index '٣' is not an integer (a JSON number such as 0)"),
+    ("[" * 100_000 + "]" * 100_000,
+     "TF_CONFIG: not a cluster: its JSON is nested too deeply"),
+])
+def test_odd_values_are_one_clear_line(text, message):
+  with pytest.raises(tfconfig.TFConfigError) as raised:
+    tfconfig.parse(text)
+  assert str(raised.value) == message
+
+
+@pytest.mark.parametrize("config", [
+    _cluster(worker=["x" * 100_000]),
+    _cluster(worker=["x" * 100_000 + ":1"]),
+    dict(_cluster(worker=["a:1"]), task={"type": "worker", "index": 10**500}),
+    dict(_cluster(worker=["a:1"]), task="t" * 100_000),
+    _cluster(**{"w" * 100_000: ["a:1"]}),
+])
+def test_huge_values_are_quoted_short(config):
+  with pytest.raises(tfconfig.TFConfigError) as raised:
+    tfconfig.parse(json.dumps(config))
+  assert len(str(raised.value)) < 400, str(raised.value)[:500]
+  assert "characters" in str(raised.value)
+
+
+def test_show_of_a_huge_or_deep_tf_config_is_one_line():
+  for text in ("[" * 100_000, json.dumps(_cluster(worker=["x" * 100_000]))):
+    shown = _tfconfig("show", env=dict(os.environ, TF_CONFIG=text))
+    assert shown.returncode == 2
+    assert "Traceback" not in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1
+    assert len(shown.stderr) < 400

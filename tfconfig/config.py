@@ -13,6 +13,7 @@ that names it and says the value may come from the TF_CONFIG variable.
 
 import json
 import os
+import re
 
 CLUSTER = "cluster"
 TASK = "task"
@@ -30,17 +31,37 @@ class TFConfigError(ValueError):
   """A TF_CONFIG that cannot describe a cluster; the message is one line."""
 
 
+# A bad value is quoted in an error up to this many characters.
+QUOTE_LIMIT = 200
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+# A DNS name has at most 253 characters; an IPv6 address in brackets fewer.
+_MAX_HOST = 255
+
+
 def _fail(message):
   raise TFConfigError(f"TF_CONFIG: {message}")
 
 
+def _quote(value):
+  """repr(value), at most QUOTE_LIMIT characters (then its length)."""
+  text = repr(value)
+  if len(text) <= QUOTE_LIMIT:
+    return text
+  return f"{text[:QUOTE_LIMIT]}... ({len(text)} characters)"
+
+
 def _check_address(address, where):
   if not isinstance(address, str) or address.count(":") < 1:
-    _fail(f"{where} address {address!r} has no port; expected host:port")
+    _fail(f"{where} address {_quote(address)} has no port; expected "
+          "host:port")
   host, _, port = address.rpartition(":")
-  if not host or not port.isdigit() or not 0 < int(port) < 65536:
-    _fail(f"{where} address {address!r} is not host:port with a port in "
-          "1..65535")
+  if len(host) > _MAX_HOST:
+    _fail(f"{where} address {_quote(address)} has a host of {len(host)} "
+          f"characters; a host name has at most {_MAX_HOST}")
+  if (not host or not _ASCII_DIGITS.fullmatch(port) or len(port) > 5 or
+      not 0 < int(port) < 65536):
+    _fail(f"{where} address {_quote(address)} is not host:port with a port "
+          "in 1..65535")
 
 
 def validate(config, require_chief=False):
@@ -59,14 +80,14 @@ def validate(config, require_chief=False):
   cluster = config.get(CLUSTER)
   if not isinstance(cluster, dict) or not cluster:
     _fail(f"'{CLUSTER}' must be a non-empty object of task type -> "
-          f"addresses, got {cluster!r}")
+          f"addresses, got {_quote(cluster)}")
   for task_type, addresses in cluster.items():
     if task_type not in TASK_TYPES:
-      _fail(f"unknown task type {task_type!r} in '{CLUSTER}'; expected one "
-            f"of {', '.join(TASK_TYPES)}")
+      _fail(f"unknown task type {_quote(task_type)} in '{CLUSTER}'; "
+            f"expected one of {', '.join(TASK_TYPES)}")
     if not isinstance(addresses, list) or not addresses:
       _fail(f"'{CLUSTER}.{task_type}' must be a non-empty list of "
-            f"host:port, got {addresses!r}")
+            f"host:port, got {_quote(addresses)}")
     for index, address in enumerate(addresses):
       _check_address(address, f"{task_type}:{index}")
   owners = {}
@@ -74,7 +95,7 @@ def validate(config, require_chief=False):
     for index, address in enumerate(addresses):
       owner = owners.setdefault(address, f"{task_type}:{index}")
       if owner != f"{task_type}:{index}":
-        _fail(f"address {address!r} is given to both {owner} and "
+        _fail(f"address {_quote(address)} is given to both {owner} and "
               f"{task_type}:{index}; every task needs its own host:port")
   if len(cluster.get(CHIEF, [])) > 1:
     _fail(f"a cluster has at most one chief, got {len(cluster[CHIEF])}")
@@ -87,23 +108,24 @@ def validate(config, require_chief=False):
   task = config.get(TASK)
   if task is not None:
     if not isinstance(task, dict):
-      _fail(f"'{TASK}' must be an object with 'type' and 'index', got {task!r}")
+      _fail(f"'{TASK}' must be an object with 'type' and 'index', got "
+            f"{_quote(task)}")
     task_type, index = task.get(TYPE), _task_index(task.get(INDEX, 0))
     if task_type not in TASK_TYPES:
-      _fail(f"unknown task type {task_type!r} in '{TASK}'; expected one of "
-            f"{', '.join(TASK_TYPES)}")
+      _fail(f"unknown task type {_quote(task_type)} in '{TASK}'; expected "
+            f"one of {', '.join(TASK_TYPES)}")
     if task_type == EVALUATOR and EVALUATOR not in cluster:
       # TensorFlow's own form: the evaluator is not part of the training
       # cluster, only named in "task", and its index has no upper bound.
       if index < 0:
-        _fail(f"task index {index} of the evaluator must be >= 0")
+        _fail(f"task index {_quote(index)} of the evaluator must be >= 0")
       return config
     if task_type not in cluster:
       _fail(f"task type {task_type!r} is not in '{CLUSTER}' (which has "
             f"{', '.join(cluster)})")
     if not 0 <= index < len(cluster[task_type]):
-      _fail(f"task index {index!r} is out of range for {task_type!r}, which "
-            f"has {len(cluster[task_type])} task(s)")
+      _fail(f"task index {_quote(index)} is out of range for {task_type!r}, "
+            f"which has {len(cluster[task_type])} task(s)")
   return config
 
 
@@ -112,9 +134,10 @@ def _task_index(index):
   string of digits); TFConfigError for anything else."""
   if isinstance(index, int) and not isinstance(index, bool):
     return index
-  if isinstance(index, str) and index.strip().lstrip("-").isdigit():
+  if isinstance(index, str) and re.fullmatch(r"-?[0-9]+", index.strip()):
     return int(index)
-  _fail(f"task index {index!r} is not an integer (a JSON number such as 0)")
+  _fail(f"task index {_quote(index)} is not an integer (a JSON number such "
+        "as 0)")
 
 
 def parse(text, require_chief=False):
@@ -128,6 +151,8 @@ def parse(text, require_chief=False):
   except json.JSONDecodeError as error:
     _fail(f"not valid JSON: {error.msg} at line {error.lineno} column "
           f"{error.colno}")
+  except RecursionError:
+    _fail("not a cluster: its JSON is nested too deeply")
   return validate(config, require_chief=require_chief)
 
 
