@@ -89,6 +89,12 @@ def main():
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
   parser.add_argument("--save_every", type=int, default=10_000)
+  parser.add_argument("--end", default="train_and_evaluate",
+                      choices=["train_and_evaluate", "stop_hook", "rounds"],
+                      help="how the job ends: train_and_evaluate's max_steps "
+                      "(or its input, with --until_input_ends), a "
+                      "StopAtStepHook, or train() rounds with evaluations "
+                      "between them")
   parser.add_argument("--extra_micro_batches", type=int, default=0,
                       help="each worker's input holds this many micro-batches "
                       "past the last whole window")
@@ -123,12 +129,15 @@ def main():
   print(f"starting at micro-batch {start}", flush=True)
 
   def input_fn(input_context=None):
+    # Each train() call goes on where the checkpoint it starts from is.
+    latest = tf.train.latest_checkpoint(args.model_dir)
+    done = int(latest.rsplit("-", 1)[1]) if latest else 0
     features = {key: value for key, value in data.items() if key != "labels"}
     dataset = tf.data.Dataset.from_tensor_slices((features, data["labels"]))
     if input_context is not None:
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
-    dataset = dataset.batch(args.micro_batch).skip(start)
+    dataset = dataset.batch(args.micro_batch).skip(done)
     return dataset if args.until_input_ends else dataset.repeat()
 
   task = json.loads(os.environ["TF_CONFIG"])["task"]
@@ -162,13 +171,29 @@ def main():
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   reportable_loss=args.reportable_loss,
                   training_hooks=[h for h in (counter, dier, recorder, slow) if h]))
-  tf.estimator.train_and_evaluate(
-      estimator,
-      tf.estimator.TrainSpec(
-          input_fn,
-          max_steps=None if args.until_input_ends else args.k * args.updates),
-      tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
-                            throttle_secs=0))
+  total = args.k * args.updates
+
+  def train(max_steps=None, hooks=None):
+    # Under TF_CONFIG, Estimator trains with a strategy only through
+    # train_and_evaluate.
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(input_fn, max_steps=max_steps,
+                                          hooks=hooks),
+        tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
+                              throttle_secs=0))
+
+  if args.end == "stop_hook":
+    # The input repeats; a hook, not max_steps, ends the job.
+    train(hooks=[tf.compat.v1.train.StopAtStepHook(last_step=total)])
+  elif args.end == "rounds":
+    # Training in rounds with an evaluation between them (one window and a
+    # half per round: a round ends in the middle of a window).
+    for steps in range(args.k + args.k // 2, total, args.k + args.k // 2):
+      train(max_steps=steps)
+      estimator.evaluate(input_fn, steps=1)
+    train(max_steps=total)
+  else:
+    train(max_steps=None if args.until_input_ends else total)
   if task["index"] == 0:
     names = support.weight_names()
     if args.ema_decay is not None:

@@ -261,3 +261,21 @@ def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
   reader = tf.train.load_checkpoint(str(tmp_path))
   held = reader.get_tensor("gradient_accumulation/window_micro_batches")
   assert held == extra * WORKERS, (held, extra)
+
+
+@pytest.mark.parametrize("end", ["stop_hook", "rounds"])
+def test_every_way_a_job_ends_finishes_equal_to_the_big_batch(end, tmp_path):
+  """A StopAtStepHook instead of max_steps; or train() in rounds that end
+  in the middle of a window, with an evaluation between them: each round's
+  final checkpoint holds the open window, the next round resumes it."""
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  result = subprocess.run(_adam_job(tmp_path, "--end", end),
+                          capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+  assert f"[worker:0] saved final weights at global step {K * UPDATES}" in (
+      result.stdout)
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what=f"ended by {end}")
