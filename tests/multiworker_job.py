@@ -49,6 +49,16 @@ class _SlowStep(tf.estimator.SessionRunHook):
       time.sleep(self._seconds)
 
 
+class _SlowEveryStep(tf.estimator.SessionRunHook):
+  """Sleeps after every micro-batch: a job long enough to be killed in."""
+
+  def __init__(self, seconds):
+    self._seconds = seconds
+
+  def after_run(self, run_context, run_values):
+    time.sleep(self._seconds)
+
+
 class _DieAfter(tf.estimator.SessionRunHook):
   """Kills this process after n micro-batches, leaving a marker file."""
 
@@ -95,6 +105,8 @@ def main():
                       "(or its input, with --until_input_ends), a "
                       "StopAtStepHook, or train() rounds with evaluations "
                       "between them")
+  parser.add_argument("--step_seconds", type=float, default=0,
+                      help="sleep this long after every micro-batch")
   parser.add_argument("--extra_micro_batches", type=int, default=0,
                       help="each worker's input holds this many micro-batches "
                       "past the last whole window")
@@ -170,7 +182,10 @@ def main():
                   batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   reportable_loss=args.reportable_loss,
-                  training_hooks=[h for h in (counter, dier, recorder, slow) if h]))
+                  training_hooks=[h for h in (
+                      counter, dier, recorder, slow,
+                      args.step_seconds and _SlowEveryStep(args.step_seconds))
+                                  if h]))
   total = args.k * args.updates
 
   def train(max_steps=None, hooks=None):
