@@ -43,9 +43,18 @@ def _latest_step(model_dir):
 
 
 def _worker_pids(model_dir):
+  """The workers' pids (not the launcher's, whose command names theirs)."""
   found = subprocess.run(["pgrep", "-f", f"multiworker_job.py --model_dir "
                           f"{model_dir} "], capture_output=True, text=True)
-  return [int(pid) for pid in found.stdout.split()]
+  pids = []
+  for pid in found.stdout.split():
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if b"tfconfig" not in f.read():
+          pids.append(int(pid))
+    except FileNotFoundError:
+      pass
+  return pids
 
 
 def _launch(model_dir):
