@@ -336,6 +336,11 @@ def run():
   label_list = processor.get_labels()
   bert_config_file, vocab_file, init_checkpoint = _model_files()
   bert_config = modeling.BertConfig.from_json_file(bert_config_file)
+  try:
+    modeling.check_config(bert_config)
+  except ValueError as error:
+    raise UsageError(f"--bert_config_file={bert_config_file}: {error}"
+                     ) from None
   if FLAGS.max_seq_length > bert_config.max_position_embeddings:
     raise UsageError(
         f"--max_seq_length={FLAGS.max_seq_length} is above the model's "

@@ -73,3 +73,19 @@ def test_layer_norm_dropout_and_attention_mask():
   assert attention.shape == (2, 3, 4) and attention.dtype == np.float32
   np.testing.assert_array_equal(attention,
                                 np.repeat(mask[:, None, :], 3, axis=1))
+
+
+def test_bert_config_accepts_what_googles_accepts():
+  """Google's BertConfig checks nothing and keeps every key of a dict;
+  the head size is checked where attention is built."""
+  config = modeling.BertConfig(vocab_size=99, hidden_size=37)
+  assert (config.vocab_size, config.hidden_size) == (99, 37)
+  loaded = modeling.BertConfig.from_dict(
+      {"vocab_size": 10, "hidden_size": 8, "num_attention_heads": 2,
+       "model_type": "bert", "pad_token_id": 0})
+  assert loaded.model_type == "bert" and loaded.pad_token_id == 0
+  assert loaded.intermediate_size == 3072  # the default, as Google's
+  with tf.Graph().as_default(), pytest.raises(
+      ValueError, match=r"hidden size \(37\) is not a multiple of the number "
+                        r"of attention heads \(12\)"):
+    modeling.BertModel(config, False, tf.zeros([1, 4], tf.int32))

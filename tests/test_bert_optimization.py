@@ -166,3 +166,29 @@ def test_google_signature_create_optimizer_accumulates():
   with tf.Graph().as_default(), pytest.raises(ValueError, match="use_tpu"):
     w = tf.compat.v1.get_variable("w", initializer=1.0)
     optimization.create_optimizer(w * w, 0.1, 10, 0, use_tpu=True)
+
+
+def test_create_optimizer_counts_steps_as_googles_script_does():
+  """Google's run_classifier.py passes num_train_steps as Estimator's
+  max_steps too: micro-batches here. With k=4, 32 steps are 8 updates and
+  the schedule ends at the last of them (warmup 4 steps: 1 update)."""
+  k, steps, warmup, lr = 4, 32, 4, 0.1
+  with tf.Graph().as_default():
+    w = tf.compat.v1.get_variable("w", initializer=[1.0, -2.0])
+    train_op = optimization.create_optimizer(
+        tf.reduce_sum(tf.square(w - 3.0)), lr, steps, warmup, False,
+        gradient_accumulation_multiplier=k)
+    rate = tf.compat.v1.get_default_graph().get_tensor_by_name(
+        "learning_rate:0")
+    seen = []
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(steps):
+        if step % k == k - 1:  # the micro-batch that applies an update
+          seen.append(session.run(rate))
+        session.run(train_op)
+  updates = steps // k
+  expected = [lr * u / 1 if u < 1 else lr * (1 - u / updates)
+              for u in range(updates)]
+  np.testing.assert_allclose(seen, expected, rtol=1e-6, atol=1e-9)
+  assert seen[-1] == pytest.approx(lr / updates)

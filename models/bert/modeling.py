@@ -24,7 +24,6 @@ extract_features.py) call keep their signatures: `get_shape_list`,
 """
 
 import copy
-import inspect
 import json
 import math
 
@@ -48,13 +47,7 @@ class BertConfig:
                attention_probs_dropout_prob=0.1, max_position_embeddings=512,
                type_vocab_size=16, initializer_range=0.02,
                layer_norm_eps=1e-12):
-    if hidden_size % num_attention_heads:
-      raise ValueError(
-          f"hidden_size ({hidden_size}) must be a multiple of "
-          f"num_attention_heads ({num_attention_heads}).")
-    if hidden_act not in _ACTIVATIONS:
-      raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, "
-                       f"got {hidden_act!r}.")
+    # Like Google's, it checks nothing: BertModel checks what it builds.
     self.vocab_size = vocab_size
     self.hidden_size = hidden_size
     self.num_hidden_layers = num_hidden_layers
@@ -70,11 +63,15 @@ class BertConfig:
 
   @classmethod
   def from_dict(cls, json_object):
-    """Builds a config from a dict; keys BertConfig does not use are ignored
-    (Hugging Face configs carry many)."""
-    names = inspect.signature(cls).parameters
-    return cls(**{key: value for key, value in json_object.items()
-                  if key in names})
+    """Builds a config from a dict, every key kept as an attribute, as
+    Google's does (Hugging Face configs carry many keys BertModel does not
+    read)."""
+    config = cls(vocab_size=None)
+    for key, value in json_object.items():
+      config.__dict__[key] = value
+    return config
+
+
 
   @classmethod
   def from_json_file(cls, json_file):
@@ -87,6 +84,19 @@ class BertConfig:
 
   def to_json_string(self):
     return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def check_config(config):
+  """ValueError naming the value when a BertModel cannot be built from
+  `config` (Google's checks, made where it builds attention and picks the
+  activation)."""
+  if config.hidden_size % config.num_attention_heads:
+    raise ValueError(
+        f"The hidden size ({config.hidden_size}) is not a multiple of the "
+        f"number of attention heads ({config.num_attention_heads}).")
+  if config.hidden_act not in _ACTIVATIONS:
+    raise ValueError(f"hidden_act must be one of {sorted(_ACTIVATIONS)}, "
+                     f"got {config.hidden_act!r}.")
 
 
 class BertModel:
@@ -117,6 +127,7 @@ class BertModel:
       ValueError: if input_ids is not of rank 2, or is longer than
         config.max_position_embeddings.
     """
+    check_config(config)
     config = copy.deepcopy(config)
     if not is_training:
       config.hidden_dropout_prob = 0.0

@@ -14,9 +14,10 @@ number of optimizer updates (not micro-batches): with accumulation that is
 `estimator_accum.update_count(k)`.
 
 `create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps, use_tpu)`
-keeps google-research/bert's signature and returns the train op, so a script
-written for Google's code gains accumulation with one argument
-(`gradient_accumulation_multiplier=k`).
+keeps google-research/bert's signature and meaning and returns the train op,
+so a script written for Google's code gains accumulation with one argument
+(`gradient_accumulation_multiplier=k`): its step counts are Estimator's
+steps, micro-batches here, as that script also passes them as `max_steps`.
 """
 
 import re
@@ -68,15 +69,19 @@ def create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps,
 
   As Google's: AdamWeightDecay (weight decay 0.01, not on LayerNorm and
   biases), warmup then linear decay, gradients clipped to global norm 1.0,
-  `global_step` incremented. Here `num_train_steps` and `num_warmup_steps`
-  count optimizer updates, and `global_step` counts micro-batches (k per
-  update), as `estimator_accum.build_accumulating_train_op` defines it.
+  `global_step` incremented. `num_train_steps` and `num_warmup_steps` mean
+  what Google's run_classifier.py means by them: Estimator steps, which
+  count micro-batches here (that script passes num_train_steps as
+  `max_steps` too). The schedule itself moves once per update: it spans
+  num_train_steps / k updates, num_warmup_steps / k of them warming up. The
+  schedule's value is the graph's tensor `learning_rate`.
 
   Args:
     loss: the micro-batch's scalar loss (its mean; do not divide by k).
     init_lr: peak learning rate.
-    num_train_steps: updates in the whole training.
-    num_warmup_steps: updates of linear warmup.
+    num_train_steps: micro-batches in the whole training (Estimator's
+      max_steps).
+    num_warmup_steps: micro-batches of linear warmup.
     use_tpu: must be False (TPUs are not supported by this project).
     gradient_accumulation_multiplier: k, micro-batches per update.
     optimizer: "adamw" or "lamb".
@@ -87,12 +92,23 @@ def create_optimizer(loss, init_lr, num_train_steps, num_warmup_steps,
     raise ValueError("use_tpu=True is not supported: this project trains on "
                      "CPUs and GPUs.")
   k = gradient_accumulation_multiplier
-  learning_rate = learning_rate_schedule(
-      init_lr, estimator_accum.update_count(k), num_train_steps,
-      num_warmup_steps)
+  num_train_updates, num_warmup_updates = updates_of_steps(
+      num_train_steps, num_warmup_steps, k)
+  learning_rate = tf.identity(learning_rate_schedule(
+      init_lr, estimator_accum.update_count(k), num_train_updates,
+      num_warmup_updates), name="learning_rate")
   return estimator_accum.build_accumulating_train_op(
       loss, make_optimizer(optimizer, learning_rate), k,
       clip_norm=clip_norm, loss_scale=loss_scale)
+
+
+def updates_of_steps(num_train_steps, num_warmup_steps, k):
+  """(updates, warmup updates) of a schedule given in micro-batches, as
+  floats: k micro-batches make one update (at least one update in all)."""
+  if num_train_steps < 1:
+    raise ValueError(f"num_train_steps must be >= 1, got "
+                     f"{num_train_steps!r}.")
+  return max(num_train_steps / k, 1.0), num_warmup_steps / k
 
 
 def _var_name(var):
