@@ -19,7 +19,7 @@ import math
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging
@@ -27,6 +27,7 @@ from absl import app, flags, logging
 import estimator_accum
 import tfconfig
 from data import bert_features, classification
+from models import console
 from models.bert import (
   classifier,
   modeling,
@@ -36,6 +37,9 @@ from models.bert import (
 )
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
+                  "deprecation notices too (set TF_CPP_MIN_LOG_LEVEL=0 for "
+                  "its C++ ones).")
 STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
 
 flags.DEFINE_string("task_name", "rotten_tomatoes",
@@ -478,6 +482,7 @@ def _evaluate_and_predict(estimator, processor, tokenizer, label_list):
 
 def main(argv):
   del argv
+  console.quiet_tensorflow(FLAGS.verbose)
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
   try:

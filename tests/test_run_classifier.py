@@ -366,3 +366,19 @@ def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
   assert "over 7 examples" in second.stdout, second.stdout
   files = sorted((output_dir / "features").glob("train-16-*.tf_record"))
   assert len(files) == 2, files
+
+
+def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
+    tiny_model, sst2, tmp_path):
+  quiet = _run(_flags(tiny_model, sst2, tmp_path / "quiet",
+                      num_train_epochs=0.2))
+  assert quiet.returncode == 0, quiet.stderr[-3000:]
+  output = quiet.stdout + quiet.stderr
+  for chatter in ("is deprecated", "Instructions for updating",
+                  "Calling model_fn", "Use tf.keras instead"):
+    assert chatter not in output, chatter
+  assert re.search(r"micro-batch (\d+)/\1 \(100%\)", quiet.stderr)
+  verbose = _run(_flags(tiny_model, sst2, tmp_path / "verbose",
+                        num_train_epochs=0.2, verbose=True))
+  assert verbose.returncode == 0
+  assert "Calling model_fn" in verbose.stdout + verbose.stderr

@@ -23,10 +23,13 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
-from models import training  # noqa: E402
+from models import console, training  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
+                  "deprecation notices too (set TF_CPP_MIN_LOG_LEVEL=0 for "
+                  "its C++ ones).")
 flags.DEFINE_integer("k", 4, "Micro-batches per update (>= 1).")
 flags.DEFINE_integer("batch", 8, "Examples per micro-batch.")
 flags.DEFINE_integer("epochs", 60, "Passes over the training set.")
@@ -74,6 +77,7 @@ def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
 
 def main(argv):
   del argv
+  console.quiet_tensorflow(FLAGS.verbose)
   if FLAGS.k < 1:
     raise app.UsageError(f"--k must be >= 1, got {FLAGS.k}")
   if FLAGS.batch < 1:

@@ -26,10 +26,13 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
-from models import training  # noqa: E402
+from models import console, training  # noqa: E402
 from models.mnist.model import model_fn, weight_names  # noqa: E402
 
 FLAGS = flags.FLAGS
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
+                  "deprecation notices too (set TF_CPP_MIN_LOG_LEVEL=0 for "
+                  "its C++ ones).")
 flags.DEFINE_integer("k", 4, "Micro-batches per update.", lower_bound=1)
 flags.DEFINE_integer("batch", 8, "Examples per micro-batch (per worker).",
                      lower_bound=1)
@@ -110,6 +113,7 @@ def _task_index():
 
 def main(argv):
   del argv
+  console.quiet_tensorflow(FLAGS.verbose)
   try:
     train, test = _load()
   except (mnist.MnistFileError, FileNotFoundError) as error:

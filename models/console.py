@@ -1,0 +1,39 @@
+"""What the scripts show on the console: their own lines and TensorFlow's
+errors and warnings, not its deprecation chatter nor Estimator's INFO lines
+(`--verbose` shows everything)."""
+
+import logging
+import os
+import warnings
+
+# Lines TensorFlow logs for every tf.compat.v1 API the scripts use on
+# purpose (graph mode, Estimator): warnings about the API, not the run.
+_CHATTER = ("is deprecated and will be removed",
+            "Instructions for updating", "use `update_config_proto` instead",
+            "Use the iterator's `initializer` property instead",
+            "is not passed in. No distribution strategy will be used for "
+            "evaluation")
+
+
+class _NoChatter(logging.Filter):
+  def filter(self, record):
+    message = record.getMessage()
+    return not any(text in message for text in _CHATTER)
+
+
+def quiet_tensorflow(verbose=False):
+  """Keeps TensorFlow's and Estimator's own lines to warnings and errors,
+  without deprecation notices, unless `verbose`. Call before the scripts'
+  TensorFlow work (the C++ level must be set before TensorFlow loads)."""
+  if verbose:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    return
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf  # noqa: PLC0415 (after the C++ level is set)
+
+  logger = tf.get_logger()
+  logger.setLevel(logging.WARNING)
+  if not any(isinstance(f, _NoChatter) for f in logger.filters):
+    logger.addFilter(_NoChatter())
+  for module in ("tensorflow", "keras", "tf_slim", "tensorflow_estimator"):
+    warnings.filterwarnings("ignore", module=module)
