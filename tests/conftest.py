@@ -16,6 +16,28 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
+# The fast tier (`pytest -m "not slow"`, about 2 minutes on 2 cores): the
+# modules that check the library in one process on small graphs. Every
+# other module (whole Estimator jobs, BERT, multi-process clusters) is
+# marked slow; CI runs both tiers.
+FAST_MODULES = frozenset({
+    "test_window_unit", "test_divergence", "test_errors", "test_step_counting",
+    "test_partitioned", "test_ref_variables", "test_object_checkpoints",
+    "test_classification_data", "test_bert_google_api",
+    "test_bert_optimization", "test_tfconfig", "test_accumulator_dtypes",
+    "test_after_update", "test_graph_footprint", "test_graph_lifetime",
+    "test_observability", "test_sparse_accumulation", "test_optimizer_wrapper",
+    "test_docs",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  for item in items:
+    if item.module.__name__.rsplit(".", 1)[-1] not in FAST_MODULES:
+      item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(params=["cf_v2", "cf_v1"])
 def control_flow(request):
   """Runs the test under control flow v2 (TF 2 default) and v1."""
