@@ -3,11 +3,18 @@
   python -m models.plot_runs --output loss.png RUN_DIR [RUN_DIR ...]
 
 Reads each run's TensorBoard event files (the `loss` scalar Estimator writes)
-and its run_info.json (`label`, `examples_per_step`, written by the example
-commands); without run_info.json the label is the folder name and
+and its run_info.json (`label`, `examples_per_step`, `k`, written by the
+example commands); without run_info.json the label is the folder name and
 --examples_per_step applies. Accumulated and plain runs then line up on the
 same x axis: a micro-batch step of an accumulated run sees fewer examples
 than a step of its big-batch twin.
+
+An accumulated run (k > 1) is drawn as the mean loss of each window, one
+point per update: the mean of k equal micro-batches' mean losses is the
+loss of the big batch they make up, at the same weights. So a run of
+micro-batch 8 with k=4 lies on its batch-32 twin, as its training does; its
+noisier micro-batch losses would only show that 8 examples are fewer than
+32. That needs the loss of every micro-batch (save_summary_steps=1).
 """
 
 import glob
@@ -42,6 +49,18 @@ def read_scalars(run_dir, tag="loss"):
   return sorted(points.items())
 
 
+def window_means(points, k):
+  """[(step after the window, mean loss)] of each whole window of k
+  consecutive micro-batch steps; the windows start at steps 0, k, 2k, ...
+  (or 1, k+1, ... when the first step logged is 1)."""
+  offset = 1 if points and points[0][0] == 1 else 0
+  windows = {}
+  for step, value in points:
+    windows.setdefault((step - offset) // k, []).append(value)
+  return [((window + 1) * k, sum(values) / k)
+          for window, values in sorted(windows.items()) if len(values) == k]
+
+
 def run_info(run_dir, examples_per_step=None):
   path = os.path.join(run_dir, "run_info.json")
   if os.path.exists(path):
@@ -64,13 +83,19 @@ def plot(run_dirs, output, title, tag="loss", examples_per_step=None):
     if not points:
       raise ValueError(f"{run_dir} has no '{tag}' scalars in its event "
                        f"files.")
+    k = info.get("k", 1)
+    if k > 1:
+      points = window_means(points, k)
     steps, values = zip(*points, strict=True)
+    # Wide and pale under the thin plain runs: where they agree, both show.
     axes.plot([s * info["examples_per_step"] for s in steps], values,
-              label=info["label"], linewidth=1.5, alpha=0.85)
+              label=info["label"] + (" (window means)" if k > 1 else ""),
+              linewidth=5 if k > 1 else 1.5, alpha=0.4 if k > 1 else 0.9,
+              zorder=1 if k > 1 else 2)
     drawn += 1
   axes.set_title(title)
   axes.set_xlabel("training examples seen")
-  axes.set_ylabel(f"{tag} (micro-batch or batch mean)")
+  axes.set_ylabel(f"{tag} (batch mean; window mean for k > 1)")
   axes.grid(alpha=0.3)
   axes.legend()
   figure.tight_layout()

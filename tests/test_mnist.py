@@ -14,6 +14,7 @@ import tensorflow as tf
 from PIL import Image
 
 from data import mnist
+from models import plot_runs
 from models.mnist.model import weight_names
 
 TIMEOUT = 240
@@ -134,6 +135,14 @@ def test_single_worker_variants_and_their_loss_plot(tmp_path):
       capture_output=True, text=True, timeout=TIMEOUT)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "(2 runs)" in result.stdout
+  # What the picture draws for the k=2 run, each window's mean loss, is
+  # the loss of batch 16 on the same examples at the same weights.
+  windows = plot_runs.window_means(
+      plot_runs.read_scalars(str(tmp_path / "b8_k2")), 2)
+  plain = plot_runs.read_scalars(str(tmp_path / "b16_k1"))
+  assert len(windows) == len(plain) == 20
+  np.testing.assert_allclose([v for _, v in windows], [v for _, v in plain],
+                             rtol=1e-4)
   with Image.open(output) as image:
     assert image.format == "PNG" and image.size == (800, 500)
     assert len(image.getcolors(maxcolors=100_000) or []) > 10

@@ -73,7 +73,8 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
   micro_batches = FLAGS.epochs * len(train["labels"]) // per_step // k * k
   config = tf.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
-      save_summary_steps=10, log_step_count_steps=10_000,
+      # Every micro-batch's loss: the plot draws each window's mean.
+      save_summary_steps=1, log_step_count_steps=10_000,
       save_checkpoints_steps=FLAGS.save_checkpoints_steps,
       keep_checkpoint_max=FLAGS.keep_checkpoint_max)
   estimator = tf.estimator.Estimator(
@@ -85,7 +86,8 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
   tf.io.gfile.makedirs(model_dir)
   with tf.io.gfile.GFile(os.path.join(model_dir, "run_info.json"),
                          "w") as writer:
-    json.dump({"label": label, "examples_per_step": per_step}, writer)
+    json.dump({"label": label, "examples_per_step": per_step, "k": k},
+              writer)
 
   def train_input(input_context=None):
     return mnist.input_fn(train, micro_batch, epochs=FLAGS.epochs,
