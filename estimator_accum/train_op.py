@@ -90,12 +90,38 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
         training_hooks=[estimator_accum.AccumulationLoggingHook()])
   ```
 
-  Do not divide the loss by k or by the number of replicas: the library forms
-  the mean over the window and over the replicas itself. `global_step`
-  counts micro-batches (so Estimator's `max_steps` does too); use
-  `update_count(k)` for learning-rate schedules that count updates (a
-  hyperparameter computed from `global_step` itself is warned about, and an
-  AdagradDAOptimizer given it is refused: its update reads the count).
+  The contract:
+
+  - Window: micro-batches are grouped in windows of k (on each replica).
+    The k-th micro-batch of a window (`(global_step + 1) % k == 0`) applies
+    one update; the other k-1 call no optimizer: no weight, slot or
+    optimizer counter moves.
+  - Scaling: the update's gradient is the mean over the window's
+    micro-batches and over every replica and worker, all-reduced once per
+    window (weighted by `num_examples` if given; the sum with
+    `reduction="sum"`). Do not divide the loss by k or by the number of
+    replicas.
+  - Counting: `global_step` counts micro-batches (so Estimator's `max_steps`
+    does too), incremented by one after each micro-batch's work; use
+    `update_count(k)` for schedules that count updates (a hyperparameter
+    computed from `global_step` itself is warned about, and an
+    AdagradDAOptimizer given it is refused: its update reads the count).
+  - Clipping: `clip_norm` clips the window's mean by global norm, as
+    clipping the big batch would, not each micro-batch.
+  - Non-finite windows: a window whose gradient holds a NaN or Inf is
+    skipped whole (no update, accumulators zeroed, `skipped_windows` + 1, a
+    warning); after `max_consecutive_skipped_windows` skipped in a row the
+    run stops with an InvalidArgumentError saying "training diverged".
+  - Resume: the window in progress (its sums, counts and divisor) is saved
+    in checkpoints and restored exactly; a run resumed with another k or
+    number of replicas ends that window at its next multiple of k, as the
+    mean of what it holds. A step that fails for want of input (the end of
+    a finite dataset) adds nothing to the window; a window the input ends in
+    stays in the checkpoint, not applied.
+  - Refused, with an error naming the argument: eager execution or a
+    tf.function, cross-replica context, a second train op on the same
+    counter, ProximalAdagrad under a strategy, compact sparse accumulation
+    over several replicas, and the argument errors listed under Raises.
 
   Args:
     loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
