@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every benchmark in one go and prints the figures the README quotes.
+# Runs every benchmark in one go and prints the figures docs/benchmarks.md quotes.
 #   benchmarks/run_all.sh | tee benchmarks/results.md
 set -euo pipefail
 cd "$(dirname "$0")/.."
