@@ -1,15 +1,23 @@
 """`pip install .` installs the library and tfconfig, with only what they
 import; the scripts' needs are the `examples` extra."""
 
+import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
 
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
 
 def test_the_wheel_holds_the_library_and_tfconfig_only(tmp_path):
+  # Built from a copy: a build in the checkout leaves build/ behind.
+  source = tmp_path / "source"
+  shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
+      ".venv", ".git", "build", "*.egg-info", "__pycache__", "runs"))
   subprocess.run(
       [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-       "--no-build-isolation", "--wheel-dir", str(tmp_path), "."],
+       "--no-build-isolation", "--wheel-dir", str(tmp_path), str(source)],
       check=True, capture_output=True, text=True, timeout=300)
   wheel, = tmp_path.glob("estimator_accum-*.whl")
   with zipfile.ZipFile(wheel) as archive:
