@@ -39,9 +39,13 @@ from estimator_accum.accumulators import (
   between_graph_worker_device,
   variable_base_name,
 )
+from estimator_accum.settings import (
+  DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+  WindowSettings,
+)
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
 from estimator_accum.step_counting import check_optimizer_steps
-from estimator_accum.window import BYTES_PER_PACK, Window
+from estimator_accum.window import Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
            "get_accumulation_state"]
@@ -53,8 +57,6 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 # so the key would never die and every graph built (Estimator builds one per
 # train() call) would stay in memory for the life of the process.
 _STATE_ATTRIBUTE = "_estimator_accum_state"
-# See build_accumulating_train_op's max_consecutive_skipped_windows.
-DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS = 25
 # Graph attribute: {counter variable name: name of the train op counting it}.
 _COUNTERS_ATTRIBUTE = "_estimator_accum_counters"
 
@@ -211,9 +213,8 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       arguments conflict.
     RuntimeError: called eagerly, or in cross-replica context.
   """
-  return accumulating_train_op(
-      loss, None, optimizer, k, global_step=global_step, var_list=var_list,
-      clip_norm=clip_norm, num_examples=num_examples, reduction=reduction,
+  settings = WindowSettings.checked(
+      k, clip_norm=clip_norm, reduction=reduction,
       accumulator_dtype=accumulator_dtype, summaries=summaries,
       loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
       sparse_threshold_bytes=sparse_threshold_bytes,
@@ -222,29 +223,24 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       max_consecutive_skipped_windows=max_consecutive_skipped_windows,
       name=name, gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
+  return accumulating_train_op(loss, None, optimizer, settings,
+                               global_step=global_step, var_list=var_list,
+                               num_examples=num_examples)
 
 
-def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
-                          var_list, clip_norm, num_examples, reduction,
-                          accumulator_dtype, summaries, loss_scale,
-                          sparse_accumulation, sparse_threshold_bytes,
-                          communication_options, after_update, name,
-                          gradient_options, log_every_n_micro_batches=100,
-                          max_consecutive_skipped_windows=(
-                              DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS)):
+def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
+                          global_step, var_list, num_examples=None):
   """`build_accumulating_train_op`, from a loss or from one micro-batch's
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
-  `minimize` and `apply_gradients` call it. `gradient_options` are
-  `tf.gradients` arguments for the loss: colocate_gradients_with_ops, and
-  optionally grad_ys, aggregation_method, gate_gradients."""
-  k = _checks.check_k(k)
+  `minimize` and `apply_gradients` call it; `settings` is a
+  `WindowSettings`, checked already."""
   _checks.check_graph_mode()
   if grads_and_vars is None:
     _checks.check_loss(loss)
   else:
     grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
-      optimizer, loss_scale)
+      optimizer, settings.loss_scale)
   _checks.check_optimizer(optimizer)
   if grads_and_vars is not None and loss_scale_config is not None:
     raise ValueError(
@@ -253,28 +249,11 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
         "AccumulatingOptimizer.minimize(loss, ...) instead, or pass "
         "loss_scale=None and an optimizer that is not a loss-scale wrapper.")
   _checks.warn_bypassed_compute_gradients(optimizer)
-  clip_norm = _checks.check_clip_norm(clip_norm)
-  _checks.check_reduction(reduction)
-  _checks.warn_mean_of_summed_loss(reduction)
+  _checks.warn_mean_of_summed_loss(settings.reduction)
   _checks.check_global_step(global_step)
-  _checks.check_bool("summaries", summaries)
-  _checks.check_bool("colocate_gradients_with_ops",
-                     gradient_options["colocate_gradients_with_ops"])
-  _checks.check_name(name)
-  log_every_n_micro_batches = _checks.check_log_every(
-      log_every_n_micro_batches)
-  max_consecutive_skipped_windows = _checks.check_max_skipped(
-      max_consecutive_skipped_windows)
-  accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
   var_list = _checks.check_var_list(var_list)
   num_examples = _checks.check_num_examples(num_examples)
-  communication_options = _checks.check_communication_options(
-      communication_options, BYTES_PER_PACK)
-  if after_update is not None and not callable(after_update):
-    raise TypeError(
-        f"after_update must be a callable with no arguments or None, got "
-        f"{after_update!r} of type {type(after_update).__name__}.")
-  if reduction == "sum" and num_examples is not None:
+  if settings.reduction == "sum" and num_examples is not None:
     raise ValueError(
         "num_examples weights each micro-batch's mean gradient by its size and "
         "has no meaning with reduction='sum'; pass num_examples=None or use "
@@ -289,8 +268,8 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   if global_step is None:
     global_step = tf.compat.v1.train.get_or_create_global_step()
     _checks.check_global_step(global_step)
-  check_optimizer_steps(optimizer, global_step, k)
-  _claim_counter(global_step, name)
+  check_optimizer_steps(optimizer, global_step, settings.k)
+  _claim_counter(global_step, settings.name)
   variables_named = "variables in var_list"
   if grads_and_vars is None and var_list is None:
     variables_named = "trainable variables"
@@ -305,13 +284,13 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
   outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
   train_ops_before = list(tf.compat.v1.get_collection(
       tf.compat.v1.GraphKeys.TRAIN_OP))
-  with tf.compat.v1.name_scope(name):
+  with tf.compat.v1.name_scope(settings.name):
     scaler = None
     if grads_and_vars is None:
       if loss_scale_config is not None:
-        scaler = _loss_scale.LossScaler(loss_scale_config, name)
+        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name)
       trained = _micro_batch_gradients(loss, var_list, variables_named, scaler,
-                                       gradient_options)
+                                       dict(settings.gradient_options))
       # What the micro-batch is computed from: its input pipeline, its device.
       source = loss
     else:
@@ -324,16 +303,16 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, k, *, global_step,
       source = getattr(source, "values", source)
     _checks.check_ref_variables(trained, optimizer)
     compact = choose_compact(
-        trained, sparse_accumulation, sparse_threshold_bytes,
-        accumulator_dtype, tf.distribute.get_strategy().num_replicas_in_sync)
+        trained, settings.sparse_accumulation, settings.sparse_threshold_bytes,
+        settings.accumulator_dtype,
+        tf.distribute.get_strategy().num_replicas_in_sync)
     window = Window(
-        trained, optimizer, k, global_step, clip_norm, num_examples, reduction,
-        accumulator_dtype, summaries, name, loss_scaler=scaler,
+        trained, optimizer, settings, global_step, num_examples,
+        loss_scaler=scaler,
         local_device=between_graph_worker_device(source, global_step),
-        compact=compact, communication_options=communication_options,
-        after_update=after_update, outer_scope=outer_scope,
-        progress=progress.progress_line(name, k, log_every_n_micro_batches),
-        max_consecutive_skipped_windows=max_consecutive_skipped_windows)
+        compact=compact, outer_scope=outer_scope,
+        progress=progress.progress_line(
+            settings.name, settings.k, settings.log_every_n_micro_batches))
     examples = window_reports.micro_batch_examples(source, num_examples)
     accumulated = window.accumulate_micro_batch(loss)
     train_op = replica_context.merge_call(

@@ -32,14 +32,13 @@ from estimator_accum.optimizer_apply import (
 )
 from estimator_accum.sparse import CompactSparseAccumulator
 
-# Default size of the window all-reduce's packs. One pack (TensorFlow's
-# default) concatenates every gradient, reduces, and splits the result: two
-# copies of the model and one collective that starts only when all of it is
-# ready. Packs of about 4 MB run concurrently and leave variables of 4 MB and
-# more uncopied (MLP of 3.2M parameters on 2 CPU workers, k=8: apply step
-# 59-67 ms against 74-90 ms with one pack, 5 runs each; per-tensor packs and
-# 2 MB alike, 8 MB in between).
-BYTES_PER_PACK = 4 * 2**20
+# The window all-reduce's packs default to settings.BYTES_PER_PACK, about
+# 4 MB. One pack (TensorFlow's default) concatenates every gradient, reduces,
+# and splits the result: two copies of the model and one collective that
+# starts only when all of it is ready. Packs of about 4 MB run concurrently
+# and leave variables of 4 MB and more uncopied (MLP of 3.2M parameters on 2
+# CPU workers, k=8: apply step 59-67 ms against 74-90 ms with one pack, 5
+# runs each; per-tensor packs and 2 MB alike, 8 MB in between).
 
 # Dtype of the window's micro-batch and example counts and of its divisor,
 # whatever the accumulators' dtype: counts stay exact (bfloat16 holds whole
@@ -54,27 +53,30 @@ _STATUS_SKIPPED = 2
 class Window:
   """Builds the graph of one accumulation window."""
 
-  def __init__(self, trained, optimizer, k, global_step, clip_norm,
-               num_examples, reduction, accumulator_dtype, summaries, name,
-               loss_scaler=None, local_device=None, compact=None,
-               communication_options=None, after_update=None,
-               outer_scope="", progress=None,
-               max_consecutive_skipped_windows=None):
+  def __init__(self, trained, optimizer, settings, global_step,
+               num_examples=None, loss_scaler=None, local_device=None,
+               compact=None, outer_scope="", progress=None):
+    """Args: the micro-batch's [(gradient, variable)], the optimizer, the
+    `WindowSettings`, the micro-batch counter, the `num_examples` tensor or
+    None, the `LossScaler` or None, the worker's device in between-graph
+    training or None, which variables accumulate compactly, the name scope
+    the train op is built in, and the graph's ProgressLine or None."""
+    k, name = settings.k, settings.name
     self._gradients = [g for g, _ in trained]
     # The name scope the train op is built in: see _outer_name_scope.
     self._outer_scope = outer_scope
     self._optimizer = optimizer
     self._k = k
     self._global_step = global_step
-    self._clip_norm = clip_norm
+    self._clip_norm = settings.clip_norm
     self._num_examples = num_examples
-    self._reduction = reduction
-    self._dtype = accumulator_dtype
-    self._summaries = summaries
+    self._reduction = reduction = settings.reduction
+    self._dtype = accumulator_dtype = settings.accumulator_dtype
+    self._summaries = settings.summaries
     self._name = name
     self._loss_scaler = loss_scaler
-    self._communication_options = communication_options
-    self._after_update = after_update
+    self._communication_options = settings.communication_options
+    self._after_update = settings.after_update
     # The graph's ProgressLine, or None.
     self._progress = progress
     self._window_size = k * tf.distribute.get_strategy().num_replicas_in_sync
@@ -126,7 +128,7 @@ class Window:
         name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
     # Windows skipped in a row in this run (not saved: a resumed run starts
     # counting again), or None when no number of them stops training.
-    self._max_skipped = max_consecutive_skipped_windows
+    self._max_skipped = settings.max_consecutive_skipped_windows
     self._skipped_in_a_row = None
     if self._max_skipped is not None:
       self._skipped_in_a_row = state_variable(

@@ -17,11 +17,10 @@ from estimator_accum.accumulators import (
   replica_id,
   state_variable,
 )
+from estimator_accum.settings import DEFAULT_NAME, WindowSettings
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
 from estimator_accum.train_op import accumulating_train_op, claimed_names
-from estimator_accum.window import BYTES_PER_PACK
 
-DEFAULT_NAME = "gradient_accumulation"
 # Graph attribute: {replica id: the default names its windows were given}.
 _DEFAULT_NAMES_ATTRIBUTE = "_estimator_accum_default_names"
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
@@ -90,39 +89,36 @@ class WrapperWindow:
                sparse_accumulation="auto",
                sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
                communication_options=None, after_update=None):
-    self.k = _checks.check_k(k)
-    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
-    _checks.check_optimizer(inner)
-    clip_norm = _checks.check_clip_norm(clip_norm)
-    if reduction is not None:
-      _checks.check_reduction(reduction)
-    _checks.check_bool("summaries", summaries)
-    if name is not None:
-      _checks.check_name(name)
-    accumulator_dtype = _checks.check_accumulator_dtype(accumulator_dtype)
-    _checks.check_communication_options(communication_options, BYTES_PER_PACK)
-    if after_update is not None and not callable(after_update):
-      raise TypeError(
-          f"after_update must be a callable with no arguments or None, got "
-          f"{after_update!r} of type {type(after_update).__name__}.")
-    self.optimizer = optimizer
-    self._reduction = reduction
-    self._given_name = name
-    self._settings = dict(
+    # The reduction and the name may be left to each graph (None): checked
+    # here in their default's place when not given.
+    self._settings = WindowSettings.checked(
+        k, reduction=reduction or "mean", name=name or DEFAULT_NAME,
         clip_norm=clip_norm, accumulator_dtype=accumulator_dtype,
         summaries=summaries, loss_scale=loss_scale,
         sparse_accumulation=sparse_accumulation,
         sparse_threshold_bytes=sparse_threshold_bytes,
         communication_options=communication_options,
         after_update=after_update)
+    self.k = self._settings.k
+    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
+    _checks.check_optimizer(inner)
+    self.optimizer = optimizer
+    self._reduction = reduction
+    self._given_name = name
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k, the
     given reduction and name, and the settings (the dtype by name)."""
-    settings = dict(self._settings)
-    settings["accumulator_dtype"] = settings["accumulator_dtype"].name
-    return dict(optimizer=self.optimizer, k=self.k, reduction=self._reduction,
-                name=self._given_name, **settings)
+    settings = self._settings
+    return dict(
+        optimizer=self.optimizer, k=self.k, reduction=self._reduction,
+        name=self._given_name, clip_norm=settings.clip_norm,
+        accumulator_dtype=settings.accumulator_dtype.name,
+        summaries=settings.summaries, loss_scale=settings.loss_scale,
+        sparse_accumulation=settings.sparse_accumulation,
+        sparse_threshold_bytes=settings.sparse_threshold_bytes,
+        communication_options=settings.communication_options,
+        after_update=settings.after_update)
 
   def reduction(self):
     """The window's reduction: the given one, else the loss's own."""
@@ -144,13 +140,13 @@ class WrapperWindow:
       if global_step is None:
         global_step = state_variable(
             f"{name}/micro_batches", [], tf.int64, per_replica=False)
-      train_op = accumulating_train_op(
-          loss, grads_and_vars, self.optimizer, self.k,
-          global_step=global_step, var_list=var_list, num_examples=None,
+      settings = self._settings.replace(
           reduction=reduction or self.reduction(), name=name,
           gradient_options=(gradient_options or
-                            dict(colocate_gradients_with_ops=False)),
-          **self._settings)
+                            dict(colocate_gradients_with_ops=False)))
+      train_op = accumulating_train_op(
+          loss, grads_and_vars, self.optimizer, settings,
+          global_step=global_step, var_list=var_list)
     if isinstance(global_step, tf.Variable):
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
