@@ -23,7 +23,7 @@ import threading
 
 import tensorflow as tf
 
-from estimator_accum.graph_state import graph_registry
+from estimator_accum import graph_state
 from estimator_accum.ordered_saves import order_saves
 
 AccumulationState = collections.namedtuple(
@@ -52,12 +52,6 @@ Fields:
 _ON_READ = tf.VariableSynchronization.ON_READ
 _SUM = tf.VariableAggregation.SUM
 _MEAN = tf.VariableAggregation.MEAN
-# Graph attribute: state variable name -> the replica id (None in
-# cross-replica context) that created it.
-_CREATORS_ATTRIBUTE = "_estimator_accum_state_creators"
-# Graph attribute: state variable name -> the trained variable whose state
-# it is (for the state that is one variable's).
-_OWNERS_ATTRIBUTE = "_estimator_accum_state_owners"
 # Per thread (MirroredStrategy builds each replica in a thread of its own):
 # the dicts `recording_state_variables` is filling.
 _RECORDING = threading.local()
@@ -173,7 +167,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   # scope says: under a scope with reuse=True the first replica creates
   # its state, and under AUTO_REUSE a second build is refused, not handed
   # the first one's accumulators.
-  creators = graph_registry(_CREATORS_ATTRIBUTE)
+  creators = graph_state.of().state_creators
   replica = replica_id()
   reuse = name in creators and creators[name] != replica
   root = tf.compat.v1.VariableScope(reuse=reuse, name="")
@@ -205,12 +199,12 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
       if not checkpointed:
         return variable
       if slot_of is not None:
-        graph_registry(_OWNERS_ATTRIBUTE).setdefault(name, slot_of)
+        graph_state.of().state_owners.setdefault(name, slot_of)
       return record_state_variable(name, variable, slot_of)
     except ValueError as error:
       if "already exists" not in str(error):
         raise
-      owner = graph_registry(_OWNERS_ATTRIBUTE).get(name)
+      owner = graph_state.of().state_owners.get(name)
       if slot_of is not None and owner is not None and owner is not slot_of:
         raise ValueError(
             f"the window state {name!r} of variable {slot_of.name} exists "

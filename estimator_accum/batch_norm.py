@@ -25,17 +25,12 @@ micro-batch).
 import numpy as np
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
   between_graph_worker_device,
   state_variable,
 )
-
-# Graph attribute holding {scope name: WindowStatistics} for the train op.
-_REGISTRY_ATTRIBUTE = "_estimator_accum_window_statistics"
-# Set on the graph by build_accumulating_train_op (train_op._STATE_ATTRIBUTE).
-_TRAIN_OP_ATTRIBUTE = "_estimator_accum_state"
 
 
 def adjusted_momentum(momentum, k):
@@ -162,16 +157,12 @@ def _window_statistics(scope, k, momentum, moving_mean, moving_variance,
                        inputs):
   """The layer's `WindowStatistics`, created by the first replica to build
   it and found by the others."""
-  graph = tf.compat.v1.get_default_graph()
-  if getattr(graph, _TRAIN_OP_ATTRIBUTE, None) is not None:
+  if graph_state.of().accumulation is not None:
     raise ValueError(
         f"batch_norm {scope!r} is built after build_accumulating_train_op: "
         "the train op updates the moving statistics of the batch_norm layers "
         "built before it. Build the model first, then the train op.")
-  registry = getattr(graph, _REGISTRY_ATTRIBUTE, None)
-  if registry is None:
-    registry = {}
-    setattr(graph, _REGISTRY_ATTRIBUTE, registry)
+  registry = graph_state.of().window_statistics
   if scope not in registry:
     registry[scope] = WindowStatistics(
         scope, k, momentum, moving_mean, moving_variance,
@@ -181,8 +172,7 @@ def _window_statistics(scope, k, momentum, moving_mean, moving_variance,
 
 def window_statistics(graph=None):
   """The `WindowStatistics` of every batch_norm built in `graph` so far."""
-  graph = graph or tf.compat.v1.get_default_graph()
-  return list(getattr(graph, _REGISTRY_ATTRIBUTE, {}).values())
+  return list(graph_state.of(graph).window_statistics.values())
 
 
 def claim_window_statistics(k, train_op_name):

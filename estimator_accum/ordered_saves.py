@@ -32,7 +32,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum.graph_state import graph_registry
+from estimator_accum import graph_state
 
 # How long a save waits for the other workers to reach it: a worker that
 # never does has died, or does not see this model_dir.
@@ -116,8 +116,6 @@ def _model_dir(checkpoint_prefix):
 
 
 _BARRIERS = {}
-# Graph attribute: {checkpoint prefix tensor's name: that save's barrier op}.
-_BARRIER_OPS_ATTRIBUTE = "_estimator_accum_save_barriers"
 
 
 def order_saves(variable, global_step=None):
@@ -174,7 +172,7 @@ def _after_barrier(tensor, global_step, barrier):
 def _barrier_op(barrier, global_step, prefix):
   """The one barrier op of the save fed through `prefix`: every window
   variable's read in that save waits for it."""
-  ops = graph_registry(_BARRIER_OPS_ATTRIBUTE)
+  ops = graph_state.of().save_barriers
   if prefix.name not in ops:
     step = (tf.constant(0, tf.int64) if global_step is None else
             tf.cast(global_step.read_value(), tf.int64))

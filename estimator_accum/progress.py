@@ -25,9 +25,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-# Graph attribute: (train op name, ProgressLine) of the graph's first
-# accumulating train op; a second one (a GAN's) logs nothing of its own.
-_PROGRESS_ATTRIBUTE = "_estimator_accum_progress"
+from estimator_accum import graph_state
 
 
 def log_info(message, *args):
@@ -122,17 +120,16 @@ def progress_line(name, k, every_n):
   `every_n` is None."""
   if every_n is None:
     return None
-  graph = tf.compat.v1.get_default_graph()
-  owner = getattr(graph, _PROGRESS_ATTRIBUTE, None)
-  if owner is None:
-    owner = (name, ProgressLine(
+  state = graph_state.of()
+  if state.progress is None:
+    state.progress = (name, ProgressLine(
         k, every_n, tf.distribute.get_strategy().num_replicas_in_sync))
-    setattr(graph, _PROGRESS_ATTRIBUTE, owner)
-  return owner[1] if owner[0] == name else None
+  owner, line = state.progress
+  return line if owner == name else None
 
 
 def silence(graph):
   """Stops the progress line of `graph` (a hook logs its own)."""
-  owner = getattr(graph, _PROGRESS_ATTRIBUTE, None)
+  owner = graph_state.of(graph).progress
   if owner is not None:
     owner[1].silenced = True

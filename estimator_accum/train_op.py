@@ -31,7 +31,7 @@ strategy the same code runs under TensorFlow's default strategy, whose
 
 import tensorflow as tf
 
-from estimator_accum import _checks, progress, window_reports
+from estimator_accum import _checks, graph_state, progress, window_reports
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
@@ -49,16 +49,6 @@ from estimator_accum.window import Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
            "get_accumulation_state"]
-
-# The graph's AccumulationState is kept in this attribute of the graph. Not a
-# graph collection: collections are exported with every checkpoint's meta
-# graph, which cannot hold this object. Not a WeakKeyDictionary keyed by the
-# graph either: the state holds the graph's variables, which hold the graph,
-# so the key would never die and every graph built (Estimator builds one per
-# train() call) would stay in memory for the life of the process.
-_STATE_ATTRIBUTE = "_estimator_accum_state"
-# Graph attribute: {counter variable name: name of the train op counting it}.
-_COUNTERS_ATTRIBUTE = "_estimator_accum_counters"
 
 
 @as_written
@@ -325,15 +315,15 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
     # rather than their sum.
     tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
   # Under MirroredStrategy every replica builds the same state; keep the first.
-  graph = tf.compat.v1.get_default_graph()
-  if getattr(graph, _STATE_ATTRIBUTE, None) is None:
+  graph = graph_state.of()
+  if graph.accumulation is None:
     _log_state_size(window.state)
-    setattr(graph, _STATE_ATTRIBUTE, window.state._replace(examples={}))
+    graph.accumulation = window.state._replace(examples={})
   # Every replica's micro-batch size, for the progress line's examples/sec;
   # of the first train op, as the state is (a second one, in a GAN, runs on
   # the same batches).
   replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
-  getattr(graph, _STATE_ATTRIBUTE).examples.setdefault(replica, examples)
+  graph.accumulation.examples.setdefault(replica, examples)
   return train_op
 
 
@@ -379,17 +369,13 @@ def _micro_batch_gradients(loss, var_list, variables_named, scaler, options):
 
 def claimed_names(graph):
   """The names of the accumulating train ops built in `graph` so far."""
-  return set(getattr(graph, _COUNTERS_ATTRIBUTE, {}).values())
+  return set(graph_state.of(graph).counters.values())
 
 
 def _claim_counter(global_step, name):
   """Refuses a second train op incrementing the same counter: every run of
   both would count two micro-batches, and each window would end early."""
-  graph = tf.compat.v1.get_default_graph()
-  claims = getattr(graph, _COUNTERS_ATTRIBUTE, None)
-  if claims is None:
-    claims = {}
-    setattr(graph, _COUNTERS_ATTRIBUTE, claims)
+  claims = graph_state.of().counters
   counter = variable_base_name(global_step)
   owner = claims.setdefault(counter, name)
   if owner != name:
@@ -442,7 +428,7 @@ def get_accumulation_state(graph=None):
     ValueError: if no accumulating train op was built in the graph.
   """
   graph = graph or tf.compat.v1.get_default_graph()
-  state = getattr(graph, _STATE_ATTRIBUTE, None)
+  state = graph_state.of(graph).accumulation
   if state is None:
     raise ValueError("no accumulating train op was built in this graph; call "
                      "build_accumulating_train_op first.")

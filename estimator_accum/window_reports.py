@@ -15,11 +15,10 @@ import tensorflow as tf
 # Not public: the type MultiWorkerMirroredStrategy's reduce returns as it is.
 from tensorflow.python.distribute import values as values_lib
 
-from estimator_accum import _checks
+from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
 from estimator_accum.accumulators import (
   between_graph_worker_device,
-  graph_registry,
   state_variable,
 )
 
@@ -224,7 +223,6 @@ def reportable_loss(loss, name="gradient_accumulation", across_workers=False):
   return value
 
 
-_WORKER_LOSSES = "_estimator_accum_worker_losses"
 
 
 def _report_on_this_worker(value):
@@ -249,7 +247,7 @@ def _report_on_this_worker(value):
   devices = tuple(strategy.extended.worker_devices)
   if strategy.num_replicas_in_sync <= len(devices):
     return
-  registry = graph_registry(_WORKER_LOSSES)
+  registry = graph_state.of().worker_losses
   replica = int(tf.get_static_value(context.replica_id_in_sync_group))
   # The n-th call on each replica is the same loss: group them by n.
   calls = registry.setdefault("calls", {})

@@ -9,10 +9,9 @@ graph through `train_op.accumulating_train_op`.
 
 import tensorflow as tf
 
-from estimator_accum import _checks, object_checkpoints, progress
+from estimator_accum import _checks, graph_state, object_checkpoints, progress
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum.accumulators import (
-  graph_registry,
   recording_state_variables,
   replica_id,
   state_variable,
@@ -21,8 +20,6 @@ from estimator_accum.settings import DEFAULT_NAME, WindowSettings
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
 from estimator_accum.train_op import accumulating_train_op, claimed_names
 
-# Graph attribute: {replica id: the default names its windows were given}.
-_DEFAULT_NAMES_ATTRIBUTE = "_estimator_accum_default_names"
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
           tf.compat.v1.train.Optimizer.GATE_OP,
           tf.compat.v1.train.Optimizer.GATE_GRAPH)
@@ -167,7 +164,7 @@ def next_default_name():
   names windows built with a name of their own took. Counted per replica:
   under MirroredStrategy each replica builds the same windows, in the same
   order, from optimizers a canned estimator makes anew for each replica."""
-  handed = graph_registry(_DEFAULT_NAMES_ATTRIBUTE)
+  handed = graph_state.of().default_names
   mine = handed.setdefault(replica_id(), [])
   named = claimed_names(tf.compat.v1.get_default_graph()).difference(
       *handed.values())
