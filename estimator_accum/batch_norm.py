@@ -27,10 +27,8 @@ import tensorflow as tf
 
 from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
-from estimator_accum.accumulators import (
-  between_graph_worker_device,
-  state_variable,
-)
+from estimator_accum.placement import between_graph_worker_device
+from estimator_accum.state_variables import state_variable
 
 
 def adjusted_momentum(momentum, k):

@@ -25,7 +25,7 @@ import numbers
 
 import tensorflow as tf
 
-from estimator_accum.accumulators import state_variable
+from estimator_accum.state_variables import state_variable
 
 _V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 _V1_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale

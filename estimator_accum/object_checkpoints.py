@@ -72,7 +72,7 @@ def track_window(owner, optimizer, state, window_name):
     owner: the wrapper, a `tf.compat.v1.train.Optimizer` or a Keras legacy
       optimizer, which serves the inner optimizer's slots itself.
     optimizer: the inner optimizer.
-    state: `accumulators.StateRecording` of the window's state variables.
+    state: `state_variables.StateRecording` of the window's state variables.
     window_name: the window's name, which its counters' names begin with.
 
   Raises:

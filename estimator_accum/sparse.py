@@ -31,8 +31,8 @@ accumulation is refused).
 import tensorflow as tf
 
 from estimator_accum import progress
-from estimator_accum.accumulators import (
-  on_worker,
+from estimator_accum.placement import on_worker
+from estimator_accum.state_variables import (
   record_state_variable,
   variable_base_name,
 )

@@ -34,16 +34,14 @@ import tensorflow as tf
 from estimator_accum import _checks, graph_state, progress, window_reports
 from estimator_accum import loss_scale as _loss_scale
 from estimator_accum._autograph import as_written
-from estimator_accum.accumulators import (
-  AccumulationState,
-  between_graph_worker_device,
-  variable_base_name,
-)
+from estimator_accum.placement import between_graph_worker_device
 from estimator_accum.settings import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
   WindowSettings,
 )
 from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
+from estimator_accum.state import AccumulationState
+from estimator_accum.state_variables import variable_base_name
 from estimator_accum.step_counting import check_optimizer_steps
 from estimator_accum.window import Window
 

@@ -11,12 +11,7 @@ through `call_for_each_replica`, and count it.
 import tensorflow as tf
 
 from estimator_accum import window_reports
-from estimator_accum.accumulators import (
-  AccumulationState,
-  Accumulator,
-  rows_to_slices,
-  state_variable,
-)
+from estimator_accum.accumulators import Accumulator, rows_to_slices
 from estimator_accum.batch_norm import claim_window_statistics
 from estimator_accum.gradient_ops import (
   cast_gradient,
@@ -31,6 +26,8 @@ from estimator_accum.optimizer_apply import (
   reduction_taken_out,
 )
 from estimator_accum.sparse import CompactSparseAccumulator
+from estimator_accum.state import AccumulationState
+from estimator_accum.state_variables import state_variable
 
 # The window all-reduce's packs default to settings.BYTES_PER_PACK, about
 # 4 MB. One pack (TensorFlow's default) concatenates every gradient, reduces,

@@ -17,10 +17,8 @@ from tensorflow.python.distribute import values as values_lib
 
 from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
-from estimator_accum.accumulators import (
-  between_graph_worker_device,
-  state_variable,
-)
+from estimator_accum.placement import between_graph_worker_device
+from estimator_accum.state_variables import state_variable
 
 
 def add_summaries(after, state):

@@ -11,13 +11,13 @@ import tensorflow as tf
 
 from estimator_accum import _checks, graph_state, object_checkpoints, progress
 from estimator_accum import loss_scale as _loss_scale
-from estimator_accum.accumulators import (
+from estimator_accum.settings import DEFAULT_NAME, WindowSettings
+from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
+from estimator_accum.state_variables import (
   recording_state_variables,
   replica_id,
   state_variable,
 )
-from estimator_accum.settings import DEFAULT_NAME, WindowSettings
-from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
 from estimator_accum.train_op import accumulating_train_op, claimed_names
 
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
