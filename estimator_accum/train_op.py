@@ -222,6 +222,57 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
   `minimize` and `apply_gradients` call it; `settings` is a
   `WindowSettings`, checked already."""
+  (grads_and_vars, optimizer, loss_scale_config, global_step, var_list,
+   num_examples) = _check_inputs(loss, grads_and_vars, optimizer, settings,
+                                 global_step, var_list, num_examples)
+  replica_context = tf.distribute.get_replica_context()
+  variables_named = "variables in var_list"
+  if grads_and_vars is None and var_list is None:
+    variables_named = "trainable variables"
+    var_list = _trainable_variables(loss)
+  outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
+  train_ops_before = list(tf.compat.v1.get_collection(
+      tf.compat.v1.GraphKeys.TRAIN_OP))
+  with tf.compat.v1.name_scope(settings.name):
+    scaler = None
+    if grads_and_vars is None:
+      if loss_scale_config is not None:
+        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name)
+      trained = _micro_batch_gradients(loss, var_list, variables_named, scaler,
+                                       dict(settings.gradient_options))
+      # What the micro-batch is computed from: its input pipeline, its device.
+      source = loss
+    else:
+      trained, source = _given_gradients(grads_and_vars)
+    _checks.check_ref_variables(trained, optimizer)
+    window = Window(
+        trained, optimizer, settings, global_step, num_examples,
+        loss_scaler=scaler,
+        local_device=between_graph_worker_device(source, global_step),
+        compact=choose_compact(
+            trained, settings.sparse_accumulation,
+            settings.sparse_threshold_bytes, settings.accumulator_dtype,
+            tf.distribute.get_strategy().num_replicas_in_sync),
+        outer_scope=outer_scope,
+        progress=progress.progress_line(
+            settings.name, settings.k, settings.log_every_n_micro_batches))
+    examples = window_reports.micro_batch_examples(source, num_examples)
+    accumulated = window.accumulate_micro_batch(loss)
+    train_op = replica_context.merge_call(
+        window.end_micro_batch,
+        args=(accumulated,) + ((examples,) if examples is not None else ()))
+  _replace_train_ops(train_ops_before, train_op)
+  _record_state(window, replica_context, examples)
+  return train_op
+
+
+def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
+                  var_list, num_examples):
+  """Checks what the graph gives: the loss or gradients, the optimizer, the
+  counter, var_list, num_examples and the replica context. Returns
+  (grads_and_vars as a list, the optimizer unwrapped, its loss-scale config
+  or None, global_step, var_list, num_examples), the counter claimed for
+  this train op."""
   _checks.check_graph_mode()
   if grads_and_vars is None:
     _checks.check_loss(loss)
@@ -246,8 +297,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
         "num_examples weights each micro-batch's mean gradient by its size and "
         "has no meaning with reduction='sum'; pass num_examples=None or use "
         "reduction='mean'.")
-  replica_context = tf.distribute.get_replica_context()
-  if replica_context is None:
+  if tf.distribute.get_replica_context() is None:
     raise RuntimeError(
         "build_accumulating_train_op must be called in replica context (a "
         "model_fn, or a function run by strategy.run), not in cross-replica "
@@ -258,55 +308,37 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
     _checks.check_global_step(global_step)
   check_optimizer_steps(optimizer, global_step, settings.k)
   _claim_counter(global_step, settings.name)
-  variables_named = "variables in var_list"
-  if grads_and_vars is None and var_list is None:
-    variables_named = "trainable variables"
-    var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
-        tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
-    var_list = list({id(v): v for v in var_list}.values())
-    if not var_list:
-      raise ValueError(
-          f"loss {loss.name} cannot be trained: the graph has no trainable "
-          "variables.")
+  return (grads_and_vars, optimizer, loss_scale_config, global_step,
+          var_list, num_examples)
 
-  outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
-  train_ops_before = list(tf.compat.v1.get_collection(
-      tf.compat.v1.GraphKeys.TRAIN_OP))
-  with tf.compat.v1.name_scope(settings.name):
-    scaler = None
-    if grads_and_vars is None:
-      if loss_scale_config is not None:
-        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name)
-      trained = _micro_batch_gradients(loss, var_list, variables_named, scaler,
-                                       dict(settings.gradient_options))
-      # What the micro-batch is computed from: its input pipeline, its device.
-      source = loss
-    else:
-      trained = [(g, v) for g, v in grads_and_vars if g is not None]
-      if not trained:
-        raise ValueError(
-            f"grads_and_vars has no gradient (all {len(grads_and_vars)} are "
-            "None): the loss does not depend on any of the variables.")
-      source = trained[0][0]
-      source = getattr(source, "values", source)
-    _checks.check_ref_variables(trained, optimizer)
-    compact = choose_compact(
-        trained, settings.sparse_accumulation, settings.sparse_threshold_bytes,
-        settings.accumulator_dtype,
-        tf.distribute.get_strategy().num_replicas_in_sync)
-    window = Window(
-        trained, optimizer, settings, global_step, num_examples,
-        loss_scaler=scaler,
-        local_device=between_graph_worker_device(source, global_step),
-        compact=compact, outer_scope=outer_scope,
-        progress=progress.progress_line(
-            settings.name, settings.k, settings.log_every_n_micro_batches))
-    examples = window_reports.micro_batch_examples(source, num_examples)
-    accumulated = window.accumulate_micro_batch(loss)
-    train_op = replica_context.merge_call(
-        window.end_micro_batch,
-        args=(accumulated,) + ((examples,) if examples is not None else ()))
-  _replace_train_ops(train_ops_before, train_op)
+
+def _trainable_variables(loss):
+  """The graph's trainable variables, once each; ValueError if none."""
+  var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+      tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+  var_list = list({id(v): v for v in var_list}.values())
+  if not var_list:
+    raise ValueError(
+        f"loss {loss.name} cannot be trained: the graph has no trainable "
+        "variables.")
+  return var_list
+
+
+def _given_gradients(grads_and_vars):
+  """([(gradient, variable)] without the Nones, a tensor of the micro-batch
+  to place its window by); ValueError if every gradient is None."""
+  trained = [(g, v) for g, v in grads_and_vars if g is not None]
+  if not trained:
+    raise ValueError(
+        f"grads_and_vars has no gradient (all {len(grads_and_vars)} are "
+        "None): the loss does not depend on any of the variables.")
+  source = trained[0][0]
+  return trained, getattr(source, "values", source)
+
+
+def _record_state(window, replica_context, examples):
+  """Keeps the graph's AccumulationState (of its first train op) and this
+  replica's micro-batch size, for hooks and the progress line."""
   if tf.distribute.get_strategy().num_replicas_in_sync > 1:
     # The window is the mean over replicas, as optimizer.minimize's is; say
     # so the way it does, so that Estimator reports the replicas' mean loss
@@ -322,7 +354,6 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
   # the same batches).
   replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
   graph.accumulation.examples.setdefault(replica, examples)
-  return train_op
 
 
 def _replace_train_ops(before, train_op):

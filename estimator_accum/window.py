@@ -85,11 +85,30 @@ class Window:
         else Accumulator(v, g, accumulator_dtype, local_device,
                          holds_mean=reduction == "running_mean")
         for (g, v), c in zip(trained, compact)]
-    # The window's weight so far on this replica: its examples with
-    # num_examples, else its micro-batches. The mean divides by its sum over
-    # the replicas, which is k * replicas except in a window that straddles
-    # a resume with another k or number of replicas: that window is then
-    # still the mean of what it holds.
+    # Made in this order, which the Keras wrapper's weights follow.
+    self._make_window_weight(name, num_examples, local_device)
+    self._make_position_counter(name, global_step, local_device)
+    self._make_counters(name, settings.max_consecutive_skipped_windows)
+    self.state = AccumulationState(
+        k, global_step, self._updates, self._skipped, self._norm,
+        self._accumulators, loss_scaler.scale if loss_scaler else None)
+
+  def _make_window_weight(self, name, num_examples, local_device):
+    """The window's weight so far on this replica: its examples with
+    num_examples, else its micro-batches. The mean divides by its sum over
+    the replicas, which is k * replicas except in a window that straddles
+    a resume with another k or number of replicas: that window is then
+    still the mean of what it holds.
+
+    For the plain mean each micro-batch is added already divided by
+    k * replicas, so that the window's sum is its gradient: the apply step
+    hands the optimizer the accumulators themselves, not a scaled copy the
+    size of the model. That divisor is state saved with the window: a run
+    resumed with another k or number of replicas goes on adding with the
+    divisor its window began with, and the window's end multiplies by
+    divisor / micro-batches held, which is exactly 1 in every other window.
+    """
+    reduction = self._reduction
     self._weight = None
     self._counts_micro_batches = num_examples is None and reduction != "sum"
     if reduction != "sum":
@@ -97,43 +116,38 @@ class Window:
           name + ("/window_micro_batches" if self._counts_micro_batches
                   else "/window_examples"),
           [], _COUNT_DTYPE, per_replica=True, local_device=local_device)
-    # For the plain mean each micro-batch is added already divided by
-    # k * replicas, so that the window's sum is its gradient: the apply step
-    # hands the optimizer the accumulators themselves, not a scaled copy the
-    # size of the model. That divisor is state saved with the window: a run
-    # resumed with another k or number of replicas goes on adding with the
-    # divisor its window began with, and the window's end multiplies by
-    # divisor / micro-batches held, which is exactly 1 in every other window.
     self._divisor = None
     if reduction == "mean" and num_examples is None:
       self._divisor = state_variable(
           name + "/window_divisor", [], _COUNT_DTYPE, per_replica=False,
           initial_value=float(self._window_size), local_device=local_device)
-    # The window's position: the global step, except in between-graph
-    # training, where the global step is shared by workers that each keep
-    # their own window and count their own micro-batches.
+
+  def _make_position_counter(self, name, global_step, local_device):
+    """The window's position: the global step, except in between-graph
+    training, where the global step is shared by workers that each keep
+    their own window and count their own micro-batches."""
     self._position_counter = global_step
     if local_device is not None:
       self._position_counter = state_variable(
           name + "/local_micro_batches", [], tf.int64, per_replica=True,
           local_device=local_device)
+
+  def _make_counters(self, name, max_skipped):
+    """Updates applied, windows skipped, the last norm; and the windows
+    skipped in a row in this run (not saved: a resumed run starts counting
+    again), None when no number of them stops training."""
     self._updates = state_variable(
         name + "/updates_applied", [], tf.int64, per_replica=False)
     self._skipped = state_variable(
         name + "/skipped_windows", [], tf.int64, per_replica=False)
     self._norm = state_variable(
         name + "/applied_gradient_norm", [], tf.float32, per_replica=False)
-    # Windows skipped in a row in this run (not saved: a resumed run starts
-    # counting again), or None when no number of them stops training.
-    self._max_skipped = settings.max_consecutive_skipped_windows
+    self._max_skipped = max_skipped
     self._skipped_in_a_row = None
-    if self._max_skipped is not None:
+    if max_skipped is not None:
       self._skipped_in_a_row = state_variable(
           name + "/skipped_windows_in_a_row", [], tf.int64, per_replica=False,
           checkpointed=False)
-    self.state = AccumulationState(
-        k, global_step, self._updates, self._skipped, self._norm,
-        self._accumulators, loss_scaler.scale if loss_scaler else None)
 
   # Replica context: every micro-batch.
 
