@@ -102,10 +102,12 @@ class WrapperWindow:
     self.optimizer = optimizer
     self._reduction = reduction
     self._given_name = name
+    self._given_communication_options = communication_options
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k, the
-    given reduction and name, and the settings (the dtype by name)."""
+    given reduction and name, and the settings (the dtype by name; the
+    communication options as given, which a config serializes)."""
     settings = self._settings
     return dict(
         optimizer=self.optimizer, k=self.k, reduction=self._reduction,
@@ -114,7 +116,7 @@ class WrapperWindow:
         summaries=settings.summaries, loss_scale=settings.loss_scale,
         sparse_accumulation=settings.sparse_accumulation,
         sparse_threshold_bytes=settings.sparse_threshold_bytes,
-        communication_options=settings.communication_options,
+        communication_options=self._given_communication_options,
         after_update=settings.after_update)
 
   def reduction(self):
