@@ -89,3 +89,20 @@ def test_bert_config_accepts_what_googles_accepts():
       ValueError, match=r"hidden size \(37\) is not a multiple of the number "
                         r"of attention heads \(12\)"):
     modeling.BertModel(config, False, tf.zeros([1, 4], tf.int32))
+
+
+def test_gelu_and_the_reshape_helpers_as_googles():
+  with tf.Graph().as_default():
+    x = tf.constant([1.0, -2.0])
+    three = tf.reshape(tf.range(24.0), [2, 3, 4])
+    matrix = modeling.reshape_to_matrix(three)
+    back = modeling.reshape_from_matrix(matrix, [2, 3, 4])
+    gelu, matrix, back = _run([modeling.gelu(x), matrix, back])
+  tanh_gelu = [0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) *
+                                          (v + 0.044715 * v**3)))
+               for v in (1, -2)]
+  np.testing.assert_allclose(gelu, tanh_gelu, rtol=1e-6)
+  assert matrix.shape == (6, 4)
+  np.testing.assert_array_equal(back, np.arange(24.0).reshape(2, 3, 4))
+  with tf.Graph().as_default(), pytest.raises(ValueError, match="rank >= 2"):
+    modeling.reshape_to_matrix(tf.zeros([3]))

@@ -329,6 +329,32 @@ def get_activation(activation_string):
   return _ACTIVATIONS[name]
 
 
+def gelu(x):
+  """Google's GELU (its tanh approximation), as google-research/bert's
+  `modeling.gelu`; `hidden_act="gelu"` uses the exact erf form."""
+  return _ACTIVATIONS["gelu_tanh"](x)
+
+
+def reshape_to_matrix(input_tensor):
+  """A tensor of rank >= 2 as a matrix [-1, width] (Google's helper)."""
+  rank = input_tensor.shape.rank
+  if rank is not None and rank < 2:
+    raise ValueError(f"input tensor must have rank >= 2, got shape "
+                     f"{input_tensor.shape}.")
+  if rank == 2:
+    return input_tensor
+  return tf.reshape(input_tensor, [-1, input_tensor.shape[-1]])
+
+
+def reshape_from_matrix(output_tensor, orig_shape_list):
+  """A matrix back to `orig_shape_list`'s leading dimensions and its own
+  width (Google's helper)."""
+  if len(orig_shape_list) == 2:
+    return output_tensor
+  width = get_shape_list(output_tensor)[-1]
+  return tf.reshape(output_tensor, orig_shape_list[:-1] + [width])
+
+
 def layer_norm(input_tensor, name=None, epsilon=1e-12):
   """Layer normalization over the last axis, with variables
   `<name or LayerNorm>/beta` and `/gamma` as in Google's checkpoints."""
