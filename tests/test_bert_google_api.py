@@ -101,7 +101,7 @@ def test_gelu_and_the_reshape_helpers_as_googles():
   tanh_gelu = [0.5 * v * (1.0 + math.tanh(math.sqrt(2.0 / math.pi) *
                                           (v + 0.044715 * v**3)))
                for v in (1, -2)]
-  np.testing.assert_allclose(gelu, tanh_gelu, rtol=1e-6)
+  np.testing.assert_allclose(gelu, tanh_gelu, rtol=1e-6, atol=1e-6)
   assert matrix.shape == (6, 4)
   np.testing.assert_array_equal(back, np.arange(24.0).reshape(2, 3, 4))
   with tf.Graph().as_default(), pytest.raises(ValueError, match="rank >= 2"):
