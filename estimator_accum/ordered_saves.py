@@ -83,6 +83,8 @@ class SaveBarrier:
       name = f"step_{step}_save_{self._saves_at_step[step]}"
     barrier = os.path.join(directory, BARRIER_DIRECTORY)
     tf.io.gfile.makedirs(barrier)
+    if self._previous_marker is None:
+      self._remove_markers_of_an_earlier_run(barrier)
     marker = os.path.join(barrier, f"{name}.{self._task}")
     with tf.io.gfile.GFile(marker, "w") as f:
       f.write(json.dumps({"step": step, "task": self._task}))
@@ -102,6 +104,17 @@ class SaveBarrier:
       tf.io.gfile.remove(self._previous_marker)
     self._previous_marker = marker
     return step
+
+  def _remove_markers_of_an_earlier_run(self, barrier):
+    """Removes this worker's marker left by an earlier run of the job in
+    this model_dir (the last barrier it passed). Its save counts restart
+    with this process, and a later save of the same name would otherwise
+    find it there. The first save of a process (at the restored step, before
+    any step has run) is the only one that may still see another worker's
+    old marker, and it follows no last step to wait for."""
+    for name in tf.io.gfile.listdir(barrier):
+      if name.endswith(f".{self._task}"):
+        tf.io.gfile.remove(os.path.join(barrier, name))
 
 
 def _model_dir(checkpoint_prefix):
