@@ -106,3 +106,50 @@ def test_gelu_and_the_reshape_helpers_as_googles():
   np.testing.assert_array_equal(back, np.arange(24.0).reshape(2, 3, 4))
   with tf.Graph().as_default(), pytest.raises(ValueError, match="rank >= 2"):
     modeling.reshape_to_matrix(tf.zeros([3]))
+
+
+def test_googles_building_blocks_compute_what_bert_model_does():
+  """embedding_lookup, embedding_postprocessor, attention_layer (through
+  transformer_model) with Google's signatures, on BertModel's own variables
+  (reused by name): the same embedding output and layers."""
+  config = modeling.BertConfig(
+      vocab_size=30, hidden_size=16, num_hidden_layers=2,
+      num_attention_heads=4, intermediate_size=24, max_position_embeddings=12,
+      type_vocab_size=2)
+  rng = np.random.RandomState(0)
+  ids = rng.randint(0, 30, size=(3, 7)).astype(np.int32)
+  mask = np.ones((3, 7), np.int32)
+  mask[1, 5:] = 0
+  types = rng.randint(0, 2, size=(3, 7)).astype(np.int32)
+  with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(0)
+    model = modeling.BertModel(config, False, tf.constant(ids),
+                               tf.constant(mask), tf.constant(types),
+                               scope="bert")
+    with tf.compat.v1.variable_scope("bert", reuse=True):
+      with tf.compat.v1.variable_scope("embeddings"):
+        words, table = modeling.embedding_lookup(
+            tf.constant(ids), config.vocab_size, config.hidden_size)
+        embedded = modeling.embedding_postprocessor(
+            words, use_token_type=True, token_type_ids=tf.constant(types),
+            token_type_vocab_size=config.type_vocab_size,
+            max_position_embeddings=config.max_position_embeddings,
+            dropout_prob=0.0)
+      with tf.compat.v1.variable_scope("encoder"):
+        layers = modeling.transformer_model(
+            embedded, modeling.create_attention_mask_from_input_mask(
+                tf.constant(ids), tf.constant(mask)),
+            hidden_size=config.hidden_size,
+            num_hidden_layers=config.num_hidden_layers,
+            num_attention_heads=config.num_attention_heads,
+            intermediate_size=config.intermediate_size,
+            intermediate_act_fn=modeling.get_activation(config.hidden_act),
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            do_return_all_layers=True)
+    assert table is model.get_embedding_table()
+    ours, theirs = _run([
+        [model.get_embedding_output()] + model.get_all_encoder_layers(),
+        [embedded] + layers])
+  for index, (want, got) in enumerate(zip(ours, theirs)):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5,
+                               err_msg=f"output {index}")

@@ -371,6 +371,154 @@ def layer_norm_and_dropout(input_tensor, dropout_prob, name=None):
   return dropout(layer_norm(input_tensor, name), dropout_prob)
 
 
+def embedding_lookup(input_ids, vocab_size, embedding_size=128,
+                     initializer_range=0.02,
+                     word_embedding_name="word_embeddings",
+                     use_one_hot_embeddings=False):
+  """Google's embedding_lookup: (float32 Tensor [batch_size, seq_length,
+  embedding_size], the embedding table) for int32 `input_ids` of shape
+  [batch_size, seq_length] (or [batch_size, seq_length, 1])."""
+  if input_ids.shape.rank == 2:
+    input_ids = tf.expand_dims(input_ids, axis=-1)
+  table = tf.compat.v1.get_variable(
+      word_embedding_name, [vocab_size, embedding_size],
+      initializer=create_initializer(initializer_range))
+  flat_ids = tf.reshape(input_ids, [-1])
+  if use_one_hot_embeddings:
+    output = tf.matmul(tf.one_hot(flat_ids, depth=vocab_size), table)
+  else:
+    output = tf.gather(table, flat_ids)
+  shape = get_shape_list(input_ids)
+  return (tf.reshape(output, shape[0:-1] + [shape[-1] * embedding_size]),
+          table)
+
+
+def embedding_postprocessor(input_tensor, use_token_type=False,
+                            token_type_ids=None, token_type_vocab_size=16,
+                            token_type_embedding_name="token_type_embeddings",
+                            use_position_embeddings=True,
+                            position_embedding_name="position_embeddings",
+                            initializer_range=0.02,
+                            max_position_embeddings=512, dropout_prob=0.1):
+  """Google's embedding_postprocessor: adds token type and position
+  embeddings to `input_tensor` (float32 [batch_size, seq_length, width]),
+  then layer normalization (`LayerNorm`) and dropout."""
+  batch_size, seq_length, width = get_shape_list(input_tensor,
+                                                 expected_rank=3)
+  output = input_tensor
+  if use_token_type:
+    if token_type_ids is None:
+      raise ValueError("`token_type_ids` must be specified if "
+                       "`use_token_type` is True.")
+    token_types = tf.compat.v1.get_variable(
+        token_type_embedding_name, [token_type_vocab_size, width],
+        initializer=create_initializer(initializer_range))
+    output += tf.gather(token_types, token_type_ids)
+  if use_position_embeddings:
+    positions = tf.compat.v1.get_variable(
+        position_embedding_name, [max_position_embeddings, width],
+        initializer=create_initializer(initializer_range))
+    output += positions[tf.newaxis, :seq_length]
+  return layer_norm_and_dropout(output, dropout_prob)
+
+
+def attention_layer(from_tensor, to_tensor, attention_mask=None,
+                    num_attention_heads=1, size_per_head=512,
+                    query_act=None, key_act=None, value_act=None,
+                    attention_probs_dropout_prob=0.0, initializer_range=0.02,
+                    do_return_2d_tensor=False, batch_size=None,
+                    from_seq_length=None, to_seq_length=None):
+  """Google's attention_layer: multi-headed attention from `from_tensor`
+  ([batch_size, from_seq_length, width], or 2-D with the lengths given) to
+  `to_tensor`, with variables `query`, `key`, `value` in the current scope.
+  `attention_mask`: [batch_size, from_seq_length, to_seq_length], 1 where
+  attention is allowed. Returns [batch_size, from_seq_length,
+  num_attention_heads * size_per_head] (2-D [batch_size * from_seq_length,
+  ...] with do_return_2d_tensor)."""
+  from_shape = get_shape_list(from_tensor, expected_rank=[2, 3])
+  to_shape = get_shape_list(to_tensor, expected_rank=[2, 3])
+  if len(from_shape) != len(to_shape):
+    raise ValueError("The rank of `from_tensor` must match the rank of "
+                     "`to_tensor`.")
+  if len(from_shape) == 3:
+    batch_size, from_seq_length, to_seq_length = (
+        from_shape[0], from_shape[1], to_shape[1])
+  elif batch_size is None or from_seq_length is None or to_seq_length is None:
+    raise ValueError("When passing in rank 2 tensors to attention_layer, the "
+                     "values for `batch_size`, `from_seq_length`, and "
+                     "`to_seq_length` must all be specified.")
+  width = num_attention_heads * size_per_head
+
+  def heads(x, length, name, activation):
+    x = _dense(reshape_to_matrix(x), width, name, initializer_range,
+               activation=get_activation(activation))
+    x = tf.reshape(x, [batch_size, length, num_attention_heads,
+                       size_per_head])
+    return tf.transpose(x, [0, 2, 1, 3])
+
+  query = heads(from_tensor, from_seq_length, "query", query_act)
+  key = heads(to_tensor, to_seq_length, "key", key_act)
+  value = heads(to_tensor, to_seq_length, "value", value_act)
+  scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(size_per_head)
+  if attention_mask is not None:
+    mask = tf.cast(attention_mask[:, tf.newaxis], scores.dtype)
+    scores += (1.0 - mask) * -10000.0
+  probs = dropout(tf.nn.softmax(scores), attention_probs_dropout_prob)
+  context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
+  if do_return_2d_tensor:
+    return tf.reshape(context, [batch_size * from_seq_length, width])
+  return tf.reshape(context, [batch_size, from_seq_length, width])
+
+
+def transformer_model(input_tensor, attention_mask=None, hidden_size=768,
+                      num_hidden_layers=12, num_attention_heads=12,
+                      intermediate_size=3072, intermediate_act_fn=gelu,
+                      hidden_dropout_prob=0.1,
+                      attention_probs_dropout_prob=0.1,
+                      initializer_range=0.02, do_return_all_layers=False):
+  """Google's transformer_model: `num_hidden_layers` layers (`layer_<i>`,
+  with Google's variable names) over float32 `input_tensor` [batch_size,
+  seq_length, hidden_size]. Returns the last layer's output, or the list of
+  every layer's with do_return_all_layers."""
+  if hidden_size % num_attention_heads != 0:
+    raise ValueError(
+        f"The hidden size ({hidden_size}) is not a multiple of the number of "
+        f"attention heads ({num_attention_heads})")
+  batch_size, seq_length, width = get_shape_list(input_tensor,
+                                                 expected_rank=3)
+  if width != hidden_size:
+    raise ValueError(f"The width of the input tensor ({width}) != hidden "
+                     f"size ({hidden_size})")
+  layer_input = reshape_to_matrix(input_tensor)
+  outputs = []
+  for index in range(num_hidden_layers):
+    with tf.compat.v1.variable_scope(f"layer_{index}"):
+      with tf.compat.v1.variable_scope("attention"):
+        with tf.compat.v1.variable_scope("self"):
+          context = attention_layer(
+              layer_input, layer_input, attention_mask, num_attention_heads,
+              hidden_size // num_attention_heads,
+              attention_probs_dropout_prob=attention_probs_dropout_prob,
+              initializer_range=initializer_range, do_return_2d_tensor=True,
+              batch_size=batch_size, from_seq_length=seq_length,
+              to_seq_length=seq_length)
+        with tf.compat.v1.variable_scope("output"):
+          attention = layer_norm(dropout(
+              _dense(context, hidden_size, "dense", initializer_range),
+              hidden_dropout_prob) + layer_input)
+      with tf.compat.v1.variable_scope("intermediate"):
+        intermediate = _dense(attention, intermediate_size, "dense",
+                              initializer_range,
+                              activation=get_activation(intermediate_act_fn))
+      with tf.compat.v1.variable_scope("output"):
+        layer_input = layer_norm(dropout(
+            _dense(intermediate, hidden_size, "dense", initializer_range),
+            hidden_dropout_prob) + attention)
+      outputs.append(reshape_from_matrix(layer_input,
+                                         [batch_size, seq_length, width]))
+  return outputs if do_return_all_layers else outputs[-1]
+
+
 def create_attention_mask_from_input_mask(from_tensor, to_mask):
   """float32 Tensor [batch_size, from_seq_length, to_seq_length]: 1 where a
   position of `from_tensor` ([batch_size, from_seq_length, ...]) may attend
