@@ -181,7 +181,6 @@ def _after_barrier(tensor, global_step, barrier):
   return make
 
 
-
 def _barrier_op(barrier, global_step, prefix):
   """The one barrier op of the save fed through `prefix`: every window
   variable's read in that save waits for it."""
