@@ -10,6 +10,18 @@ from estimator_accum.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.hooks import AccumulationLoggingHook
 from estimator_accum.keras_optimizer import AccumulatingKerasOptimizer
 from estimator_accum.optimizer import AccumulatingOptimizer
+from estimator_accum.planner import (
+    MicroBatchPlan,
+    estimator_step,
+    measure_peak,
+    plan_micro_batch,
+    window_batches,
+)
+from estimator_accum.replan import (
+    OutOfMemory,
+    halve_checkpoint,
+    train_halving_on_oom,
+)
 from estimator_accum.sparse import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,
@@ -26,12 +38,20 @@ __all__ = [
     "AccumulatingKerasOptimizer",
     "AccumulatingOptimizer",
     "Accumulator",
+    "MicroBatchPlan",
+    "OutOfMemory",
     "CompactSparseAccumulator",
     "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
     "AccumulationState",
     "adjusted_momentum",
     "batch_norm",
+    "estimator_step",
+    "halve_checkpoint",
+    "measure_peak",
+    "plan_micro_batch",
+    "train_halving_on_oom",
+    "window_batches",
     "build_accumulating_train_op",
     "get_accumulation_state",
     "is_divergence",

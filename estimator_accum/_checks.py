@@ -39,6 +39,17 @@ def check_k(k):
   return int(k)
 
 
+def check_positive_int(argument, value, limit=MAX_K):
+  """Returns `value` as an int after checking it is an integer in
+  1..limit; the error names `argument`."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{argument} must be an int, got {_short(value)} of type "
+                    f"{type(value).__name__}.")
+  if not 1 <= value <= limit:
+    raise ValueError(f"{argument} must be in 1..{limit}, got {_short(value)}.")
+  return int(value)
+
+
 def _short(value, limit=60):
   """repr(value), cut to `limit` characters."""
   text = repr(value)

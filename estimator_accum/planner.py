@@ -1,0 +1,389 @@
+"""Choose the micro-batch and k from measured memory.
+
+Accumulation here is exact, so how an effective batch is split into
+micro-batch x k does not change what is trained: only memory and speed
+depend on it. `plan_micro_batch` builds the accumulating training step at a
+few candidate micro-batches, each in a fresh graph, runs a few micro-batches
+of real input, and reads the allocator's peak of tensor memory
+(`tf.config.experimental.get_memory_info`: on a GPU its BFC allocator; on
+CPU TensorFlow's CPU allocator, the BFC one when TF_CPU_ALLOCATOR_USE_BFC=true,
+as a GPU would hold the tensors). It returns the largest micro-batch whose
+peak fits the budget less a margin.
+
+    plan = estimator_accum.plan_micro_batch(
+        estimator_accum.estimator_step(model_fn, input_fn),
+        effective_batch=32, memory_budget_mb=4000)
+    print(plan.describe())
+    # train with plan.micro_batch per replica and plan.k
+
+The peak grows with the micro-batch, so the candidates are searched by
+bisection: about log2(candidates) + 1 of them are measured.
+"""
+
+import dataclasses
+import gc
+import inspect
+import json
+import math
+import time
+
+import tensorflow as tf
+
+from estimator_accum import _checks
+
+DEFAULT_MARGIN = 0.1
+# Micro-batches run per candidate: two windows of k=2, so the measured peak
+# holds the accumulating step and the step that applies the window.
+_MEASURED_K = 2
+_MEASURED_MICRO_BATCHES = 4
+EQUAL = "equal micro-batches"
+WEIGHTED = "num_examples weighting"
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  """One candidate: its micro-batch, k, and peak bytes (None: the
+  allocator ran out of memory)."""
+  micro_batch: int
+  k: int
+  peak_bytes: int | None
+  seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchPlan:
+  """How to split `effective_batch` examples per update.
+
+  Each of `replicas` data-parallel replicas (workers x devices) trains
+  micro-batches of `micro_batch` examples, k of them per update; when
+  `micro_batch` does not divide the replica's share, the last micro-batch of
+  every window holds `last_micro_batch` examples and the window is exact
+  only with `num_examples` weighting (`exact_by`).
+  """
+  effective_batch: int
+  replicas: int
+  micro_batch: int
+  k: int
+  last_micro_batch: int
+  exact_by: str
+  budget_bytes: int | None
+  margin: float
+  device: str
+  measurements: tuple = ()
+  planning_seconds: float = 0.0
+  halvings: int = 0
+
+  @property
+  def per_replica(self):
+    return self.effective_batch // self.replicas
+
+  def fits(self, peak_bytes):
+    return peak_bytes is not None and peak_bytes <= self.limit_bytes
+
+  @property
+  def limit_bytes(self):
+    """The budget less the margin: a candidate fits if its peak is at most
+    this."""
+    return int(self.budget_bytes * (1 - self.margin))
+
+  def halved(self):
+    """The plan after running out of memory: half the micro-batch, twice
+    k, the same effective batch. ValueError when that is not exact."""
+    if self.micro_batch == 1 or self.micro_batch % 2 or (
+        self.last_micro_batch != self.micro_batch):
+      raise ValueError(
+          f"micro-batch {self.micro_batch} x k={self.k} cannot be halved "
+          "into equal micro-batches")
+    return dataclasses.replace(
+        self, micro_batch=self.micro_batch // 2, k=self.k * 2,
+        last_micro_batch=self.micro_batch // 2, halvings=self.halvings + 1)
+
+  def summary(self):
+    """One line: the split."""
+    text = (f"effective batch {self.effective_batch} = {self.replicas} "
+            f"replica(s) x micro-batch {self.micro_batch} x k={self.k}")
+    if self.last_micro_batch != self.micro_batch:
+      text += (f" (each window's last micro-batch holds "
+               f"{self.last_micro_batch}; exact by {self.exact_by})")
+    return text
+
+  def describe(self):
+    """The plan as printed: the candidates measured, their peaks, the
+    choice and the planning time."""
+    lines = [f"micro-batch plan on {self.device}: budget "
+             f"{_mb(self.budget_bytes)}, margin {self.margin:.0%}, so a "
+             f"micro-batch fits under {_mb(self.limit_bytes)}"]
+    for measured in sorted(self.measurements, key=lambda m: -m.micro_batch):
+      peak = ("out of memory" if measured.peak_bytes is None
+              else f"peak {_mb(measured.peak_bytes)}")
+      verdict = "fits" if self.fits(measured.peak_bytes) else "too big"
+      chosen = "  <- chosen" if measured.micro_batch == self.micro_batch else ""
+      lines.append(f"  micro-batch {measured.micro_batch:>4} (k={measured.k})"
+                   f": {peak}, {verdict} ({measured.seconds:.1f} s){chosen}")
+    lines.append(f"{self.summary()}; planned in "
+                 f"{self.planning_seconds:.1f} s ({len(self.measurements)} "
+                 f"candidate(s) measured)")
+    return "\n".join(lines)
+
+  def to_dict(self):
+    data = dataclasses.asdict(self)
+    data["measurements"] = [dataclasses.asdict(m) for m in self.measurements]
+    return data
+
+  def write(self, path):
+    """Writes the plan as JSON to `path`."""
+    with tf.io.gfile.GFile(path, "w") as writer:
+      json.dump(self.to_dict(), writer, indent=1)
+
+  @classmethod
+  def given(cls, effective_batch, micro_batch, replicas=1):
+    """A plan chosen by hand (no measurement): `micro_batch` must divide
+    the replica's share of `effective_batch`."""
+    share = _replica_share(effective_batch, replicas)
+    micro_batch = _checks.check_positive_int("micro_batch", micro_batch)
+    if share % micro_batch:
+      raise ValueError(
+          f"micro_batch={micro_batch} does not divide the "
+          f"{share} examples per replica of effective_batch="
+          f"{effective_batch}")
+    return cls(effective_batch, replicas, micro_batch, share // micro_batch,
+               micro_batch, EQUAL, None, 0.0, "given")
+
+
+def _mb(num_bytes):
+  return "no budget" if num_bytes is None else f"{num_bytes / 2**20:.1f} MB"
+
+
+def _replica_share(effective_batch, replicas):
+  effective_batch = _checks.check_positive_int("effective_batch",
+                                               effective_batch)
+  replicas = _checks.check_positive_int("replicas", replicas)
+  if effective_batch % replicas:
+    raise ValueError(
+        f"effective_batch={effective_batch} is not a multiple of the "
+        f"{replicas} replicas: each replica must take the same share")
+  return effective_batch // replicas
+
+
+def candidate_micro_batches(share, uneven=False):
+  """The micro-batches worth measuring for `share` examples per replica,
+  ascending: its divisors; with `uneven`, the smallest micro-batch for each
+  k (ceil(share / k)), whose windows end with a shorter micro-batch."""
+  if uneven:
+    return sorted({math.ceil(share / k) for k in range(1, share + 1)})
+  return [m for m in range(1, share + 1) if share % m == 0]
+
+
+def default_device():
+  """'GPU:0' when TensorFlow sees a GPU, else 'CPU:0'."""
+  return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
+
+
+def free_device_memory(device):
+  """The bytes TensorFlow's allocator may use on a GPU `device` (its memory
+  limit: what was free when TensorFlow started, less a reserve)."""
+  from tensorflow.python.client import device_lib  # noqa: PLC0415
+  index = int(device.rsplit(":", 1)[-1])
+  gpus = [d for d in device_lib.list_local_devices()
+          if d.device_type == "GPU"]
+  return int(gpus[index].memory_limit)
+
+
+def _budget(memory_budget_mb, device):
+  if memory_budget_mb is not None:
+    if (isinstance(memory_budget_mb, bool) or
+        not isinstance(memory_budget_mb, (int, float)) or
+        not math.isfinite(memory_budget_mb) or memory_budget_mb <= 0):
+      raise ValueError(f"memory_budget_mb={memory_budget_mb!r}: must be a "
+                       "positive number of MB (2**20 bytes)")
+    return int(memory_budget_mb * 2**20)
+  if device.upper().startswith("GPU"):
+    return free_device_memory(device)
+  raise ValueError(
+      f"memory_budget_mb=None on {device}: give the budget in MB; only a "
+      "GPU's free memory can be read as a default")
+
+
+def _check_margin(margin):
+  if (isinstance(margin, bool) or not isinstance(margin, (int, float)) or
+      not 0 <= margin < 1):
+    raise ValueError(f"margin={margin!r}: must be a fraction in [0, 1)")
+  return float(margin)
+
+
+def measure_peak(build, micro_batch, k, device=None,
+                 micro_batches=_MEASURED_MICRO_BATCHES):
+  """Builds `build(micro_batch, k)` in a fresh graph, runs it
+  `micro_batches` times after initializing, and returns a Measurement of
+  the allocator's peak bytes on `device` (None if it ran out of memory)."""
+  device = device or default_device()
+  started = time.perf_counter()
+  graph = tf.Graph()
+  with graph.as_default():
+    fetch = build(micro_batch, k)
+    if fetch is None:
+      raise ValueError(f"build({micro_batch}, {k}) returned None: it must "
+                       "return the train op (what one micro-batch runs)")
+    init = [tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer(),
+            tf.compat.v1.tables_initializer()]
+  peak = None
+  config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+  try:
+    with tf.compat.v1.Session(graph=graph, config=config) as session:
+      session.run(init)
+      tf.config.experimental.reset_memory_stats(device)
+      for _ in range(micro_batches):
+        session.run(fetch)
+      peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+  except tf.errors.ResourceExhaustedError:
+    peak = None
+  except tf.errors.OutOfRangeError:
+    raise ValueError(
+        f"the input ended before {micro_batches} micro-batches of "
+        f"{micro_batch}: planning runs that many (repeat the input)"
+    ) from None
+  finally:
+    del graph, fetch
+    gc.collect()
+  return Measurement(micro_batch, k, peak, time.perf_counter() - started)
+
+
+def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
+                     margin=DEFAULT_MARGIN, replicas=1, uneven=False,
+                     device=None, log=None):
+  """Measures candidate micro-batches and returns the largest that fits.
+
+  Args:
+    build: `build(micro_batch, k)`, called with a fresh default graph: builds
+      the input of `micro_batch` examples (real input; for inputs whose size
+      varies, such as sequences cut to the longest in the batch, give it the
+      longest) and the accumulating train op with that k, and returns the
+      train op. `estimator_step(model_fn, input_fn)` makes one from an
+      Estimator's functions. Measuring uses k=2 whatever the plan's k: the
+      accumulators and the apply step are the same for every k.
+    effective_batch: examples per update, over all replicas.
+    memory_budget_mb: the memory one replica's device may use, in MB
+      (2**20 bytes). Default: the GPU's free memory; required on CPU.
+    margin: the share of the budget kept free (allocator fragmentation,
+      collectives' buffers under strategies): a candidate fits if its peak
+      is at most budget x (1 - margin).
+    replicas: data-parallel replicas, workers x devices per worker; each
+      trains effective_batch / replicas examples per update.
+    uneven: also allow micro-batches that do not divide the replica's share
+      (the last micro-batch of each window is shorter). Only exact when the
+      train op weights micro-batches by `num_examples` and the input yields
+      windows as `window_batches` does.
+    device: where to read the allocator ('GPU:0', 'CPU:0'); default the
+      first GPU, else the CPU.
+    log: callable given a line per measured candidate (e.g. print).
+
+  Returns:
+    MicroBatchPlan. Raises ValueError (one line) when even micro-batch 1
+    does not fit, and for bad arguments.
+  """
+  started = time.perf_counter()
+  share = _replica_share(effective_batch, replicas)
+  margin = _check_margin(margin)
+  device = device or default_device()
+  budget = _budget(memory_budget_mb, device)
+  plan = MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
+                        budget, margin, device)
+  candidates = candidate_micro_batches(share, uneven)
+  measured = {}
+
+  def fits(index):
+    micro_batch = candidates[index]
+    k = math.ceil(share / micro_batch)
+    measurement = measure_peak(build, micro_batch, min(k, _MEASURED_K),
+                               device)
+    measurement = dataclasses.replace(measurement, k=k)
+    measured[micro_batch] = measurement
+    if log:
+      peak = ("out of memory" if measurement.peak_bytes is None
+              else _mb(measurement.peak_bytes))
+      log(f"micro-batch {micro_batch} (k={k}): {peak}")
+    return plan.fits(measurement.peak_bytes)
+
+  best = _largest_fitting(len(candidates), fits)
+  elapsed = time.perf_counter() - started
+  measurements = tuple(measured[m] for m in sorted(measured, reverse=True))
+  if best is None:
+    smallest = measured[candidates[0]]
+    raise ValueError(
+        f"memory_budget_mb={budget / 2**20:g}: even micro-batch "
+        f"{smallest.micro_batch} needs "
+        f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
+        f", over {_mb(plan.limit_bytes)} (the budget less the {margin:.0%} "
+        "margin)")
+  micro_batch = candidates[best]
+  k = math.ceil(share / micro_batch)
+  last = share - (k - 1) * micro_batch
+  return dataclasses.replace(
+      plan, micro_batch=micro_batch, k=k, last_micro_batch=last,
+      exact_by=EQUAL if last == micro_batch else WEIGHTED,
+      measurements=measurements, planning_seconds=elapsed)
+
+
+def _largest_fitting(count, fits):
+  """The largest index in range(count) with fits(index), or None.
+
+  fits is True up to some index and False after (the peak grows with the
+  micro-batch). The largest is tried first, as a generous budget is
+  common; then bisection."""
+  if fits(count - 1):
+    return count - 1
+  low, high = -1, count - 1  # Every index <= low fits; every >= high not.
+  while high - low > 1:
+    middle = (low + high) // 2
+    if fits(middle):
+      low = middle
+    else:
+      high = middle
+  return None if low < 0 else low
+
+
+def estimator_step(model_fn, input_fn, params=None, config=None):
+  """A `build(micro_batch, k)` for `plan_micro_batch` from an Estimator's
+  functions: calls `input_fn` and `model_fn` (TRAIN) with
+  params["batch_size"] = the micro-batch and params["k"] = k, as Estimator
+  would with `params`, and returns the EstimatorSpec's train op."""
+
+  def build(micro_batch, k):
+    tf.compat.v1.train.get_or_create_global_step()
+    step_params = dict(params or {}, batch_size=micro_batch, k=k)
+    features, labels = _call_input_fn(input_fn, step_params, config)
+    spec = _call(model_fn, dict(
+        features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN,
+        params=step_params, config=config))
+    return spec.train_op
+
+  return build
+
+
+def _call(function, arguments):
+  """Calls `function` with the arguments it names, as Estimator does."""
+  names = inspect.signature(function).parameters
+  return function(**{name: value for name, value in arguments.items()
+                     if name in names})
+
+
+def _call_input_fn(input_fn, params, config):
+  result = _call(input_fn, dict(params=params, config=config))
+  if isinstance(result, tf.data.Dataset):
+    # Repeated: a short input still gives the few micro-batches measured.
+    result = tf.compat.v1.data.make_one_shot_iterator(
+        result.repeat()).get_next()
+  if isinstance(result, (tuple, list)) and len(result) == 2:
+    return result[0], result[1]
+  return result, None
+
+
+def window_batches(dataset, plan):
+  """Batches `dataset` (of examples) into the plan's windows: k - 1
+  micro-batches of `plan.micro_batch` and a last one of
+  `plan.last_micro_batch`, each window the replica's share in order."""
+  share = plan.per_replica
+  return dataset.batch(share, drop_remainder=True).flat_map(
+      lambda *window: tf.data.Dataset.from_tensor_slices(
+          window if len(window) > 1 else window[0]).batch(plan.micro_batch))
