@@ -13,6 +13,7 @@ Google's flags work as in google-research/bert, except that
 workers x replicas x train_batch_size x gradient_accumulation_multiplier.
 """
 
+import dataclasses
 import datetime
 import json
 import math
@@ -27,7 +28,7 @@ from absl import app, flags, logging
 import estimator_accum
 import tfconfig
 from data import bert_features, classification
-from models import console
+from models import batch_plan, console
 from models.bert import (
   classifier,
   modeling,
@@ -87,6 +88,7 @@ flags.DEFINE_alias("gradient_accumulation_steps",
                    "gradient_accumulation_multiplier")
 flags.DEFINE_alias("num_accumulation_steps",
                    "gradient_accumulation_multiplier")
+batch_plan.define_flags(flags)
 flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
                    "global norm; 0 disables.", lower_bound=0.0)
 flags.DEFINE_float("classifier_dropout", 0.1, "Dropout on the pooled output "
@@ -371,71 +373,154 @@ def run():
 
 def _train_and_evaluate(processor, label_list, bert_config, tokenizer,
                         init_checkpoint, strategy, workers, replicas):
-  k = FLAGS.gradient_accumulation_multiplier
   between_graph = FLAGS.distribution_strategy == "parameter_server"
-  effective_batch = workers * replicas * FLAGS.train_batch_size * k
-  if between_graph:  # Each worker applies its own windows, asynchronously.
-    effective_batch = FLAGS.train_batch_size * k
-  num_train_updates, train_file = 1, None
+  # Each parameter-server worker applies its own windows, asynchronously.
+  ways = 1 if between_graph else workers * replicas
+  num_train, train_file = 0, None
   if FLAGS.do_train:
     _, train_file, num_train = _features(processor, "train", tokenizer,
                                          label_list)
-    num_train_updates = max(1, math.ceil(
-        num_train * FLAGS.num_train_epochs / effective_batch))
+  plan = _batch_plan(bert_config, train_file, ways, len(label_list))
+  num_train_updates = max(1, math.ceil(
+      num_train * FLAGS.num_train_epochs / plan.effective_batch))
+  if FLAGS.do_train:
     how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
-           f"{FLAGS.train_batch_size} x k={k}")
+           f"{plan.micro_batch} x k={plan.k}")
     if between_graph:
-      how = (f"micro-batch {FLAGS.train_batch_size} x k={k} per update, each "
+      how = (f"micro-batch {plan.micro_batch} x k={plan.k} per update, each "
              f"of {workers} worker(s) applying its own windows to the ps")
-    print(f"effective batch {effective_batch} = {how}; {num_train_updates} "
-          f"updates "
-          f"({num_train_updates * k} micro-batches) over {num_train} "
-          f"examples, {FLAGS.num_train_epochs:g} epoch(s)", flush=True)
-  training = classifier.TrainingConfig(
-      num_labels=len(label_list), learning_rate=FLAGS.learning_rate,
+    print(f"effective batch {plan.effective_batch} = {how}; "
+          f"{num_train_updates} updates ({num_train_updates * plan.k} "
+          f"micro-batches) over {num_train} examples, "
+          f"{FLAGS.num_train_epochs:g} epoch(s)", flush=True)
+
+  def estimator_for(plan):
+    return _estimator(bert_config, _training_config(
+        plan, num_train_updates, len(label_list), init_checkpoint), plan,
+                      strategy, replicas)
+
+  def train(plan):
+    _train(estimator_for(plan), plan, train_file, num_train_updates)
+
+  if FLAGS.do_train:
+    if FLAGS.micro_batch_size == "auto" and ways == 1:
+      plan = estimator_accum.train_halving_on_oom(
+          train, plan, FLAGS.output_dir, log=_replanned)
+    else:
+      train(plan)
+  if not _is_chief():
+    return
+  _evaluate_and_predict(estimator_for(plan), processor, tokenizer,
+                        label_list)
+  print(f"{FLAGS.output_dir}: {_directory_size(FLAGS.output_dir) / 2**20:.1f}"
+        f" MB (the last {FLAGS.keep_checkpoint_max} checkpoints, features, "
+        "events)", flush=True)
+
+
+def _replanned(line):
+  """After running out of memory: says so, and records the halved plan."""
+  print(line, flush=True)
+  path = os.path.join(FLAGS.output_dir, batch_plan.PLAN_FILE)
+  if tf.io.gfile.exists(path):
+    batch_plan.write(batch_plan.load(path).halved(), path)
+
+
+def _batch_plan(bert_config, train_file, ways, num_labels):
+  """The run's MicroBatchPlan: from --micro_batch_size (measured for
+  'auto'), else --train_batch_size and k as given."""
+  explicit = [name for name in ("train_batch_size",
+                                "gradient_accumulation_multiplier")
+              if FLAGS[name].present]
+  try:
+    batch_plan.check_flags(FLAGS, explicit)
+  except batch_plan.PlanError as error:
+    raise UsageError(str(error)) from None
+  k = FLAGS.gradient_accumulation_multiplier
+  effective = FLAGS.effective_batch_size or ways * FLAGS.train_batch_size * k
+  if FLAGS.micro_batch_size is None:
+    return estimator_accum.MicroBatchPlan.given(
+        effective, FLAGS.train_batch_size, ways)
+  if not FLAGS.do_train and FLAGS.micro_batch_size == "auto":
+    return estimator_accum.MicroBatchPlan.given(effective, effective // ways,
+                                                ways)
+  training = _training_config(estimator_accum.MicroBatchPlan.given(
+      effective, effective // ways, ways), 1, num_labels, None)
+  try:
+    return batch_plan.resolve(
+        FLAGS, build=_planning_step(bert_config, training, train_file),
+        effective_batch=effective, replicas=ways, run_dir=FLAGS.output_dir,
+        is_chief=_is_chief())
+  except batch_plan.PlanError as error:
+    raise UsageError(str(error)) from None
+
+
+def _planning_step(bert_config, training, train_file):
+  """build(micro_batch, k) for the planner: the training step on batches of
+  the train file at the full --max_seq_length (the longest a batch gets)."""
+
+  def build(micro_batch, k):
+    if train_file is None:
+      raise UsageError("--micro_batch_size=auto measures training: it needs "
+                       "--do_train.")
+    tf.compat.v1.train.get_or_create_global_step()
+    dataset = bert_features.input_fn_builder(
+        train_file, FLAGS.max_seq_length, micro_batch, is_training=True,
+        drop_remainder=True, seed=FLAGS.seed, trim=False)()
+    features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    step = dataclasses.replace(training, k=k, micro_batch_size=micro_batch)
+    return classifier.model_fn_builder(bert_config, step)(
+        features, None, tf.estimator.ModeKeys.TRAIN).train_op
+
+  return build
+
+
+def _training_config(plan, num_train_updates, num_labels, init_checkpoint):
+  return classifier.TrainingConfig(
+      num_labels=num_labels, learning_rate=FLAGS.learning_rate,
       num_train_updates=num_train_updates,
       num_warmup_updates=int(num_train_updates * FLAGS.warmup_proportion),
-      k=k, clip_norm=FLAGS.clip_norm or None, optimizer=FLAGS.optimizer,
-      init_checkpoint=init_checkpoint,
-      micro_batch_size=FLAGS.train_batch_size,
-      total_micro_batches=num_train_updates * k,
+      k=plan.k, clip_norm=FLAGS.clip_norm or None, optimizer=FLAGS.optimizer,
+      init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
+      total_micro_batches=num_train_updates * plan.k,
       log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16,
       max_consecutive_skipped_windows=(
           FLAGS.max_consecutive_skipped_windows or None),
       classifier_dropout=FLAGS.classifier_dropout)
+
+
+def _estimator(bert_config, training, plan, strategy, replicas):
   session_config = None
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(
         device_count={"CPU": max(replicas, 1)})
+  save_every = FLAGS.save_checkpoints_steps
+  if FLAGS.micro_batch_size == "auto":  # Window boundaries, for halving.
+    save_every = batch_plan.save_every(plan, save_every)
   run_config = tf.estimator.RunConfig(
       model_dir=FLAGS.output_dir, tf_random_seed=FLAGS.seed,
       train_distribute=strategy, session_config=session_config,
-      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
+      save_checkpoints_steps=save_every,
       keep_checkpoint_max=FLAGS.keep_checkpoint_max,
       log_step_count_steps=FLAGS.log_every * 1000)
-  estimator = tf.estimator.Estimator(
+  return tf.estimator.Estimator(
       classifier.model_fn_builder(bert_config, training), config=run_config)
 
-  if FLAGS.do_train:
-    train_input = bert_features.input_fn_builder(
-        train_file, FLAGS.max_seq_length, FLAGS.train_batch_size,
-        is_training=True, drop_remainder=True, seed=FLAGS.seed,
-        shard=_trainer_shard() if between_graph else None,
-        skip_batches=0 if between_graph else _resumed_at())
-    if FLAGS.distribution_strategy in ("multi_worker", "parameter_server"):
-      tf.estimator.train_and_evaluate(
-          estimator,
-          tf.estimator.TrainSpec(train_input, max_steps=num_train_updates * k),
-          tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
-                                throttle_secs=0))
-    else:
-      estimator.train(train_input, max_steps=num_train_updates * k)
-  if not _is_chief():
-    return
-  _evaluate_and_predict(estimator, processor, tokenizer, label_list)
-  print(f"{FLAGS.output_dir}: {_directory_size(FLAGS.output_dir) / 2**20:.1f}"
-        f" MB (the last {FLAGS.keep_checkpoint_max} checkpoints, features, "
-        "events)", flush=True)
+
+def _train(estimator, plan, train_file, num_train_updates):
+  between_graph = FLAGS.distribution_strategy == "parameter_server"
+  train_input = bert_features.input_fn_builder(
+      train_file, FLAGS.max_seq_length, plan.micro_batch,
+      is_training=True, drop_remainder=True, seed=FLAGS.seed,
+      shard=_trainer_shard() if between_graph else None,
+      skip_batches=0 if between_graph else _resumed_at())
+  max_steps = num_train_updates * plan.k
+  if FLAGS.distribution_strategy in ("multi_worker", "parameter_server"):
+    tf.estimator.train_and_evaluate(
+        estimator, tf.estimator.TrainSpec(train_input, max_steps=max_steps),
+        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                              throttle_secs=0))
+  else:
+    estimator.train(train_input, max_steps=max_steps)
 
 
 def _evaluate_and_predict(estimator, processor, tokenizer, label_list):
@@ -483,6 +568,7 @@ def _evaluate_and_predict(estimator, processor, tokenizer, label_list):
 def main(argv):
   del argv
   console.quiet_tensorflow(FLAGS.verbose)
+  batch_plan.use_bfc_on_cpu(FLAGS)
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
   try:
@@ -492,6 +578,13 @@ def main(argv):
   except NotFinite as error:
     print(f"run_classifier: error: {error}", file=sys.stderr)
     sys.exit(DIVERGED_EXIT_CODE)
+  except estimator_accum.OutOfMemory as error:
+    sys.exit(f"run_classifier: error: {error}; give a smaller "
+             "--micro_batch_size or --memory_budget_mb.")
+  except tf.errors.ResourceExhaustedError as error:
+    sys.exit(f"run_classifier: error: out of memory "
+             f"({str(error).splitlines()[0][:200]}); give a smaller "
+             "--micro_batch_size or --train_batch_size.")
   except tf.errors.InvalidArgumentError as error:
     if not estimator_accum.is_divergence(error):
       raise

@@ -132,7 +132,8 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
-                     drop_remainder, seed=None, shard=None, skip_batches=0):
+                     drop_remainder, seed=None, shard=None, skip_batches=0,
+                     trim=True):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
@@ -142,6 +143,8 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   `skip_batches`: batches to skip first, so that a run resumed from a
   checkpoint at that many micro-batches goes on with the very batches the
   uninterrupted run would have trained on (the shuffle is seeded).
+  `trim`: cut each batch to its longest example (else every batch is
+  `seq_length` long, the most memory a batch can take).
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
@@ -151,6 +154,8 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   def decode(records):
     parsed = tf.io.parse_example(records, schema)
     parsed = {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+    if not trim:
+      return parsed
     length = tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1))
     for name in FEATURE_NAMES:
       parsed[name] = parsed[name][:, :length]

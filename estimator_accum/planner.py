@@ -151,7 +151,10 @@ class MicroBatchPlan:
 
 
 def _mb(num_bytes):
-  return "no budget" if num_bytes is None else f"{num_bytes / 2**20:.1f} MB"
+  if num_bytes is None:
+    return "no budget"
+  megabytes = num_bytes / 2**20
+  return f"{megabytes:.1f} MB" if megabytes >= 10 else f"{megabytes:.3g} MB"
 
 
 def _replica_share(effective_batch, replicas):
@@ -310,8 +313,11 @@ def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
   measurements = tuple(measured[m] for m in sorted(measured, reverse=True))
   if best is None:
     smallest = measured[candidates[0]]
+    given = (f"memory_budget_mb={memory_budget_mb:g}"
+             if memory_budget_mb is not None
+             else f"the free memory of {device} ({_mb(budget)})")
     raise ValueError(
-        f"memory_budget_mb={budget / 2**20:g}: even micro-batch "
+        f"{given}: even micro-batch "
         f"{smallest.micro_batch} needs "
         f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
         f", over {_mb(plan.limit_bytes)} (the budget less the {margin:.0%} "

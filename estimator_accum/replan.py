@@ -51,7 +51,11 @@ def halve_checkpoint(model_dir, plan):
   for name, value in values.items():
     if _MICRO_BATCH_COUNTERS.search(name):
       values[name] = value * 2
+  older = tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths
   _write(values, os.path.join(model_dir, "model.ckpt"), step * 2)
+  for prefix in older:  # Counted in the old plan's micro-batches.
+    for path in tf.io.gfile.glob(prefix + ".*"):
+      tf.io.gfile.remove(path)
   return smaller, step, step * 2
 
 

@@ -27,7 +27,7 @@ FAST_MODULES = frozenset({
     "test_bert_optimization", "test_tfconfig", "test_accumulator_dtypes",
     "test_after_update", "test_graph_footprint", "test_graph_lifetime",
     "test_observability", "test_sparse_accumulation", "test_optimizer_wrapper",
-    "test_docs", "test_settings", "test_save_barrier",
+    "test_docs", "test_settings", "test_save_barrier", "test_planner",
 })
 
 

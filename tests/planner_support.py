@@ -25,18 +25,27 @@ WEIGHT_NAMES = ("hidden/kernel", "out/kernel", "out/bias")
 EXAMPLE_BYTES = HIDDEN * HIDDEN * 4
 
 
-def make_data(num_examples):
-  return {"num_examples": num_examples}
+def make_data(num_examples, ballast_from=None, ballast_floats=0):
+  """The examples' description. From example `ballast_from` on, each also
+  carries `ballast_floats` zeros that the loss adds times 0: memory that
+  training holds and the weights never see (a batch of longer sequences)."""
+  return {"num_examples": num_examples, "ballast_from": ballast_from,
+          "ballast_floats": ballast_floats}
 
 
-def _examples(data):
-  """Dataset of (x, label): example i is drawn from seed i."""
+def examples(data):
+  """Dataset of ({"x", "ballast"}, label): example i is drawn from seed i."""
 
   def example(index):
     x = tf.random.stateless_normal([WIDTH], seed=tf.stack([index, 0]))
     label = tf.random.stateless_uniform([], seed=tf.stack([index, 1]),
                                         maxval=NUM_CLASSES, dtype=tf.int32)
-    return x, label
+    floats = 0
+    if data.get("ballast_from") is not None:
+      floats = tf.where(index >= data["ballast_from"],
+                        tf.constant(data["ballast_floats"], tf.int64),
+                        tf.constant(1, tf.int64))
+    return {"x": x, "ballast": tf.zeros(tf.reshape(floats, [-1]))}, label
 
   return tf.data.Dataset.range(data["num_examples"]).map(example)
 
@@ -48,7 +57,9 @@ def _initial(seed=1):
           "out/bias": np.zeros(NUM_CLASSES, np.float32)}
 
 
-def loss_of(x, labels):
+def loss_of(features, labels):
+  x = features["x"]
+  ballast = 0.0 * tf.reduce_sum(features["ballast"])
   init = {name: tf.compat.v1.constant_initializer(value)
           for name, value in _initial().items()}
   hidden = tf.compat.v1.layers.dense(
@@ -61,7 +72,7 @@ def loss_of(x, labels):
       pooled, NUM_CLASSES, name="out", kernel_initializer=init["out/kernel"],
       bias_initializer=init["out/bias"])
   return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-      labels=labels, logits=logits))
+      labels=labels, logits=logits)) + ballast
 
 
 def _optimizer():
@@ -85,7 +96,7 @@ def input_fn_for(data, skip=0):
   with params["plan"] (uneven), in the plan's windows."""
 
   def input_fn(params):
-    dataset = _examples(data)
+    dataset = examples(data)
     if params.get("plan") is not None:
       dataset = estimator_accum.window_batches(dataset, params["plan"])
     else:
@@ -117,9 +128,9 @@ def reference_train(data, batch_size, steps=None):
   steps = data["num_examples"] // batch_size if steps is None else steps
   graph = tf.Graph()
   with graph.as_default():
-    x, labels = tf.compat.v1.data.make_one_shot_iterator(
-        _examples(data).batch(batch_size)).get_next()
-    train = _optimizer().minimize(loss_of(x, labels))
+    features, labels = tf.compat.v1.data.make_one_shot_iterator(
+        examples(dict(data, ballast_from=None)).batch(batch_size)).get_next()
+    train = _optimizer().minimize(loss_of(features, labels))
     init = tf.compat.v1.global_variables_initializer()
     variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
   with tf.compat.v1.Session(graph=graph) as session:

@@ -1,0 +1,122 @@
+"""run_classifier.py's --effective_batch_size / --micro_batch_size flags on
+the tiny BERT: the plan it measures, prints and keeps, its one-line errors,
+and that the split does not change the weights."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.test_run_classifier import (  # noqa: F401 (fixtures)
+    _flags,
+    _no_dropout_model,
+    _run,
+    sst2,
+    tiny_model,
+)
+
+
+def _plan_flags(model, data, output_dir, **extra):
+  flags = _flags(model, data, output_dir, **extra)
+  # The split comes from the plan flags, not --train_batch_size and k.
+  return [f for f in flags if not f.startswith(
+      ("--train_batch_size=", "--gradient_accumulation_multiplier="))]
+
+
+def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  result = _run(_plan_flags(tiny_model, sst2, output_dir,
+                            effective_batch_size=8, micro_batch_size="auto",
+                            memory_budget_mb=4000, do_eval=False))
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "measuring the largest micro-batch whose peak fits 4000 MB" in out
+  assert re.search(r"micro-batch plan on CPU:0: budget 4000.0 MB, margin "
+                   r"10%", out), out
+  assert re.search(r"micro-batch +8 \(k=1\): peak .* MB, fits .*<- chosen",
+                   out), out
+  assert "effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 8 x " \
+         "k=1; 10 updates (10 micro-batches)" in out
+  plan = json.loads((output_dir / "micro_batch_plan.json").read_text())
+  assert (plan["micro_batch"], plan["k"], plan["budget_bytes"]) == (
+      8, 1, 4000 * 2**20)
+  assert plan["measurements"][0]["peak_bytes"] > 0
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 10
+  # A rerun in the directory keeps the plan instead of measuring again.
+  again = _run(_plan_flags(tiny_model, sst2, output_dir,
+                           effective_batch_size=8, micro_batch_size="auto",
+                           memory_budget_mb=1, do_eval=False))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "measuring" not in again.stdout
+  assert f"plan from {output_dir}/micro_batch_plan.json" in again.stdout
+
+
+def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
+  model = _no_dropout_model(tiny_model, tmp_path)
+  common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
+  weights = {}
+  for micro_batch in (8, 2):
+    output_dir = tmp_path / f"micro{micro_batch}"
+    result = _run(_plan_flags(model, sst2, output_dir,
+                              micro_batch_size=micro_batch, **common))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"micro-batch {micro_batch} x k={8 // micro_batch}; 10 updates"
+            in result.stdout), result.stdout
+    weights[micro_batch] = tf.train.load_checkpoint(str(output_dir))
+  names = [n for n in weights[8].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  assert len(names) > 10
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  moved = 0
+  for name in names:
+    np.testing.assert_allclose(weights[2].get_tensor(name),
+                               weights[8].get_tensor(name), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+    if start.has_tensor(name):
+      moved += not np.allclose(start.get_tensor(name),
+                               weights[8].get_tensor(name))
+  assert moved > 10, "training did not move the weights"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(micro_batch_size="auto", effective_batch_size=8),
+     r"--memory_budget_mb=None on CPU:0: give the budget in MB"),
+    (dict(micro_batch_size="auto", memory_budget_mb=0.001),
+     r"--memory_budget_mb=0.001: even micro-batch 1 needs .* MB, over"),
+    (dict(micro_batch_size=3, effective_batch_size=8),
+     r"--micro_batch_size=3 does not divide the 8 examples per replica"),
+    (dict(micro_batch_size="lots"), r"--micro_batch_size=lots: must be "
+     r"'auto' or a positive whole number"),
+    (dict(effective_batch_size=8), r"--effective_batch_size=8 needs "
+     r"--micro_batch_size"),
+    (dict(micro_batch_size=4, train_batch_size=4),
+     r"--micro_batch_size=4 and --train_batch_size both set the micro-batch"),
+])
+def test_bad_plan_flags_are_one_line(extra, message, tiny_model, sst2,
+                                     tmp_path):
+  flags = _plan_flags(tiny_model, sst2, tmp_path / "run", **extra)
+  if "train_batch_size" in extra:
+    flags.append(f"--train_batch_size={extra['train_batch_size']}")
+  result = _run(flags)
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if "error" in line.lower()]
+  assert errors and re.search(message, errors[0]), result.stderr[-2000:]
+
+
+def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  first = _run(_plan_flags(tiny_model, sst2, output_dir, micro_batch_size=4,
+                           effective_batch_size=8, num_train_epochs=0.5,
+                           do_eval=False))
+  assert first.returncode == 0, first.stderr[-3000:]
+  second = _run(_plan_flags(tiny_model, sst2, output_dir, micro_batch_size=2,
+                            effective_batch_size=8, do_eval=False))
+  assert second.returncode != 0
+  assert re.search(r"micro_batch_plan.json holds a run of effective batch 8 "
+                   r"= 1 replica\(s\) x micro-batch 4 x k=2: resume it with "
+                   r"the same batch flags", second.stderr), second.stderr
