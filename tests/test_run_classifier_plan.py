@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.test_run_classifier import (  # noqa: F401 (fixtures)
-    _flags,
-    _no_dropout_model,
-    _run,
-    sst2,
-    tiny_model,
-)
+from tests import test_run_classifier as base
+
+_flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
+# The tiny BERT and the SST-2 files, as fixtures here too.
+tiny_model, sst2 = base.tiny_model, base.sst2
 
 
 def _plan_flags(model, data, output_dir, **extra):
