@@ -3,6 +3,7 @@ the four example variants (one or two worker processes, with and without
 accumulation), and the loss-curve picture."""
 
 import gzip
+import json
 import re
 import struct
 import subprocess
@@ -151,3 +152,26 @@ def test_single_worker_variants_and_their_loss_plot(tmp_path):
       capture_output=True, text=True, timeout=TIMEOUT)
   assert result.returncode != 0
   assert "no run_info.json" in result.stderr.strip().splitlines()[-1]
+
+
+def test_a_measured_plan_trains_the_big_batch(tmp_path):
+  # MNIST's step peaks near 10 MB at micro-batch 32 (its weights, their
+  # accumulators and slots take about 7): a 9 MB budget takes a smaller one.
+  result = _mnist("--model_dir", str(tmp_path), "--effective_batch_size",
+                  "32", "--micro_batch_size", "auto", "--memory_budget_mb",
+                  "9", "--train_size", "800")
+  assert result.returncode == 0, result.stderr[-3000:]
+  plan = json.loads((tmp_path / "micro_batch_plan.json").read_text())
+  assert plan["micro_batch"] < 32 and plan["micro_batch"] * plan["k"] == 32
+  micro_batch, k = plan["micro_batch"], plan["k"]
+  assert re.search(rf"micro-batch +{micro_batch} \(k={k}\): peak .* MB, "
+                   r"fits .*<- chosen", result.stdout), result.stdout
+  assert re.search(r"micro-batch +32 \(k=1\): peak .* MB, too big",
+                   result.stdout), result.stdout
+  accumulated = tf.train.load_checkpoint(
+      str(tmp_path / f"b{micro_batch}_k{k}"))
+  plain = tf.train.load_checkpoint(str(tmp_path / "b32_k1"))
+  for name in weight_names():
+    np.testing.assert_allclose(accumulated.get_tensor(name),
+                               plain.get_tensor(name), rtol=1e-5, atol=1e-6,
+                               err_msg=name)

@@ -2,6 +2,8 @@
 
   python -m models.mnist                       # batch 8 x k=4, then batch 32
   python -m models.mnist --k 1 --batch 32 --nocompare
+  python -m models.mnist --effective_batch_size 32 --micro_batch_size auto \\
+      --memory_budget_mb 9
   python -m tfconfig launch --workers 2 -- \\
       python -m models.mnist --strategy multi_worker --nocompare
 
@@ -24,9 +26,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+import estimator_accum  # noqa: E402
 import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
-from models import console, training  # noqa: E402
+from models import batch_plan, console, training  # noqa: E402
 from models.mnist.model import model_fn, weight_names  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -51,6 +54,7 @@ flags.DEFINE_bool("compare", True, "Also train batch k*B without "
 flags.DEFINE_string("model_dir", None, "Where runs go; default a temporary "
                     "directory.")
 training.define_checkpoint_flags(flags, every_n_micro_batches=100)
+batch_plan.define_flags(flags)
 
 
 def _load():
@@ -108,6 +112,24 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
                    for name in weight_names()}
 
 
+def _plan_batch(train, workers, model_dir):
+  """With --micro_batch_size: sets --batch and --k from the plan (measured
+  for 'auto', on this model and these images)."""
+  batch_plan.check_flags(FLAGS, [f"{name}" for name in ("batch", "k")
+                                 if FLAGS[name].present])
+  if FLAGS.micro_batch_size is None:
+    return
+  tf.io.gfile.makedirs(model_dir)
+  effective = FLAGS.effective_batch_size or workers * FLAGS.batch * FLAGS.k
+  plan = batch_plan.resolve(
+      FLAGS, build=estimator_accum.estimator_step(
+          model_fn, lambda params: mnist.input_fn(train, params["batch_size"]),
+          params=dict(learning_rate=FLAGS.learning_rate)),
+      effective_batch=effective, replicas=workers, run_dir=model_dir,
+      is_chief=_task_index() == 0)
+  FLAGS.batch, FLAGS.k = plan.micro_batch, plan.k
+
+
 def _task_index():
   task = tfconfig.from_environment().get("task", {})
   return task.get("index", 0) if task.get("type", "worker") == "worker" else 0
@@ -116,6 +138,7 @@ def _task_index():
 def main(argv):
   del argv
   console.quiet_tensorflow(FLAGS.verbose)
+  batch_plan.use_bfc_on_cpu(FLAGS)
   try:
     train, test = _load()
   except (mnist.MnistFileError, FileNotFoundError) as error:
@@ -129,6 +152,10 @@ def main(argv):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
   model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="mnist_")
+  try:
+    _plan_batch(train, workers, model_dir)
+  except batch_plan.PlanError as error:
+    raise SystemExit(f"mnist: error: {error}") from None
   big_batch = workers * FLAGS.batch * FLAGS.k
   print(f"mnist: {len(train['labels'])} train / {len(test['labels'])} test "
         f"images; effective batch {big_batch} = {workers} worker(s) x "
