@@ -16,8 +16,8 @@ peak fits the budget less a margin.
     print(plan.describe())
     # train with plan.micro_batch per replica and plan.k
 
-The peak grows with the micro-batch, so the candidates are searched by
-bisection: about log2(candidates) + 1 of them are measured.
+Candidates are measured from the largest down; the first that fits is the
+plan, so the peaks of every larger one are printed with it.
 """
 
 import dataclasses
@@ -332,21 +332,14 @@ def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
 
 
 def _largest_fitting(count, fits):
-  """The largest index in range(count) with fits(index), or None.
-
-  fits is True up to some index and False after (the peak grows with the
-  micro-batch). The largest is tried first, as a generous budget is
-  common; then bisection."""
-  if fits(count - 1):
-    return count - 1
-  low, high = -1, count - 1  # Every index <= low fits; every >= high not.
-  while high - low > 1:
-    middle = (low + high) // 2
-    if fits(middle):
-      low = middle
-    else:
-      high = middle
-  return None if low < 0 else low
+  """The largest index in range(count) with fits(index), or None: tried
+  from the largest down, stopping at the first that fits. Larger
+  candidates take longer to measure, so this costs less than bisection
+  whenever the answer is among the larger half, the usual case."""
+  for index in reversed(range(count)):
+    if fits(index):
+      return index
+  return None
 
 
 def estimator_step(model_fn, input_fn, params=None, config=None):

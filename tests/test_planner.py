@@ -56,7 +56,9 @@ def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
   assert (roomy.micro_batch, roomy.k) == (16, 2), roomy.describe()
   assert (tight.micro_batch, tight.k) == (4, 8), tight.describe()
   for plan in (roomy, tight):
-    assert all(plan.fits(m.peak_bytes) == (m.micro_batch <= plan.micro_batch)
+    assert [m.micro_batch for m in plan.measurements] == [
+        32, 16, 8, 4][:[32, 16, 8, 4].index(plan.micro_batch) + 1]
+    assert all(plan.fits(m.peak_bytes) == (m.micro_batch == plan.micro_batch)
                for m in plan.measurements), plan.describe()
     assert plan.exact_by == planner.EQUAL and plan.planning_seconds > 0
   expected = planner_support.reference_train(data, EFFECTIVE)
@@ -137,7 +139,7 @@ def test_candidates():
 
 
 @pytest.mark.parametrize("count", [1, 2, 6, 11])
-def test_bisection_finds_the_largest_fitting_in_few_measurements(count):
+def test_the_search_stops_at_the_largest_that_fits(count):
   for largest in range(-1, count):
     asked = []
 
@@ -147,7 +149,7 @@ def test_bisection_finds_the_largest_fitting_in_few_measurements(count):
 
     found = planner._largest_fitting(count, fits)
     assert found == (None if largest < 0 else largest)
-    assert len(asked) <= 2 + int(np.log2(count)), (count, largest, asked)
+    assert asked == list(range(count - 1, max(largest, 0) - 1, -1)), asked
 
 
 def test_halving_keeps_the_effective_batch():
