@@ -13,10 +13,12 @@ is the BFC allocator's peak, as on a GPU (TF_CPU_ALLOCATOR_USE_BFC=true).
 
 For each budget: the planner's choice and its own time; the split's time
 per update (after a warm-up window, the mean over --updates windows of a
-bare session.run loop); and the largest difference, relative to its
-tensor's largest weight, between the weights after --updates updates of the
-split and after as many plain Adam steps on batches of 32 of the same
-examples. The big batch's own time per update is printed first.
+bare session.run loop); and how far the weights after --updates updates of
+the split are from those after as many plain Adam steps on batches of 32 of
+the same examples: the largest absolute difference, and the largest
+|difference| / (1e-6 + 1e-5 |weight|), the share of the tests' float32
+tolerance used (at most 1 passes). The big batch's own time per update is
+printed first.
 """
 
 import argparse
@@ -46,7 +48,7 @@ EFFECTIVE = 32
 SEQ_LENGTH = 128
 LEARNING_RATE = 1e-4
 DEFAULT_BUDGETS = {"minilm": [3000, 1600, 1000, 850],
-                   "bert_small": [3000, 1600, 1100, 950]}
+                   "bert_small": [3000, 1600, 1250, 1100, 950]}
 
 
 def _config(name, checkpoint):
@@ -137,9 +139,14 @@ class Setup:
 
 
 def _difference(weights, reference):
-  return max(float(np.max(np.abs(weights[n] - reference[n])) /
-                   max(np.max(np.abs(reference[n])), 1e-12))
-             for n in reference)
+  """(largest absolute difference, the largest |difference| / (1e-6 +
+  1e-5 |reference|): at most 1 is within the tests' float32 tolerance)."""
+  absolute = max(float(np.max(np.abs(weights[n] - reference[n])))
+                 for n in reference)
+  ratio = max(float(np.max(np.abs(weights[n] - reference[n]) /
+                           (1e-6 + 1e-5 * np.abs(reference[n]))))
+              for n in reference)
+  return absolute, ratio
 
 
 def run_model(name, budgets, updates, checkpoint, features):
@@ -148,15 +155,15 @@ def run_model(name, budgets, updates, checkpoint, features):
                                          updates)
   print(f"\n{name}: effective batch {EFFECTIVE}, {SEQ_LENGTH} tokens; plain "
         f"Adam on the big batch: {big_seconds:.2f} s/update", flush=True)
-  print("| budget MB | chosen | measured peak MB | planning s | s/update | "
-        "weight diff vs big batch |")
-  print("|---|---|---|---|---|---|")
+  print("| budget MB | chosen | peak MB (every candidate measured) | "
+        "planning s | s/update | max abs weight diff | of tolerance |")
+  print("|---|---|---|---|---|---|---|")
   for budget in budgets:
     try:
       plan = estimator_accum.plan_micro_batch(
           setup.accumulating_step, EFFECTIVE, memory_budget_mb=budget)
     except ValueError as error:
-      print(f"| {budget} | none: {error} | | | | |", flush=True)
+      print(f"| {budget} | none: {error} | | | | | |", flush=True)
       continue
     chosen = next(m for m in plan.measurements
                   if m.micro_batch == plan.micro_batch)
@@ -165,10 +172,11 @@ def run_model(name, budgets, updates, checkpoint, features):
     measured = ", ".join(
         f"{m.micro_batch}: {'OOM' if m.peak_bytes is None else round(m.peak_bytes / 2**20)}"
         for m in plan.measurements)
+    absolute, ratio = _difference(weights, big_weights)
     print(f"| {budget} | {plan.micro_batch} x k={plan.k} | "
-          f"{chosen.peak_bytes / 2**20:.0f} (measured {measured}) | "
-          f"{plan.planning_seconds:.1f} | {seconds:.2f} | "
-          f"{_difference(weights, big_weights):.1e} |", flush=True)
+          f"{chosen.peak_bytes / 2**20:.0f} ({measured}) | "
+          f"{plan.planning_seconds:.1f} | {seconds:.2f} | {absolute:.1e} | "
+          f"{ratio:.2f} |", flush=True)
 
 
 def main():

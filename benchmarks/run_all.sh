@@ -47,3 +47,6 @@ echo "## Time per window on 2 workers, k=8, the reference interleaved in the sam
 $PY benchmarks/multiworker_interleaved.py --windows 16 2>/dev/null
 $PY benchmarks/multiworker_interleaved.py --micro_batch 256 --windows 8 2>/dev/null
 $PY benchmarks/multiworker_interleaved.py --model bert_small --windows 6 2>/dev/null
+echo
+echo "## The planner: budget -> micro-batch x k for an effective batch of 32, peak, time per update, weights against the big batch (MiniLM, BERT-Small)"
+$PY benchmarks/plan_memory.py 2>/dev/null

@@ -4,6 +4,8 @@ and that the split does not change the weights."""
 
 import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -118,3 +120,27 @@ def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
   assert re.search(r"micro_batch_plan.json holds a run of effective batch 8 "
                    r"= 1 replica\(s\) x micro-batch 4 x k=2: resume it with "
                    r"the same batch flags", second.stderr), second.stderr
+
+
+def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", str(base.TIMEOUT), "--", sys.executable,
+             "run_classifier.py", *_plan_flags(
+                 tiny_model, sst2, output_dir, effective_batch_size=16,
+                 micro_batch_size="auto", memory_budget_mb=4000,
+                 distribution_strategy="multi_worker", do_eval=False)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=base.TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # Each worker takes 8 of the 16 examples per update; the chief measures.
+  assert "[worker:0] measured micro-batch 8 (k=1)" in result.stdout
+  assert "[worker:1] measured" not in result.stdout
+  assert "[worker:1] using the chief's plan" in result.stdout or (
+      "[worker:1] plan from" in result.stdout), result.stdout
+  for worker in (0, 1):
+    assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
+            "replica(s) x micro-batch 8 x k=1; 5 updates (5 micro-batches)"
+            ) in result.stdout, result.stdout
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 5
