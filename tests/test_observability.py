@@ -20,14 +20,22 @@ def test_public_api_is_pinned():
       "AccumulationState",
       "Accumulator",
       "CompactSparseAccumulator",
+      "MicroBatchPlan",
+      "OutOfMemory",
       "SPARSE_THRESHOLD_BYTES",
       "adjusted_momentum",
       "batch_norm",
       "build_accumulating_train_op",
+      "estimator_step",
       "get_accumulation_state",
+      "halve_checkpoint",
       "is_divergence",
+      "measure_peak",
+      "plan_micro_batch",
       "reportable_loss",
+      "train_halving_on_oom",
       "update_count",
+      "window_batches",
   ]
   for name in set(estimator_accum.__all__) - {"SPARSE_THRESHOLD_BYTES"}:
     assert getattr(estimator_accum, name).__doc__, f"{name} has no docstring"
