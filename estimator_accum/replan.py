@@ -52,10 +52,11 @@ def halve_checkpoint(model_dir, plan):
     if _MICRO_BATCH_COUNTERS.search(name):
       values[name] = value * 2
   older = tf.train.get_checkpoint_state(model_dir).all_model_checkpoint_paths
-  _write(values, os.path.join(model_dir, "model.ckpt"), step * 2)
+  written = _write(values, os.path.join(model_dir, "model.ckpt"), step * 2)
   for prefix in older:  # Counted in the old plan's micro-batches.
-    for path in tf.io.gfile.glob(prefix + ".*"):
-      tf.io.gfile.remove(path)
+    if os.path.basename(prefix) != os.path.basename(written):
+      for path in tf.io.gfile.glob(prefix + ".*"):
+        tf.io.gfile.remove(path)
   return smaller, step, step * 2
 
 
@@ -67,7 +68,7 @@ def _read(prefix):
 
 def _write(values, prefix, step):
   """Saves `values` as a name-based checkpoint `prefix`-`step`, the
-  directory's latest."""
+  directory's latest; returns its path."""
   graph = tf.Graph()
   with graph.as_default():
     feeds, variables = {}, {}
@@ -82,7 +83,8 @@ def _write(values, prefix, step):
     init = tf.compat.v1.global_variables_initializer()
   with tf.compat.v1.Session(graph=graph) as session:
     session.run(init, feed_dict=feeds)
-    saver.save(session, prefix, global_step=step, write_meta_graph=False)
+    return saver.save(session, prefix, global_step=step,
+                      write_meta_graph=False)
 
 
 class OutOfMemory(RuntimeError):

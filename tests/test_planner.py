@@ -171,3 +171,48 @@ def test_window_batches_split_each_window():
       tf.data.Dataset.range(17), plan)
   sizes = [len(batch) for batch in dataset.as_numpy_iterator()]
   assert sizes == [3, 3, 2, 3, 3, 2]
+
+
+def _checkpoint(model_dir, step, window_micro_batches=0.0):
+  """A checkpoint like the train op's: weights, global_step and a window."""
+  graph = tf.Graph()
+  with graph.as_default():
+    weights = tf.compat.v1.Variable([1.0, 2.0], name="w")
+    global_step = tf.compat.v1.Variable(step, dtype=tf.int64,
+                                        name="global_step")
+    counted = tf.compat.v1.Variable(window_micro_batches, name=(
+        "gradient_accumulation/window_micro_batches"))
+    saver = tf.compat.v1.train.Saver([weights, global_step, counted])
+    init = tf.compat.v1.global_variables_initializer()
+  with tf.compat.v1.Session(graph=graph) as session:
+    session.run(init)
+    saver.save(session, str(model_dir / "model.ckpt"), global_step=step)
+
+
+@pytest.mark.parametrize("step", [0, 4])
+def test_halving_a_checkpoint_doubles_its_micro_batch_count(step, tmp_path):
+  _checkpoint(tmp_path, step)
+  plan = estimator_accum.MicroBatchPlan.given(32, 16)
+  smaller, before, after = estimator_accum.halve_checkpoint(str(tmp_path),
+                                                            plan)
+  assert (smaller.micro_batch, smaller.k, before, after) == (8, 4, step,
+                                                             2 * step)
+  latest = tf.train.latest_checkpoint(str(tmp_path))
+  assert latest.endswith(f"model.ckpt-{2 * step}")
+  reader = tf.train.load_checkpoint(latest)
+  assert reader.get_tensor("global_step") == 2 * step
+  np.testing.assert_array_equal(reader.get_tensor("w"), [1.0, 2.0])
+  indexes = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
+  assert indexes == [f"model.ckpt-{2 * step}.index"], indexes
+
+
+def test_halving_refuses_a_checkpoint_saved_mid_window(tmp_path):
+  plan = estimator_accum.MicroBatchPlan.given(32, 16)
+  _checkpoint(tmp_path, 3)
+  with pytest.raises(ValueError, match=r"saved mid-window \(micro-batch 3, "
+                     r"k=2\)"):
+    estimator_accum.halve_checkpoint(str(tmp_path), plan)
+  (tmp_path / "partial").mkdir()
+  _checkpoint(tmp_path / "partial", 4, window_micro_batches=1.0)
+  with pytest.raises(ValueError, match="saved mid-window"):
+    estimator_accum.halve_checkpoint(str(tmp_path / "partial"), plan)

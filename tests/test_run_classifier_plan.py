@@ -3,6 +3,7 @@ the tiny BERT: the plan it measures, prints and keeps, its one-line errors,
 and that the split does not change the weights."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import estimator_accum
 from tests import test_run_classifier as base
 
 _flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
@@ -144,3 +146,55 @@ def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
             ) in result.stdout, result.stdout
   assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
       "global_step") == 5
+
+
+def _long_sentences(data):
+  """64 training snippets of 140 words: every batch is 128 tokens long, so
+  MiniLM's micro-batch 16 takes about 1.25 GB and 8 about 0.9 GB."""
+  rng = np.random.RandomState(0)
+  words = "the film was great fun a very good movie dull bad acting".split()
+  rows = "".join(f"{' '.join(rng.choice(words, 140))}\t{i % 2}\n"
+                 for i in range(64))
+  data.mkdir()
+  (data / "train.tsv").write_text("sentence\tlabel\n" + rows)
+
+
+def test_running_out_of_memory_halves_the_plan_and_trains_it(tmp_path):
+  """MiniLM on a CPU allocator limited to 1100 MB, with a plan of 16 x 2 in
+  the run directory (as if it fit when planned): the first step runs out
+  of memory, the run goes on at 8 x 4 from its first checkpoint and ends
+  where a run planned at 8 x 4 from the start ends."""
+  _long_sentences(tmp_path / "data")
+  common = ["--task_name=sst-2", f"--data_dir={tmp_path / 'data'}",
+            "--effective_batch_size=32", "--micro_batch_size=auto",
+            "--memory_budget_mb=2000", "--do_eval=false",
+            "--num_train_epochs=1"]
+  halved = tmp_path / "halved"
+  halved.mkdir()
+  estimator_accum.MicroBatchPlan.given(32, 16).write(
+      str(halved / "micro_batch_plan.json"))
+  result = _run(common + [f"--output_dir={halved}"], env=dict(
+      os.environ, TF_CPU_ALLOCATOR_USE_BFC="true",
+      TF_CPU_BFC_MEM_LIMIT_IN_MB="1100"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("out of memory at micro-batch 16 x k=2: going on with micro-batch "
+          "8 x k=4 from the checkpoint at micro-batch 0 (micro-batch 0 of "
+          "the new plan); the effective batch stays 32") in result.stdout
+  plan = json.loads((halved / "micro_batch_plan.json").read_text())
+  assert (plan["micro_batch"], plan["k"], plan["halvings"]) == (8, 4, 1)
+
+  planned = tmp_path / "planned"
+  planned.mkdir()
+  estimator_accum.MicroBatchPlan.given(32, 8).write(
+      str(planned / "micro_batch_plan.json"))
+  result = _run(common + [f"--output_dir={planned}"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  expected = tf.train.load_checkpoint(str(planned))
+  actual = tf.train.load_checkpoint(str(halved))
+  assert actual.get_tensor("global_step") == 8 == expected.get_tensor(
+      "global_step")
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
