@@ -74,6 +74,11 @@ class MicroBatchPlan:
   halvings: int = 0
 
   @property
+  def peaks(self):
+    """{micro_batch: measured peak bytes (None: out of memory)}."""
+    return {m.micro_batch: m.peak_bytes for m in self.measurements}
+
+  @property
   def per_replica(self):
     return self.effective_batch // self.replicas
 
@@ -158,6 +163,9 @@ def _mb(num_bytes):
 
 
 def _replica_share(effective_batch, replicas):
+  if effective_batch is None:
+    raise ValueError("effective_batch is required: the examples per update "
+                     "over all replicas")
   effective_batch = _checks.check_positive_int("effective_batch",
                                                effective_batch)
   replicas = _checks.check_positive_int("replicas", replicas)
@@ -252,9 +260,10 @@ def measure_peak(build, micro_batch, k, device=None,
   return Measurement(micro_batch, k, peak, time.perf_counter() - started)
 
 
-def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
-                     margin=DEFAULT_MARGIN, replicas=1, uneven=False,
-                     device=None, log=None):
+def plan_micro_batch(build=None, effective_batch=None, *,
+                     memory_budget_mb=None, margin=DEFAULT_MARGIN, replicas=1,
+                     uneven=False, device=None, log=None, model_fn=None,
+                     input_fn=None, params=None):
   """Measures candidate micro-batches and returns the largest that fits.
 
   Args:
@@ -280,11 +289,14 @@ def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
     device: where to read the allocator ('GPU:0', 'CPU:0'); default the
       first GPU, else the CPU.
     log: callable given a line per measured candidate (e.g. print).
+    model_fn, input_fn, params: instead of `build`, an Estimator's
+      functions (`estimator_step(model_fn, input_fn, params)`).
 
   Returns:
     MicroBatchPlan. Raises ValueError (one line) when even micro-batch 1
     does not fit, and for bad arguments.
   """
+  build = _build_from(build, model_fn, input_fn, params)
   started = time.perf_counter()
   share = _replica_share(effective_batch, replicas)
   margin = _check_margin(margin)
@@ -329,6 +341,22 @@ def plan_micro_batch(build, effective_batch, *, memory_budget_mb=None,
       plan, micro_batch=micro_batch, k=k, last_micro_batch=last,
       exact_by=EQUAL if last == micro_batch else WEIGHTED,
       measurements=measurements, planning_seconds=elapsed)
+
+
+def _build_from(build, model_fn, input_fn, params):
+  """`build`, or the step of `model_fn` on `input_fn`; exactly one."""
+  if (build is None) == (model_fn is None and input_fn is None):
+    raise ValueError("plan_micro_batch: give either build (a function of "
+                     "micro_batch and k) or model_fn and input_fn")
+  if build is not None:
+    if not callable(build):
+      raise TypeError(f"build must be callable (micro_batch, k) -> train op, "
+                      f"got {type(build).__name__}")
+    return build
+  if not callable(model_fn) or not callable(input_fn):
+    raise ValueError("plan_micro_batch: model_fn and input_fn go together, "
+                     "both callables")
+  return estimator_step(model_fn, input_fn, params)
 
 
 def _largest_fitting(count, fits):

@@ -102,6 +102,22 @@ def test_the_plan_is_printed_and_written(data, tmp_path):
   assert '"micro_batch": 8' in saved and '"peak_bytes"' in saved
 
 
+def test_an_estimators_functions_plan_as_the_build_does(data):
+  peaks = _peaks(data, [8, 16])
+  budget = _budget_between(peaks[8], peaks[16])
+  plan = estimator_accum.plan_micro_batch(
+      model_fn=planner_support.model_fn,
+      input_fn=planner_support.input_fn_for(data), effective_batch=EFFECTIVE,
+      memory_budget_mb=budget, device="CPU:0")
+  assert (plan.micro_batch, plan.k) == (8, 4), plan.describe()
+  assert sorted(plan.peaks) == [8, 16, 32] and plan.peaks[8] <= (
+      plan.limit_bytes)
+  with pytest.raises(ValueError, match="give either build .* or model_fn"):
+    estimator_accum.plan_micro_batch(
+        _build(data), EFFECTIVE, model_fn=planner_support.model_fn,
+        memory_budget_mb=budget)
+
+
 def test_a_budget_below_micro_batch_one_is_one_line(data):
   with pytest.raises(ValueError, match=r"memory_budget_mb=0\.5: even "
                      r"micro-batch 1 needs .* MB, over .* margin"):
