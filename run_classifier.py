@@ -403,7 +403,9 @@ def _train_and_evaluate(processor, label_list, bert_config, tokenizer,
     _train(estimator_for(plan), plan, train_file, num_train_updates)
 
   if FLAGS.do_train:
-    if FLAGS.micro_batch_size == "auto" and ways == 1:
+    # One process only: on a cluster every worker would have to halve.
+    if FLAGS.micro_batch_size == "auto" and FLAGS.distribution_strategy in (
+        "none", "mirrored"):
       plan = estimator_accum.train_halving_on_oom(
           train, plan, FLAGS.output_dir, log=_replanned)
     else:
