@@ -50,3 +50,6 @@ $PY benchmarks/multiworker_interleaved.py --model bert_small --windows 6 2>/dev/
 echo
 echo "## The planner: budget -> micro-batch x k for an effective batch of 32, peak, time per update, weights against the big batch (MiniLM, BERT-Small)"
 $PY benchmarks/plan_memory.py 2>/dev/null
+echo
+echo "## The BERT layer norm: centred form against tf.nn.moments, inference and training (MiniLM shape, 8 x 128)"
+$PY benchmarks/layer_norm_speed.py 2>/dev/null

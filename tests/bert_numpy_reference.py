@@ -25,6 +25,16 @@ def _linear(x, weights, name):
 def bert_hidden_states(weights, config, input_ids, attention_mask,
                        token_type_ids):
   """Returns (last hidden states [B, T, H], pooled [B, H]) in float64."""
+  outputs = bert_layer_outputs(weights, config, input_ids, attention_mask,
+                               token_type_ids)
+  return outputs["sequence_output"], outputs["pooled_output"]
+
+
+def bert_layer_outputs(weights, config, input_ids, attention_mask,
+                       token_type_ids):
+  """Returns a dict of float64 arrays: embedding_output [B, T, H],
+  encoder_layers (a list, one [B, T, H] per layer), sequence_output
+  [B, T, H] and pooled_output [B, H]."""
   w = {name: value.astype(np.float64) for name, value in weights.items()
        if value.dtype.kind == "f"}
   w = {name[len("bert."):] if name.startswith("bert.") else name: value
@@ -37,6 +47,7 @@ def bert_hidden_states(weights, config, input_ids, attention_mask,
        w["embeddings.token_type_embeddings.weight"][token_type_ids])
   x = _layer_norm(x, w["embeddings.LayerNorm.weight"],
                   w["embeddings.LayerNorm.bias"], eps)
+  embedding_output, encoder_layers = x, []
   bias = (1.0 - attention_mask[:, None, None, :]) * -10000.0
   head_size = x.shape[-1] // heads
   for index in range(config["num_hidden_layers"]):
@@ -60,5 +71,8 @@ def bert_hidden_states(weights, config, input_ids, attention_mask,
     x = _layer_norm(_linear(hidden, w, p + "output.dense") + attention,
                     w[p + "output.LayerNorm.weight"],
                     w[p + "output.LayerNorm.bias"], eps)
+    encoder_layers.append(x)
   pooled = np.tanh(_linear(x[:, 0], w, "pooler.dense"))
-  return x, pooled
+  return {"embedding_output": embedding_output,
+          "encoder_layers": encoder_layers, "sequence_output": x,
+          "pooled_output": pooled}

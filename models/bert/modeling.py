@@ -556,9 +556,32 @@ def _layer_norm(inputs, epsilon, scope="LayerNorm"):
         "gamma", [size], initializer=tf.compat.v1.ones_initializer())
   dtype = inputs.dtype
   inputs = tf.cast(inputs, tf.float32)  # Statistics in float32.
-  mean, variance = tf.nn.moments(inputs, [-1], keepdims=True)
-  output = (inputs - mean) * tf.math.rsqrt(variance + epsilon) * gamma + beta
-  return tf.cast(output, dtype)
+  return tf.cast(normalize_last_axis(inputs, epsilon) * gamma + beta, dtype)
+
+
+def normalize_last_axis(inputs, epsilon):
+  """(x - mean) / sqrt(variance + epsilon) over the last axis.
+
+  The variance is the mean square of the centred values, not
+  `tf.nn.moments`'s `SquaredDifference`: with oneDNN on (TensorFlow 2.15's
+  default on x86 Linux), Grappler's remapper takes `moments` followed by
+  `* gamma + beta` for an instance norm and reads gamma as a constant; when
+  gamma is a variable the protobuf lookup fails and the process dies
+  (`CHECK failed: ... key not found: value`, then a segfault) as soon as the
+  graph runs without a backward pass in a plain Session. See
+  docs/troubleshooting.md. Centring once is also one subtraction fewer.
+
+  Args:
+    inputs: float32 Tensor of any rank >= 1.
+    epsilon: float added to the variance.
+
+  Returns:
+    float32 Tensor of the shape of `inputs`.
+  """
+  mean = tf.reduce_mean(inputs, [-1], keepdims=True)
+  centred = inputs - mean
+  variance = tf.reduce_mean(tf.square(centred), [-1], keepdims=True)
+  return centred * tf.math.rsqrt(variance + epsilon)
 
 
 def _dropout(inputs, rate):
