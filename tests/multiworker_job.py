@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 from benchmarks.collectives import CollectiveCounter  # noqa: E402
 from tests import support  # noqa: E402
 from tests.google_style_adamw import GoogleStyleAdamWeightDecay  # noqa: E402
+from tfconfig import health  # noqa: E402
 
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
@@ -123,7 +124,18 @@ def main():
   parser.add_argument("--batch_norm_momentum", type=float, default=None,
                       help="add a batch_norm layer on the features; its "
                       "moving statistics are saved with the weights")
+  parser.add_argument("--peer_timeout", type=float,
+                      default=health.DEFAULT_TIMEOUT,
+                      help="seconds without an answer from a task before "
+                      "this one exits (tfconfig.health); 0: no watchdog")
+  parser.add_argument("--peer_interval", type=float,
+                      default=health.DEFAULT_INTERVAL)
   args = parser.parse_args()
+  watchdog = None
+  if args.peer_timeout > 0:
+    watchdog = health.watch(args.model_dir, timeout=args.peer_timeout,
+                            interval=min(args.peer_interval,
+                                         args.peer_timeout))
   if args.control_flow == "v1":
     tf.compat.v1.disable_control_flow_v2()
   if args.clip_norm is not None and args.clip_norm <= 0:
@@ -220,6 +232,8 @@ def main():
     np.savez(os.path.join(args.model_dir, "final_weights.npz"),
              **{n.replace("/", "__"): v for n, v in weights.items()})
     print("saved final weights at global step", weights["global_step"])
+  if watchdog:
+    watchdog.finish()
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from estimator_accum.batch_norm import window_statistics  # noqa: E402
+from tfconfig import health  # noqa: E402
 
 K = 2
 PLAN = {"chief:0": (1.0, 7), "worker:0": (10.0, 9), "worker:1": (100.0, 5)}
@@ -100,6 +101,9 @@ def main():
   task = json.loads(os.environ["TF_CONFIG"])["task"]
   name = f"{task['type']}:{task['index']}"
   constant, micro_batches = PLAN.get(name, (0.0, 0))
+  # Every task, the ps included: a lost peer ends it in bounded time, and
+  # the ps ends by itself once every training task is done.
+  watchdog = health.watch(model_dir, timeout=30, interval=1)
 
   def model_fn(features, labels, mode):
     del labels
@@ -143,6 +147,8 @@ def main():
       estimator, tf.estimator.TrainSpec(input_fn, max_steps=10_000),
       tf.estimator.EvalSpec(input_fn, steps=1))
   print(f"{name} finished", flush=True)
+  if watchdog:
+    watchdog.finish()
 
 
 if __name__ == "__main__":

@@ -16,19 +16,30 @@ import tensorflow as tf
 from tests.ps_job import BATCH_NORM_MOMENTUM, PATTERN, PLAN, ROWS, SHARED_ROW, K
 
 
+def ps_job_command(model_dir, placement="estimator", launch_flags=()):
+  """The launch of tests/ps_job.py: chief, 2 workers, 1 ps."""
+  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
+             "--workers", "2", "--ps", "1", "--timeout", "240",
+             *launch_flags, "--", sys.executable, "tests/ps_job.py",
+             "--model_dir", str(model_dir)]
+  if placement == "strategy":
+    command.append("--parameter_server_strategy")
+  return command
+
+
 @pytest.mark.parametrize("placement", ["estimator", "strategy"])
 def test_each_worker_applies_its_own_windows(placement, tmp_path):
   """`placement`: Estimator's replica_device_setter, or a v1
   ParameterServerStrategy as train_distribute (which puts every variable it
   creates on the ps: the windows then mixed the tasks' micro-batches)."""
-  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
-             "--workers", "2", "--ps", "1", "--timeout", "240", "--",
-             sys.executable, "tests/ps_job.py", "--model_dir", str(tmp_path)]
-  if placement == "strategy":
-    command.append("--parameter_server_strategy")
-  result = subprocess.run(command, capture_output=True, text=True,
-                          timeout=300)
+  result = subprocess.run(ps_job_command(tmp_path, placement),
+                          capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-5000:]
+  check_each_worker_applied_its_own_windows(tmp_path)
+
+
+def check_each_worker_applied_its_own_windows(tmp_path):
+  """The final state of a finished ps_job.py job (see its docstring)."""
   final = json.loads((tmp_path / "final.json").read_text())
   done = {task: json.loads((tmp_path / f"done_{task}.json").read_text())
           for task in PLAN}

@@ -11,6 +11,11 @@
   python -m tfconfig print --workers h1:2222 h2:2222 [--chief h0:2222] \\
       [--ps h3:2222]
       Prints the TF_CONFIG value of every task, for a multi-machine job.
+  python -m tfconfig launch --netns auto [--link_rate 1gbit] --workers 2 ...
+      The same launch with each task on a host of its own: a network
+      namespace with its own address on a private link (root).
+  python -m tfconfig testbed up|down [--hosts N] [--name NAME] [--rate R]
+      Makes (or removes) such hosts for rehearsing a cluster by hand.
 """
 
 import argparse
@@ -66,16 +71,76 @@ def _launch(args):
   if args.timeout is not None and not args.timeout > 0:
     raise tfc.TFConfigError(
         f"--timeout must be a number of seconds > 0, got {args.timeout}")
+  if args.restart < 0:
+    raise tfc.TFConfigError(f"--restart must be >= 0, got {args.restart}")
+  if args.link_rate and not args.netns:
+    raise tfc.TFConfigError(f"--link_rate {args.link_rate} needs --netns")
   tfl.check_command(command, "chief:0" if args.chief else "worker:0")
+  if args.netns:
+    return _launch_on_testbed(args, command, tasks)
   cluster = tfl.local_cluster(args.workers, chief=args.chief, ps=args.ps,
                               evaluator=args.evaluator)
-  print("[tfconfig] cluster " + " ".join(
-      f"{t}:{i}={cluster['cluster'][t][i]}" for t, i in tfc.tasks(cluster)),
-        file=sys.stderr, flush=True)
+  _print_cluster(cluster)
   print(f"[tfconfig] {tfl.EXPOSURE_NOTE}", file=sys.stderr, flush=True)
   return tfl.run_cluster(command, cluster, timeout=args.timeout,
                          evaluator_wait=args.evaluator_wait,
-                         grace=args.grace)
+                         grace=args.grace, restarts=args.restart)
+
+
+def _print_cluster(cluster, hosts=None):
+  print("[tfconfig] cluster " + " ".join(
+      f"{t}:{i}={cluster['cluster'][t][i]}" +
+      (f"@{hosts[(t, i)]}" if hosts else "")
+      for t, i in tfc.tasks(cluster)), file=sys.stderr, flush=True)
+
+
+def _launch_on_testbed(args, command, count):
+  """Each task in a network namespace of its own (tfconfig/testbed.py)."""
+  from tfconfig import testbed
+
+  made = args.netns == "auto"
+  bed = testbed.TestBed(count, name=None if made else args.netns,
+                        rate=args.link_rate)
+  try:
+    if made:
+      bed.up()
+    elif bed.host(count - 1) not in testbed.namespaces(bed.name):
+      raise tfc.TFConfigError(
+          f"--netns {args.netns}: no namespace {bed.host(count - 1)}; make "
+          f"the test bed first: python -m tfconfig testbed up --name "
+          f"{args.netns} --hosts {count}")
+    cluster = bed.cluster(args.workers, chief=args.chief, ps=args.ps,
+                          evaluator=args.evaluator)
+    order = {task: host for host, task in enumerate(tfc.tasks(cluster))}
+    _print_cluster(cluster, {task: bed.host(host)
+                             for task, host in order.items()})
+    return tfl.run_cluster(
+        command, cluster, timeout=args.timeout,
+        evaluator_wait=args.evaluator_wait, grace=args.grace,
+        restarts=args.restart,
+        task_prefix=lambda t, i: bed.exec_prefix(order[(t, i)]))
+  except testbed.TestBedError as error:
+    raise tfc.TFConfigError(str(error)) from None
+  finally:
+    if made:
+      bed.down()
+
+
+def _testbed(args):
+  from tfconfig import testbed
+
+  try:
+    if args.action == "up":
+      bed = testbed.TestBed(args.hosts, name=args.name, rate=args.rate).up()
+      for index in range(bed.hosts):
+        print(f"{bed.host(index)}  {bed.address(index)}")
+    else:
+      removed = testbed.remove_leftovers(args.name or testbed.PREFIX)
+      print(f"removed {len(removed)} namespace(s)"
+            + (": " + " ".join(removed) if removed else ""))
+  except (testbed.TestBedError, ValueError) as error:
+    raise tfc.TFConfigError(str(error)) from None
+  return 0
 
 
 def _print(args):
@@ -114,6 +179,17 @@ def main(argv=None):
                       metavar="S",
                       help="seconds a stopped task has between SIGTERM and "
                       f"SIGKILL (default {tfl.STOP_GRACE_SECONDS})")
+  launch.add_argument("--restart", type=int, default=0, metavar="N",
+                      help="start the whole job again after a task fails, "
+                      "up to N times (as a TFJob's restartPolicy: OnFailure; "
+                      "default 0)")
+  launch.add_argument("--netns", metavar="NAME|auto",
+                      help="run each task in a network namespace of its own "
+                      "(root): 'auto' makes a test bed for this launch and "
+                      "removes it after; NAME uses one made by 'testbed up'")
+  launch.add_argument("--link_rate", metavar="RATE",
+                      help="with --netns auto: shape every link (tc rate, "
+                      "e.g. 1gbit)")
   launch.add_argument("command", nargs=argparse.REMAINDER,
                       help="-- then the command every task runs")
   printer = commands.add_parser("print", help="per-task TF_CONFIG values")
@@ -125,9 +201,18 @@ def main(argv=None):
                        help="one address per parameter server")
   printer.add_argument("--evaluator", metavar="HOST:PORT",
                        help="the evaluator's address")
+  bed = commands.add_parser(
+      "testbed", help="hosts as network namespaces on one machine (root)")
+  bed.add_argument("action", choices=["up", "down"],
+                   help="up: make NAME's hosts; down: remove them (without "
+                   "--name: every test bed's leftovers)")
+  bed.add_argument("--hosts", type=int, default=2)
+  bed.add_argument("--name", default=None)
+  bed.add_argument("--rate", default=None, help="tc rate of every link")
   args = parser.parse_args(argv)
   try:
-    return {"show": _show, "launch": _launch, "print": _print}[args.verb](args)
+    return {"show": _show, "launch": _launch, "print": _print,
+            "testbed": _testbed}[args.verb](args)
   except tfc.TFConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

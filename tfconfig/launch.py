@@ -11,6 +11,15 @@ is done. So is the evaluator, unless `evaluator_wait` gives it time to
 finish its last evaluation (train_and_evaluate's evaluator exits by itself
 once it has evaluated the final checkpoint).
 
+Failures are named with how the task ended: an exit code (with what the
+project's own codes mean: a lost peer, a model_dir that is not shared) or
+the signal that killed it. `restarts=N` then starts the whole job again,
+up to N times, as a Kubernetes TFJob with `restartPolicy: OnFailure` would:
+a job that saves checkpoints resumes from its last one.
+
+`task_prefix` runs each task behind a command prefix, such as `ip netns
+exec HOST` for the one-namespace-per-task test bed (tfconfig/testbed.py).
+
 Stopping: SIGINT (Ctrl-C), SIGTERM (a batch system, `timeout`) and SIGHUP
 (a closed terminal) sent to the launcher stop every task it started (SIGTERM
 to each task's process group, then SIGKILL after a grace period, at once on
@@ -32,6 +41,7 @@ import threading
 import time
 
 from tfconfig import config as tfc
+from tfconfig import health
 
 STOP_GRACE_SECONDS = 10
 # A local launch runs every task on this machine: more than this is a typo
@@ -142,6 +152,23 @@ def signal_name(signum):
   return signal.Signals(signum).name
 
 
+def describe_exit(status):
+  """How a task ended, for the launcher's line: 'failed with exit code 150
+  (it lost a peer)', 'was killed by SIGKILL'."""
+  if status < 0:
+    return f"was killed by {signal_name(-status)}"
+  meaning = {
+      health.PEER_LOST_EXIT: " (it lost a peer)",
+      health.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
+  }.get(status, "")
+  if status > 128 and not meaning:
+    try:
+      meaning = f" ({signal_name(status - 128)})"
+    except ValueError:
+      pass
+  return f"failed with exit code {status}{meaning}"
+
+
 def _die_with_parent():
   """preexec_fn: the kernel sends SIGKILL to the task if the launcher dies."""
   libc_name = ctypes.util.find_library("c")
@@ -232,7 +259,8 @@ class _Tasks:
 
 
 def run_cluster(command, cluster, out=None, timeout=None, env=None,
-                evaluator_wait=0, log=None, grace=STOP_GRACE_SECONDS):
+                evaluator_wait=0, log=None, grace=STOP_GRACE_SECONDS,
+                task_prefix=None, restarts=0):
   """Starts `command` once per task of `cluster`; returns an exit code.
 
   Args:
@@ -246,6 +274,11 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
       Kubernetes TFJob does by default).
     log: text stream for the launcher's own lines; default sys.stderr.
     grace: seconds a stopped task has between SIGTERM and SIGKILL.
+    task_prefix: optional function (task_type, index) -> list of str put
+      before `command` for that task (e.g. `ip netns exec HOST`).
+    restarts: int >= 0, how many times a failed job is started again
+      (every task, after stopping the others); not after a timeout or a
+      stop signal.
 
   Returns:
     0 when all training tasks exited 0 (and the evaluator too, if it
@@ -258,28 +291,38 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
     LaunchError: a task's command cannot be started (not found, not
       executable); the tasks already started are stopped first.
   """
-  tasks = _Tasks(out or sys.stdout, log or sys.stderr, grace)
-  with StopSignals() as signals:
-    try:
-      for task_type, index in tfc.tasks(cluster):
-        if signals.received is not None:
-          break
-        task_env = dict(env if env is not None else os.environ)
-        task_env["TF_CONFIG"] = json.dumps(
-            tfc.for_task(cluster, task_type, index))
-        tasks.start(f"{task_type}:{index}", task_type, command, task_env)
-      code = _supervise(tasks, signals, timeout, evaluator_wait)
-    finally:
-      tasks.stop_all(signals)
-    if signals.received is not None:
-      code = 128 + signals.received
-      tasks.report(f"stopped every task; exiting with {code}")
-  return code
-
-
-def _supervise(tasks, signals, timeout, evaluator_wait):
-  """Waits until the launch is over; returns its exit code."""
+  if not isinstance(restarts, int) or restarts < 0:
+    raise ValueError(f"restarts must be an int >= 0, got {restarts!r}")
   deadline = None if timeout is None else time.monotonic() + timeout
+  attempt = 0
+  with StopSignals() as signals:
+    while True:
+      tasks = _Tasks(out or sys.stdout, log or sys.stderr, grace)
+      try:
+        for task_type, index in tfc.tasks(cluster):
+          if signals.received is not None:
+            break
+          task_env = dict(env if env is not None else os.environ)
+          task_env["TF_CONFIG"] = json.dumps(
+              tfc.for_task(cluster, task_type, index))
+          prefix = task_prefix(task_type, index) if task_prefix else []
+          tasks.start(f"{task_type}:{index}", task_type,
+                      list(prefix) + list(command), task_env)
+        code = _supervise(tasks, signals, deadline, evaluator_wait, timeout)
+      finally:
+        tasks.stop_all(signals)
+      if signals.received is not None:
+        code = 128 + signals.received
+        tasks.report(f"stopped every task; exiting with {code}")
+        return code
+      if code in (0, TIMED_OUT) or attempt >= restarts:
+        return code
+      attempt += 1
+      tasks.report(f"restarting the job ({attempt} of {restarts})")
+
+
+def _supervise(tasks, signals, deadline, evaluator_wait, timeout):
+  """Waits until the launch is over; returns its exit code."""
   training_finished = None
   while True:
     if signals.received is not None:
@@ -289,8 +332,8 @@ def _supervise(tasks, signals, timeout, evaluator_wait):
     failed = tasks.first_failure()
     if failed:
       name, status = failed
-      tasks.report(f"task {name} failed with exit code {status}; stopping "
-                   "the other tasks")
+      tasks.report(f"task {name} {describe_exit(status)}; stopping the "
+                   "other tasks")
       return status if status > 0 else 1
     if not tasks.training_running():
       if training_finished is None:

@@ -1,0 +1,279 @@
+"""Peer health for a TF_CONFIG job: fail in bounded time, never hang.
+
+A graph-mode MultiWorkerMirroredStrategy or parameter-server job whose peer
+is cut off, frozen or killed waits inside `session.run` forever: the
+collective or the remote variable read never returns, and TensorFlow's
+coordination service, which notices the missing heartbeats, does not end
+it. On Kubernetes a hung pod never fails, so nothing restarts the job.
+
+`watch(model_dir)` starts a thread that asks every other task of the
+cluster for its status (`WorkerService/GetStatus`, the RPC TensorFlow's own
+servers answer, with a deadline) every `interval` seconds. A task that has
+not answered for `timeout` seconds is lost: this process prints one line
+naming it and exits with `PEER_LOST_EXIT` (from any thread: the main one
+is stuck in C++). Slow is not dead: one answer per `timeout` keeps a peer
+alive, so a lossy link that makes every step many times slower still
+finishes.
+
+With a `model_dir`, every training task (chief, workers) also keeps a
+marker in `model_dir/.estimator_accum_tasks/` that it rewrites each
+interval:
+  * a task whose peer answers but whose marker does not change within
+    `timeout` does not share the model_dir (every task of an Estimator job
+    needs the same one): one line, exit `MODEL_DIR_NOT_SHARED_EXIT`;
+  * a task that ends normally (`Watchdog.finish`, or leaving the `with`
+    block) marks itself done: its peers then stop asking for it instead of
+    counting it lost; a parameter server exits 0 once every training task
+    is done (on Kubernetes nothing else would end it).
+
+Exit codes: `PEER_LOST_EXIT` (150) is 128 or more, so that Kubeflow's
+`restartPolicy: ExitCode` restarts the pod (it retries 128..255);
+`MODEL_DIR_NOT_SHARED_EXIT` (78, EX_CONFIG) is a permanent error.
+"""
+
+import concurrent.futures
+import json
+import os
+import socket
+import sys
+import threading
+import time
+
+from tfconfig import config as tfc
+
+PEER_LOST_EXIT = 150
+MODEL_DIR_NOT_SHARED_EXIT = 78
+DEFAULT_TIMEOUT = 60.0
+DEFAULT_INTERVAL = 5.0
+# How long a peer may take to answer for the first time (a pod pulling its
+# image, a slow scheduler) before it counts as lost.
+DEFAULT_STARTUP_TIMEOUT = 600.0
+MARKER_DIR = ".estimator_accum_tasks"
+_GET_STATUS = "/tensorflow.WorkerService/GetStatus"
+
+
+def _say(message):
+  sys.stderr.write(f"[tfconfig] {message}\n")
+  sys.stderr.flush()
+
+
+def _name(task_type, index):
+  return f"{task_type}:{index}"
+
+
+class _Peer:
+  """One other task: its address, its channel and what we know of it."""
+
+  def __init__(self, task_type, index, address, now):
+    import grpc  # TensorFlow's own dependency; imported where it is used.
+
+    self.task_type, self.index, self.address = task_type, index, address
+    self.name = _name(task_type, index)
+    self.channel = grpc.insecure_channel(address)
+    self.get_status = self.channel.unary_unary(
+        _GET_STATUS, request_serializer=lambda _: b"",
+        response_deserializer=lambda data: data)
+    self.started = now
+    self.first_answer = None     # monotonic time of the first answer
+    self.last_answer = None      # ... and of the last one
+    self.last_error = "no answer yet"
+    self.marker_seen = None      # the marker's text when it was first read
+    self.marker_changed = False  # it changed since: it is this run's
+    self.done = False
+
+  def probe(self, deadline):
+    import grpc
+
+    try:
+      self.get_status(None, timeout=deadline)
+      return None
+    except grpc.RpcError as error:
+      return error.code().name.lower().replace("_", " ")
+
+
+class Watchdog:
+  """Watches every other task of `config`; see the module docstring.
+
+  Args:
+    config: TF_CONFIG dict with "task" (as `tfconfig.from_environment`).
+    model_dir: optional str, the job's shared model_dir (markers).
+    timeout: seconds without an answer after which a peer is lost.
+    interval: seconds between probes (and marker rewrites).
+    startup_timeout: seconds a peer may take to answer the first time.
+    exit: function(code), called to end the process (`os._exit`).
+  """
+
+  def __init__(self, config, model_dir=None, timeout=DEFAULT_TIMEOUT,
+               interval=DEFAULT_INTERVAL,
+               startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit):
+    for name, value in (("timeout", timeout), ("interval", interval),
+                        ("startup_timeout", startup_timeout)):
+      if not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got "
+                         f"{value!r}")
+    if interval > timeout:
+      raise ValueError(f"interval ({interval}) must not exceed timeout "
+                       f"({timeout})")
+    task = config[tfc.TASK]
+    self.task_type, self.index = task[tfc.TYPE], int(task[tfc.INDEX])
+    self.name = _name(self.task_type, self.index)
+    self.model_dir = model_dir
+    self.timeout, self.interval = float(timeout), float(interval)
+    self.startup_timeout = max(float(startup_timeout), self.timeout)
+    self._exit = exit
+    now = time.monotonic()
+    self.peers = [
+        _Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
+        for task_type, index in tfc.tasks(config)
+        if task_type != tfc.EVALUATOR and
+        (task_type, index) != (self.task_type, self.index)]
+    self._beat = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                    name="tfconfig-peer-watchdog")
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, len(self.peers)))
+
+  # Markers --------------------------------------------------------------
+
+  def _marker(self, task_type, index):
+    return os.path.join(self.model_dir, MARKER_DIR,
+                        f"{task_type}-{index}.json")
+
+  def _write_marker(self, state):
+    if not self.model_dir or self.task_type not in tfc.TRAINING_TYPES:
+      return
+    import tensorflow as tf
+
+    self._beat += 1
+    path = self._marker(self.task_type, self.index)
+    text = json.dumps({"state": state, "host": socket.gethostname(),
+                       "pid": os.getpid(), "beat": self._beat})
+    try:
+      tf.io.gfile.makedirs(os.path.dirname(path))
+      temporary = f"{path}.{os.getpid()}.tmp"
+      with tf.io.gfile.GFile(temporary, "w") as writer:
+        writer.write(text)
+      tf.io.gfile.rename(temporary, path, overwrite=True)
+    except (tf.errors.OpError, OSError) as error:
+      _say(f"{self.name}: cannot write {path}: {error}")
+
+  def _read_marker(self, peer):
+    import tensorflow as tf
+
+    try:
+      with tf.io.gfile.GFile(self._marker(peer.task_type, peer.index)) as f:
+        return f.read()
+    except (tf.errors.OpError, OSError):
+      return None
+
+  def _check_marker(self, peer, now):
+    """Reads the peer's marker; exits if the model_dir is not shared."""
+    text = self._read_marker(peer)
+    if peer.marker_seen is None:
+      peer.marker_seen = text if text is not None else ""
+    elif text is not None and text != peer.marker_seen:
+      peer.marker_changed = True
+    if peer.marker_changed and text and '"state": "done"' in text:
+      peer.done = True
+      return
+    if (not peer.marker_changed and peer.first_answer is not None and
+        now - peer.first_answer > self.timeout):
+      _say(f"{self.name}: model_dir {self.model_dir} is not the one "
+           f"{peer.name} uses: {peer.name} answers at {peer.address} but "
+           f"its marker {self._marker(peer.task_type, peer.index)} did not "
+           f"change in {self.timeout:g} s; every task needs the same "
+           "model_dir on storage all of them see (GCS, S3, NFS); exiting "
+           f"with {MODEL_DIR_NOT_SHARED_EXIT}")
+      self._exit(MODEL_DIR_NOT_SHARED_EXIT)
+
+  # The loop ---------------------------------------------------------------
+
+  def start(self):
+    if not self._thread.is_alive() and not self._stop.is_set():
+      self._write_marker("running")
+      self._thread.start()
+    return self
+
+  def finish(self):
+    """This task ended normally: peers stop watching it."""
+    self._stop.set()
+    if self._thread.is_alive():
+      self._thread.join(timeout=self.interval + 5)
+    self._write_marker("done")
+
+  def stop(self):
+    """Stops watching without marking this task done (it failed)."""
+    self._stop.set()
+
+  def __enter__(self):
+    return self.start()
+
+  def __exit__(self, exc_type, exc, traceback):
+    if exc_type is None or issubclass(exc_type, SystemExit) and not (
+        exc and exc.code):
+      self.finish()
+    else:
+      self.stop()
+
+  def _loop(self):
+    while not self._stop.wait(self.interval):
+      self._round()
+
+  def _round(self):
+    watched = [peer for peer in self.peers if not peer.done]
+    deadline = min(self.interval * 2, self.timeout)
+    futures = {peer: self._pool.submit(peer.probe, deadline)
+               for peer in watched}
+    now = time.monotonic()
+    for peer, future in futures.items():
+      error = future.result()
+      if self._stop.is_set():
+        return
+      now = time.monotonic()
+      if error is None:
+        if peer.first_answer is None:
+          peer.first_answer = now
+        peer.last_answer = now
+      else:
+        peer.last_error = error
+      if self.model_dir and peer.task_type in tfc.TRAINING_TYPES:
+        self._check_marker(peer, now)
+        if peer.done:
+          continue
+      self._check_alive(peer, now)
+    self._write_marker("running")
+    if self.task_type == tfc.PS and self.model_dir and all(
+        peer.done for peer in self.peers
+        if peer.task_type in tfc.TRAINING_TYPES):
+      _say(f"{self.name}: every training task has finished; exiting")
+      self._exit(0)
+
+  def _check_alive(self, peer, now):
+    if peer.last_answer is None:
+      silent, limit = now - peer.started, self.startup_timeout
+    else:
+      silent, limit = now - peer.last_answer, self.timeout
+    if silent < limit:
+      return
+    never = " (it never answered)" if peer.last_answer is None else ""
+    _say(f"{self.name}: lost {peer.name} at {peer.address}: no answer for "
+         f"{silent:.0f} s{never} ({peer.last_error}); exiting with "
+         f"{PEER_LOST_EXIT}")
+    self._exit(PEER_LOST_EXIT)
+
+
+def watch(model_dir=None, timeout=DEFAULT_TIMEOUT, interval=DEFAULT_INTERVAL,
+          startup_timeout=DEFAULT_STARTUP_TIMEOUT, config=None):
+  """A started `Watchdog` for this process's TF_CONFIG, or None when the
+  process is not part of a cluster (no TF_CONFIG, no task, or an
+  evaluator). Use it as a context manager around training, or call
+  `finish()` when training has ended."""
+  config = config if config is not None else tfc.from_environment()
+  task = config.get(tfc.TASK) if config else None
+  if not task or task.get(tfc.TYPE) == tfc.EVALUATOR:
+    return None
+  if len(tfc.tasks(config)) < 2:
+    return None
+  return Watchdog(config, model_dir=model_dir, timeout=timeout,
+                  interval=interval, startup_timeout=startup_timeout).start()
