@@ -106,6 +106,11 @@ flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
 flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
                   "none, mirrored (local devices), or multi_worker / "
                   "parameter_server with the cluster from TF_CONFIG.")
+flags.DEFINE_float("peer_timeout_secs", 60.0,
+                   "In a TF_CONFIG cluster: seconds without an answer from "
+                   "another task before this one exits (exit code 150, one "
+                   "line naming it) instead of hanging; 0 never.",
+                   lower_bound=0)
 flags.DEFINE_integer("log_every", 50, "Micro-batches between progress lines.",
                      lower_bound=1)
 flags.DEFINE_integer("seed", 42, "Random seed.")
@@ -162,9 +167,12 @@ def _model_files():
 def _tf_config():
   """TF_CONFIG as a validated dict ({} when unset); UsageError naming the
   problem otherwise."""
+  name = FLAGS.distribution_strategy
   try:
-    return tfconfig.from_environment(
-        require_chief=FLAGS.distribution_strategy == "parameter_server")
+    # What the engines set (master, Vertex AI's pools, the evaluator in the
+    # cluster) becomes TensorFlow's form before Estimator reads TF_CONFIG.
+    return tfconfig.use_environment(
+        name if name in ("multi_worker", "parameter_server") else None)
   except tfconfig.TFConfigError as error:
     raise UsageError(str(error)) from None
 
@@ -357,18 +365,31 @@ def run():
     raise UsageError(str(error).replace("do_lower_case", "--do_lower_case")
                      ) from None
   tokenizer = tokenization.FullTokenizer(vocab_file, FLAGS.do_lower_case)
-  strategy, workers, replicas = _strategy()
+  _tf_config()  # A bad cluster is refused before anything is written.
   if FLAGS.output_dir is None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     FLAGS.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
   created = _prepare_output_dir(processor.name, bert_config)
+  watchdog = None
+  if FLAGS.peer_timeout_secs and FLAGS.distribution_strategy in (
+      "multi_worker", "parameter_server"):
+    # Before the strategy: making it waits for every peer.
+    watchdog = tfconfig.health.watch(FLAGS.output_dir,
+                                     timeout=FLAGS.peer_timeout_secs,
+                                     interval=min(5.0,
+                                                  FLAGS.peer_timeout_secs))
   try:
+    strategy, workers, replicas = _strategy()
     _train_and_evaluate(processor, label_list, bert_config, tokenizer,
                         init_checkpoint, strategy, workers, replicas)
   except BaseException:
+    if watchdog:
+      watchdog.stop()
     if created:
       _remove_if_empty(FLAGS.output_dir)
     raise
+  if watchdog:
+    watchdog.finish()
 
 
 def _train_and_evaluate(processor, label_list, bert_config, tokenizer,

@@ -313,3 +313,36 @@ def test_lossy_link_is_slow_not_dead(make_bed, tmp_path):
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   assert "lost" not in result.stderr
   _assert_final_weights(tmp_path, 2, 6, "over a lossy link")
+
+
+def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
+  """Each host sees its own directory (as two pods without a shared
+  volume): both tasks say so in one line, in bounded time, with the
+  configuration error's exit code, instead of waiting in the save barrier
+  for 30 minutes."""
+  bed = make_bed(2)
+  cluster = bed.cluster(2)
+  runs = []
+  try:
+    for index in range(2):
+      env = dict(os.environ, TF_CONFIG=json.dumps(
+          tfc.for_task(cluster, "worker", index)))
+      runs.append(_Run(
+          bed.exec_prefix(index) + _job_flags(tmp_path / f"dir{index}", 3,
+                                              "--step_seconds", "1"),
+          tmp_path, f"worker{index}", env=env))
+    started = time.monotonic()
+    for index, run in enumerate(runs):
+      code = run.wait(EXIT_BOUND + 60)
+      output = run.output()
+      assert code == health.MODEL_DIR_NOT_SHARED_EXIT, (code, output[-3000:])
+      other = 1 - index
+      assert re.search(
+          rf"worker:{index}: model_dir \S+dir{index} is not the one "
+          rf"worker:{other} uses: worker:{other} answers at [0-9.]+:2222 but "
+          rf"its marker \S+ did not change in {PEER_TIMEOUT} s", output), (
+              output[-3000:])
+    assert time.monotonic() - started < EXIT_BOUND + 30
+  finally:
+    for run in runs:
+      run.kill()

@@ -30,7 +30,8 @@ def test_the_wheel_holds_the_library_and_tfconfig_only(tmp_path):
   requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
               if line.startswith("Requires-Dist:")]
   core = sorted(r for r in requires if "extra ==" not in r)
-  assert core == ["absl-py==2.1.0", "numpy==1.26.4", "tensorflow-cpu==2.15.1",
-                  "tensorflow-estimator==2.15.0"], core
+  assert core == ["PyYAML==6.0.3", "absl-py==2.1.0", "numpy==1.26.4",
+                  "tensorflow-cpu==2.15.1", "tensorflow-estimator==2.15.0"
+                  ], core
   examples = [r for r in requires if 'extra == "examples"' in r]
   assert any(r.startswith("tokenizers") for r in examples), examples

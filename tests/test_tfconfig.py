@@ -19,8 +19,9 @@ def _cluster(**cluster):
 @pytest.mark.parametrize("text, message", [
     ("{not json", "TF_CONFIG: not valid JSON: Expecting property name "
      "enclosed in double quotes at line 1 column 2"),
-    (json.dumps(_cluster(master=["a:1"])), "TF_CONFIG: unknown task type "
-     "'master' in 'cluster'; expected one of chief, worker, ps, evaluator"),
+    (json.dumps(_cluster(trainer=["a:1"])), "TF_CONFIG: unknown task type "
+     "'trainer' in 'cluster'; expected one of chief, worker, ps, evaluator, "
+     "master, workerpool0, workerpool1, workerpool2, workerpool3"),
     (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "worker",
                                                      "index": 1})),
      "TF_CONFIG: task index 1 is out of range for 'worker', which has 1 "
@@ -28,7 +29,7 @@ def _cluster(**cluster):
     (json.dumps(_cluster(worker=["localhost"])), "TF_CONFIG: worker:0 address "
      "'localhost' has no port; expected host:port"),
     (json.dumps(_cluster(worker=["a:1"], ps=["b:2"])), "TF_CONFIG: "
-     "parameter-server training needs a chief; 'cluster' has ps but no chief"),
+     "parameter-server training needs a chief (or master); 'cluster' has ps but no chief"),
     (json.dumps(dict(_cluster(worker=["a:1"]), task={"type": "chief"})),
      "TF_CONFIG: task type 'chief' is not in 'cluster' (which has worker)"),
     (json.dumps({"cluster": {}}), "TF_CONFIG: 'cluster' must be a non-empty "

@@ -16,6 +16,11 @@
       namespace with its own address on a private link (root).
   python -m tfconfig testbed up|down [--hosts N] [--name NAME] [--rate R]
       Makes (or removes) such hosts for rehearsing a cluster by hand.
+  python -m tfconfig tfjob --name NAME --image IMAGE --workers 4 [--chief] \\
+      [--ps N] [--evaluator] [--pvc CLAIM --mount_path /runs] -- CMD ...
+      Prints a Kubeflow TFJob (kubeflow.org/v1) for the job, as YAML.
+  srun python -m tfconfig slurm [--chief] [--ps N] -- CMD ...
+      Runs CMD with the TF_CONFIG of this Slurm task (from SLURM_*).
 """
 
 import argparse
@@ -126,6 +131,48 @@ def _launch_on_testbed(args, command, count):
       bed.down()
 
 
+def _command(args):
+  command = args.command
+  if command and command[0] == "--":
+    command = command[1:]
+  if not command:
+    raise tfc.TFConfigError(f"{args.verb} needs a command after --")
+  return command
+
+
+def _tfjob(args):
+  import yaml
+
+  from tfconfig import engines
+
+  manifest = engines.tfjob_manifest(
+      args.name, args.image, _command(args), args.workers, chief=args.chief,
+      ps=args.ps, evaluator=args.evaluator, namespace=args.namespace,
+      restart_policy=args.restart_policy, backoff_limit=args.backoff_limit,
+      pvc=args.pvc, mount_path=args.mount_path)
+  print(yaml.safe_dump(manifest, sort_keys=False), end="")
+  return 0
+
+
+def _slurm(args):
+  from tfconfig import engines
+
+  command = _command(args)
+  config = engines.slurm_tf_config(chief=args.chief, ps=args.ps,
+                                   port_base=args.port_base,
+                                   gpus_per_task=args.gpus_per_task)
+  task = config["task"]
+  print(f"[tfconfig] slurm rank {os.environ['SLURM_PROCID']}: "
+        f"{task['type']}:{task['index']} of {len(tfc.tasks(config))}",
+        file=sys.stderr, flush=True)
+  tfl.check_command(command, f"{task['type']}:{task['index']}")
+  env = dict(os.environ, TF_CONFIG=json.dumps(tfc.tensorflow_form(config)))
+  if args.print_only:
+    print(env["TF_CONFIG"])
+    return 0
+  os.execvpe(command[0], command, env)
+
+
 def _testbed(args):
   from tfconfig import testbed
 
@@ -209,10 +256,40 @@ def main(argv=None):
   bed.add_argument("--hosts", type=int, default=2)
   bed.add_argument("--name", default=None)
   bed.add_argument("--rate", default=None, help="tc rate of every link")
+  from tfconfig import engines
+
+  tfjob = commands.add_parser("tfjob", help="print a Kubeflow TFJob")
+  tfjob.add_argument("--name", required=True, help="the job's name")
+  tfjob.add_argument("--image", required=True, help="the container image")
+  tfjob.add_argument("--namespace", default="default")
+  tfjob.add_argument("--workers", type=int, default=2)
+  tfjob.add_argument("--chief", action="store_true")
+  tfjob.add_argument("--ps", type=int, default=0)
+  tfjob.add_argument("--evaluator", action="store_true")
+  tfjob.add_argument("--restart_policy", default="ExitCode",
+                     choices=engines.RESTART_POLICIES,
+                     help="ExitCode (default): restart a task that lost a "
+                     "peer or was killed, not one with a bad flag")
+  tfjob.add_argument("--backoff_limit", type=int, default=3)
+  tfjob.add_argument("--pvc", help="a ReadWriteMany claim holding the "
+                     "shared model_dir")
+  tfjob.add_argument("--mount_path", help="where --pvc is mounted")
+  tfjob.add_argument("command", nargs=argparse.REMAINDER)
+  slurm = commands.add_parser("slurm", help="run a command with the "
+                              "TF_CONFIG of this Slurm task")
+  slurm.add_argument("--chief", action="store_true",
+                     help="rank 0 is the chief (parameter-server jobs)")
+  slurm.add_argument("--ps", type=int, default=0)
+  slurm.add_argument("--port_base", type=int, default=8888)
+  slurm.add_argument("--gpus_per_task", type=int, default=0)
+  slurm.add_argument("--print_only", action="store_true",
+                     help="print the TF_CONFIG instead of running")
+  slurm.add_argument("command", nargs=argparse.REMAINDER)
   args = parser.parse_args(argv)
   try:
     return {"show": _show, "launch": _launch, "print": _print,
-            "testbed": _testbed}[args.verb](args)
+            "testbed": _testbed, "tfjob": _tfjob,
+            "slurm": _slurm}[args.verb](args)
   except tfc.TFConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

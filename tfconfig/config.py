@@ -9,6 +9,15 @@ tfconfig.parse(os.environ["TF_CONFIG"])   # dict, or TFConfigError
 
 Every problem is reported as a `TFConfigError` (a ValueError) with one line
 that names it and says the value may come from the TF_CONFIG variable.
+
+The shapes the engines set are accepted: `master` (SageMaker's
+parameter-server mode, AI Platform's older runtimes) is the chief; Vertex
+AI's worker pools (`workerpool0..3` in its CLUSTER_SPEC) are the chief, the
+workers, the parameter servers and the evaluator; the evaluator may be in
+the cluster (Kubeflow's TFJob, Volcano) or only in "task" (TensorFlow's own
+form); other keys ("environment", "job", "trial", "cloud") are ignored.
+`use_environment(strategy)` checks the job's cluster against its strategy
+and rewrites TF_CONFIG in the form TensorFlow reads.
 """
 
 import json
@@ -25,6 +34,13 @@ PS = "ps"
 EVALUATOR = "evaluator"
 TASK_TYPES = (CHIEF, WORKER, PS, EVALUATOR)
 TRAINING_TYPES = (CHIEF, WORKER)
+MASTER = "master"
+# The engines' names for TensorFlow's task types: "master" (SageMaker, AI
+# Platform), Vertex AI's worker pools (its CLUSTER_SPEC variable).
+ALIASES = {MASTER: CHIEF, "workerpool0": CHIEF, "workerpool1": WORKER,
+           "workerpool2": PS, "workerpool3": EVALUATOR}
+MULTI_WORKER = "multi_worker"
+PARAMETER_SERVER = "parameter_server"
 
 
 class TFConfigError(ValueError):
@@ -64,11 +80,35 @@ def _check_address(address, where):
           "in 1..65535")
 
 
+def _canonical_types(config):
+  """`config` with the engines' task type names (ALIASES) replaced by
+  TensorFlow's; the same dict when it has none."""
+  cluster = config.get(CLUSTER)
+  task = config.get(TASK)
+  renamed = isinstance(cluster, dict) and any(t in ALIASES for t in cluster)
+  renamed |= isinstance(task, dict) and task.get(TYPE) in ALIASES
+  if not renamed:
+    return config
+  new_cluster = {}
+  for task_type, addresses in cluster.items():
+    canonical = ALIASES.get(task_type, task_type)
+    if canonical in new_cluster:
+      _fail(f"'{CLUSTER}' names the {canonical} twice ({canonical!r} and "
+            f"{task_type!r}: {', '.join(cluster)}); give one of them")
+    new_cluster[canonical] = addresses
+  config = dict(config, **{CLUSTER: new_cluster})
+  if isinstance(task, dict) and task.get(TYPE) in ALIASES:
+    config[TASK] = dict(task, **{TYPE: ALIASES[task[TYPE]]})
+  return config
+
+
 def validate(config, require_chief=False):
-  """Checks a TF_CONFIG dict; returns it unchanged.
+  """Checks a TF_CONFIG dict; returns it with TensorFlow's task type names.
 
   Args:
-    config: dict with "cluster" and optionally "task".
+    config: dict with "cluster" and optionally "task" (other keys are
+      kept and not read); "master" and Vertex AI's "workerpoolN" are
+      renamed to TensorFlow's types (ALIASES).
     require_chief: bool, whether the cluster must have a chief (parameter
       server training does).
 
@@ -77,6 +117,7 @@ def validate(config, require_chief=False):
   """
   if not isinstance(config, dict):
     _fail(f"expected a JSON object, got {type(config).__name__}")
+  config = _canonical_types(config)
   cluster = config.get(CLUSTER)
   if not isinstance(cluster, dict) or not cluster:
     _fail(f"'{CLUSTER}' must be a non-empty object of task type -> "
@@ -84,7 +125,7 @@ def validate(config, require_chief=False):
   for task_type, addresses in cluster.items():
     if task_type not in TASK_TYPES:
       _fail(f"unknown task type {_quote(task_type)} in '{CLUSTER}'; "
-            f"expected one of {', '.join(TASK_TYPES)}")
+            f"expected one of {', '.join(TASK_TYPES + tuple(ALIASES))}")
     if not isinstance(addresses, list) or not addresses:
       _fail(f"'{CLUSTER}.{task_type}' must be a non-empty list of "
             f"host:port, got {_quote(addresses)}")
@@ -103,8 +144,8 @@ def validate(config, require_chief=False):
     _fail(f"this job needs a chief, and '{CLUSTER}' has none (task types: "
           f"{', '.join(cluster)})")
   if PS in cluster and CHIEF not in cluster:
-    _fail(f"parameter-server training needs a chief; '{CLUSTER}' has ps but "
-          "no chief")
+    _fail(f"parameter-server training needs a chief (or master); "
+          f"'{CLUSTER}' has ps but no chief")
   task = config.get(TASK)
   if task is not None:
     if not isinstance(task, dict):
@@ -113,7 +154,7 @@ def validate(config, require_chief=False):
     task_type, index = task.get(TYPE), _task_index(task.get(INDEX, 0))
     if task_type not in TASK_TYPES:
       _fail(f"unknown task type {_quote(task_type)} in '{TASK}'; expected "
-            f"one of {', '.join(TASK_TYPES)}")
+            f"one of {', '.join(TASK_TYPES + tuple(ALIASES))}")
     if task_type == EVALUATOR and EVALUATOR not in cluster:
       # TensorFlow's own form: the evaluator is not part of the training
       # cluster, only named in "task", and its index has no upper bound.
@@ -159,18 +200,75 @@ def parse(text, require_chief=False):
 def from_environment(require_chief=False):
   """The TF_CONFIG of this process, validated; {} when it is not set.
 
-  The task's index is an int, whichever form TF_CONFIG gives it in.
+  Without TF_CONFIG, Vertex AI's CLUSTER_SPEC (worker pools) is read. The
+  task's index is an int, whichever form TF_CONFIG gives it in.
 
   Raises:
     TFConfigError: naming the problem.
   """
-  text = os.environ.get("TF_CONFIG")
+  text = os.environ.get("TF_CONFIG") or os.environ.get("CLUSTER_SPEC")
   if not text:
     return {}
   config = parse(text, require_chief=require_chief)
   if config.get(TASK) is not None:
     config[TASK] = dict(config[TASK],
                         **{INDEX: _task_index(config[TASK].get(INDEX, 0))})
+  return config
+
+
+def tensorflow_form(config):
+  """What TensorFlow's Estimator and strategies read: "cluster" without the
+  evaluator (TensorFlow keeps it out of the training cluster) and "task";
+  the engines' other keys dropped."""
+  form = {CLUSTER: {t: list(a) for t, a in config[CLUSTER].items()
+                    if t != EVALUATOR}}
+  if config.get(TASK) is not None:
+    form[TASK] = {TYPE: config[TASK][TYPE],
+                  INDEX: _task_index(config[TASK].get(INDEX, 0))}
+  return form
+
+
+def check_strategy(config, strategy):
+  """Raises TFConfigError when `config`'s cluster cannot run `strategy`
+  ("multi_worker" or "parameter_server"); returns `config`."""
+  cluster = config.get(CLUSTER, {})
+  types = ", ".join(f"{t} x{len(a)}" for t, a in cluster.items())
+  if strategy == MULTI_WORKER:
+    if PS in cluster:
+      _fail(f"MultiWorkerMirroredStrategy has no parameter servers, and the "
+            f"cluster has ps tasks ({types}; SageMaker's parameter-server "
+            "mode and a TFJob with PS replicas set them): train with "
+            "--distribution_strategy=parameter_server, or drop the ps")
+    if not set(cluster) & set(TRAINING_TYPES):
+      _fail(f"MultiWorkerMirroredStrategy needs workers (or a chief); the "
+            f"cluster has {types or 'none'}")
+  elif strategy == PARAMETER_SERVER:
+    if PS not in cluster:
+      _fail(f"parameter-server training needs ps tasks; the cluster has "
+            f"{types or 'none'}")
+    if CHIEF not in cluster:
+      _fail(f"parameter-server training needs a chief (or master); the "
+            f"cluster has {types}")
+  elif strategy is not None:
+    raise ValueError(f"strategy must be {MULTI_WORKER!r}, "
+                     f"{PARAMETER_SERVER!r} or None, got {strategy!r}")
+  return config
+
+
+def use_environment(strategy=None):
+  """Reads this process's cluster (TF_CONFIG, else Vertex AI's
+  CLUSTER_SPEC), checks it against `strategy`, and sets TF_CONFIG to
+  TensorFlow's form of it, so that Estimator and the strategies accept
+  what the engines set. Returns the validated dict ({} without a cluster).
+
+  Raises:
+    TFConfigError: naming the problem, in one line.
+  """
+  config = from_environment(require_chief=strategy == PARAMETER_SERVER)
+  if not config:
+    return {}
+  check_strategy(config, strategy)
+  os.environ["TF_CONFIG"] = json.dumps(tensorflow_form(config))
   return config
 
 

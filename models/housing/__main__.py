@@ -112,7 +112,7 @@ def main(argv):
 
 def _multi_worker(model_dir, train, evaluation):
   try:
-    task = tfconfig.from_environment().get("task", {})
+    task = tfconfig.use_environment("multi_worker").get("task", {})
   except tfconfig.TFConfigError as error:
     raise SystemExit(f"housing: error: {error}") from None
   strategy = tf.distribute.MultiWorkerMirroredStrategy()

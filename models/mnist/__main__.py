@@ -146,7 +146,7 @@ def main(argv):
   strategy, workers = None, 1
   if FLAGS.strategy == "multi_worker":
     try:
-      tfconfig.from_environment()
+      tfconfig.use_environment("multi_worker")
     except tfconfig.TFConfigError as error:
       raise SystemExit(f"mnist: error: {error}") from None
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
