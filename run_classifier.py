@@ -388,8 +388,22 @@ def run():
     if created:
       _remove_if_empty(FLAGS.output_dir)
     raise
+  _remove_own_worker_checkpoints()
   if watchdog:
     watchdog.finish()
+
+
+def _remove_own_worker_checkpoints():
+  """A MultiWorkerMirroredStrategy worker other than the chief saves its
+  own copy of every checkpoint in output_dir/tmp_worker_<i> (the size of
+  the model each); once the job has ended nothing reads them."""
+  if FLAGS.distribution_strategy != "multi_worker" or _is_chief():
+    return
+  task = _tf_config().get("task", {})
+  path = os.path.join(FLAGS.output_dir,
+                      f"tmp_{task.get('type')}_{task.get('index')}")
+  if tf.io.gfile.isdir(path):
+    tf.io.gfile.rmtree(path)
 
 
 def _train_and_evaluate(processor, label_list, bert_config, tokenizer,

@@ -18,14 +18,11 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 
-from tests import support
-from tests.multiworker_job import OPTIMIZERS
+from tests import hosts_support as hosts
 from tests.test_parameter_server import (
     check_each_worker_applied_its_own_windows,
     ps_job_command,
@@ -34,8 +31,7 @@ from tfconfig import config as tfc
 from tfconfig import health, testbed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-K, MICRO_BATCH = 2, 4
-PEER_TIMEOUT = 8
+PEER_TIMEOUT = 8  # hosts_support.job_flags' default
 # A lost peer is noticed after PEER_TIMEOUT without an answer; probes run
 # every second, and the process needs a moment to go.
 EXIT_BOUND = PEER_TIMEOUT + 12
@@ -70,83 +66,6 @@ def make_bed():
   assert not leftovers, leftovers
 
 
-def _expected(workers, updates):
-  big_batch = workers * K * MICRO_BATCH
-  data = support.make_data(big_batch * updates)
-  return support.reference_train(OPTIMIZERS["adam"], data, big_batch,
-                                 updates)
-
-
-def _job_flags(model_dir, updates, *extra):
-  return [sys.executable, "tests/multiworker_job.py", "--model_dir",
-          str(model_dir), "--optimizer", "adam", "--k", str(K),
-          "--micro_batch", str(MICRO_BATCH), "--updates", str(updates),
-          "--peer_timeout", str(PEER_TIMEOUT), "--peer_interval", "1",
-          *extra]
-
-
-def _launch(bed, workers, model_dir, updates, *extra, launch_flags=()):
-  return [sys.executable, "-m", "tfconfig", "launch", "--workers",
-          str(workers), "--netns", bed.name, "--timeout", "240", "--grace",
-          "2", *launch_flags, "--",
-          *_job_flags(model_dir, updates, *extra)]
-
-
-def _assert_final_weights(model_dir, workers, updates, what):
-  saved = np.load(os.path.join(model_dir, "final_weights.npz"))
-  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
-  support.assert_weights_close(actual, _expected(workers, updates),
-                               what=what)
-  assert int(saved["global_step"]) == K * updates
-
-
-def _latest_step(model_dir):
-  try:
-    with open(os.path.join(model_dir, "checkpoint")) as reader:
-      match = re.search(r'model_checkpoint_path: "model\.ckpt-(\d+)"',
-                        reader.read())
-  except OSError:
-    return -1
-  return int(match.group(1)) if match else -1
-
-
-def _wait_for_step(model_dir, step, processes, seconds=120):
-  deadline = time.monotonic() + seconds
-  while _latest_step(model_dir) < step:
-    for process in processes:
-      assert process.poll() is None, f"exited early: {process.returncode}"
-    assert time.monotonic() < deadline, f"no checkpoint {step} in {seconds} s"
-    time.sleep(0.2)
-
-
-class _Run:
-  """A launcher (or tasks) in the background, output to files."""
-
-  def __init__(self, command, tmp_path, name, env=None):
-    self.stdout_path = tmp_path / f"{name}.out"
-    self.stderr_path = tmp_path / f"{name}.err"
-    self.process = subprocess.Popen(
-        command, cwd=ROOT, stdout=open(self.stdout_path, "w"),
-        stderr=open(self.stderr_path, "w"), env=env, start_new_session=True)
-
-  def wait(self, seconds):
-    return self.process.wait(timeout=seconds)
-
-  def output(self):
-    return self.stdout_path.read_text() + self.stderr_path.read_text()
-
-  def kill(self):
-    if self.process.poll() is None:
-      os.killpg(self.process.pid, signal.SIGKILL)
-      self.process.wait()
-
-
-def _host_pids(bed, index):
-  result = subprocess.run(["ip", "netns", "pids", bed.host(index)],
-                          capture_output=True, text=True, check=True)
-  return [int(pid) for pid in result.stdout.split()]
-
-
 # Exact across hosts ---------------------------------------------------------
 
 
@@ -154,12 +73,13 @@ def _host_pids(bed, index):
 def test_mwms_across_hosts_equals_the_big_batch(workers, rate, make_bed,
                                                 tmp_path):
   bed = make_bed(workers, rate=rate)
-  result = subprocess.run(_launch(bed, workers, tmp_path, 3), cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+  result = subprocess.run(hosts.launch_command(bed, workers, tmp_path, 3),
+                          cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   for index in range(workers):
     assert f"worker:{index}={bed.address(index)}:2222" in result.stderr
-  _assert_final_weights(tmp_path, workers, 3, f"{workers} hosts")
+  hosts.assert_final_weights(tmp_path, workers, 3, f"{workers} hosts")
   markers = tmp_path / health.MARKER_DIR
   for index in range(workers):
     state = json.loads((markers / f"worker-{index}.json").read_text())
@@ -181,9 +101,9 @@ UPDATES = 30  # 60 micro-batches per worker at 0.2 s: long enough to hit.
 
 
 def _fault_job(bed, tmp_path, *launch_flags):
-  return _Run(_launch(bed, 2, tmp_path, UPDATES, "--step_seconds", "0.2",
-                      "--save_every", "2", launch_flags=launch_flags),
-              tmp_path, "launch")
+  return hosts.Run(hosts.launch_command(
+      bed, 2, tmp_path, UPDATES, "--step_seconds", "0.2", "--save_every", "2",
+      launch_flags=launch_flags), tmp_path, "launch")
 
 
 def _assert_exits_naming(run, lost, started, bound=EXIT_BOUND):
@@ -202,13 +122,13 @@ def _assert_exits_naming(run, lost, started, bound=EXIT_BOUND):
 
 def _rerun_and_check(bed, tmp_path, what):
   result = subprocess.run(
-      _launch(bed, 2, tmp_path, UPDATES, "--save_every", "2"), cwd=ROOT,
-      capture_output=True, text=True, timeout=300)
+      hosts.launch_command(bed, 2, tmp_path, UPDATES, "--save_every", "2"),
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   resumed = re.search(r"\[worker:0\] starting at micro-batch (\d+)",
                       result.stdout)
   assert resumed and int(resumed.group(1)) > 0, result.stdout[-2000:]
-  _assert_final_weights(tmp_path, 2, UPDATES, what)
+  hosts.assert_final_weights(tmp_path, 2, UPDATES, what)
 
 
 def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
@@ -218,7 +138,7 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
   bed = make_bed(2)
   run = _fault_job(bed, tmp_path, "--restart", "1")
   try:
-    _wait_for_step(tmp_path, 7, [run.process])
+    hosts.wait_for_step(tmp_path, 7, [run.process])
     bed.cut(1)
     cut = time.monotonic()
     while "restarting the job (1 of 1)" not in run.output():
@@ -234,7 +154,8 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
   assert "[worker:0] starting at micro-batch 0" in run.output()
   assert re.search(r"\[worker:0\] starting at micro-batch [1-9]\d*",
                    run.output())
-  _assert_final_weights(tmp_path, 2, UPDATES, "restarted after a cut link")
+  hosts.assert_final_weights(tmp_path, 2, UPDATES,
+                             "restarted after a cut link")
 
 
 def test_chief_host_cut_ends_every_task(make_bed, tmp_path):
@@ -242,7 +163,7 @@ def test_chief_host_cut_ends_every_task(make_bed, tmp_path):
   bed = make_bed(2)
   run = _fault_job(bed, tmp_path)
   try:
-    _wait_for_step(tmp_path, 5, [run.process])
+    hosts.wait_for_step(tmp_path, 5, [run.process])
     bed.cut(0)
     _assert_exits_naming(run, "worker:[01]", time.monotonic())
   finally:
@@ -256,8 +177,8 @@ def test_frozen_worker_ends_the_job(make_bed, tmp_path):
   run = _fault_job(bed, tmp_path)
   frozen = []
   try:
-    _wait_for_step(tmp_path, 5, [run.process])
-    frozen = _host_pids(bed, 1)
+    hosts.wait_for_step(tmp_path, 5, [run.process])
+    frozen = hosts.host_pids(bed, 1)
     assert frozen
     for pid in frozen:
       os.kill(pid, signal.SIGSTOP)
@@ -282,11 +203,11 @@ def test_killed_worker_ends_the_other_without_a_launcher(make_bed, tmp_path):
     for index in range(2):
       env = dict(os.environ, TF_CONFIG=json.dumps(
           tfc.for_task(cluster, "worker", index)))
-      runs.append(_Run(
-          bed.exec_prefix(index) + _job_flags(
+      runs.append(hosts.Run(
+          bed.exec_prefix(index) + hosts.job_flags(
               tmp_path, UPDATES, "--step_seconds", "0.2", "--save_every",
               "2"), tmp_path, f"worker{index}", env=env))
-    _wait_for_step(tmp_path, 5, [run.process for run in runs])
+    hosts.wait_for_step(tmp_path, 5, [run.process for run in runs])
     os.killpg(runs[1].process.pid, signal.SIGKILL)
     killed = time.monotonic()
     code = runs[0].wait(EXIT_BOUND + 30)
@@ -308,11 +229,11 @@ def test_lossy_link_is_slow_not_dead(make_bed, tmp_path):
   bed = make_bed(2)
   bed.set_loss(1, 5)
   result = subprocess.run(
-      _launch(bed, 2, tmp_path, 6, "--save_every", "2"), cwd=ROOT,
-      capture_output=True, text=True, timeout=300)
+      hosts.launch_command(bed, 2, tmp_path, 6, "--save_every", "2"),
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
   assert "lost" not in result.stderr
-  _assert_final_weights(tmp_path, 2, 6, "over a lossy link")
+  hosts.assert_final_weights(tmp_path, 2, 6, "over a lossy link")
 
 
 def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
@@ -327,9 +248,9 @@ def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
     for index in range(2):
       env = dict(os.environ, TF_CONFIG=json.dumps(
           tfc.for_task(cluster, "worker", index)))
-      runs.append(_Run(
-          bed.exec_prefix(index) + _job_flags(tmp_path / f"dir{index}", 3,
-                                              "--step_seconds", "1"),
+      runs.append(hosts.Run(
+          bed.exec_prefix(index) + hosts.job_flags(
+              tmp_path / f"dir{index}", 3, "--step_seconds", "1"),
           tmp_path, f"worker{index}", env=env))
     started = time.monotonic()
     for index, run in enumerate(runs):

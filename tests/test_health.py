@@ -1,0 +1,183 @@
+"""tfconfig.health's watchdog against real TensorFlow servers on loopback.
+
+Each peer is a `tf.distribute.Server` in a process of its own; a fault is a
+signal to that process. The watchdog's exit is recorded instead of taken.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tfconfig import config as tfc
+from tfconfig import health
+from tfconfig.launch import free_ports
+
+SERVER = """
+import os, sys, time
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+import tensorflow as tf
+cluster = {"worker": sys.argv[1].split(",")}
+tf.distribute.Server(cluster, "worker", int(sys.argv[2]))
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+class _Exits:
+  def __init__(self):
+    self.codes = []
+
+  def __call__(self, code):
+    self.codes.append(code)
+
+  def wait(self, seconds):
+    deadline = time.monotonic() + seconds
+    while not self.codes and time.monotonic() < deadline:
+      time.sleep(0.1)
+    return self.codes[0] if self.codes else None
+
+
+@pytest.fixture
+def servers():
+  """servers(n) -> (cluster dict, processes), every process killed after."""
+  started = []
+
+  def start(count):
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(count)]
+    processes = []
+    for index in range(count):
+      process = subprocess.Popen(
+          [sys.executable, "-c", SERVER, ",".join(addresses), str(index)],
+          stdout=subprocess.PIPE, text=True)
+      started.append(process)
+      processes.append(process)
+    for process in processes:
+      assert process.stdout.readline().strip() == "up"
+    return {"cluster": {"worker": addresses}}, processes
+
+  yield start
+  for process in started:
+    process.kill()
+    process.wait()
+
+
+def _watchdog(cluster, index, exits, model_dir=None, timeout=2.0):
+  config = dict(cluster, task={"type": "worker", "index": index})
+  return health.Watchdog(config, model_dir=model_dir, timeout=timeout,
+                         interval=0.3, startup_timeout=30, exit=exits)
+
+
+@pytest.mark.parametrize("fault, reason", [
+    (signal.SIGSTOP, "deadline exceeded"), (signal.SIGKILL, "unavailable")])
+def test_a_lost_peer_ends_this_task_in_bounded_time(fault, reason, servers,
+                                                     capfd):
+  cluster, processes = servers(2)
+  exits = _Exits()
+  watchdog = _watchdog(cluster, 0, exits).start()
+  try:
+    time.sleep(1.0)
+    assert exits.codes == []  # Both answer.
+    processes[1].send_signal(fault)
+    lost_at = time.monotonic()
+    assert exits.wait(10) == health.PEER_LOST_EXIT
+    took = time.monotonic() - lost_at
+    assert 2.0 <= took < 5.0, took
+  finally:
+    watchdog.stop()
+    processes[1].send_signal(signal.SIGCONT)
+  line = capfd.readouterr().err.strip().splitlines()[-1]
+  assert line.startswith(f"[tfconfig] worker:0: lost worker:1 at "
+                         f"{cluster['cluster']['worker'][1]}: no answer for ")
+  assert line.endswith(f"({reason}); exiting with 150"), line
+
+
+def test_a_peer_that_finished_is_not_lost(servers, tmp_path):
+  cluster, processes = servers(2)
+  exits = [_Exits(), _Exits()]
+  watchdogs = [_watchdog(cluster, i, exits[i], str(tmp_path)).start()
+               for i in range(2)]
+  try:
+    time.sleep(1.5)
+    watchdogs[1].finish()
+    processes[1].kill()
+    time.sleep(4.0)  # Twice the timeout.
+    assert exits[0].codes == []
+    marker = json.loads((tmp_path / health.MARKER_DIR /
+                         "worker-1.json").read_text())
+    assert marker["state"] == "done"
+  finally:
+    for watchdog in watchdogs:
+      watchdog.stop()
+
+
+def test_a_model_dir_that_is_not_shared_is_found(servers, tmp_path, capfd):
+  cluster, _ = servers(2)
+  exits = [_Exits(), _Exits()]
+  watchdogs = [_watchdog(cluster, i, exits[i], str(tmp_path / f"d{i}"))
+               .start() for i in range(2)]
+  try:
+    for index in range(2):
+      assert exits[index].wait(10) == health.MODEL_DIR_NOT_SHARED_EXIT
+  finally:
+    for watchdog in watchdogs:
+      watchdog.stop()
+  assert "is not the one worker:1 uses" in capfd.readouterr().err
+
+
+def test_a_parameter_server_ends_when_training_is_done(servers, tmp_path):
+  cluster, _ = servers(3)
+  addresses = cluster["cluster"]["worker"]
+  config = {"cluster": {"chief": addresses[:1], "worker": addresses[1:2],
+                        "ps": addresses[2:]}}
+  exits = {name: _Exits() for name in ("chief", "worker", "ps")}
+
+  def watchdog(task_type):
+    return health.Watchdog(
+        dict(config, task={"type": task_type, "index": 0}),
+        model_dir=str(tmp_path), timeout=2.0, interval=0.3,
+        exit=exits[task_type]).start()
+
+  dogs = {name: watchdog(name) for name in exits}
+  try:
+    time.sleep(1.5)
+    assert exits["ps"].codes == []
+    dogs["worker"].finish()
+    dogs["chief"].finish()
+    assert exits["ps"].wait(5) == 0
+    assert exits["chief"].codes == exits["worker"].codes == []
+  finally:
+    for dog in dogs.values():
+      dog.stop()
+
+
+def test_watch_outside_a_cluster_is_none(monkeypatch):
+  monkeypatch.delenv("TF_CONFIG", raising=False)
+  monkeypatch.delenv("CLUSTER_SPEC", raising=False)
+  assert health.watch() is None
+  evaluator = {"cluster": {"worker": ["a:1"]},
+               "task": {"type": "evaluator", "index": 0}}
+  assert health.watch(config=tfc.validate(evaluator)) is None
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (dict(timeout=0), "timeout must be a number of seconds > 0, got 0"),
+    (dict(interval=-1), "interval must be a number of seconds > 0, got -1"),
+    (dict(timeout=1, interval=2), "interval (2) must not exceed timeout (1)"),
+])
+def test_bad_arguments_are_one_line(arguments, message):
+  config = {"cluster": {"worker": ["a:1", "b:1"]},
+            "task": {"type": "worker", "index": 0}}
+  with pytest.raises(ValueError) as raised:
+    health.Watchdog(config, **arguments)
+  assert str(raised.value) == message
+
+
+def test_exit_codes_are_distinct_and_retryable_where_they_should_be():
+  assert health.PEER_LOST_EXIT >= 128  # Kubeflow's ExitCode retries these.
+  assert health.MODEL_DIR_NOT_SHARED_EXIT < 128  # A permanent error.
+  assert os.EX_CONFIG == health.MODEL_DIR_NOT_SHARED_EXIT
