@@ -55,7 +55,6 @@ from tfconfig import testbed  # noqa: E402
 UPDATES = 30
 FAULTS = ("cut_mid_window", "cut_during_save", "chief_host_cut", "sigstop",
           "sigkill_no_launcher", "loss_5")
-SAVES = ".estimator_accum_saves"
 
 
 def _final(model_dir):
@@ -101,25 +100,11 @@ def _start(bed, fault, model_dir, peer_timeout, log_dir):
   return runs
 
 
-def _wait_for_save_barrier(model_dir, seconds=60):
-  directory = os.path.join(model_dir, SAVES)
-  seen = set(os.listdir(directory)) if os.path.isdir(directory) else set()
-  deadline = time.monotonic() + seconds
-  while time.monotonic() < deadline:
-    if os.path.isdir(directory):
-      now = set(os.listdir(directory))
-      if now - seen:
-        return
-      seen = now
-    time.sleep(0.005)
-  raise RuntimeError("no save barrier opened")
-
-
 def _inject(bed, fault, model_dir, runs):
   if fault == "cut_mid_window":
     bed.cut(1)
   elif fault == "cut_during_save":
-    _wait_for_save_barrier(model_dir)
+    hosts.wait_for_save_barrier(model_dir)
     bed.cut(1)
   elif fault == "chief_host_cut":
     bed.cut(0)

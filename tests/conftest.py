@@ -16,26 +16,10 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
-# The fast tier (`pytest -m "not slow"`, about 2 minutes on 2 cores): the
-# modules that check the library in one process on small graphs. Every
-# other module (whole Estimator jobs, BERT, multi-process clusters) is
-# marked slow; CI runs both tiers.
-FAST_MODULES = frozenset({
-    "test_window_unit", "test_divergence", "test_errors", "test_step_counting",
-    "test_partitioned", "test_ref_variables", "test_object_checkpoints",
-    "test_classification_data", "test_bert_google_api",
-    "test_bert_optimization", "test_tfconfig", "test_accumulator_dtypes",
-    "test_after_update", "test_graph_footprint", "test_graph_lifetime",
-    "test_observability", "test_sparse_accumulation", "test_optimizer_wrapper",
-    "test_docs", "test_settings", "test_save_barrier", "test_planner",
-})
-
-
-def pytest_collection_modifyitems(config, items):
-  del config
-  for item in items:
-    if item.module.__name__.rsplit(".", 1)[-1] not in FAST_MODULES:
-      item.add_marker(pytest.mark.slow)
+# The fast tier (`pytest -m "not slow"`, about 2 minutes on 2 cores) is
+# every test not marked slow: a module that runs whole Estimator jobs, BERT,
+# other processes or clusters says `pytestmark = pytest.mark.slow`; a new
+# module is in the fast tier unless it does. CI runs both tiers.
 
 
 @pytest.fixture(params=["cf_v2", "cf_v1"])

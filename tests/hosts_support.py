@@ -95,3 +95,19 @@ def host_pids(bed, index):
   return [int(pid) for pid in result.stdout.split()]
 
 
+
+
+def wait_for_save_barrier(model_dir, seconds=60):
+  """Returns as soon as a new marker appears in the save barrier's directory
+  (ordered_saves): a checkpoint's save has begun."""
+  directory = os.path.join(model_dir, ".estimator_accum_saves")
+  seen = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if os.path.isdir(directory):
+      now = set(os.listdir(directory))
+      if now - seen:
+        return
+      seen = now
+    time.sleep(0.002)
+  raise AssertionError(f"no save began in {seconds} s")

@@ -11,6 +11,9 @@ import tensorflow as tf
 import estimator_accum
 from tests import support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 K, MICRO_BATCH, MOMENTUM, EPSILON = 4, 5, 0.9, 1e-3
 SHAPE = [4, 4, 3]
 REPLICAS = 2

@@ -17,6 +17,9 @@ from benchmarks.hf_parity import SENTENCES  # checked with transformers there
 from models.bert import convert_hf, modeling, pretrained, tokenization
 from tests import bert_fixtures, bert_numpy_reference
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):

@@ -18,6 +18,9 @@ from kubeflow.training.models import KubeflowOrgV1TFJob
 import tfconfig
 from tfconfig import engines
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Each engine's documented shape (one task of each).

@@ -12,6 +12,9 @@ import estimator_accum
 from tests import support
 from tests.google_style_adamw import GoogleStyleAdamWeightDecay
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 v1 = tf.compat.v1.train
 
 OPTIMIZERS = {

@@ -17,6 +17,9 @@ from tfconfig import config as tfc
 from tfconfig import health
 from tfconfig.launch import free_ports
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 SERVER = """
 import os, sys, time
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"

@@ -8,6 +8,9 @@ import pytest
 
 from data import housing
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def test_reads_the_packaged_csv():
   features, prices = housing.read_csv(housing.default_csv_path())

@@ -20,6 +20,9 @@ import tensorflow as tf
 import estimator_accum as ea
 from tests import canned_job, support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 K, MICRO_BATCH, UPDATES = 3, 8, 4
 # Each stop but the last is in the middle of a window.
 STOPS = (2, 7, K * UPDATES)

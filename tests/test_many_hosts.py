@@ -30,6 +30,9 @@ from tests.test_parameter_server import (
 from tfconfig import config as tfc
 from tfconfig import health, testbed
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEER_TIMEOUT = 8  # hosts_support.job_flags' default
 # A lost peer is noticed after PEER_TIMEOUT without an answer; probes run
@@ -156,6 +159,23 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
                    run.output())
   hosts.assert_final_weights(tmp_path, 2, UPDATES,
                              "restarted after a cut link")
+
+
+def test_link_cut_during_a_checkpoint_save(make_bed, tmp_path):
+  """Cut the moment a save's barrier opens: the save's collective read of
+  the window never completes; both workers exit in bounded time, and the
+  job started again resumes from the last complete checkpoint."""
+  bed = make_bed(2)
+  run = _fault_job(bed, tmp_path)
+  try:
+    hosts.wait_for_step(tmp_path, 4, [run.process])
+    hosts.wait_for_save_barrier(tmp_path)
+    bed.cut(1)
+    _assert_exits_naming(run, "worker:[01]", time.monotonic())
+  finally:
+    run.kill()
+  bed.restore(1)
+  _rerun_and_check(bed, tmp_path, "restarted after a cut during a save")
 
 
 def test_chief_host_cut_ends_every_task(make_bed, tmp_path):

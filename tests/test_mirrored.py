@@ -12,6 +12,9 @@ from tests.google_style_adamw import (
     MomentumClippingEachGradient,
 )
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 v1 = tf.compat.v1.train
 REPLICAS = 2
 K, MICRO_BATCH, UPDATES = 2, 4, 3

@@ -8,6 +8,9 @@ import tensorflow as tf
 
 from tests import support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 v1 = tf.compat.v1
 K, MICRO_BATCH = 2, 4
 SCALE = "gradient_accumulation/loss_scale"

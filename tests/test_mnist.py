@@ -18,6 +18,9 @@ from data import mnist
 from models import plot_runs
 from models.mnist.model import weight_names
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 TIMEOUT = 240
 
 

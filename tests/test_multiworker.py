@@ -16,6 +16,9 @@ import tensorflow as tf
 from tests import support
 from tests.multiworker_job import OPTIMIZERS
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 3
 BIG_BATCH = WORKERS * K * MICRO_BATCH
 BATCH_NORM_MOMENTUM = 0.5

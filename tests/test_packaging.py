@@ -7,6 +7,11 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 

@@ -15,6 +15,9 @@ import tensorflow as tf
 
 from tests.ps_job import BATCH_NORM_MOMENTUM, PATTERN, PLAN, ROWS, SHARED_ROW, K
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 
 def ps_job_command(model_dir, placement="estimator", launch_flags=()):
   """The launch of tests/ps_job.py: chief, 2 workers, 1 ps."""

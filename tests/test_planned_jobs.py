@@ -11,6 +11,9 @@ import pytest
 from estimator_accum import planner
 from tests import planner_support, support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 EFFECTIVE = 32
 UPDATES = 4
 MB = 2**20

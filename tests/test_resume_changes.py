@@ -18,6 +18,9 @@ import tensorflow as tf
 
 from tests import support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 v1 = tf.compat.v1.train
 MICRO_BATCH = 4
 

@@ -17,6 +17,9 @@ import tensorflow as tf
 from models.bert import convert_hf
 from tests import bert_fixtures
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 POSITIVE = ["the film was great fun", "a very good movie", "great acting",
             "the plot is good and fun", "a fun , fun film !"]
 NEGATIVE = ["the film was dull", "a very bad movie", "awful acting",

@@ -15,6 +15,9 @@ import tensorflow as tf
 import estimator_accum
 from tests import test_run_classifier as base
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 _flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
 # The tiny BERT and the SST-2 files, as fixtures here too.
 tiny_model, sst2 = base.tiny_model, base.sst2

@@ -16,6 +16,9 @@ import tensorflow as tf
 import estimator_accum
 from tests import support
 
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
 v1 = tf.compat.v1.train
 
 
