@@ -15,6 +15,7 @@ workers x replicas x train_batch_size x gradient_accumulation_multiplier.
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -52,7 +53,8 @@ flags.DEFINE_string("bert_config_file", None, "bert_config.json; default "
 flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
 flags.DEFINE_string("init_checkpoint", None, "Pretrained checkpoint prefix.")
 flags.DEFINE_string("output_dir", None, "Checkpoints, features and results; "
-                    "default runs/<task>-<time>.")
+                    "default runs/<task>-<time>, or runs/<task>-cluster-<hash of "
+                    "the cluster> under TF_CONFIG (one directory for all tasks).")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case the input; must match "
                   "the vocabulary (checked).")
 flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, after "
@@ -365,9 +367,14 @@ def run():
     raise UsageError(str(error).replace("do_lower_case", "--do_lower_case")
                      ) from None
   tokenizer = tokenization.FullTokenizer(vocab_file, FLAGS.do_lower_case)
-  _tf_config()  # A bad cluster is refused before anything is written.
+  cluster = _tf_config().get("cluster")  # A bad one is refused here.
   if FLAGS.output_dir is None:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    if cluster:
+      # Every task of the job must land in one directory: named by the
+      # cluster, which they share, not by each one's start time.
+      stamp = "cluster-" + hashlib.sha1(json.dumps(
+          cluster, sort_keys=True).encode()).hexdigest()[:10]
     FLAGS.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
   created = _prepare_output_dir(processor.name, bert_config)
   watchdog = None

@@ -57,6 +57,20 @@ SAGEMAKER_PS = {  # SageMaker's parameter-server mode (training toolkit).
     "environment": "cloud", "task": {"index": 0, "type": "ps"}}
 
 
+@pytest.fixture(autouse=True)
+def _restore_cluster_variables():
+  """use_environment rewrites TF_CONFIG itself: a value left behind would
+  make every later Estimator in this process a worker of that cluster."""
+  saved = {name: os.environ.get(name) for name in ("TF_CONFIG",
+                                                   "CLUSTER_SPEC")}
+  yield
+  for name, value in saved.items():
+    if value is None:
+      os.environ.pop(name, None)
+    else:
+      os.environ[name] = value
+
+
 def _use(monkeypatch, value, strategy, variable="TF_CONFIG"):
   monkeypatch.delenv("TF_CONFIG", raising=False)
   monkeypatch.delenv("CLUSTER_SPEC", raising=False)

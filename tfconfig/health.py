@@ -174,7 +174,12 @@ class Watchdog:
       peer.marker_seen = text if text is not None else ""
     elif text is not None and text != peer.marker_seen:
       peer.marker_changed = True
-    if peer.marker_changed and text and '"state": "done"' in text:
+    # A task rewrites its marker when its watchdog starts, before it can
+    # answer (the watchdog starts before the strategy's server): so "done"
+    # read after an answer, or after a change, is this run's, not a stale
+    # one of an earlier run in the same model_dir.
+    fresh = peer.marker_changed or peer.first_answer is not None
+    if fresh and text and '"state": "done"' in text:
       peer.done = True
       return
     if (not peer.marker_changed and peer.first_answer is not None and

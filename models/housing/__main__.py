@@ -115,6 +115,9 @@ def _multi_worker(model_dir, train, evaluation):
     task = tfconfig.use_environment("multi_worker").get("task", {})
   except tfconfig.TFConfigError as error:
     raise SystemExit(f"housing: error: {error}") from None
+  # A lost peer ends this task in bounded time instead of a hang; the
+  # markers need the model_dir the tasks share (not a temporary one each).
+  watchdog = tfconfig.health.watch(FLAGS.model_dir)
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   workers = strategy.num_replicas_in_sync
   print(f"housing: effective batch {workers * FLAGS.batch * FLAGS.k} = "
@@ -126,6 +129,8 @@ def _multi_worker(model_dir, train, evaluation):
   if task.get("index", 0) == 0:
     print(f"eval RMSE {metrics['rmse']:.3f} after {metrics['global_step']} "
           f"micro-batches", flush=True)
+  if watchdog:
+    watchdog.finish()
 
 
 if __name__ == "__main__":

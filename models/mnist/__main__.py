@@ -143,12 +143,15 @@ def main(argv):
     train, test = _load()
   except (mnist.MnistFileError, FileNotFoundError) as error:
     raise SystemExit(f"mnist: error: {error}") from None
-  strategy, workers = None, 1
+  strategy, workers, watchdog = None, 1, None
   if FLAGS.strategy == "multi_worker":
     try:
       tfconfig.use_environment("multi_worker")
     except tfconfig.TFConfigError as error:
       raise SystemExit(f"mnist: error: {error}") from None
+    # A lost peer ends this task in bounded time instead of a hang; the
+    # markers need the model_dir the tasks share (not a temporary one each).
+    watchdog = tfconfig.health.watch(FLAGS.model_dir)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     workers = strategy.num_replicas_in_sync
   model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="mnist_")
@@ -165,6 +168,8 @@ def main(argv):
   metrics, weights = training.exit_if_diverged(
       "mnist", _run, os.path.join(model_dir, name), train, test, FLAGS.k,
       FLAGS.batch, strategy, workers)
+  if watchdog:
+    watchdog.finish()
   if _task_index() != 0:
     return
   print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
