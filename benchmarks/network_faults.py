@@ -43,13 +43,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import json  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from tests import hosts_support as hosts  # noqa: E402
 from tests import support  # noqa: E402
-from tfconfig import config as tfc  # noqa: E402
 from tfconfig import testbed  # noqa: E402
 
 UPDATES = 30
@@ -88,16 +86,9 @@ def _start(bed, fault, model_dir, peer_timeout, log_dir):
   if fault != "sigkill_no_launcher":
     return [hosts.Run(_job(bed, model_dir, peer_timeout, *slow), log_dir,
                       "launch")]
-  cluster = bed.cluster(2)
-  runs = []
-  for index in range(2):
-    env = dict(os.environ, TF_CONFIG=json.dumps(
-        tfc.for_task(cluster, "worker", index)))
-    runs.append(hosts.Run(
-        bed.exec_prefix(index) + hosts.job_flags(
-            model_dir, UPDATES, "--save_every", "2", *slow,
-            peer_timeout=peer_timeout), log_dir, f"worker{index}", env=env))
-  return runs
+  return hosts.start_without_launcher(
+      bed, [model_dir] * 2, UPDATES, log_dir, "--save_every", "2", *slow,
+      peer_timeout=peer_timeout)
 
 
 def _inject(bed, fault, model_dir, runs):

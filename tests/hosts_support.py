@@ -1,6 +1,7 @@
 """Running tests/multiworker_job.py on the test bed (tfconfig/testbed.py),
 for tests/test_many_hosts.py and benchmarks/network_faults.py."""
 
+import json
 import os
 import re
 import signal
@@ -111,3 +112,22 @@ def wait_for_save_barrier(model_dir, seconds=60):
       seen = now
     time.sleep(0.002)
   raise AssertionError(f"no save began in {seconds} s")
+
+
+def start_without_launcher(bed, model_dirs, updates, log_dir, *extra,
+                           peer_timeout=8):
+  """Starts one multiworker_job.py worker per host by hand, each with its
+  own TF_CONFIG, as an engine starts pods (nobody stops the others when one
+  fails). `model_dirs`: one per worker. Returns their `Run`s."""
+  from tfconfig import config as tfc
+
+  cluster = bed.cluster(len(model_dirs))
+  runs = []
+  for index, model_dir in enumerate(model_dirs):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        tfc.for_task(cluster, "worker", index)))
+    runs.append(Run(
+        bed.exec_prefix(index) + job_flags(model_dir, updates, *extra,
+                                           peer_timeout=peer_timeout),
+        log_dir, f"worker{index}", env=env))
+  return runs

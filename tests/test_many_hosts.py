@@ -27,7 +27,6 @@ from tests.test_parameter_server import (
     check_each_worker_applied_its_own_windows,
     ps_job_command,
 )
-from tfconfig import config as tfc
 from tfconfig import health, testbed
 
 # Whole jobs, processes or clusters: not the fast tier.
@@ -161,35 +160,26 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
                              "restarted after a cut link")
 
 
-def test_link_cut_during_a_checkpoint_save(make_bed, tmp_path):
-  """Cut the moment a save's barrier opens: the save's collective read of
-  the window never completes; both workers exit in bounded time, and the
+@pytest.mark.parametrize("host, moment", [(0, "training"), (1, "save")],
+                         ids=["chief_host_cut", "cut_during_a_save"])
+def test_a_cut_link_ends_every_task(host, moment, make_bed, tmp_path):
+  """worker:0 is MultiWorkerMirroredStrategy's chief. 'save' cuts the
+  moment a checkpoint's save barrier opens: the save's collective read of
+  the window never completes. Both workers exit in bounded time, and the
   job started again resumes from the last complete checkpoint."""
   bed = make_bed(2)
   run = _fault_job(bed, tmp_path)
   try:
     hosts.wait_for_step(tmp_path, 4, [run.process])
-    hosts.wait_for_save_barrier(tmp_path)
-    bed.cut(1)
+    if moment == "save":
+      hosts.wait_for_save_barrier(tmp_path)
+    bed.cut(host)
     _assert_exits_naming(run, "worker:[01]", time.monotonic())
   finally:
     run.kill()
-  bed.restore(1)
-  _rerun_and_check(bed, tmp_path, "restarted after a cut during a save")
-
-
-def test_chief_host_cut_ends_every_task(make_bed, tmp_path):
-  """worker:0 is MultiWorkerMirroredStrategy's chief."""
-  bed = make_bed(2)
-  run = _fault_job(bed, tmp_path)
-  try:
-    hosts.wait_for_step(tmp_path, 5, [run.process])
-    bed.cut(0)
-    _assert_exits_naming(run, "worker:[01]", time.monotonic())
-  finally:
-    run.kill()
-  bed.restore(0)
-  _rerun_and_check(bed, tmp_path, "restarted after the chief's host was cut")
+  bed.restore(host)
+  _rerun_and_check(bed, tmp_path, f"restarted after host {host} was cut "
+                   f"during {moment}")
 
 
 def test_frozen_worker_ends_the_job(make_bed, tmp_path):
@@ -217,16 +207,11 @@ def test_killed_worker_ends_the_other_without_a_launcher(make_bed, tmp_path):
   """As on Kubernetes: each task started on its own host by hand, nobody
   to stop the others. worker:1 is killed; worker:0 exits by itself."""
   bed = make_bed(2)
-  cluster = bed.cluster(2)
   runs = []
   try:
-    for index in range(2):
-      env = dict(os.environ, TF_CONFIG=json.dumps(
-          tfc.for_task(cluster, "worker", index)))
-      runs.append(hosts.Run(
-          bed.exec_prefix(index) + hosts.job_flags(
-              tmp_path, UPDATES, "--step_seconds", "0.2", "--save_every",
-              "2"), tmp_path, f"worker{index}", env=env))
+    runs = hosts.start_without_launcher(
+        bed, [tmp_path] * 2, UPDATES, tmp_path, "--step_seconds", "0.2",
+        "--save_every", "2")
     hosts.wait_for_step(tmp_path, 5, [run.process for run in runs])
     os.killpg(runs[1].process.pid, signal.SIGKILL)
     killed = time.monotonic()
@@ -262,16 +247,11 @@ def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
   configuration error's exit code, instead of waiting in the save barrier
   for 30 minutes."""
   bed = make_bed(2)
-  cluster = bed.cluster(2)
   runs = []
   try:
-    for index in range(2):
-      env = dict(os.environ, TF_CONFIG=json.dumps(
-          tfc.for_task(cluster, "worker", index)))
-      runs.append(hosts.Run(
-          bed.exec_prefix(index) + hosts.job_flags(
-              tmp_path / f"dir{index}", 3, "--step_seconds", "1"),
-          tmp_path, f"worker{index}", env=env))
+    runs = hosts.start_without_launcher(
+        bed, [tmp_path / "dir0", tmp_path / "dir1"], 3, tmp_path,
+        "--step_seconds", "1")
     started = time.monotonic()
     for index, run in enumerate(runs):
       code = run.wait(EXIT_BOUND + 60)
