@@ -201,38 +201,11 @@ class Watchdog:
     return self
 
   def finish(self):
-    """This task ended normally: peers stop watching it.
-
-    In a job without parameter servers the task that hosts TensorFlow's
-    coordination service (the chief, else worker 0) then waits, up to the
-    timeout, for the other training tasks to be done too: a task that
-    outlives it logs the service's loss as errors while it exits.
-    """
+    """This task ended normally: peers stop watching it."""
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join(timeout=self.interval + 5)
     self._write_marker("done")
-    if self._is_coordination_leader():
-      self._wait_for_training_peers()
-
-  def _is_coordination_leader(self):
-    types = {peer.task_type for peer in self.peers} | {self.task_type}
-    if tfc.PS in types or not self.model_dir:
-      return False
-    leader = tfc.CHIEF if tfc.CHIEF in types else tfc.WORKER
-    return (self.task_type, self.index) == (leader, 0)
-
-  def _wait_for_training_peers(self):
-    deadline = time.monotonic() + self.timeout
-    for peer in self.peers:
-      if peer.task_type not in tfc.TRAINING_TYPES:
-        continue
-      while not peer.done and time.monotonic() < deadline:
-        text = self._read_marker(peer)
-        peer.done = bool(text) and text != peer.marker_seen and (
-            '"state": "done"' in text)
-        if not peer.done:
-          time.sleep(0.2)
 
   def stop(self):
     """Stops watching without marking this task done (it failed)."""
