@@ -130,6 +130,9 @@ def main():
                       "this one exits (tfconfig.health); 0: no watchdog")
   parser.add_argument("--peer_interval", type=float,
                       default=health.DEFAULT_INTERVAL)
+  parser.add_argument("--chief_seconds_after", type=float, default=0,
+                      help="worker 0 works this long after training before "
+                      "it finishes (as a chief that evaluates)")
   args = parser.parse_args()
   watchdog = None
   if args.peer_timeout > 0:
@@ -232,8 +235,11 @@ def main():
     np.savez(os.path.join(args.model_dir, "final_weights.npz"),
              **{n.replace("/", "__"): v for n, v in weights.items()})
     print("saved final weights at global step", weights["global_step"])
+  if task["index"] == 0 and args.chief_seconds_after:
+    time.sleep(args.chief_seconds_after)
   if watchdog:
     watchdog.finish()
+  print(f"worker {task['index']} leaves", flush=True)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ are started and always stopped by `python -m tfconfig launch`.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -282,3 +283,21 @@ def test_every_way_a_job_ends_finishes_equal_to_the_big_batch(end, tmp_path):
   saved = np.load(tmp_path / "final_weights.npz")
   actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
   support.assert_weights_close(actual, expected, what=f"ended by {end}")
+
+
+def test_a_successful_job_ends_quietly(tmp_path):
+  """The chief works 25 s after training (as run_classifier's evaluation):
+  the workers leave together, so TensorFlow's coordination service, which
+  the chief hosts, logs no error on either (a task that outlived the other
+  by a heartbeat logged 'heartbeat timeout' or 'failed to connect to all
+  addresses'), and a non-chief's own checkpoint copy is the only extra."""
+  result = subprocess.run(
+      _adam_job(tmp_path, "--chief_seconds_after", "25"),
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:]
+  output = result.stdout + result.stderr
+  assert "[worker:0] worker 0 leaves" in output
+  assert "[worker:1] worker 1 leaves" in output
+  errors = [line for line in output.splitlines()
+            if re.search(r"\] E\d{4} |coordination_service", line)]
+  assert not errors, errors

@@ -201,11 +201,44 @@ class Watchdog:
     return self
 
   def finish(self):
-    """This task ended normally: peers stop watching it."""
+    """This task ended normally: peers stop watching it.
+
+    Without parameter servers, the training tasks then leave together:
+    this one waits until every other has marked itself done (or is lost,
+    or `startup_timeout` has passed). TensorFlow's coordination service,
+    which the chief hosts, logs errors on whichever task outlives another
+    by a heartbeat ("heartbeat timeout" on the chief, "failed to connect to
+    all addresses" on a worker), though the job succeeded.
+    """
     self._stop.set()
     if self._thread.is_alive():
       self._thread.join(timeout=self.interval + 5)
     self._write_marker("done")
+    if self.model_dir and not any(p.task_type == tfc.PS for p in self.peers):
+      self._leave_together()
+
+  def _leave_together(self):
+    pending = [peer for peer in self.peers
+               if peer.task_type in tfc.TRAINING_TYPES and not peer.done]
+    deadline = time.monotonic() + self.startup_timeout
+    next_probe = time.monotonic()
+    while pending and time.monotonic() < deadline:
+      now = time.monotonic()
+      for peer in pending:
+        self._check_marker(peer, now)
+      if now >= next_probe:
+        next_probe = now + self.interval
+        for peer in pending:
+          if peer.done:
+            continue
+          if peer.probe(min(self.interval * 2, self.timeout)) is None:
+            peer.last_answer = time.monotonic()
+          elif (peer.last_answer is None or
+                time.monotonic() - peer.last_answer > self.timeout):
+            peer.done = True  # Gone: nothing to wait for.
+      pending = [peer for peer in pending if not peer.done]
+      if pending:
+        time.sleep(0.2)
 
   def stop(self):
     """Stops watching without marking this task done (it failed)."""
