@@ -233,6 +233,9 @@ class Watchdog:
             continue
           if peer.probe(min(self.interval * 2, self.timeout)) is None:
             peer.last_answer = time.monotonic()
+            if peer.first_answer is None:
+              # It has answered: its "done", seen now or next, is this run's.
+              peer.first_answer = peer.last_answer
           elif (peer.last_answer is None or
                 time.monotonic() - peer.last_answer > self.timeout):
             peer.done = True  # Gone: nothing to wait for.
