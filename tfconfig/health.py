@@ -81,6 +81,15 @@ class _Peer:
     self.marker_changed = False  # it changed since: it is this run's
     self.done = False
 
+  def record(self, error, now):
+    """Keeps a probe's outcome: None (it answered) or the error's name."""
+    if error is None:
+      if self.first_answer is None:
+        self.first_answer = now
+      self.last_answer = now
+    else:
+      self.last_error = error
+
   def probe(self, deadline):
     import grpc
 
@@ -231,13 +240,11 @@ class Watchdog:
         for peer in pending:
           if peer.done:
             continue
-          if peer.probe(min(self.interval * 2, self.timeout)) is None:
-            peer.last_answer = time.monotonic()
-            if peer.first_answer is None:
-              # It has answered: its "done", seen now or next, is this run's.
-              peer.first_answer = peer.last_answer
-          elif (peer.last_answer is None or
-                time.monotonic() - peer.last_answer > self.timeout):
+          # An answer also makes its "done", seen now or next, this run's.
+          peer.record(peer.probe(min(self.interval * 2, self.timeout)),
+                      time.monotonic())
+          if (peer.last_answer is None or
+              time.monotonic() - peer.last_answer > self.timeout):
             peer.done = True  # Gone: nothing to wait for.
       pending = [peer for peer in pending if not peer.done]
       if pending:
@@ -272,12 +279,7 @@ class Watchdog:
       if self._stop.is_set():
         return
       now = time.monotonic()
-      if error is None:
-        if peer.first_answer is None:
-          peer.first_answer = now
-        peer.last_answer = now
-      else:
-        peer.last_error = error
+      peer.record(error, now)
       if self.model_dir and peer.task_type in tfc.TRAINING_TYPES:
         self._check_marker(peer, now)
         if peer.done:
