@@ -49,7 +49,7 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.multiworker_window import MODEL_CHOICES, fetch_all  # noqa: E402
-from estimator_accum.settings import BYTES_PER_PACK  # noqa: E402
+from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
 
 
 class _InterleavedTimer(tf.estimator.SessionRunHook):

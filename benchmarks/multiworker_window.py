@@ -49,7 +49,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
-from estimator_accum.settings import BYTES_PER_PACK  # noqa: E402
+from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
 
 MODES = ("window", "window_loss_across", "forward_backward", "all_reduce",
          "all_reduce_packed")

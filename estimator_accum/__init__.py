@@ -5,34 +5,40 @@ under MirroredStrategy and MultiWorkerMirroredStrategy, and on
 parameter-server workers. See `build_accumulating_train_op`.
 """
 
-from estimator_accum.accumulators import Accumulator
-from estimator_accum.batch_norm import adjusted_momentum, batch_norm
-from estimator_accum.hooks import AccumulationLoggingHook
-from estimator_accum.keras_optimizer import AccumulatingKerasOptimizer
-from estimator_accum.optimizer import AccumulatingOptimizer
-from estimator_accum.planner import (
+from estimator_accum.integrations.hooks import AccumulationLoggingHook
+from estimator_accum.integrations.keras_optimizer import (
+    AccumulatingKerasOptimizer,
+)
+from estimator_accum.integrations.optimizer import AccumulatingOptimizer
+
+# The planner's module, as `estimator_accum.planner` (DEFAULT_MARGIN,
+# Measurement) for the scripts that read its plan files.
+from estimator_accum.planning import planner as planner
+from estimator_accum.planning.planner import (
     MicroBatchPlan,
     estimator_step,
     measure_peak,
     plan_micro_batch,
     window_batches,
 )
-from estimator_accum.replan import (
+from estimator_accum.planning.replan import (
     OutOfMemory,
     halve_checkpoint,
     train_halving_on_oom,
 )
-from estimator_accum.sparse import (
+from estimator_accum.window.accumulators import Accumulator
+from estimator_accum.window.batch_norm import adjusted_momentum, batch_norm
+from estimator_accum.window.compact import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,
 )
-from estimator_accum.step_counting import update_count
-from estimator_accum.train_op import (
+from estimator_accum.window.reports import is_divergence, reportable_loss
+from estimator_accum.window.step_counting import update_count
+from estimator_accum.window.train_op import (
     AccumulationState,
     build_accumulating_train_op,
     get_accumulation_state,
 )
-from estimator_accum.window_reports import is_divergence, reportable_loss
 
 __all__ = [
     "AccumulatingKerasOptimizer",

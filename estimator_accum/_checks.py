@@ -13,6 +13,8 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from estimator_accum.distribution import replicas
+
 REDUCTIONS = ("mean", "sum", "running_mean")
 
 # What tf.compat.v1.name_scope accepts as the first component of a root scope.
@@ -112,10 +114,10 @@ def check_loss(loss):
 def check_optimizer_under_strategy(optimizer):
   """Refuses an optimizer that TensorFlow cannot run under the current
   distribution strategy (replica context of a model_fn)."""
-  if not tf.distribute.has_strategy():
+  if not replicas.has_strategy():
     return
   if isinstance(optimizer, tf.compat.v1.train.ProximalAdagradOptimizer):
-    strategy = type(tf.distribute.get_strategy()).__name__
+    strategy = replicas.strategy_name()
     raise TypeError(
         f"optimizer ProximalAdagradOptimizer cannot run under {strategy}: "
         "TensorFlow 2.15 builds its slots colocated with a mirrored variable "
@@ -186,24 +188,6 @@ def check_clip_norm(clip_norm):
     raise ValueError(
         f"clip_norm must be a finite number > 0 or None, got {clip_norm!r}.")
   return float(clip_norm)
-
-
-# The class behind tf.distribute.experimental.CommunicationOptions, whose
-# public name is a factory that isinstance cannot check against.
-_COMMUNICATION_OPTIONS = type(tf.distribute.experimental.CommunicationOptions())
-
-
-def check_communication_options(options, default_bytes_per_pack):
-  """Returns the window all-reduce's options: `options`, or the default."""
-  if options is None:
-    return tf.distribute.experimental.CommunicationOptions(
-        bytes_per_pack=default_bytes_per_pack)
-  if not isinstance(options, _COMMUNICATION_OPTIONS):
-    raise TypeError(
-        f"communication_options must be a "
-        f"tf.distribute.experimental.CommunicationOptions or None, got "
-        f"{options!r} of type {type(options).__name__}.")
-  return options
 
 
 def check_global_step(global_step):

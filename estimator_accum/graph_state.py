@@ -1,60 +1,68 @@
-"""Everything estimator_accum keeps per `tf.Graph`, in one object.
+"""What estimator_accum keeps per `tf.Graph`: entries each owned by one module.
 
-`graph_state.of(graph)` returns the graph's `GraphState`, made empty on
-first use; every module reads and writes its part there, by name.
+`graph_state.owned(key, factory)` returns the default graph's entry `key`,
+made with `factory()` on first use. Each key has one owner, the module
+listed in `OWNERS`, and only that module may ask for it (`owned` checks);
+other modules call functions of the owner.
 
-It is kept on the graph itself. Not a graph collection: collections are
-exported with every checkpoint's meta graph, which cannot hold Python
-objects. Not a WeakKeyDictionary keyed by the graph either: the values hold
-the graph's variables, which hold the graph, so the key would never die and
-every graph built (Estimator builds one per train() call) would stay in
-memory for the life of the process.
+The entries live in one dict on the graph itself, the library's one
+attribute on a `tf.Graph`: per-graph state must live and die with its graph.
+Not a graph collection: collections are exported with every checkpoint's
+meta graph, which cannot hold Python objects. Not a WeakKeyDictionary keyed
+by the graph either: the values hold the graph's variables, which hold the
+graph, so the key would never die and every graph built (Estimator builds
+one per train() call) would stay in memory for the life of the process.
 """
 
-import dataclasses
+import sys
 
 import tensorflow as tf
 
 _ATTRIBUTE = "_estimator_accum"
 
+# key -> (owning module, what it holds)
+OWNERS = {
+    "accumulation": ("estimator_accum.window.train_op",
+                     "the AccumulationState of the graph's first train op, "
+                     "and the counter each train op claimed"),
+    "window_statistics": ("estimator_accum.window.batch_norm",
+                          "each batch_norm layer's WindowStatistics, until "
+                          "a train op claims them"),
+    "progress": ("estimator_accum.window.progress",
+                 "the graph's progress line and the train op writing it"),
+    "warned_hyperparameters": ("estimator_accum.window.step_counting",
+                               "hyperparameters already warned about"),
+    "state_variables": ("estimator_accum.checkpoints.state_variables",
+                        "which replica created each state variable, and "
+                        "whose state it is"),
+    "save_barriers": ("estimator_accum.checkpoints.ordered_saves",
+                      "each multi-worker save's barrier op"),
+    "worker_losses": ("estimator_accum.distribution.workers",
+                      "reportable_loss's per-replica calls and groups"),
+    "default_names": ("estimator_accum.integrations.wrappers",
+                      "the default window names handed to each replica"),
+}
 
-@dataclasses.dataclass
-class GraphState:
-  """What one graph holds for estimator_accum.
 
-  Fields:
-    accumulation: the `AccumulationState` of the graph's first accumulating
-      train op, or None before one is built.
-    counters: {counter variable name: name of the train op counting it}.
-    state_creators: {window state variable name: the replica id (None in
-      cross-replica context) that created it}.
-    state_owners: {window state variable name: the trained variable whose
-      state it is}, for the state that is one variable's.
-    window_statistics: {batch_norm scope: its `WindowStatistics`}.
-    progress: (train op name, `ProgressLine`) of the graph's first train op
-      with a progress line, or None.
-    save_barriers: {checkpoint prefix tensor's name: that save's barrier op}
-      (multi-worker saves, `ordered_saves`).
-    worker_losses: `reportable_loss`'s per-replica calls and their groups.
-    default_names: {replica id: the default names its windows were given}.
+def owned(key, factory, graph=None):
+  """The entry `key` of `graph` (default: the default graph), made with
+  `factory()` on first use.
+
+  Raises:
+    KeyError: `key` is not in OWNERS.
+    RuntimeError: the caller is not the module that owns `key`.
   """
-
-  accumulation: object = None
-  counters: dict = dataclasses.field(default_factory=dict)
-  state_creators: dict = dataclasses.field(default_factory=dict)
-  state_owners: dict = dataclasses.field(default_factory=dict)
-  window_statistics: dict = dataclasses.field(default_factory=dict)
-  progress: tuple = None
-  save_barriers: dict = dataclasses.field(default_factory=dict)
-  worker_losses: dict = dataclasses.field(default_factory=dict)
-  default_names: dict = dataclasses.field(default_factory=dict)
-
-
-def of(graph=None):
-  """The `GraphState` of `graph` (default: the default graph)."""
+  owner, _ = OWNERS[key]
+  caller = sys._getframe(1).f_globals.get("__name__")  # noqa: SLF001
+  if caller != owner:
+    raise RuntimeError(
+        f"graph state {key!r} is owned by {owner}; {caller} asked for it. "
+        "Call a function of the owner instead.")
   graph = graph or tf.compat.v1.get_default_graph()
-  state = getattr(graph, _ATTRIBUTE, None)
-  if state is None:
-    state = GraphState()
-    setattr(graph, _ATTRIBUTE, state)
-  return state
+  entries = getattr(graph, _ATTRIBUTE, None)
+  if entries is None:
+    entries = {}
+    setattr(graph, _ATTRIBUTE, entries)
+  if key not in entries:
+    entries[key] = factory()
+  return entries[key]

@@ -16,7 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 import estimator_accum
-from estimator_accum import planner
+from estimator_accum.planning import planner
 
 PLAN_FILE = "micro_batch_plan.json"
 WAIT_SECONDS = 1800

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from estimator_accum.batch_norm import window_statistics  # noqa: E402
+from estimator_accum.window.batch_norm import window_statistics  # noqa: E402
 from tfconfig import health  # noqa: E402
 
 K = 2

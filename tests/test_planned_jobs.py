@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from estimator_accum import planner
+from estimator_accum.planning import planner
 from tests import planner_support, support
 
 # Whole jobs, processes or clusters: not the fast tier.

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum import planner
+from estimator_accum.planning import planner
 from tests import planner_support, support
 
 EFFECTIVE = 32

@@ -4,7 +4,10 @@ before every worker has reached it, whatever an earlier run left."""
 import threading
 import time
 
-from estimator_accum.ordered_saves import BARRIER_DIRECTORY, SaveBarrier
+from estimator_accum.checkpoints.ordered_saves import (
+  BARRIER_DIRECTORY,
+  SaveBarrier,
+)
 
 TASKS = ["worker_0", "worker_1"]
 

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-from estimator_accum.settings import WindowSettings
+from estimator_accum.options import WindowSettings
 
 
 def test_checked_normalizes_and_freezes():

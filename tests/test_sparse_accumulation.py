@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum.sparse import CompactSparseAccumulator
+from estimator_accum.window.compact import CompactSparseAccumulator
 from tests import support
 from tests.test_exact_optimizers import OPTIMIZERS
 

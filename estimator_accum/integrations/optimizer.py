@@ -12,16 +12,16 @@ same for code that takes a Keras optimizer.)
 
 import tensorflow as tf
 
-from estimator_accum import object_checkpoints
 from estimator_accum._autograph import as_written
-from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
-from estimator_accum.wrappers import (
+from estimator_accum.checkpoints import object_checkpoints
+from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   Wrapper,
   WrapperWindow,
   gradient_options,
   gradients_as_they_are,
 )
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
 
 __all__ = ["AccumulatingOptimizer"]
 

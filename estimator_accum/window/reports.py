@@ -12,13 +12,11 @@ import sys
 
 import tensorflow as tf
 
-# Not public: the type MultiWorkerMirroredStrategy's reduce returns as it is.
-from tensorflow.python.distribute import values as values_lib
-
-from estimator_accum import _checks, graph_state
+from estimator_accum import _checks
 from estimator_accum._autograph import as_written
-from estimator_accum.placement import between_graph_worker_device
-from estimator_accum.state_variables import state_variable
+from estimator_accum.checkpoints.state_variables import state_variable
+from estimator_accum.distribution import workers
+from estimator_accum.distribution.placement import between_graph_worker_device
 
 
 def add_summaries(after, state):
@@ -217,60 +215,5 @@ def reportable_loss(loss, name="gradient_accumulation", across_workers=False):
   with tf.control_dependencies([last_finite.assign(value, read_value=False)]):
     value = tf.identity(value, name="reportable_loss")
   if not across_workers:
-    _report_on_this_worker(value)
+    workers.report_on_this_worker(value)
   return value
-
-
-
-
-def _report_on_this_worker(value):
-  """Makes `value`, one replica's reported loss under a strategy spanning
-  several workers, reach Estimator as one value mirrored over this
-  worker's replicas, which it reports without an all-reduce.
-
-  Estimator reduces the regrouped per-replica losses with
-  `strategy.reduce(MEAN, ...)` (MEAN because the window scales by the
-  replicas, see `build_accumulating_train_op`), and
-  MultiWorkerMirroredStrategy returns a `Mirrored` value as it is from a
-  MEAN. Regrouping takes a value's container from its
-  `_distributed_container`: here a `Mirrored` holding the mean of this
-  worker's replicas' values, made once they all exist. Anywhere the
-  container is not complete, or where Estimator would SUM, the value is its
-  own container, and is reduced as before.
-  """
-  context = tf.distribute.get_replica_context()
-  if context is None or not tf.distribute.has_strategy():
-    return
-  strategy = tf.distribute.get_strategy()
-  devices = tuple(strategy.extended.worker_devices)
-  if strategy.num_replicas_in_sync <= len(devices):
-    return
-  registry = graph_state.of().worker_losses
-  replica = int(tf.get_static_value(context.replica_id_in_sync_group))
-  # The n-th call on each replica is the same loss: group them by n.
-  calls = registry.setdefault("calls", {})
-  call = calls.get(replica, 0)
-  calls[replica] = call + 1
-  groups = registry.setdefault("groups", [])
-  while len(groups) <= call:
-    groups.append({"values": {}, "container": None})
-  group = groups[call]
-  group["values"][replica] = value
-  graph = value.graph
-
-  def container():
-    if group["container"] is None:
-      if (len(group["values"]) != len(devices) or not getattr(
-          graph, "_is_loss_scaled_by_optimizer", False)):
-        return value
-      local = [group["values"][r] for r in sorted(group["values"])]
-      with graph.as_default(), tf.name_scope("worker_loss"):
-        mean = local[0] if len(local) == 1 else tf.add_n(local) / len(local)
-        copies = []
-        for device in devices:
-          with tf.device(device):
-            copies.append(tf.identity(mean))
-      group["container"] = values_lib.Mirrored(tuple(copies))
-    return group["container"]
-
-  value._distributed_container = container  # noqa: SLF001

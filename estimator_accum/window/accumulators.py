@@ -16,7 +16,7 @@ Its variables are made by `state_variables.state_variable`.
 
 import tensorflow as tf
 
-from estimator_accum.state_variables import (
+from estimator_accum.checkpoints.state_variables import (
   state_variable,
   unfolded_zeros,
   variable_base_name,
@@ -125,6 +125,14 @@ class Accumulator:
     mark_rows = _scatter(tf.raw_ops.ResourceScatterUpdate, self.rows, indices,
                          tf.ones_like(indices, dtype=tf.float32))
     return tf.group(add_values, mark_rows)
+
+  def reducible_sum(self, several):
+    """(sum, rows): the window sum as `window_sum` gives it, rows None; or,
+    for a table summed over `several` replicas, the dense sum and its
+    touched-row mask, whose shapes are the same on every replica."""
+    if self.is_sparse and several:
+      return self.total.read_value(), self.rows.read_value()
+    return self.window_sum(), None
 
   def decay(self, keep_fraction):
     """Returns an op that multiplies the window sum by `keep_fraction`.

@@ -15,7 +15,8 @@ import types
 import tensorflow as tf
 
 from estimator_accum import _checks
-from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
+from estimator_accum.distribution import replicas
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
 
 # See build_accumulating_train_op's max_consecutive_skipped_windows.
 DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS = 25
@@ -86,7 +87,7 @@ def _checked_fields(settings):
           settings.max_consecutive_skipped_windows),
       accumulator_dtype=_checks.check_accumulator_dtype(
           settings.accumulator_dtype),
-      communication_options=_checks.check_communication_options(
+      communication_options=replicas.communication_options(
           settings.communication_options, BYTES_PER_PACK),
       gradient_options=types.MappingProxyType(gradient_options))
   if settings.after_update is not None and not callable(

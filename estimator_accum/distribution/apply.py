@@ -4,7 +4,8 @@
 Optimizers create slots while applying, and under a distribution strategy a
 v1 optimizer all-reduces what it is given. Inside the window's branch the
 first must happen outside the control flow and the second must not happen
-at all: the window has already been all-reduced once.
+at all: the window has already been all-reduced once. `apply_reduced` is
+what the window calls.
 """
 
 import contextlib
@@ -103,3 +104,44 @@ class ExtendedAlreadyReduced:
 
   def __getattr__(self, name):
     return getattr(self._extended, name)
+
+
+def apply_reduced(cross_replica, optimizer, gradients, variables):
+  """Cross-replica context: hands `optimizer` the window's gradients, already
+  the same on every replica, for `variables`, with no second reduction;
+  returns a True tensor after the apply.
+
+  Args:
+    cross_replica: the `replicas.CrossReplica` of the window's end.
+    optimizer: a tf.compat.v1.train or Keras legacy optimizer.
+    gradients: per-replica list of tf.Tensor or tf.IndexedSlices.
+    variables: list of the trained variables, in the same order.
+  """
+  strategy = cross_replica.strategy
+  if cross_replica.num_replicas > 1 and reduces_in_distributed_apply(
+      optimizer):
+    # A v1 optimizer would all-reduce the gradients again (a second round
+    # of collectives per window, for nothing): run its cross-replica apply
+    # with that reduction taken out; the gradients already are the mean.
+    with tf.variable_creator_scope(create_outside_control_flow):
+      apply_op = optimizer._distributed_apply(  # noqa: SLF001
+          AlreadyReduced(strategy), list(zip(gradients, variables)))
+    with tf.control_dependencies([apply_op]):
+      return tf.constant(True)
+
+  def apply_on_replica(gradients):
+    extra = {}
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+      # Already reduced: tell Keras not to reduce again.
+      extra = dict(experimental_aggregate_gradients=False)
+    # A v1 optimizer is given the whole mean too: reduction_taken_out.
+    with tf.variable_creator_scope(create_outside_control_flow):
+      apply_op = optimizer.apply_gradients(list(zip(gradients, variables)),
+                                           **extra)
+    with tf.control_dependencies([apply_op]):
+      return tf.constant(True)
+
+  with reduction_taken_out(optimizer):
+    applied = cross_replica.each(apply_on_replica, gradients)
+  with tf.control_dependencies(cross_replica.local(applied)):
+    return tf.constant(True)

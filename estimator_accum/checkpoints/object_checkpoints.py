@@ -15,6 +15,8 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 
 import tensorflow as tf
 
+from estimator_accum.distribution import replicas
+
 __all__ = [
     "SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "lookup_window_state",
     "restore_window_slot", "track_window", "window_slot", "window_slot_names",
@@ -51,7 +53,7 @@ def _tracking(owner, graph=None):
   return tracking
 
 
-def track_window(owner, optimizer, state, window_name):
+def track_window(owner, optimizer, state, slot_names, window_name):
   """Makes `owner` track what an object-based checkpoint of it must hold.
 
   That is the inner optimizer's own variables (hyperparameters, step count,
@@ -72,7 +74,10 @@ def track_window(owner, optimizer, state, window_name):
     owner: the wrapper, a `tf.compat.v1.train.Optimizer` or a Keras legacy
       optimizer, which serves the inner optimizer's slots itself.
     optimizer: the inner optimizer.
-    state: `state_variables.StateRecording` of the window's state variables.
+    state: {name: variable} of the window's state variables, in the order
+      they were made.
+    slot_names: {name: (trained variable's name, slot name)} for the
+      state variables that are one trained variable's.
     window_name: the window's name, which its counters' names begin with.
 
   Raises:
@@ -91,11 +96,11 @@ def track_window(owner, optimizer, state, window_name):
     tf.compat.v2.keras.__internal__.backend.track_variable(variable)
     if name != "micro_batches":  # (the caller's counter, not the window's)
       tracking.variables[name] = variable
-    view = (SyncOnReadCheckpoint(variable) if _is_sync_on_read(variable)
+    view = (SyncOnReadCheckpoint(variable) if replicas.is_sync_on_read(variable)
             else variable)
     tracking.by_name[name] = view
-    if name in state.slots:
-      slots[state.slots[name]] = view
+    if name in slot_names:
+      slots[slot_names[name]] = view
     elif name.startswith(window_name + "/"):
       children[prefix + name[len(window_name):]] = view
     else:
@@ -190,9 +195,6 @@ def lookup_window_state(owner, name):
   return found
 
 
-def _is_sync_on_read(variable):
-  return (isinstance(variable, tf.distribute.DistributedValues) and
-          variable.synchronization == tf.VariableSynchronization.ON_READ)
 
 
 class SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
@@ -208,15 +210,15 @@ class SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
     self._variable = variable
 
   def _serialize_to_tensors(self):
-    replicas = self._variable._distribute_strategy.num_replicas_in_sync
-    if replicas > len(self._variable.values):
+    components, complete = replicas.replica_components(self._variable)
+    if not complete:
       # The other workers' components are out of reach here.
       raise ValueError(
           f"window variable {self._variable.name} has replicas on other "
           "workers, which an object-based checkpoint built in model_fn "
           "cannot reach: with MultiWorkerMirroredStrategy pass "
           "checkpoint_format='saver' to model_to_estimator.")
-    components = [c.read_value() for c in self._variable.values]
+    components = [c.read_value() for c in components]
     value = tf.add_n(components)
     if self._variable.aggregation == tf.VariableAggregation.MEAN:
       value = value / len(components)
@@ -224,7 +226,7 @@ class SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
 
   def _restore_from_tensors(self, restored_tensors):
     value = restored_tensors["VARIABLE_VALUE"]
-    components = self._variable.values
+    components, _ = replicas.replica_components(self._variable)
     if self._variable.aggregation == tf.VariableAggregation.SUM:
       value = tf.cast(value / len(components), self._variable.dtype)
     return tf.group([c.assign(value, read_value=False) for c in components])

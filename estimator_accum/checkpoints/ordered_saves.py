@@ -33,6 +33,7 @@ import time
 import tensorflow as tf
 
 from estimator_accum import graph_state
+from estimator_accum.distribution import workers
 
 # How long a save waits for the other workers to reach it: a worker that
 # never does has died, or does not see this model_dir.
@@ -43,24 +44,6 @@ _SAVEABLE_KEY = "VARIABLE_VALUE"
 # A non-chief worker of MultiWorkerMirroredStrategy saves into this
 # subdirectory of model_dir.
 _WORKER_SUBDIRECTORY = re.compile(r"^tmp_[a-z]+_\d+$")
-
-
-def _workers_and_task(strategy):
-  """(training tasks, this task's name), or None if not a collective
-  strategy over several workers."""
-  if not isinstance(strategy, (
-      tf.distribute.MultiWorkerMirroredStrategy,
-      tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy)):
-    return None
-  resolver = strategy.cluster_resolver
-  if resolver is None:
-    return None
-  spec = resolver.cluster_spec().as_dict()
-  tasks = [f"{job}_{index}" for job in ("chief", "worker")
-           for index in range(len(spec.get(job, [])))]
-  if len(tasks) < 2:
-    return None
-  return tasks, f"{resolver.task_type}_{resolver.task_id}"
 
 
 class SaveBarrier:
@@ -128,6 +111,9 @@ def _model_dir(checkpoint_prefix):
   return directory
 
 
+# Process-wide by nature: a barrier counts the saves this process made at
+# each step, across the graphs Estimator builds (one per train() call), so
+# that every worker names the same save alike. Keyed by the cluster.
 _BARRIERS = {}
 
 
@@ -140,7 +126,7 @@ def order_saves(variable, global_step=None):
 
   A no-op outside a multi-worker collective strategy.
   """
-  cluster = _workers_and_task(tf.distribute.get_strategy())
+  cluster = workers.training_tasks()
   if cluster is None:
     return
   tasks, task = cluster
@@ -184,7 +170,7 @@ def _after_barrier(tensor, global_step, barrier):
 def _barrier_op(barrier, global_step, prefix):
   """The one barrier op of the save fed through `prefix`: every window
   variable's read in that save waits for it."""
-  ops = graph_state.of().save_barriers
+  ops = graph_state.owned("save_barriers", dict)
   if prefix.name not in ops:
     step = (tf.constant(0, tf.int64) if global_step is None else
             tf.cast(global_step.read_value(), tf.int64))

@@ -27,8 +27,9 @@ import tensorflow as tf
 
 from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
-from estimator_accum.placement import between_graph_worker_device
-from estimator_accum.state_variables import state_variable
+from estimator_accum.checkpoints.state_variables import state_variable
+from estimator_accum.distribution import replicas
+from estimator_accum.distribution.placement import between_graph_worker_device
 
 
 def adjusted_momentum(momentum, k):
@@ -142,25 +143,46 @@ def _static_training(training):
 
 def _replica_id():
   """This replica's id in its sync group, as a Python int."""
-  context = tf.distribute.get_replica_context()
-  if context is None:
+  replica = replicas.replica_id()
+  if replica is None:
     raise RuntimeError(
         "batch_norm in training must be called in replica context (a "
         "model_fn, or a function run by strategy.run), not in cross-replica "
         "context such as directly under strategy.scope().")
-  return int(tf.get_static_value(context.replica_id_in_sync_group))
+  return replica
+
+
+class _Layers:
+  """The graph's batch_norm windows (this module's graph state)."""
+
+  def __init__(self):
+    self.by_scope = {}
+    # Set when the graph's first accumulating train op is built: layers
+    # built later would have no train op to end their window.
+    self.closed = False
+
+
+def _layers(graph=None):
+  return graph_state.owned("window_statistics", _Layers, graph)
+
+
+def close_window_statistics():
+  """Refuses batch_norm layers built from now on in this graph (the first
+  accumulating train op is built)."""
+  _layers().closed = True
 
 
 def _window_statistics(scope, k, momentum, moving_mean, moving_variance,
                        inputs):
   """The layer's `WindowStatistics`, created by the first replica to build
   it and found by the others."""
-  if graph_state.of().accumulation is not None:
+  layers = _layers()
+  if layers.closed:
     raise ValueError(
         f"batch_norm {scope!r} is built after build_accumulating_train_op: "
         "the train op updates the moving statistics of the batch_norm layers "
         "built before it. Build the model first, then the train op.")
-  registry = graph_state.of().window_statistics
+  registry = layers.by_scope
   if scope not in registry:
     registry[scope] = WindowStatistics(
         scope, k, momentum, moving_mean, moving_variance,
@@ -170,7 +192,7 @@ def _window_statistics(scope, k, momentum, moving_mean, moving_variance,
 
 def window_statistics(graph=None):
   """The `WindowStatistics` of every batch_norm built in `graph` so far."""
-  return list(graph_state.of(graph).window_statistics.values())
+  return list(_layers(graph).by_scope.values())
 
 
 def claim_window_statistics(k, train_op_name):
@@ -250,7 +272,7 @@ class WindowStatistics:
     return [self.total.read_value(), self.square_total.read_value(),
             self.count.read_value()]
 
-  def move_averages(self, strategy, sums):
+  def move_averages(self, cross_replica, sums):
     """Cross-replica context: moves the moving mean and variance once toward
     the window's, from `sums` (total, square_total, count over every
     replica). A layer whose sums are not finite, or empty, keeps its
@@ -266,13 +288,10 @@ class WindowStatistics:
       valid = tf.logical_and(count > 0, tf.reduce_all(tf.math.is_finite(moved)))
       return average.assign(tf.where(valid, moved, average), read_value=False)
 
-    updates = [
-        strategy.extended.update(average, move, args=tuple(sums) + (flag,),
-                                 group=False)
+    return tf.group(*[
+        cross_replica.update(average, move, tuple(sums) + (flag,))
         for average, flag in ((self._moving_mean, False),
-                              (self._moving_variance, True))]
-    return tf.group(*tf.nest.flatten(
-        [strategy.experimental_local_results(update) for update in updates]))
+                              (self._moving_variance, True))])
 
   def reset(self):
     """Replica context: clears this replica's sums; returns the op."""

@@ -8,21 +8,16 @@ the count that matches big-batch training; tensors built from it are marked
 here so that the checks can tell the two apart.
 """
 
-import weakref
-
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import _checks
+from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
 
 # Ops visited at most when looking for the global step among a
 # hyperparameter's inputs: schedules are small graphs.
 _MAX_OPS = 10_000
 _MARK = "_estimator_accum_update_count"
-# Graph -> hyperparameter names already warned about: under MirroredStrategy
-# every replica builds the train op, and one warning says it.
-_WARNED = weakref.WeakKeyDictionary()
 # Attribute names of tf.compat.v1.train optimizers, as their arguments say.
 _ARGUMENT_NAMES = {"lr": "learning_rate"}
 
@@ -104,7 +99,9 @@ def check_optimizer_steps(optimizer, global_step, k):
           "count of big-batch training. Build it with "
           f"global_step=estimator_accum.update_count({k}), the number of "
           "updates applied.")
-  warned = _WARNED.setdefault(tf.compat.v1.get_default_graph(), set())
+  # Under MirroredStrategy every replica builds the train op, and one
+  # warning says it.
+  warned = graph_state.owned("warned_hyperparameters", set)
   for name, value in _hyperparameters(optimizer):
     if name not in warned and counts_micro_batches(value, global_step):
       warned.add(name)

@@ -30,12 +30,11 @@ accumulation is refused).
 
 import tensorflow as tf
 
-from estimator_accum import progress
-from estimator_accum.placement import on_worker
-from estimator_accum.state_variables import (
-  record_state_variable,
+from estimator_accum.checkpoints.state_variables import (
   variable_base_name,
 )
+from estimator_accum.distribution.placement import on_worker
+from estimator_accum.window import progress
 
 __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
            "choose_compact"]
@@ -43,9 +42,8 @@ __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
 SPARSE_THRESHOLD_BYTES = 128 * 2**20
 
 
-def _dynamic_rows_variable(name, row_shape, dtype, local_device, table):
-  """A non-trainable variable of shape [None] + row_shape, initially empty,
-  window state of the variable `table`.
+def _dynamic_rows_variable(name, row_shape, dtype, local_device):
+  """A non-trainable variable of shape [None] + row_shape, initially empty.
 
   `tf.compat.v1.get_variable` cannot make a variable whose first dimension is
   unknown (with `validate_shape=False` it still records the initial shape,
@@ -65,10 +63,10 @@ def _dynamic_rows_variable(name, row_shape, dtype, local_device, table):
   if local_device is not None:
     collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
   with tf.compat.v1.name_scope(None), on_worker(local_device):
-    return record_state_variable(name, tf.compat.v1.Variable(
+    return tf.compat.v1.Variable(
         tf.zeros([0] + row_shape, dtype), trainable=False, name=name,
         shape=tf.TensorShape([None] + row_shape), use_resource=True,
-        collections=collections), slot_of=table)
+        collections=collections)
 
 
 class CompactSparseAccumulator:
@@ -100,9 +98,9 @@ class CompactSparseAccumulator:
     self._dense_shape = shape.as_list()
     row_shape = self._dense_shape[1:]
     self.indices = _dynamic_rows_variable(base + "/accum_indices", [],
-                                          tf.int64, local_device, variable)
+                                          tf.int64, local_device)
     self.values = _dynamic_rows_variable(base + "/accum_values", row_shape,
-                                         dtype, local_device, variable)
+                                         dtype, local_device)
 
   def state_variables(self):
     return [self.indices, self.values]
@@ -143,6 +141,11 @@ class CompactSparseAccumulator:
         tf.expand_dims(position[count:], 1), values)
     return tf.group(self.indices.assign(unique, read_value=False),
                     self.values.assign(merged, read_value=False))
+
+  def reducible_sum(self, several):
+    """(the window's rows, None): compact accumulators have one replica."""
+    del several
+    return self.window_sum(), None
 
   def decay(self, keep_fraction):
     """Returns an op that multiplies the window sum by `keep_fraction`."""

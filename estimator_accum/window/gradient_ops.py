@@ -1,11 +1,9 @@
-"""Helpers for gradients that may be tf.Tensor or tf.IndexedSlices, and the
-window's all-reduce (internal to estimator_accum).
+"""Helpers for gradients that may be tf.Tensor or tf.IndexedSlices
+(internal to estimator_accum).
 
 Every helper takes either kind and returns the same kind, so the window
 handles dense and sparse (embedding) gradients through one path.
 """
-
-import collections
 
 import tensorflow as tf
 
@@ -43,31 +41,3 @@ def cast_gradient(gradient, dtype):
     return tf.IndexedSlices(tf.cast(gradient.values, dtype), gradient.indices,
                             gradient.dense_shape)
   return tf.cast(gradient, dtype)
-
-
-def sum_over_replicas(strategy, structure, options):
-  """Sums a nest of per-replica tensors (None entries kept) over all replicas,
-  in cross-replica context: one batched all-reduce per dtype (one, unless
-  the accumulators are not float32), since a pack is concatenated and its
-  tensors share a dtype.
-
-  Args:
-    strategy: the tf.distribute.Strategy.
-    structure: a nest of per-replica values or None.
-    options: tf.distribute.experimental.CommunicationOptions or None.
-
-  Returns:
-    The same nest, each value the sum over replicas (mirrored).
-  """
-  flat = tf.nest.flatten(structure)
-  by_dtype = collections.defaultdict(list)
-  for i, value in enumerate(flat):
-    if value is not None:
-      by_dtype[strategy.experimental_local_results(value)[0].dtype].append(i)
-  for indices in by_dtype.values():
-    reduced = strategy.extended.batch_reduce_to(
-        tf.distribute.ReduceOp.SUM, [(flat[i], flat[i]) for i in indices],
-        options=options)
-    for i, value in zip(indices, reduced):
-      flat[i] = value
-  return tf.nest.pack_sequence_as(structure, flat)

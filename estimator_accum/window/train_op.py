@@ -31,19 +31,26 @@ strategy the same code runs under TensorFlow's default strategy, whose
 
 import tensorflow as tf
 
-from estimator_accum import _checks, graph_state, progress, window_reports
-from estimator_accum import loss_scale as _loss_scale
+from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
-from estimator_accum.placement import between_graph_worker_device
-from estimator_accum.settings import (
+from estimator_accum.checkpoints.state_variables import variable_base_name
+from estimator_accum.distribution import replicas
+from estimator_accum.distribution.placement import between_graph_worker_device
+from estimator_accum.options import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
   WindowSettings,
 )
-from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES, choose_compact
-from estimator_accum.state import AccumulationState
-from estimator_accum.state_variables import variable_base_name
-from estimator_accum.step_counting import check_optimizer_steps
-from estimator_accum.window import Window
+from estimator_accum.window import loss_scale as _loss_scale
+from estimator_accum.window import progress
+from estimator_accum.window import reports as window_reports
+from estimator_accum.window.batch_norm import close_window_statistics
+from estimator_accum.window.compact import (
+  SPARSE_THRESHOLD_BYTES,
+  choose_compact,
+)
+from estimator_accum.window.state import AccumulationState
+from estimator_accum.window.step_counting import check_optimizer_steps
+from estimator_accum.window.window import Window
 
 __all__ = ["AccumulationState", "build_accumulating_train_op",
            "get_accumulation_state"]
@@ -211,9 +218,10 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       max_consecutive_skipped_windows=max_consecutive_skipped_windows,
       name=name, gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
-  return accumulating_train_op(loss, None, optimizer, settings,
-                               global_step=global_step, var_list=var_list,
-                               num_examples=num_examples)
+  train_op, _ = accumulating_train_op(
+      loss, None, optimizer, settings, global_step=global_step,
+      var_list=var_list, num_examples=num_examples)
+  return train_op
 
 
 def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
@@ -221,11 +229,10 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
   """`build_accumulating_train_op`, from a loss or from one micro-batch's
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
   `minimize` and `apply_gradients` call it; `settings` is a
-  `WindowSettings`, checked already."""
+  `WindowSettings`, checked already. Returns (the train op, its `Window`)."""
   (grads_and_vars, optimizer, loss_scale_config, global_step, var_list,
    num_examples) = _check_inputs(loss, grads_and_vars, optimizer, settings,
                                  global_step, var_list, num_examples)
-  replica_context = tf.distribute.get_replica_context()
   variables_named = "variables in var_list"
   if grads_and_vars is None and var_list is None:
     variables_named = "trainable variables"
@@ -252,18 +259,18 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
         compact=choose_compact(
             trained, settings.sparse_accumulation,
             settings.sparse_threshold_bytes, settings.accumulator_dtype,
-            tf.distribute.get_strategy().num_replicas_in_sync),
+            replicas.num_replicas()),
         outer_scope=outer_scope,
         progress=progress.progress_line(
             settings.name, settings.k, settings.log_every_n_micro_batches))
     examples = window_reports.micro_batch_examples(source, num_examples)
     accumulated = window.accumulate_micro_batch(loss)
-    train_op = replica_context.merge_call(
-        window.end_micro_batch,
-        args=(accumulated,) + ((examples,) if examples is not None else ()))
+    train_op = replicas.merge(
+        window.end_micro_batch, accumulated,
+        *((examples,) if examples is not None else ()))
   _replace_train_ops(train_ops_before, train_op)
-  _record_state(window, replica_context, examples)
-  return train_op
+  _record_state(window, examples)
+  return train_op, window
 
 
 def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
@@ -297,7 +304,7 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
         "num_examples weights each micro-batch's mean gradient by its size and "
         "has no meaning with reduction='sum'; pass num_examples=None or use "
         "reduction='mean'.")
-  if tf.distribute.get_replica_context() is None:
+  if not replicas.in_replica_context():
     raise RuntimeError(
         "build_accumulating_train_op must be called in replica context (a "
         "model_fn, or a function run by strategy.run), not in cross-replica "
@@ -336,24 +343,34 @@ def _given_gradients(grads_and_vars):
   return trained, getattr(source, "values", source)
 
 
-def _record_state(window, replica_context, examples):
+class _TrainOps:
+  """What this module keeps per graph: the AccumulationState of the graph's
+  first train op, and {counter variable name: the train op counting it}."""
+
+  def __init__(self):
+    self.state = None
+    self.counters = {}
+
+
+def _train_ops(graph=None):
+  return graph_state.owned("accumulation", _TrainOps, graph)
+
+
+def _record_state(window, examples):
   """Keeps the graph's AccumulationState (of its first train op) and this
   replica's micro-batch size, for hooks and the progress line."""
-  if tf.distribute.get_strategy().num_replicas_in_sync > 1:
-    # The window is the mean over replicas, as optimizer.minimize's is; say
-    # so the way it does, so that Estimator reports the replicas' mean loss
-    # rather than their sum.
-    tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
+  # The window is the mean over replicas, as optimizer.minimize's is.
+  replicas.mark_loss_mean_over_replicas()
   # Under MirroredStrategy every replica builds the same state; keep the first.
-  graph = graph_state.of()
-  if graph.accumulation is None:
+  graph = _train_ops()
+  if graph.state is None:
     _log_state_size(window.state)
-    graph.accumulation = window.state._replace(examples={})
+    graph.state = window.state._replace(examples={})
+    close_window_statistics()
   # Every replica's micro-batch size, for the progress line's examples/sec;
   # of the first train op, as the state is (a second one, in a GAN, runs on
   # the same batches).
-  replica = int(tf.get_static_value(replica_context.replica_id_in_sync_group))
-  graph.accumulation.examples.setdefault(replica, examples)
+  graph.state.examples.setdefault(replicas.replica_id(), examples)
 
 
 def _replace_train_ops(before, train_op):
@@ -398,13 +415,13 @@ def _micro_batch_gradients(loss, var_list, variables_named, scaler, options):
 
 def claimed_names(graph):
   """The names of the accumulating train ops built in `graph` so far."""
-  return set(graph_state.of(graph).counters.values())
+  return set(_train_ops(graph).counters.values())
 
 
 def _claim_counter(global_step, name):
   """Refuses a second train op incrementing the same counter: every run of
   both would count two micro-batches, and each window would end early."""
-  claims = graph_state.of().counters
+  claims = _train_ops().counters
   counter = variable_base_name(global_step)
   owner = claims.setdefault(counter, name)
   if owner != name:
@@ -457,7 +474,7 @@ def get_accumulation_state(graph=None):
     ValueError: if no accumulating train op was built in the graph.
   """
   graph = graph or tf.compat.v1.get_default_graph()
-  state = graph_state.of(graph).accumulation
+  state = _train_ops(graph).state
   if state is None:
     raise ValueError("no accumulating train op was built in this graph; call "
                      "build_accumulating_train_op first.")

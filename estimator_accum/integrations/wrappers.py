@@ -9,16 +9,17 @@ graph through `train_op.accumulating_train_op`.
 
 import tensorflow as tf
 
-from estimator_accum import _checks, graph_state, object_checkpoints, progress
-from estimator_accum import loss_scale as _loss_scale
-from estimator_accum.settings import DEFAULT_NAME, WindowSettings
-from estimator_accum.sparse import SPARSE_THRESHOLD_BYTES
-from estimator_accum.state_variables import (
-  recording_state_variables,
-  replica_id,
+from estimator_accum import _checks, graph_state
+from estimator_accum.checkpoints import object_checkpoints
+from estimator_accum.checkpoints.state_variables import (
   state_variable,
 )
-from estimator_accum.train_op import accumulating_train_op, claimed_names
+from estimator_accum.distribution.replicas import replica_id
+from estimator_accum.options import DEFAULT_NAME, WindowSettings
+from estimator_accum.window import loss_scale as _loss_scale
+from estimator_accum.window import progress
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
+from estimator_accum.window.train_op import accumulating_train_op, claimed_names
 
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
           tf.compat.v1.train.Optimizer.GATE_OP,
@@ -135,22 +136,26 @@ class WrapperWindow:
     """
     _checks.check_graph_mode()
     name = self._name()
-    with recording_state_variables() as state:
-      if global_step is None:
-        global_step = state_variable(
-            f"{name}/micro_batches", [], tf.int64, per_replica=False)
-      settings = self._settings.replace(
-          reduction=reduction or self.reduction(), name=name,
-          gradient_options=(gradient_options or
-                            dict(colocate_gradients_with_ops=False)))
-      train_op = accumulating_train_op(
-          loss, grads_and_vars, self.optimizer, settings,
-          global_step=global_step, var_list=var_list)
+    variables = {}
+    if global_step is None:
+      global_step = state_variable(
+          f"{name}/micro_batches", [], tf.int64, per_replica=False)
+      variables[f"{name}/micro_batches"] = global_step
+    settings = self._settings.replace(
+        reduction=reduction or self.reduction(), name=name,
+        gradient_options=(gradient_options or
+                          dict(colocate_gradients_with_ops=False)))
+    train_op, window = accumulating_train_op(
+        loss, grads_and_vars, self.optimizer, settings,
+        global_step=global_step, var_list=var_list)
+    window_variables, slots = window.state_variables()
+    variables.update(window_variables)
     if isinstance(global_step, tf.Variable):
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
-      state.setdefault("micro_batches", global_step)
-    object_checkpoints.track_window(owner, self.optimizer, state, name)
+      variables.setdefault("micro_batches", global_step)
+    object_checkpoints.track_window(owner, self.optimizer, variables, slots,
+                                    name)
     return train_op
 
   def _name(self):
@@ -166,7 +171,7 @@ def next_default_name():
   names windows built with a name of their own took. Counted per replica:
   under MirroredStrategy each replica builds the same windows, in the same
   order, from optimizers a canned estimator makes anew for each replica."""
-  handed = graph_state.of().default_names
+  handed = graph_state.owned("default_names", dict)
   mine = handed.setdefault(replica_id(), [])
   named = claimed_names(tf.compat.v1.get_default_graph()).difference(
       *handed.values())

@@ -15,8 +15,9 @@ import time
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import progress
-from estimator_accum.train_op import get_accumulation_state
+from estimator_accum.distribution import replicas
+from estimator_accum.window import progress
+from estimator_accum.window.train_op import get_accumulation_state
 
 
 class AccumulationLoggingHook(tf.estimator.SessionRunHook):
@@ -76,7 +77,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
         "updates": self._state.updates_applied,
         "skipped": self._state.skipped_windows,
     }
-    self._num_replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    self._num_replicas = replicas.num_replicas()
     examples = list((self._state.examples or {}).values())
     if self._micro_batch_size is not None:
       return

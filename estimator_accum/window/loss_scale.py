@@ -25,7 +25,7 @@ import numbers
 
 import tensorflow as tf
 
-from estimator_accum.state_variables import state_variable
+from estimator_accum.checkpoints.state_variables import state_variable
 
 _V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 _V1_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale
@@ -132,6 +132,11 @@ class LossScaler:
     if config.dynamic:
       self.good_windows = state_variable(name + "/good_windows", [], tf.int64,
                                          per_replica=False)
+
+  def state_variables(self):
+    """{name: variable} of the scale and its good windows, as made."""
+    return {v.name.split(":")[0]: v
+            for v in (self.scale, self.good_windows) if v is not None}
 
   def scale_loss(self, loss):
     return loss * tf.cast(self.scale.read_value(), loss.dtype)

@@ -13,16 +13,18 @@ import copy
 import numpy as np
 import tensorflow as tf
 
-from estimator_accum import _checks, object_checkpoints
+from estimator_accum import _checks
 from estimator_accum._autograph import as_written
-from estimator_accum.gradient_ops import scale_gradient
-from estimator_accum.wrappers import (
+from estimator_accum.checkpoints import object_checkpoints
+from estimator_accum.distribution import replicas
+from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   Wrapper,
   WrapperWindow,
   gradient_options,
   gradients_as_they_are,
 )
+from estimator_accum.window.gradient_ops import scale_gradient
 
 __all__ = ["AccumulatingKerasOptimizer"]
 
@@ -145,7 +147,7 @@ class AccumulatingKerasOptimizer(Wrapper,
           f"optimizer's weights there, now that its window is built, are "
           f"{len(weights)} of shapes {shapes}: they were saved by another "
           "optimizer or window.")
-    if tf.distribute.has_strategy() and tf.distribute.in_cross_replica_context() is False:
+    if replicas.in_a_replica_of_a_strategy():
       raise ValueError(
           "optimizer weights set before the window was built (load_model of "
           "an .h5 file) cannot be set in a replica's context under a "
@@ -258,4 +260,4 @@ class AccumulatingKerasOptimizer(Wrapper,
     replicas' number; a summed window already sums them."""
     if self._window.reduction() == "sum":
       return 1
-    return tf.distribute.get_strategy().num_replicas_in_sync
+    return replicas.num_replicas()

@@ -26,6 +26,7 @@ import tensorflow as tf
 from absl import logging
 
 from estimator_accum import graph_state
+from estimator_accum.distribution import replicas
 
 
 def log_info(message, *args):
@@ -120,16 +121,14 @@ def progress_line(name, k, every_n):
   `every_n` is None."""
   if every_n is None:
     return None
-  state = graph_state.of()
-  if state.progress is None:
-    state.progress = (name, ProgressLine(
-        k, every_n, tf.distribute.get_strategy().num_replicas_in_sync))
-  owner, line = state.progress
+  lines = graph_state.owned("progress", dict)
+  owner, line = lines.setdefault(
+      "first", (name, ProgressLine(k, every_n, replicas.num_replicas())))
   return line if owner == name else None
 
 
 def silence(graph):
   """Stops the progress line of `graph` (a hook logs its own)."""
-  owner = graph_state.of(graph).progress
-  if owner is not None:
-    owner[1].silenced = True
+  first = graph_state.owned("progress", dict, graph).get("first")
+  if first is not None:
+    first[1].silenced = True

@@ -5,64 +5,17 @@ with `synchronization=ON_READ, aggregation=SUM` when each replica keeps its
 own (the accumulators): under a distribution strategy each replica adds to
 its own copy with no communication, and a checkpoint stores the sum over
 replicas. `state_variable` makes them with exactly the name asked for;
-`recording_state_variables` collects those made in a thread, for the
-wrappers' object-based checkpoints.
+the `Window` that made them lists them (`Window.state_variables`).
 """
-
-import contextlib
-import threading
 
 import tensorflow as tf
 
 from estimator_accum import graph_state
-from estimator_accum.ordered_saves import order_saves
-from estimator_accum.placement import on_worker
+from estimator_accum.checkpoints.ordered_saves import order_saves
+from estimator_accum.distribution import replicas
+from estimator_accum.distribution.placement import on_worker
 
-_ON_READ = tf.VariableSynchronization.ON_READ
 _SUM = tf.VariableAggregation.SUM
-_MEAN = tf.VariableAggregation.MEAN
-# Per thread (MirroredStrategy builds each replica in a thread of its own):
-# the dicts `recording_state_variables` is filling.
-_RECORDING = threading.local()
-
-
-class StateRecording(dict):
-  """{name: variable} of the window state variables made or reused in a
-  thread; `slots` holds, by the same names, (trained variable's name, slot
-  name) for the state that belongs to one trained variable (its
-  accumulators), which object-based checkpoints key as the trained
-  variable's optimizer slots."""
-
-  def __init__(self):
-    super().__init__()
-    self.slots = {}
-
-
-@contextlib.contextmanager
-def recording_state_variables():
-  """Yields a `StateRecording` that receives every window state variable
-  made or reused in this thread while the context is open."""
-  stack = _RECORDING.__dict__.setdefault("stack", [])
-  found = StateRecording()
-  stack.append(found)
-  try:
-    yield found
-  finally:
-    stack.remove(found)
-
-
-def record_state_variable(name, variable, slot_of=None):
-  """Hands `variable` to the recordings open in this thread; returns it.
-
-  `slot_of`: the trained variable whose state `variable` is, named
-  `<its name>/<suffix>`: recorded as its slot "window_<suffix>".
-  """
-  for found in getattr(_RECORDING, "stack", ()):
-    found[name] = variable
-    if slot_of is not None:
-      base = variable_base_name(slot_of)
-      found.slots[name] = (base, "window_" + name[len(base) + 1:])
-  return variable
 
 
 def unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
@@ -89,11 +42,14 @@ def variable_base_name(var):
   return var.name.split(":")[0]
 
 
-def replica_id():
-  """The replica being built (an int), or None in cross-replica context."""
-  context = tf.distribute.get_replica_context()
-  return (None if context is None else
-          int(tf.get_static_value(context.replica_id_in_sync_group)))
+class _Created:
+  """What this module keeps per graph: {state variable name: the replica
+  id (None in cross-replica context) that created it}, and {name: the
+  trained variable whose state it is}."""
+
+  def __init__(self):
+    self.creators = {}
+    self.owners = {}
 
 
 def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
@@ -136,8 +92,9 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   # scope says: under a scope with reuse=True the first replica creates
   # its state, and under AUTO_REUSE a second build is refused, not handed
   # the first one's accumulators.
-  creators = graph_state.of().state_creators
-  replica = replica_id()
+  created = graph_state.owned("state_variables", _Created)
+  creators = created.creators
+  replica = replicas.replica_id()
   reuse = name in creators and creators[name] != replica
   root = tf.compat.v1.VariableScope(reuse=reuse, name="")
   if not per_replica:
@@ -153,7 +110,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
     # window is shared by its devices, as central storage's is).
     extra["collections"] = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
   elif per_replica:
-    extra["synchronization"] = _ON_READ
+    extra.update(replicas.sync_on_read(aggregation))
   with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), \
       on_worker(local_device):
     try:
@@ -165,15 +122,13 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
           **extra)
       if creators.setdefault(name, replica) == replica and per_replica:
         order_saves(variable)
-      if not checkpointed:
-        return variable
-      if slot_of is not None:
-        graph_state.of().state_owners.setdefault(name, slot_of)
-      return record_state_variable(name, variable, slot_of)
+      if slot_of is not None and checkpointed:
+        created.owners.setdefault(name, slot_of)
+      return variable
     except ValueError as error:
       if "already exists" not in str(error):
         raise
-      owner = graph_state.of().state_owners.get(name)
+      owner = created.owners.get(name)
       if slot_of is not None and owner is not None and owner is not slot_of:
         raise ValueError(
             f"the window state {name!r} of variable {slot_of.name} exists "
