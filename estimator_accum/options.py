@@ -1,15 +1,23 @@
-"""The options of one accumulation window, checked once into a frozen value.
+"""The window options: one table, checked once into a frozen value.
 
-`build_accumulating_train_op` and the optimizer wrappers turn their keyword
-arguments into a `WindowSettings` with `WindowSettings.checked(...)`; the
-train op, the `Window` that builds its graph, and the reports read that one
-value. A new option is a field here, its check in `checked`, and the code
-that reads it: no signature in between changes.
+`OPTIONS` lists every option a window takes, with its default, its check
+and its documentation. Every entry point takes exactly these, as keyword
+arguments: `build_accumulating_train_op`, `AccumulatingOptimizer` and
+`AccumulatingKerasOptimizer` (and through them the tf-slim and
+canned-estimator paths). `WindowSettings`, made from the table, is the
+checked value the train op, the `Window` and the reports read; `replace`
+checks again, as tensorflow/estimator's `RunConfig` does.
+
+A new option is one row here and the code that reads it: no signature
+changes, and every entry point accepts it at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import numbers
+import textwrap
 import types
 
 import tensorflow as tf
@@ -17,83 +25,248 @@ import tensorflow as tf
 from estimator_accum import _checks
 from estimator_accum.distribution import replicas
 from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
+from estimator_accum.window.loss_scale import check_loss_scale
 
-# See build_accumulating_train_op's max_consecutive_skipped_windows.
+# See max_consecutive_skipped_windows.
 DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS = 25
 DEFAULT_NAME = "gradient_accumulation"
-# Packs of the window's all-reduce when no CommunicationOptions are given;
-# see window.py.
+# Packs of the window's all-reduce when no CommunicationOptions are given.
+# One pack (TensorFlow's default) concatenates every gradient, reduces, and
+# splits the result: two copies of the model and one collective that starts
+# only when all of it is ready. Packs of about 4 MB run concurrently and
+# leave variables of 4 MB and more uncopied (MLP of 3.2M parameters on 2 CPU
+# workers, k=8: apply step 59-67 ms against 74-90 ms with one pack, 5 runs
+# each; per-tensor packs and 2 MB alike, 8 MB in between).
 BYTES_PER_PACK = 4 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
-class WindowSettings:
-  """What `build_accumulating_train_op` documents, per argument, checked.
+class Option:
+  """One window option.
 
-  Fields are those arguments of the same names; `gradient_options` are the
-  `tf.gradients` arguments for the loss (colocate_gradients_with_ops, and
-  optionally grad_ys, aggregation_method, gate_gradients), read-only.
+  Attributes:
+    name: the keyword argument.
+    default: its value when not given.
+    check: value -> the value to keep (normalized), raising TypeError or
+      ValueError naming the option and the value.
+    doc: what it does, for the entry points' docstrings and the guide.
   """
 
-  k: int
-  reduction: str = "mean"
-  clip_norm: float | None = None
-  accumulator_dtype: tf.DType = tf.float32
-  summaries: bool = True
-  loss_scale: object = None
-  sparse_accumulation: object = "auto"
-  sparse_threshold_bytes: int = SPARSE_THRESHOLD_BYTES
-  communication_options: object = None
-  after_update: object = None
-  log_every_n_micro_batches: int | None = 100
-  max_consecutive_skipped_windows: int | None = (
-      DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS)
-  name: str = DEFAULT_NAME
-  gradient_options: types.MappingProxyType = dataclasses.field(
-      default_factory=lambda: types.MappingProxyType(
-          {"colocate_gradients_with_ops": False}))
+  name: str
+  default: object
+  check: object
+  doc: str
+
+
+def _check_reduction(value):
+  _checks.check_reduction(value)
+  return value
+
+
+def _check_summaries(value):
+  _checks.check_bool("summaries", value)
+  return value
+
+
+def _check_loss_scale(value):
+  check_loss_scale(value)
+  return value
+
+
+def _check_sparse_accumulation(value):
+  if isinstance(value, (str, bool)):
+    if isinstance(value, str) and value != "auto":
+      raise ValueError(
+          "sparse_accumulation must be 'auto', True, False or a list of "
+          f"variables or names, got {value!r}.")
+    return value
+  if isinstance(value, (list, tuple, set, frozenset)):
+    return tuple(value)
+  raise TypeError(
+      "sparse_accumulation must be 'auto', True, False or a list of "
+      f"variables or names, got {value!r}.")
+
+
+def _check_threshold(value):
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"sparse_threshold_bytes must be an int, got {value!r}.")
+  if value < 0:
+    raise ValueError(f"sparse_threshold_bytes must be >= 0, got {value!r}.")
+  return int(value)
+
+
+def _check_communication_options(value):
+  return replicas.communication_options(value, BYTES_PER_PACK)
+
+
+def _check_after_update(value):
+  if value is not None and not callable(value):
+    raise TypeError(
+        f"after_update must be a callable with no arguments or None, got "
+        f"{value!r} of type {type(value).__name__}.")
+  return value
+
+
+def _check_name(value):
+  _checks.check_name(value)
+  return value
+
+
+OPTIONS = (
+    Option("clip_norm", None, _checks.check_clip_norm,
+           "float > 0 or None. Clips the window's gradient (the mean, after "
+           "the all-reduce) by global norm, as clipping the big batch "
+           "would, not each micro-batch."),
+    Option("reduction", "mean", _check_reduction,
+           "\"mean\" (the big batch's mean; weighted by `num_examples` when "
+           "given), \"sum\" (no division; for summed losses), or "
+           "\"running_mean\" (the accumulators hold the mean so far, which "
+           "keeps low-precision accumulators in range). The optimizer "
+           "wrappers also take None: the loss's own reduction."),
+    Option("accumulator_dtype", tf.float32, _checks.check_accumulator_dtype,
+           "floating tf.DType (or its name) of the accumulators; float32."),
+    Option("summaries", True, _check_summaries,
+           "bool, whether to add TensorBoard scalars `accumulation/*`."),
+    Option("loss_scale", None, _check_loss_scale,
+           "None, \"dynamic\" or a number > 0: scale the loss for float16 "
+           "models. Gradients are unscaled in float32 as they enter the "
+           "accumulators; a window with an overflow is skipped whole, and a "
+           "dynamic scale is halved there and doubled after 2000 good "
+           "windows in a row. A loss-scale optimizer (tf.compat.v1 or Keras) "
+           "passed as the optimizer is unwrapped and its settings used "
+           "instead (pass the unscaled loss)."),
+    Option("sparse_accumulation", "auto", _check_sparse_accumulation,
+           "how tables with tf.IndexedSlices gradients (embedding lookups) "
+           "are accumulated. \"auto\": compact (the rows the window touched "
+           "only) when a masked accumulator (a dense sum with a row mask) "
+           "would take at least `sparse_threshold_bytes`, else masked. "
+           "True: every such table compact; False: none; or a list of "
+           "variables or names to accumulate compactly. Compact "
+           "accumulation needs one replica (one device, or parameter-server "
+           "workers)."),
+    Option("sparse_threshold_bytes", SPARSE_THRESHOLD_BYTES, _check_threshold,
+           "int >= 0, the table size from which \"auto\" chooses compact "
+           "accumulation; 128 MB."),
+    Option("communication_options", None, _check_communication_options,
+           "a tf.distribute.experimental.CommunicationOptions for the "
+           "window's all-reduce under a collective strategy, or None: packs "
+           "of about 4 MB, which run concurrently and skip most of the "
+           "concatenate-and-split copies one pack would make."),
+    Option("after_update", None, _check_after_update,
+           "a callable with no arguments, or None: what a big-batch recipe "
+           "runs after its train op every step, such as an "
+           "ExponentialMovingAverage's apply. Called once while the graph "
+           "is built; the ops it creates run after each micro-batch that "
+           "applies an update, and only then. A count it needs should be "
+           "`update_count(k)` created inside the callable."),
+    Option("log_every_n_micro_batches", 100, _checks.check_log_every,
+           "int >= 1 or None. The train op logs a progress line (micro-batch, "
+           "update, skipped windows, micro-batches/sec, examples/sec) at the "
+           "first micro-batch, at the end of the first window and then every "
+           "this many; None for none. Build with None a graph that another "
+           "process will import (`import_meta_graph`) and run."),
+    Option("max_consecutive_skipped_windows",
+           DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS, _checks.check_max_skipped,
+           "int >= 1 or None. When this many windows in a row are skipped "
+           "for non-finite gradients, the micro-batch ending the last of them "
+           "fails with tf.errors.InvalidArgumentError saying \"training "
+           "diverged\" (`estimator_accum.is_divergence(error)`). Default 25: "
+           "a dynamic loss scale from 2**15 skips at most about 15 in a row "
+           "while it settles. Counted in this run; None: never stop."),
+    Option("name", DEFAULT_NAME, _check_name,
+           "str, the name scope of the window's ops and the prefix of its "
+           "counters. The optimizer wrappers also take None: "
+           "\"gradient_accumulation\", or \"gradient_accumulation_1\", ... "
+           "where another train op of the graph took it."),
+)
+OPTION_NAMES = tuple(option.name for option in OPTIONS)
+DEFAULTS = types.MappingProxyType({o.name: o.default for o in OPTIONS})
+
+
+def _settings_namespace():
 
   @classmethod
   def checked(cls, k, **options):
-    """A WindowSettings of `k` and `options` (the fields' names), each
-    checked: TypeError or ValueError naming the argument and the value."""
-    unknown = set(options) - {f.name for f in dataclasses.fields(cls)}
+    """A WindowSettings of `k` and `options` (the table's names, and
+    `gradient_options`), each checked: TypeError or ValueError naming the
+    argument and the value."""
+    unknown = set(options) - set(OPTION_NAMES) - {"gradient_options"}
     if unknown:
-      raise TypeError(f"unknown window settings: {sorted(unknown)}")
-    settings = cls(k=_checks.check_k(k), **options)
-    return dataclasses.replace(settings, **_checked_fields(settings))
+      raise TypeError(f"unknown window settings: {sorted(unknown)}; the "
+                      f"window options are {list(OPTION_NAMES)}.")
+    values = {"k": _checks.check_k(k)}
+    for option in OPTIONS:
+      values[option.name] = option.check(
+          options.get(option.name, option.default))
+    gradient_options = dict(options.get(
+        "gradient_options", {"colocate_gradients_with_ops": False}))
+    _checks.check_bool("colocate_gradients_with_ops",
+                       gradient_options["colocate_gradients_with_ops"])
+    values["gradient_options"] = types.MappingProxyType(gradient_options)
+    return cls(**values)
 
   def replace(self, **changes):
     """A copy with `changes`, checked as `checked` checks them."""
     fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    return WindowSettings.checked(**dict(fields, **changes))
+    return type(self).checked(**dict(fields, **changes))
+
+  return {"checked": checked, "replace": replace, "__doc__": (
+      "The window's options (`OPTIONS`), checked, and `k`.\n\n"
+      "Fields are the options of the same names; `gradient_options` are the\n"
+      "`tf.gradients` arguments for the loss (colocate_gradients_with_ops,\n"
+      "and optionally grad_ys, aggregation_method, gate_gradients),\n"
+      "read-only.")}
 
 
-def _checked_fields(settings):
-  """The fields of `settings` after their checks (normalized values), in
-  the order the arguments have always been checked in."""
-  clip_norm = _checks.check_clip_norm(settings.clip_norm)
-  _checks.check_reduction(settings.reduction)
-  _checks.check_bool("summaries", settings.summaries)
-  gradient_options = dict(settings.gradient_options)
-  _checks.check_bool("colocate_gradients_with_ops",
-                     gradient_options["colocate_gradients_with_ops"])
-  _checks.check_name(settings.name)
-  checked = dict(
-      clip_norm=clip_norm,
-      log_every_n_micro_batches=_checks.check_log_every(
-          settings.log_every_n_micro_batches),
-      max_consecutive_skipped_windows=_checks.check_max_skipped(
-          settings.max_consecutive_skipped_windows),
-      accumulator_dtype=_checks.check_accumulator_dtype(
-          settings.accumulator_dtype),
-      communication_options=replicas.communication_options(
-          settings.communication_options, BYTES_PER_PACK),
-      gradient_options=types.MappingProxyType(gradient_options))
-  if settings.after_update is not None and not callable(
-      settings.after_update):
-    raise TypeError(
-        f"after_update must be a callable with no arguments or None, got "
-        f"{settings.after_update!r} of type "
-        f"{type(settings.after_update).__name__}.")
-  return checked
+WindowSettings = dataclasses.make_dataclass(
+    "WindowSettings",
+    [("k", int)] + [(o.name, object, dataclasses.field(default=o.default))
+                    for o in OPTIONS] +
+    [("gradient_options", types.MappingProxyType, dataclasses.field(
+        default_factory=lambda: types.MappingProxyType(
+            {"colocate_gradients_with_ops": False})))],
+    frozen=True, namespace=_settings_namespace())
+WindowSettings.__module__ = __name__
+
+
+def config_value(name, value):
+  """An option's value as a Keras config holds it (a dtype by name)."""
+  if name == "accumulator_dtype" and isinstance(value, tf.DType):
+    return value.name
+  return value
+
+
+def documentation(indent="    "):
+  """The options' Args entries, for the entry points' docstrings."""
+  lines = []
+  for option in OPTIONS:
+    lines.append(textwrap.fill(
+        f"{option.name}: {option.doc}", width=76,
+        initial_indent=indent, subsequent_indent=indent + "  "))
+  return "\n".join(lines)
+
+
+def takes_window_options(overrides=None):
+  """Decorator of an entry point (a function, or a class whose `__init__`)
+  takes the window options as `**options`: shows them in its signature,
+  with `overrides` of their defaults, and documents them in its docstring
+  where the line `WINDOW_OPTIONS` stands."""
+  overrides = dict(overrides or {})
+
+  def decorate(entry):
+    function = entry.__init__ if isinstance(entry, type) else entry
+    signature = inspect.signature(function)
+    parameters = [p for p in signature.parameters.values()
+                  if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    parameters += [inspect.Parameter(
+        o.name, inspect.Parameter.KEYWORD_ONLY,
+        default=overrides.get(o.name, o.default)) for o in OPTIONS]
+    function.__signature__ = signature.replace(parameters=parameters)
+    if entry.__doc__ and "WINDOW_OPTIONS" in entry.__doc__:
+      line = next(li for li in entry.__doc__.splitlines()
+                  if "WINDOW_OPTIONS" in li)
+      indent = line[:len(line) - len(line.lstrip())]
+      entry.__doc__ = entry.__doc__.replace(line, documentation(indent))
+    return entry
+
+  return decorate

@@ -1,11 +1,13 @@
 """WindowSettings: the options checked once into a frozen value."""
 
 import dataclasses
+import inspect
 
 import pytest
 import tensorflow as tf
 
-from estimator_accum.options import WindowSettings
+import estimator_accum
+from estimator_accum.options import OPTION_NAMES, WindowSettings
 
 
 def test_checked_normalizes_and_freezes():
@@ -38,3 +40,81 @@ def test_replace_checks_the_change():
   assert settings.replace(name="other").name == "other"
   with pytest.raises(ValueError, match="k must be >= 1"):
     settings.replace(k=0)
+
+
+# The entry points and the arguments of their own, besides the options.
+ENTRY_POINTS = [
+    (estimator_accum.build_accumulating_train_op,
+     {"loss", "optimizer", "k", "global_step", "var_list", "num_examples",
+      "colocate_gradients_with_ops"}),
+    (estimator_accum.AccumulatingOptimizer, {"optimizer", "k"}),
+    (estimator_accum.AccumulatingKerasOptimizer, {"optimizer", "k"}),
+]
+
+
+@pytest.mark.parametrize("entry, own", ENTRY_POINTS,
+                         ids=lambda e: getattr(e, "__name__", ""))
+def test_every_entry_point_takes_the_options_of_the_table(entry, own):
+  names = set(inspect.signature(entry).parameters) - {"self"}
+  assert names - own == set(OPTION_NAMES)
+  # Documented from the table, each once.
+  for name in OPTION_NAMES:
+    assert entry.__doc__.count(f"    {name}: ") == 1, name
+
+
+def _given_each_option():
+  """A value other than the default for every option."""
+  return dict(
+      clip_norm=2.0, reduction="sum", accumulator_dtype="float32",
+      summaries=False, loss_scale=128.0, sparse_accumulation=False,
+      sparse_threshold_bytes=1024,
+      communication_options=tf.distribute.experimental.CommunicationOptions(
+          bytes_per_pack=1024),
+      after_update=lambda: None, log_every_n_micro_batches=7,
+      max_consecutive_skipped_windows=3, name="window")
+
+
+def test_the_test_gives_every_option():
+  assert set(_given_each_option()) == set(OPTION_NAMES)
+
+
+@pytest.mark.parametrize("wrapper, inner", [
+    (estimator_accum.AccumulatingOptimizer,
+     lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)),
+    (estimator_accum.AccumulatingKerasOptimizer,
+     lambda: tf.keras.optimizers.legacy.SGD(0.1)),
+])
+def test_the_wrappers_keep_every_option(wrapper, inner):
+  given = _given_each_option()
+  settings = wrapper(inner(), 3, **given)._window._settings  # noqa: SLF001
+  for name, value in given.items():
+    if name == "accumulator_dtype":
+      value = tf.float32
+    assert getattr(settings, name) == value, name
+
+
+def test_build_accumulating_train_op_keeps_every_option():
+  given = _given_each_option()
+  given.pop("loss_scale")  # (GradientDescent with a fixed scale: below)
+  with tf.Graph().as_default():
+    variable = tf.compat.v1.get_variable("w", [2], tf.float32)
+    loss = tf.reduce_sum(variable)
+    estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.GradientDescentOptimizer(0.1), 3,
+        loss_scale=128.0, **given)
+    state = estimator_accum.get_accumulation_state()
+    assert state.k == 3
+    assert state.loss_scale is not None
+    assert state.updates_applied.name.startswith("window/")
+
+
+@pytest.mark.parametrize("entry", [e for e, _ in ENTRY_POINTS],
+                         ids=lambda e: e.__name__)
+def test_an_unknown_option_is_named_by_every_entry_point(entry):
+  with tf.Graph().as_default(), pytest.raises(TypeError, match="bogus"):
+    loss = tf.reduce_sum(tf.compat.v1.get_variable("w", [2], tf.float32))
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    if entry is estimator_accum.build_accumulating_train_op:
+      entry(loss, optimizer, 2, bogus=1)
+    else:
+      entry(optimizer, 2, bogus=1)

@@ -19,19 +19,25 @@ from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.distribution import replicas
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
+  WRAPPER_DEFAULTS,
   Wrapper,
   WrapperWindow,
   gradient_options,
   gradients_as_they_are,
 )
+from estimator_accum.options import takes_window_options
 from estimator_accum.window.gradient_ops import scale_gradient
 
 __all__ = ["AccumulatingKerasOptimizer"]
+
+# Its defaults of the window options, where they are not the table's.
+_DEFAULTS = dict(WRAPPER_DEFAULTS, reduction="mean")
 
 
 # Registered, so that a Keras model saved compiled with the wrapper loads
 # without custom_objects.
 @tf.keras.utils.register_keras_serializable(package="estimator_accum")
+@takes_window_options(_DEFAULTS)
 class AccumulatingKerasOptimizer(Wrapper,
                                  tf.keras.optimizers.legacy.Optimizer):
   """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
@@ -66,21 +72,19 @@ class AccumulatingKerasOptimizer(Wrapper,
     optimizer: a `tf.keras.optimizers.legacy.Optimizer` (or a
       `tf.compat.v1.train` one), applied once per window.
     k: int >= 1, micro-batches per update.
-    reduction: "mean" (default), "sum" or "running_mean".
-    name: as for `AccumulatingOptimizer`.
-    **settings: clip_norm, accumulator_dtype, summaries, loss_scale,
-      sparse_accumulation, sparse_threshold_bytes, communication_options,
-      after_update, as for `AccumulatingOptimizer`.
+    WINDOW_OPTIONS
+
+  Here `reduction` is "mean" unless given (not None: Keras losses do not
+  record theirs), and `name` defaults to None, as for
+  `AccumulatingOptimizer`.
   """
 
   accumulates_micro_batches = True
 
-  def __init__(self, optimizer, k, *, reduction="mean", name=None,
-               **settings):
-    _checks.check_reduction(reduction)
-    window = WrapperWindow(optimizer, k, reduction=reduction, name=name,
-                            **settings)
-    super().__init__(name=name or DEFAULT_NAME)
+  def __init__(self, optimizer, k, **options):
+    _checks.check_reduction(options.get("reduction", "mean"))
+    window = WrapperWindow(optimizer, k, _DEFAULTS, options)
+    super().__init__(name=options.get("name") or DEFAULT_NAME)
     self._window = window
 
   @property

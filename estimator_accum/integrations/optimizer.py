@@ -16,16 +16,18 @@ from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
+  WRAPPER_DEFAULTS,
   Wrapper,
   WrapperWindow,
   gradient_options,
   gradients_as_they_are,
 )
-from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
+from estimator_accum.options import takes_window_options
 
 __all__ = ["AccumulatingOptimizer"]
 
 
+@takes_window_options(WRAPPER_DEFAULTS)
 class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
   """An optimizer whose `minimize` and `apply_gradients` accumulate k
   micro-batches and apply `optimizer` once per window.
@@ -62,16 +64,13 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
     optimizer: the optimizer to apply once per window, as for
       `build_accumulating_train_op`.
     k: int >= 1, micro-batches per update.
-    clip_norm, accumulator_dtype, summaries, loss_scale,
-      sparse_accumulation, sparse_threshold_bytes, communication_options,
-      after_update: as for `build_accumulating_train_op` (`loss_scale`
-      needs `minimize`: it scales the loss).
-    reduction: None (the loss's own reduction, above), "mean", "sum" or
-      "running_mean".
-    name: str, the name scope of the window's ops and the prefix of its
-      counters; also this optimizer's name. Default: "gradient_accumulation",
-      or "gradient_accumulation_1", ... in a graph where another train op
-      took it (a wide-and-deep estimator's two optimizers).
+    WINDOW_OPTIONS
+
+  Here `reduction` defaults to None (the loss's own reduction, above),
+  `name` to None (also this optimizer's name; a wide-and-deep estimator's
+  two optimizers take "gradient_accumulation" and
+  "gradient_accumulation_1"), and `loss_scale` needs `minimize`: it scales
+  the loss.
 
   Raises:
     TypeError, ValueError: a bad argument, named, as
@@ -81,19 +80,10 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
   # What tells build_accumulating_train_op not to accumulate twice.
   accumulates_micro_batches = True
 
-  def __init__(self, optimizer, k, *, clip_norm=None, reduction=None,
-               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
-               sparse_accumulation="auto",
-               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
-               communication_options=None, after_update=None, name=None):
-    self._window = WrapperWindow(
-        optimizer, k, clip_norm=clip_norm, reduction=reduction,
-        accumulator_dtype=accumulator_dtype, summaries=summaries,
-        loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
-        sparse_threshold_bytes=sparse_threshold_bytes,
-        communication_options=communication_options,
-        after_update=after_update, name=name)
-    super().__init__(use_locking=False, name=name or DEFAULT_NAME)
+  def __init__(self, optimizer, k, **options):
+    self._window = WrapperWindow(optimizer, k, WRAPPER_DEFAULTS, options)
+    super().__init__(use_locking=False,
+                     name=options.get("name") or DEFAULT_NAME)
 
   @as_written
   def minimize(self, loss, global_step=None, var_list=None,

@@ -15,10 +15,15 @@ from estimator_accum.checkpoints.state_variables import (
   state_variable,
 )
 from estimator_accum.distribution.replicas import replica_id
-from estimator_accum.options import DEFAULT_NAME, WindowSettings
+from estimator_accum.options import (
+  DEFAULT_NAME,
+  DEFAULTS,
+  OPTION_NAMES,
+  WindowSettings,
+  config_value,
+)
 from estimator_accum.window import loss_scale as _loss_scale
 from estimator_accum.window import progress
-from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
 from estimator_accum.window.train_op import accumulating_train_op, claimed_names
 
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
@@ -78,51 +83,40 @@ class Wrapper:
     return found
 
 
+# The wrappers' defaults of the window options, where they are not the
+# table's: left to each graph.
+WRAPPER_DEFAULTS = {"reduction": None, "name": None}
+
+
 class WrapperWindow:
   """The settings of a wrapper's window, checked when the wrapper is made,
   and the window built from them in each graph."""
 
-  def __init__(self, optimizer, k, *, reduction, name, clip_norm=None,
-               accumulator_dtype=tf.float32, summaries=True, loss_scale=None,
-               sparse_accumulation="auto",
-               sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
-               communication_options=None, after_update=None):
-    # The reduction and the name may be left to each graph (None): checked
-    # here in their default's place when not given.
+  def __init__(self, optimizer, k, defaults, options):
+    """`options`: the window options given (`options.OPTIONS`), over the
+    wrapper's `defaults` of them, over the table's. `reduction` and `name`
+    may be None, left to each graph (the loss's own reduction, the next
+    default name), and are checked in their defaults' place."""
+    self._given = {**DEFAULTS, **defaults, **options}
     self._settings = WindowSettings.checked(
-        k, reduction=reduction or "mean", name=name or DEFAULT_NAME,
-        clip_norm=clip_norm, accumulator_dtype=accumulator_dtype,
-        summaries=summaries, loss_scale=loss_scale,
-        sparse_accumulation=sparse_accumulation,
-        sparse_threshold_bytes=sparse_threshold_bytes,
-        communication_options=communication_options,
-        after_update=after_update)
+        k, **dict(self._given, reduction=self._given["reduction"] or "mean",
+                  name=self._given["name"] or DEFAULT_NAME))
     self.k = self._settings.k
-    inner, _ = _loss_scale.unwrap_optimizer(optimizer, loss_scale)
+    inner, _ = _loss_scale.unwrap_optimizer(optimizer,
+                                            self._settings.loss_scale)
     _checks.check_optimizer(inner)
     self.optimizer = optimizer
-    self._reduction = reduction
-    self._given_name = name
-    self._given_communication_options = communication_options
 
   def arguments(self):
-    """The arguments that make an equal window: the optimizer, k, the
-    given reduction and name, and the settings (the dtype by name; the
-    communication options as given, which a config serializes)."""
-    settings = self._settings
-    return dict(
-        optimizer=self.optimizer, k=self.k, reduction=self._reduction,
-        name=self._given_name, clip_norm=settings.clip_norm,
-        accumulator_dtype=settings.accumulator_dtype.name,
-        summaries=settings.summaries, loss_scale=settings.loss_scale,
-        sparse_accumulation=settings.sparse_accumulation,
-        sparse_threshold_bytes=settings.sparse_threshold_bytes,
-        communication_options=self._given_communication_options,
-        after_update=settings.after_update)
+    """The arguments that make an equal window: the optimizer, k and the
+    options as given (the dtype by name; the communication options as
+    given, which a config serializes)."""
+    return dict(optimizer=self.optimizer, k=self.k, **{
+        name: config_value(name, self._given[name]) for name in OPTION_NAMES})
 
   def reduction(self):
     """The window's reduction: the given one, else the loss's own."""
-    return self._reduction or loss_reduction()
+    return self._given["reduction"] or loss_reduction()
 
   def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
                gradient_options=None, reduction=None):
@@ -160,8 +154,8 @@ class WrapperWindow:
 
   def _name(self):
     """The given name, or the next default name of this replica."""
-    if self._given_name is not None:
-      return self._given_name
+    if self._given["name"] is not None:
+      return self._given["name"]
     return next_default_name()
 
 

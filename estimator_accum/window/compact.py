@@ -188,7 +188,8 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
     trained: list of (gradient, variable).
     sparse_accumulation: "auto", True, False, or a list/tuple/set of
       tf.Variable or variable names (with or without ":0").
-    threshold_bytes: int >= 0; "auto" makes tables whose dense accumulator
+    threshold_bytes: int >= 0 (checked by the option table); "auto" makes
+      tables whose dense accumulator
       would take at least this many bytes compact.
     dtype: the accumulator tf.DType.
     num_replicas: replicas in sync; compact needs 1.
@@ -199,12 +200,6 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
   Raises:
     TypeError, ValueError: for a bad argument, naming it and its value.
   """
-  if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int):
-    raise TypeError(f"sparse_threshold_bytes must be an int, got "
-                    f"{threshold_bytes!r}.")
-  if threshold_bytes < 0:
-    raise ValueError(f"sparse_threshold_bytes must be >= 0, got "
-                     f"{threshold_bytes!r}.")
   sparse = [isinstance(g, tf.IndexedSlices) for g, _ in trained]
   names = [variable_base_name(v) for _, v in trained]
   if isinstance(sparse_accumulation, str):

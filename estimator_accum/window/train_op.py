@@ -37,15 +37,14 @@ from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
 from estimator_accum.distribution.placement import between_graph_worker_device
 from estimator_accum.options import (
-  DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
   WindowSettings,
+  takes_window_options,
 )
 from estimator_accum.window import loss_scale as _loss_scale
 from estimator_accum.window import progress
 from estimator_accum.window import reports as window_reports
 from estimator_accum.window.batch_norm import close_window_statistics
 from estimator_accum.window.compact import (
-  SPARSE_THRESHOLD_BYTES,
   choose_compact,
 )
 from estimator_accum.window.state import AccumulationState
@@ -57,20 +56,10 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 
 
 @as_written
+@takes_window_options()
 def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
-                                var_list=None, clip_norm=None,
-                                num_examples=None, reduction="mean",
-                                accumulator_dtype=tf.float32,
-                                colocate_gradients_with_ops=False,
-                                summaries=True, loss_scale=None,
-                                sparse_accumulation="auto",
-                                sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
-                                communication_options=None,
-                                after_update=None,
-                                log_every_n_micro_batches=100,
-                                max_consecutive_skipped_windows=(
-                                    DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS),
-                                name="gradient_accumulation"):
+                                var_list=None, num_examples=None,
+                                colocate_gradients_with_ops=False, **options):
   """Returns a train op that applies one update every `k` micro-batches.
 
   Call it where you would call `optimizer.minimize(loss, global_step)`, e.g.
@@ -130,70 +119,11 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       `tf.compat.v1.train.get_or_create_global_step()`. It is incremented by
       one every micro-batch, after the accumulate/apply work.
     var_list: list of tf.Variable to train; default all trainable variables.
-    clip_norm: float > 0 or None. Clips the window's gradient (the mean, after
-      the all-reduce) by global norm, as clipping the big batch would.
     num_examples: optional scalar tensor, the number of examples in this
       micro-batch. Each micro-batch's gradient is then weighted by its size,
       so a window with a short micro-batch equals its big batch exactly.
-    reduction: "mean" (default: the big batch's mean), "sum" (no division;
-      for summed losses), or "running_mean" (the accumulator holds the mean so
-      far, which keeps low-precision accumulators in range).
-    accumulator_dtype: floating tf.DType of the accumulators; float32.
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
-    summaries: bool, whether to add TensorBoard scalars `accumulation/*`.
-    loss_scale: None, "dynamic" or a number > 0: scale the loss for float16
-      models. Gradients are unscaled in float32 as they enter the
-      accumulators; a window with an overflow is skipped whole, and a dynamic
-      scale is halved there and doubled after 2000 good windows in a row. A
-      `tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer` or a
-      Keras `LossScaleOptimizer` passed as `optimizer` is unwrapped and its
-      settings used instead (pass the unscaled loss).
-    sparse_accumulation: how tables with `tf.IndexedSlices` gradients
-      (embedding lookups) are accumulated. "auto" (default): compactly, as
-      the rows the window touched only, when a dense accumulator would take
-      at least `sparse_threshold_bytes`, else as a dense sum with a row mask.
-      True: every such table compactly; False: none; or a list of variables
-      or variable names to accumulate compactly. Compact accumulation needs
-      one replica (one device, or parameter-server workers).
-    sparse_threshold_bytes: int, the table size from which "auto" chooses
-      compact accumulation; default 128 MB.
-    communication_options: a `tf.distribute.experimental.CommunicationOptions`
-      for the window's all-reduce under a collective strategy
-      (MultiWorkerMirroredStrategy), or None: the gradients then travel in
-      packs of about 4 MB (`bytes_per_pack`), which run concurrently and
-      skip most of the concatenate-and-split copies one pack would make
-      (measured: 15-25 ms less per window for 12 MB of gradients on 2 CPU
-      workers, `benchmarks/multiworker_window.py`). Strategies that do not
-      use collectives (MirroredStrategy's defaults) ignore it.
-    after_update: a callable with no arguments, or None: what a big-batch
-      recipe runs after its train op every step, such as an
-      `ExponentialMovingAverage(...).apply(var_list)`. It is called once
-      while the graph is built (in cross-replica context under a strategy),
-      and the ops it creates run after each micro-batch that applies an
-      update, after its counters, and only then: not on the other
-      micro-batches, not for skipped windows. Variables it creates are made
-      outside the window's control flow. A count it needs should be
-      `update_count(k)` created inside the callable, so that it is read
-      after the update, as the recipe reads its global step:
-      `lambda: tf.compat.v1.train.ExponentialMovingAverage(0.999,
-      num_updates=update_count(k)).apply(var_list)`.
-    log_every_n_micro_batches: int >= 1 or None. The train op logs a
-      progress line (micro-batch, update, skipped windows, micro-batches/sec
-      and examples/sec) at the first micro-batch, at the end of the first
-      window (the first line with rates) and then every this many,
-      with no hook; None for none. `AccumulationLoggingHook`, when added,
-      logs its own line instead. The line is written by a Python function
-      the graph runs: build with None a graph that another process will
-      import (`import_meta_graph`) and run.
-    max_consecutive_skipped_windows: int >= 1 or None. When this many
-      windows in a row are skipped for non-finite gradients, the micro-batch
-      that ends the last of them fails with `tf.errors.InvalidArgumentError`
-      saying "training diverged" (`estimator_accum.is_divergence(error)`
-      tells it), so that a diverged run stops instead of going on skipping.
-      Default 25: a dynamic loss scale starting at 2**15 skips at most about
-      15 windows in a row while it settles. The count is of this run (not
-      saved in checkpoints). None: never stop.
-    name: str, name scope of the ops and prefix of the counters.
+    WINDOW_OPTIONS
 
   Returns:
     A tf.Operation: run it once per micro-batch.
@@ -209,14 +139,7 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     RuntimeError: called eagerly, or in cross-replica context.
   """
   settings = WindowSettings.checked(
-      k, clip_norm=clip_norm, reduction=reduction,
-      accumulator_dtype=accumulator_dtype, summaries=summaries,
-      loss_scale=loss_scale, sparse_accumulation=sparse_accumulation,
-      sparse_threshold_bytes=sparse_threshold_bytes,
-      communication_options=communication_options, after_update=after_update,
-      log_every_n_micro_batches=log_every_n_micro_batches,
-      max_consecutive_skipped_windows=max_consecutive_skipped_windows,
-      name=name, gradient_options=dict(
+      k, **options, gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
   train_op, _ = accumulating_train_op(
       loss, None, optimizer, settings, global_step=global_step,
