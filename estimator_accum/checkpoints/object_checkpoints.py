@@ -17,14 +17,10 @@ import tensorflow as tf
 
 from estimator_accum.distribution import replicas
 
-__all__ = [
-    "SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "lookup_window_state",
-    "restore_window_slot", "track_window", "window_slot", "window_slot_names",
-    "window_variables"]
+__all__ = ["SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "WrapperCheckpoints"]
 
 
 WINDOW_SLOT_PREFIX = "window_"
-_TRACKING_ATTRIBUTE = "_estimator_accum_tracking"
 
 
 class _Tracking:
@@ -35,98 +31,8 @@ class _Tracking:
     self.windows = {}   # window name -> its index among the wrapper's
     self.slots = {}     # (trained variable's name, slot name) -> state
     self.children = {}  # window state tracked by key ("window/...") -> it
-    self.by_name = {}   # state variable name -> state (earlier key format)
+    self.by_name = {}   # state variable name -> state (by-name keys)
     self.variables = {}  # state variable name -> the variable itself
-
-
-def _tracking(owner, graph=None):
-  """The wrapper's `_Tracking` of `graph` (the default graph), made anew
-  for a new graph, or None if it built no window there and graph is None."""
-  current = tf.compat.v1.get_default_graph()
-  tracking = getattr(owner, _TRACKING_ATTRIBUTE, None)
-  if tracking is not None and tracking.graph is current:
-    return tracking
-  if graph is None:
-    return None
-  tracking = _Tracking(current)
-  setattr(owner, _TRACKING_ATTRIBUTE, tracking)
-  return tracking
-
-
-def track_window(owner, optimizer, state, slot_names, window_name):
-  """Makes `owner` track what an object-based checkpoint of it must hold.
-
-  That is the inner optimizer's own variables (hyperparameters, step count,
-  non-slot variables) by the names the optimizer gives them; the state of
-  each trained variable (its accumulators) as that variable's slots
-  (`window_accum`, ...), so that it is keyed by the variable's path in the
-  model, as the optimizer's own slots are, whatever the variable is named;
-  and the window's counters as `window/<counter>` (`window_1/...` for a
-  second window the wrapper builds in one graph). State local to a
-  parameter-server worker is left out (name-based checkpoints leave it out
-  too). What `owner` tracked in an earlier graph is replaced. Values a
-  checkpoint loaded before this build holds for the window are restored
-  now. Keras is told of the variables as well: a session Keras prepares
-  initializes only the variables it knows (model_to_estimator writes its
-  first checkpoint from one).
-
-  Args:
-    owner: the wrapper, a `tf.compat.v1.train.Optimizer` or a Keras legacy
-      optimizer, which serves the inner optimizer's slots itself.
-    optimizer: the inner optimizer.
-    state: {name: variable} of the window's state variables, in the order
-      they were made.
-    slot_names: {name: (trained variable's name, slot name)} for the
-      state variables that are one trained variable's.
-    window_name: the window's name, which its counters' names begin with.
-
-  Raises:
-    ValueError: if a checkpoint loaded before this build holds window
-      state that this window does not have.
-  """
-  tracking = _tracking(owner, tf.compat.v1.get_default_graph())
-  index = tracking.windows.setdefault(window_name, len(tracking.windows))
-  prefix = "window" if index == 0 else f"window_{index}"
-  local = tf.compat.v1.local_variables()
-  children = dict(_optimizer_children(optimizer))
-  slots = {}
-  for name, variable in state.items():
-    if any(variable is v for v in local):
-      continue
-    tf.compat.v2.keras.__internal__.backend.track_variable(variable)
-    if name != "micro_batches":  # (the caller's counter, not the window's)
-      tracking.variables[name] = variable
-    view = (SyncOnReadCheckpoint(variable) if replicas.is_sync_on_read(variable)
-            else variable)
-    tracking.by_name[name] = view
-    if name in slot_names:
-      slots[slot_names[name]] = view
-    elif name.startswith(window_name + "/"):
-      children[prefix + name[len(window_name):]] = view
-    else:
-      children[name] = view
-  tracking.slots.update(slots)
-  tracking.children.update(children)
-  for name, child in sorted(children.items()):
-    if isinstance(child, tf.Variable):
-      tf.compat.v2.keras.__internal__.backend.track_variable(child)
-    owner._track_trackable(child, name=name, overwrite=True)
-    # Values a checkpoint loaded before this build holds for it (Keras's
-    # load_weights before fit): restored now.
-    owner._handle_deferred_dependencies(name=name, trackable=child)
-  deferred = owner.__dict__.setdefault("_deferred_window_slots", {})
-  for key, view in slots.items():
-    for position in deferred.pop(key, ()):
-      position.restore(view)
-  # A checkpoint written before window state was keyed this way (state
-  # under its variable names, estimator_accum 0a07752).
-  for name in state:
-    if name in tracking.by_name:
-      owner._handle_deferred_dependencies(name=name,
-                                          trackable=tracking.by_name[name])
-  unclaimed = sorted(n for n in owner._deferred_dependencies if "/" in n)
-  if unclaimed:
-    raise _unclaimed_state(unclaimed, children, slots)
 
 
 def _unclaimed_state(unclaimed, children=None, slots=None):
@@ -136,65 +42,162 @@ def _unclaimed_state(unclaimed, children=None, slots=None):
       f"the checkpoint being restored holds window state {unclaimed} that "
       f"this model's window ({have}) does not have: it was saved by a "
       "window with other settings (reduction, sparse accumulation, "
-      "loss scaling), or, from a checkpoint written before window state was "
-      "keyed by the model's variables, for variables named otherwise. "
+      "loss scaling), or, from a checkpoint that keys window state by "
+      "variable names, for variables named otherwise. "
       "Resuming without it would train wrongly; build the window as it was "
       "saved.")
 
 
-def window_slot_names(owner):
-  """The slot names of the window state `owner` built in this graph."""
-  tracking = _tracking(owner)
-  return sorted({slot for _, slot in tracking.slots}) if tracking else []
+class WrapperCheckpoints:
+  """What one wrapper keeps for object-based checkpoints: what it tracks of
+  the window it built in the current graph, and the window slots a
+  checkpoint restored before the window was built. Owned by the wrapper's
+  `WrapperWindow`."""
+
+  def __init__(self):
+    self._current = None
+    # (trained variable's name, slot name) -> checkpoint positions.
+    self._deferred_slots = {}
+
+  def _tracking(self, graph=None):
+    """The wrapper's `_Tracking` of `graph` (the default graph), made anew
+    for a new graph, or None if it built no window there and graph is None."""
+    current = tf.compat.v1.get_default_graph()
+    tracking = self._current
+    if tracking is not None and tracking.graph is current:
+      return tracking
+    if graph is None:
+      return None
+    self._current = tracking = _Tracking(current)
+    return tracking
 
 
-def window_variables(owner):
-  """The window state variables `owner` built in this graph (those local
-  to a parameter-server worker left out), in the order they were made."""
-  tracking = _tracking(owner)
-  return list(tracking.variables.values()) if tracking else []
+  def track(self, owner, optimizer, state, slot_names, window_name):
+    """Makes `owner` track what an object-based checkpoint of it must hold.
+
+    That is the inner optimizer's own variables (hyperparameters, step count,
+    non-slot variables) by the names the optimizer gives them; the state of
+    each trained variable (its accumulators) as that variable's slots
+    (`window_accum`, ...), so that it is keyed by the variable's path in the
+    model, as the optimizer's own slots are, whatever the variable is named;
+    and the window's counters as `window/<counter>` (`window_1/...` for a
+    second window the wrapper builds in one graph). State local to a
+    parameter-server worker is left out (name-based checkpoints leave it out
+    too). What `owner` tracked in an earlier graph is replaced. Values a
+    checkpoint loaded before this build holds for the window are restored
+    now. Keras is told of the variables as well: a session Keras prepares
+    initializes only the variables it knows (model_to_estimator writes its
+    first checkpoint from one).
+
+    Args:
+      owner: the wrapper, a `tf.compat.v1.train.Optimizer` or a Keras legacy
+        optimizer, which serves the inner optimizer's slots itself.
+      optimizer: the inner optimizer.
+      state: {name: variable} of the window's state variables, in the order
+        they were made.
+      slot_names: {name: (trained variable's name, slot name)} for the
+        state variables that are one trained variable's.
+      window_name: the window's name, which its counters' names begin with.
+
+    Raises:
+      ValueError: if a checkpoint loaded before this build holds window
+        state that this window does not have.
+    """
+    tracking = self._tracking(tf.compat.v1.get_default_graph())
+    index = tracking.windows.setdefault(window_name, len(tracking.windows))
+    prefix = "window" if index == 0 else f"window_{index}"
+    local = tf.compat.v1.local_variables()
+    children = dict(_optimizer_children(optimizer))
+    slots = {}
+    for name, variable in state.items():
+      if any(variable is v for v in local):
+        continue
+      tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+      if name != "micro_batches":  # (the caller's counter, not the window's)
+        tracking.variables[name] = variable
+      view = (SyncOnReadCheckpoint(variable) if replicas.is_sync_on_read(variable)
+              else variable)
+      tracking.by_name[name] = view
+      if name in slot_names:
+        slots[slot_names[name]] = view
+      elif name.startswith(window_name + "/"):
+        children[prefix + name[len(window_name):]] = view
+      else:
+        children[name] = view
+    tracking.slots.update(slots)
+    tracking.children.update(children)
+    for name, child in sorted(children.items()):
+      if isinstance(child, tf.Variable):
+        tf.compat.v2.keras.__internal__.backend.track_variable(child)
+      owner._track_trackable(child, name=name, overwrite=True)
+      # Values a checkpoint loaded before this build holds for it (Keras's
+      # load_weights before fit): restored now.
+      owner._handle_deferred_dependencies(name=name, trackable=child)
+    deferred = self._deferred_slots
+    for key, view in slots.items():
+      for position in deferred.pop(key, ()):
+        position.restore(view)
+    # A checkpoint that keys window state by the state variables' names
+    # (by-name keys) rather than as the trained variables' slots.
+    for name in state:
+      if name in tracking.by_name:
+        owner._handle_deferred_dependencies(name=name,
+                                            trackable=tracking.by_name[name])
+    unclaimed = sorted(n for n in owner._deferred_dependencies if "/" in n)
+    if unclaimed:
+      raise _unclaimed_state(unclaimed, children, slots)
 
 
-def window_slot(owner, variable, slot_name):
-  """The state `owner` keeps as `variable`'s slot `slot_name`, or None."""
-  tracking = _tracking(owner)
-  if tracking is None or not isinstance(variable, tf.Variable):
-    return None
-  return tracking.slots.get(
-      (variable.name.split(":")[0], slot_name))
+  def slot_names(self):
+    """The slot names of the window state the wrapper built in this graph."""
+    tracking = self._tracking()
+    return sorted({slot for _, slot in tracking.slots}) if tracking else []
 
 
-def restore_window_slot(owner, position, slot_name, variable):
-  """Restores a checkpoint's window slot of `variable` into the window's
-  state, or keeps it until the window is built."""
-  state = window_slot(owner, variable, slot_name)
-  if state is not None:
-    position.restore(state)
-  else:
-    key = (variable.name.split(":")[0], slot_name)
-    owner.__dict__.setdefault("_deferred_window_slots", {}).setdefault(
-        key, []).append(position)
+  def variables(self):
+    """The window state variables the wrapper built in this graph (those local
+    to a parameter-server worker left out), in the order they were made."""
+    tracking = self._tracking()
+    return list(tracking.variables.values()) if tracking else []
 
 
-def lookup_window_state(owner, name):
-  """The window state a checkpoint names `name` in the key format before
-  this one; None if `owner` built no window in this graph, for a name with
-  no "/" (not window state), or for window state `owner` tracks as `name`.
-
-  Raises:
-    ValueError: if `owner` built its window in this graph and has no
-      window state `name` (a name with a "/"), which would otherwise be
-      dropped silently.
-  """
-  tracking = _tracking(owner)
-  if tracking is None or "/" not in name or name in tracking.children:
-    return None  # (tracked state is found as the dependency it is)
-  found = tracking.by_name.get(name)
-  if found is None:
-    raise _unclaimed_state([name], tracking.children, tracking.slots)
-  return found
+  def slot(self, variable, slot_name):
+    """The state the wrapper keeps as `variable`'s slot `slot_name`, or None."""
+    tracking = self._tracking()
+    if tracking is None or not isinstance(variable, tf.Variable):
+      return None
+    return tracking.slots.get(
+        (variable.name.split(":")[0], slot_name))
 
 
+  def restore_slot(self, position, slot_name, variable):
+    """Restores a checkpoint's window slot of `variable` into the window's
+    state, or keeps it until the window is built."""
+    state = self.slot(variable, slot_name)
+    if state is not None:
+      position.restore(state)
+    else:
+      key = (variable.name.split(":")[0], slot_name)
+      self._deferred_slots.setdefault(key, []).append(position)
+
+
+  def lookup(self, name):
+    """The window state a checkpoint names `name` by-name (keyed by the
+    state variable's name, not as a slot); None if the wrapper built no window in this graph, for a name with
+    no "/" (not window state), or for window state the wrapper tracks as `name`.
+
+    Raises:
+      ValueError: if the wrapper built its window in this graph and has no
+        window state `name` (a name with a "/"), which would otherwise be
+        dropped silently.
+    """
+    tracking = self._tracking()
+    if tracking is None or "/" not in name or name in tracking.children:
+      return None  # (tracked state is found as the dependency it is)
+    found = tracking.by_name.get(name)
+    if found is None:
+      raise _unclaimed_state([name], tracking.children, tracking.slots)
+    return found
 
 
 class SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):

@@ -15,7 +15,6 @@ import tensorflow as tf
 
 from estimator_accum import _checks
 from estimator_accum._autograph import as_written
-from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.distribution import replicas
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
@@ -116,7 +115,7 @@ class AccumulatingKerasOptimizer(Wrapper,
     inner = (inner.weights if isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
              else inner.variables())
     return (list(self._weights) + list(inner) +
-            object_checkpoints.window_variables(self))
+            self._window.checkpoints.variables())
 
   def variables(self):
     """As `weights`."""
@@ -131,14 +130,14 @@ class AccumulatingKerasOptimizer(Wrapper,
     _ = self.iterations  # (the first value, made if need be)
     if weights and len(weights) != len(self.weights):
       # Read now: Keras hands over datasets of an .h5 file it then closes.
-      self.__dict__["_pending_weights"] = [
+      self._window.pending_weights = [
           np.asarray(w) for w in weights[len(self._weights):]]
       weights = weights[:len(self._weights)]
     tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
 
   def _set_pending_weights(self):
     """Sets the values `set_weights` kept, now that the window is built."""
-    pending = self.__dict__.pop("_pending_weights", None)
+    pending, self._window.pending_weights = self._window.pending_weights, None
     if pending is None:
       return
     weights = self.weights[len(self._weights):]

@@ -13,7 +13,6 @@ same for code that takes a Keras optimizer.)
 import tensorflow as tf
 
 from estimator_accum._autograph import as_written
-from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   WRAPPER_DEFAULTS,
@@ -123,4 +122,4 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
     """The inner optimizer's variables, then the window's state variables
     in this graph (its accumulators and counters)."""
     return (list(self._window.optimizer.variables()) +
-            object_checkpoints.window_variables(self))
+            self._window.checkpoints.variables())

@@ -55,13 +55,13 @@ class Wrapper:
     `var` for a slot named `window_...` (under a distribution strategy, a
     view of the per-replica state for checkpoints)."""
     if name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
-      return object_checkpoints.window_slot(self, var, name)
+      return self._window.checkpoints.slot(var, name)
     return self._window.optimizer.get_slot(var, name)
 
   def get_slot_names(self):
     """The inner optimizer's slot names and the window's, in this graph."""
     return (list(self._window.optimizer.get_slot_names()) +
-            object_checkpoints.window_slot_names(self))
+            self._window.checkpoints.slot_names())
 
   def _create_or_restore_slot_variable(self, slot_variable_position,
                                        slot_name, variable):
@@ -69,8 +69,8 @@ class Wrapper:
     # load_weights before fit) hands the slots it holds under the wrapper
     # to the optimizer that will make them, and the window's to the window.
     if slot_name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
-      return object_checkpoints.restore_window_slot(
-          self, slot_variable_position, slot_name, variable)
+      return self._window.checkpoints.restore_slot(
+          slot_variable_position, slot_name, variable)
     return self._window.optimizer._create_or_restore_slot_variable(
         slot_variable_position, slot_name, variable)
 
@@ -79,7 +79,7 @@ class Wrapper:
     # refused, not dropped (and state keyed as before is found).
     found = super()._lookup_dependency(name, cached_dependencies)
     if found is None:
-      found = object_checkpoints.lookup_window_state(self, name)
+      found = self._window.checkpoints.lookup(name)
     return found
 
 
@@ -106,6 +106,9 @@ class WrapperWindow:
                                             self._settings.loss_scale)
     _checks.check_optimizer(inner)
     self.optimizer = optimizer
+    self.checkpoints = object_checkpoints.WrapperCheckpoints()
+    # Values Keras's set_weights gave before the window was built.
+    self.pending_weights = None
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k and the
@@ -123,7 +126,7 @@ class WrapperWindow:
     """The train op of one micro-batch, from its loss or its gradients.
 
     `owner`, the wrapper, then tracks the window's state variables and the
-    inner optimizer's own (`object_checkpoints.track_window`), so that object-based
+    inner optimizer's own (`WrapperCheckpoints.track`), so that object-based
     checkpoints of whatever tracks the wrapper (a Keras model compiled with
     it, as `model_to_estimator` and `save_weights` save them) hold the
     window and the optimizer's state, as name-based ones do.
@@ -148,8 +151,7 @@ class WrapperWindow:
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
       variables.setdefault("micro_batches", global_step)
-    object_checkpoints.track_window(owner, self.optimizer, variables, slots,
-                                    name)
+    self.checkpoints.track(owner, self.optimizer, variables, slots, name)
     return train_op
 
   def _name(self):
