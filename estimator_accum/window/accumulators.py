@@ -5,7 +5,9 @@ how to add one micro-batch's gradient (dense `assign_add`, or `scatter_add` for
 `tf.IndexedSlices`), how to hand the window's sum back as a gradient of the same
 kind the big batch would have produced, and how to reset itself.
 
-Sparse gradients keep a row mask `<var>/accum_rows` beside the sum. The window
+A variable with sparse gradients gets a *masked* accumulator: the dense sum
+and a row mask `<var>/accum_rows` beside it (a *compact* one, the touched
+rows only, is `compact.CompactSparseAccumulator`). The window
 is handed to the optimizer as `tf.IndexedSlices` over exactly the rows its
 micro-batches touched, because optimizers such as Momentum, RMSProp and Adadelta
 update only the touched rows on a sparse gradient: a dense zero row would move
@@ -57,6 +59,8 @@ class Accumulator:
     is_sparse: whether the gradients are tf.IndexedSlices.
     is_compact: False (see `CompactSparseAccumulator` for tables kept as
       the rows touched only).
+    kind: "dense", or "masked" for sparse gradients (a dense sum and a row
+      mask).
   """
 
   is_compact = False
@@ -90,6 +94,7 @@ class Accumulator:
         local_device=local_device, aggregation=(tf.VariableAggregation.MEAN if holds_mean
                      else tf.VariableAggregation.SUM),
         slot_of=variable)
+    self.kind = "masked" if self.is_sparse else "dense"
     self.rows = None
     if self.is_sparse:
       self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,

@@ -1,8 +1,12 @@
 """Compact accumulators for huge embedding tables.
 
-The default accumulator of a variable with `tf.IndexedSlices` gradients is a
-dense copy of the table plus a row mask: cheap to add to (one scatter-add),
-but a 1,000,000 x 64 table costs 244 MB of accumulator whether a window
+Two words name the two ways a table with sparse (`tf.IndexedSlices`)
+gradients is accumulated: *masked*, the default `Accumulator`, a dense sum
+the size of the table plus a mask of the rows touched; and *compact*, this
+module's `CompactSparseAccumulator`, the touched rows only.
+
+A masked accumulator is cheap to add to (one scatter-add), but a
+1,000,000 x 64 table costs 244 MB of accumulator whether a window
 touches ten rows or all of them. A `CompactSparseAccumulator` keeps only the
 rows the window touched: `<var>/accum_indices` (int64, one entry per row, each
 row once) and `<var>/accum_values` (their summed gradients), both variables of
@@ -10,7 +14,7 @@ dynamic length that start empty. Each micro-batch finds its rows with
 `tf.unique`, appends the rows not yet in the window and scatter-adds into the
 values, so the state is always `rows touched x (row size + 8 bytes)`
 and never more; the window's end hands the optimizer those rows as
-`tf.IndexedSlices`, as the dense path does.
+`tf.IndexedSlices`, as the masked accumulator does.
 
 This is what `SparseConditionalAccumulator` does, kept in ordinary resource
 variables instead: they are saved in checkpoints (a job stopped mid-window
@@ -19,11 +23,11 @@ until enough gradients have arrived.
 
 A variable gets a compact accumulator when its gradient is `tf.IndexedSlices`
 and either the user asks for it (`sparse_accumulation=True`, or a list of
-variables or names) or, by default, its dense accumulator would take at least
+variables or names) or, by default, its masked accumulator would take at least
 `sparse_threshold_bytes` (128 MB). Compact accumulators need one replica per
 window: one device, or each worker of a parameter-server job. Under
 MirroredStrategy and MultiWorkerMirroredStrategy the windows are all-reduced
-with a fixed shape, so there the dense path is used (and asked-for compact
+with a fixed shape, so there tables are masked (and asked-for compact
 accumulation is refused).
 """
 
@@ -78,14 +82,12 @@ class CompactSparseAccumulator:
     values: variable `<var>/accum_values`, shape [rows touched] + row shape,
       the window's summed (weighted) gradient of those rows.
     is_sparse, is_compact: True.
-    total, rows: None (the dense accumulator's variables; kept for code
-      that inspects accumulators of either kind).
+    kind: "compact".
   """
 
   is_sparse = True
   is_compact = True
-  total = None
-  rows = None
+  kind = "compact"
 
   def __init__(self, variable, dtype, local_device=None):
     self.variable = variable
@@ -118,8 +120,8 @@ class CompactSparseAccumulator:
     `tf.unique` over the window's indices and the new ones finds each row's
     place (old rows keep theirs, new rows are appended); the values grow by
     exactly the new rows and are scatter-added into. The sums are formed as
-    the dense path forms them, and the state never holds a row the window
-    did not touch.
+    the masked accumulator forms them, and the state never holds a row the
+    window did not touch.
     """
     gradient = _as_slices(gradient, self.variable)
     dtype = self.values.dtype.base_dtype
@@ -189,8 +191,8 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
     sparse_accumulation: "auto", True, False, or a list/tuple/set of
       tf.Variable or variable names (with or without ":0").
     threshold_bytes: int >= 0 (checked by the option table); "auto" makes
-      tables whose dense accumulator
-      would take at least this many bytes compact.
+      tables whose masked accumulator would take at least this many bytes
+      compact.
     dtype: the accumulator tf.DType.
     num_replicas: replicas in sync; compact needs 1.
 
@@ -214,7 +216,7 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
         if compact:
           progress.log_info(
               "gradient accumulation: %s is above sparse_threshold_bytes but "
-              "is accumulated densely: compact accumulation needs one "
+              "is accumulated masked: compact accumulation needs one "
               "replica, and there are %d.", name, num_replicas)
       return [False] * len(trained)
     return chosen
@@ -252,5 +254,5 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
         f"sparse_accumulation={sparse_accumulation!r} asks for compact sparse "
         f"accumulators, which need one replica; this strategy has "
         f"{num_replicas} (use it with one device or parameter servers, or "
-        "pass sparse_accumulation='auto' to accumulate densely here).")
+        "pass sparse_accumulation='auto' to accumulate masked here).")
   return chosen

@@ -360,21 +360,21 @@ def _log_state_size(state):
   """Logs the memory the window's state takes, once per graph."""
   trained = sum(a.variable.shape.num_elements() *
                 a.variable.dtype.base_dtype.size for a in state.accumulators)
-  sizes = {"dense": 0, "sparse": 0}
-  compact = [a for a in state.accumulators if a.is_compact]
+  sizes = {"dense": 0, "masked": 0}
+  compact = [a for a in state.accumulators if a.kind == "compact"]
   for accumulator in state.accumulators:
-    if accumulator.is_compact:
+    if accumulator.kind == "compact":
       continue
     for variable in accumulator.state_variables():
-      sizes["sparse" if accumulator.is_sparse else "dense"] += (
+      sizes[accumulator.kind] += (
           variable.shape.num_elements() * variable.dtype.base_dtype.size)
-  total = sizes["dense"] + sizes["sparse"]
+  total = sizes["dense"] + sizes["masked"]
   progress.log_info(
       "gradient accumulation: k=%d over %d variables; accumulators take "
-      "%.1f MB (%.2fx the trained variables' %.1f MB; %.1f MB for sparse "
-      "gradients, with their row masks)", state.k, len(state.accumulators),
+      "%.1f MB (%.2fx the trained variables' %.1f MB; %.1f MB for masked "
+      "tables, dense sums with row masks)", state.k, len(state.accumulators),
       total / 2**20, total / max(trained, 1), trained / 2**20,
-      sizes["sparse"] / 2**20)
+      sizes["masked"] / 2**20)
   if compact:
     progress.log_info(
         "gradient accumulation: %d tables accumulated compactly, growing with "
