@@ -248,17 +248,17 @@ def summed_loss_reduction():
   return last if last in (tf.compat.v1.losses.Reduction.SUM, "sum") else None
 
 
-def warn_mean_of_summed_loss(reduction):
-  """Warns when the window would average micro-batch losses that are sums:
-  that trains as the big batch's summed loss divided by k."""
+def warn_of_summed_loss(reduction):
+  """Warns, for a window whose `reduction` averages micro-batch losses, when
+  they are sums: that trains as the big batch's summed loss divided by k."""
   summed = summed_loss_reduction()
-  if reduction == "mean" and summed is not None:
+  if summed is not None:
     logging.warning(
         "gradient accumulation: the last loss built in this graph is summed "
         "over its batch (tf.compat.v1.losses reduction %s), and "
-        "reduction='mean' averages the window's micro-batches: if that is "
+        "reduction=%r averages the window's micro-batches: if that is "
         "the loss trained, the update is the big batch's divided by k; pass "
-        "reduction='sum'.", summed)
+        "reduction='sum'.", summed, reduction)
 
 
 def check_reduction(reduction):

@@ -25,6 +25,7 @@ from estimator_accum.integrations.wrappers import (
   gradients_as_they_are,
 )
 from estimator_accum.options import takes_window_options
+from estimator_accum.window import reductions
 from estimator_accum.window.gradient_ops import scale_gradient
 
 __all__ = ["AccumulatingKerasOptimizer"]
@@ -261,6 +262,7 @@ class AccumulatingKerasOptimizer(Wrapper,
     """By how much the window's mean over replicas must be multiplied to be
     the sum over replicas Keras optimizers form: a mean window's is the
     replicas' number; a summed window already sums them."""
-    if self._window.reduction() == "sum":
-      return 1
-    return replicas.num_replicas()
+    if reductions.for_options(self._window.reduction(),
+                              None).divides_by_replicas:
+      return replicas.num_replicas()
+    return 1

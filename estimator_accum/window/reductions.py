@@ -37,15 +37,14 @@ COUNT_DTYPE = tf.float32
 
 def for_options(reduction, num_examples):
   """The `Reduction` for the option `reduction` ("mean", "sum",
-  "running_mean", checked already) and whether micro-batches are weighted
-  by a `num_examples` tensor (None: each micro-batch counts as one)."""
-  if reduction == "sum":
-    return Sum()
-  if reduction == "running_mean":
-    return RunningMean(num_examples)
-  if num_examples is not None:
-    return WeightedMean(num_examples)
-  return Mean()
+  "running_mean", checked already) and the `num_examples` tensor weighting
+  each micro-batch (None: each counts as one).
+
+  Raises:
+    ValueError: `num_examples` with a reduction that does not weigh
+      micro-batches (the sum).
+  """
+  return _BY_OPTION[reduction].made(num_examples)
 
 
 def _after(gradients):
@@ -73,6 +72,18 @@ class Reduction:
 
   holds_mean = False
   counts_micro_batches = False
+  # Whether the window's gradient is divided by the replicas (a mean), as
+  # opposed to summed over them.
+  divides_by_replicas = True
+  # Whether the rule averages micro-batch losses that should be means, so
+  # that a loss summed over its batch deserves a warning.
+  averages_mean_losses = True
+
+  @classmethod
+  def made(cls, num_examples):
+    """The rule of this option for micro-batches weighted by
+    `num_examples` (a tensor, or None)."""
+    return cls(num_examples)
 
   def build(self, name, window_size, local_device):
     """Makes the state variables, named under `name`. `window_size`: k x
@@ -112,6 +123,18 @@ class Reduction:
 
 class Sum(Reduction):
   """The sum over the window and the replicas: for summed losses."""
+
+  divides_by_replicas = False
+  averages_mean_losses = False
+
+  @classmethod
+  def made(cls, num_examples):
+    if num_examples is not None:
+      raise ValueError(
+          "num_examples weights each micro-batch's mean gradient by its size "
+          "and has no meaning with reduction='sum'; pass num_examples=None or "
+          "use reduction='mean'.")
+    return cls()
 
   def add(self, accumulators, gradients, unscaled):
     weight = unscaled(None)
@@ -181,6 +204,10 @@ class Mean(_Weighted):
 
   counts_micro_batches = True
 
+  @classmethod
+  def made(cls, num_examples):
+    return cls() if num_examples is None else WeightedMean(num_examples)
+
   def __init__(self):
     super().__init__(None)
     self._divisor = None
@@ -227,6 +254,7 @@ class RunningMean(_Weighted):
   which a restore onto any number of replicas gives to each."""
 
   holds_mean = True
+  averages_mean_losses = False
 
   @property
   def counts_micro_batches(self):
@@ -248,3 +276,6 @@ class RunningMean(_Weighted):
     # Rebuilt as mean x weight, so that replicas combine as sums do.
     weight = self._weight.read_value()
     return [scale_gradient(s, tf.cast(weight, s.dtype)) for s in sums], weight
+
+
+_BY_OPTION = {"mean": Mean, "sum": Sum, "running_mean": RunningMean}

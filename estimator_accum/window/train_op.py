@@ -41,7 +41,7 @@ from estimator_accum.options import (
   takes_window_options,
 )
 from estimator_accum.window import loss_scale as _loss_scale
-from estimator_accum.window import progress
+from estimator_accum.window import progress, reductions
 from estimator_accum.window import reports as window_reports
 from estimator_accum.window.batch_norm import close_window_statistics
 from estimator_accum.window.compact import (
@@ -154,8 +154,9 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
   `minimize` and `apply_gradients` call it; `settings` is a
   `WindowSettings`, checked already. Returns (the train op, its `Window`)."""
   (grads_and_vars, optimizer, loss_scale_config, global_step, var_list,
-   num_examples) = _check_inputs(loss, grads_and_vars, optimizer, settings,
-                                 global_step, var_list, num_examples)
+   num_examples, reduction) = _check_inputs(
+       loss, grads_and_vars, optimizer, settings, global_step, var_list,
+       num_examples)
   variables_named = "variables in var_list"
   if grads_and_vars is None and var_list is None:
     variables_named = "trainable variables"
@@ -176,7 +177,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
       trained, source = _given_gradients(grads_and_vars)
     _checks.check_ref_variables(trained, optimizer)
     window = Window(
-        trained, optimizer, settings, global_step, num_examples,
+        trained, optimizer, settings, global_step, reduction,
         loss_scaler=scaler,
         local_device=between_graph_worker_device(source, global_step),
         compact=choose_compact(
@@ -201,7 +202,8 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
   """Checks what the graph gives: the loss or gradients, the optimizer, the
   counter, var_list, num_examples and the replica context. Returns
   (grads_and_vars as a list, the optimizer unwrapped, its loss-scale config
-  or None, global_step, var_list, num_examples), the counter claimed for
+  or None, global_step, var_list, num_examples, the window's
+  `reductions.Reduction`), the counter claimed for
   this train op."""
   _checks.check_graph_mode()
   if grads_and_vars is None:
@@ -218,15 +220,12 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
         "AccumulatingOptimizer.minimize(loss, ...) instead, or pass "
         "loss_scale=None and an optimizer that is not a loss-scale wrapper.")
   _checks.warn_bypassed_compute_gradients(optimizer)
-  _checks.warn_mean_of_summed_loss(settings.reduction)
   _checks.check_global_step(global_step)
   var_list = _checks.check_var_list(var_list)
   num_examples = _checks.check_num_examples(num_examples)
-  if settings.reduction == "sum" and num_examples is not None:
-    raise ValueError(
-        "num_examples weights each micro-batch's mean gradient by its size and "
-        "has no meaning with reduction='sum'; pass num_examples=None or use "
-        "reduction='mean'.")
+  reduction = reductions.for_options(settings.reduction, num_examples)
+  if reduction.averages_mean_losses:
+    _checks.warn_of_summed_loss(settings.reduction)
   if not replicas.in_replica_context():
     raise RuntimeError(
         "build_accumulating_train_op must be called in replica context (a "
@@ -239,7 +238,7 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
   check_optimizer_steps(optimizer, global_step, settings.k)
   _claim_counter(global_step, settings.name)
   return (grads_and_vars, optimizer, loss_scale_config, global_step,
-          var_list, num_examples)
+          var_list, num_examples, reduction)
 
 
 def _trainable_variables(loss):

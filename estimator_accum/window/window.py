@@ -56,14 +56,15 @@ class _Unscaling:
 class Window:
   """Builds the graph of one accumulation window."""
 
-  def __init__(self, trained, optimizer, settings, global_step,
-               num_examples=None, loss_scaler=None, local_device=None,
-               compact=None, outer_scope="", progress=None):
+  def __init__(self, trained, optimizer, settings, global_step, reduction,
+               loss_scaler=None, local_device=None, compact=None,
+               outer_scope="", progress=None):
     """Args: the micro-batch's [(gradient, variable)], the optimizer, the
-    `WindowSettings`, the micro-batch counter, the `num_examples` tensor or
-    None, the `LossScaler` or None, the worker's device in between-graph
-    training or None, which variables accumulate compactly, the name scope
-    the train op is built in, and the graph's ProgressLine or None."""
+    `WindowSettings`, the micro-batch counter, the `reductions.Reduction`
+    the options chose, the `LossScaler` or None, the worker's device in
+    between-graph training or None, which variables accumulate compactly,
+    the name scope the train op is built in, and the graph's ProgressLine
+    or None."""
     self._settings = settings
     self._optimizer = optimizer
     self._global_step = global_step
@@ -75,7 +76,7 @@ class Window:
     self._window_size = settings.k * replicas.num_replicas()
     # The batch_norm layers whose moving statistics this window updates.
     self._statistics = claim_window_statistics(settings.k, settings.name)
-    self._reduction = reductions.for_options(settings.reduction, num_examples)
+    self._reduction = reduction
     compact = compact or [False] * len(trained)
     # Made in this order, which the Keras wrapper's weights follow.
     self._accumulators = [
