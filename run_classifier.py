@@ -27,9 +27,8 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging
 
 import estimator_accum
-import tfconfig
 from data import bert_features, classification
-from models import batch_plan, console
+from models import batch_plan, console, strategies
 from models.bert import (
   classifier,
   modeling,
@@ -37,6 +36,7 @@ from models.bert import (
   pretrained,
   tokenization,
 )
+from models.script_flags import FlagValues
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
@@ -143,135 +143,7 @@ class NotFinite(RuntimeError):
 DIVERGED_EXIT_CODE = 3
 
 
-def _model_files():
-  """(bert_config_file, vocab_file, init_checkpoint), the default model's
-  when none of them is given."""
-  given = (FLAGS.bert_config_file, FLAGS.vocab_file, FLAGS.init_checkpoint)
-  if not any(given):
-    checkpoint = pretrained.minilm_checkpoint()
-    return (checkpoint.bert_config_file, checkpoint.vocab_file,
-            checkpoint.init_checkpoint)
-  if not FLAGS.bert_config_file or not FLAGS.vocab_file:
-    raise UsageError("--bert_config_file and --vocab_file go together (and "
-                     "--init_checkpoint with them unless training from "
-                     "scratch).")
-  for flag, path in (("bert_config_file", FLAGS.bert_config_file),
-                     ("vocab_file", FLAGS.vocab_file)):
-    if not tf.io.gfile.exists(path):
-      raise UsageError(f"--{flag}={path} does not exist.")
-  if FLAGS.init_checkpoint and not tf.io.gfile.exists(
-      FLAGS.init_checkpoint + ".index"):
-    raise UsageError(f"--init_checkpoint={FLAGS.init_checkpoint} is not a "
-                     f"checkpoint ({FLAGS.init_checkpoint}.index is missing).")
-  return given
-
-
-def _tf_config():
-  """TF_CONFIG as a validated dict ({} when unset); UsageError naming the
-  problem otherwise."""
-  name = FLAGS.distribution_strategy
-  try:
-    # What the engines set (master, Vertex AI's pools, the evaluator in the
-    # cluster) becomes TensorFlow's form before Estimator reads TF_CONFIG.
-    return tfconfig.use_environment(
-        name if name in ("multi_worker", "parameter_server") else None)
-  except tfconfig.TFConfigError as error:
-    raise UsageError(str(error)) from None
-
-
-def _strategy():
-  """(strategy or None, workers, replicas per worker)."""
-  name = FLAGS.distribution_strategy
-  if name == "none":
-    return None, 1, 1
-  if name == "mirrored":
-    strategy = tf.distribute.MirroredStrategy()
-    return strategy, 1, strategy.num_replicas_in_sync
-  cluster = _tf_config().get("cluster", {})
-  workers = len(cluster.get("worker", [])) + len(cluster.get("chief", []))
-  if not workers:
-    raise UsageError(f"--distribution_strategy={name} needs TF_CONFIG with "
-                     f"a cluster (see python -m tfconfig print).")
-  if name == "parameter_server":
-    if not cluster.get("ps"):
-      raise UsageError("--distribution_strategy=parameter_server needs ps "
-                       "tasks in TF_CONFIG's cluster.")
-    return None, workers, 1
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  return strategy, workers, strategy.num_replicas_in_sync // workers
-
-
-def _is_chief():
-  config = _tf_config()
-  task = config.get("task", {})
-  return task.get("type", "chief") == "chief" or (
-      task.get("type") == "worker" and task.get("index") == 0 and not
-      config["cluster"].get("chief"))
-
-
-def _trainer_shard():
-  """(trainers, this trainer's index) over the chief and the workers."""
-  config = _tf_config()
-  cluster, task = config.get("cluster", {}), config.get("task", {})
-  chiefs = len(cluster.get("chief", []))
-  index = task.get("index", 0) + (chiefs if task.get("type") == "worker"
-                                  else 0)
-  return chiefs + len(cluster.get("worker", [])), index
-
-
-def _features(processor, split, tokenizer, label_list):
-  getter = {"train": processor.get_train_examples,
-            "dev": processor.get_dev_examples,
-            "test": processor.get_test_examples}[split]
-  examples = getter(FLAGS.data_dir)
-  if FLAGS.max_seq_length < 5 and any(e.text_b is not None for e in examples):
-    raise UsageError(
-        f"--max_seq_length={FLAGS.max_seq_length} cannot hold a sentence "
-        f"pair of task {processor.name}: [CLS] a [SEP] b [SEP] needs at "
-        "least 5 tokens.")
-  # Keyed by everything the features depend on: another --data_dir,
-  # vocabulary, case, length or task never reuses this file.
-  key = bert_features.cache_key(examples, label_list, FLAGS.max_seq_length,
-                                tokenizer)
-  path = os.path.join(FLAGS.output_dir, "features",
-                      f"{split}-{FLAGS.max_seq_length}-{key}.tf_record")
-  count = bert_features.cached_tfrecord(examples, label_list,
-                                        FLAGS.max_seq_length, tokenizer, path)
-  return examples, path, count
-
-
 RUN_INFO = "run_info.json"
-
-
-def _prepare_output_dir(task, bert_config):
-  """Checks --output_dir before anything is written, creates it, and
-  records which task and model it holds; refuses one that holds another's.
-  Returns whether it was created here."""
-  path = FLAGS.output_dir
-  if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
-    raise UsageError(f"--output_dir={path} is a file, not a directory.")
-  existed = tf.io.gfile.exists(path)
-  try:
-    tf.io.gfile.makedirs(path)
-    probe = os.path.join(path, f".write_test_{os.getpid()}")
-    with tf.io.gfile.GFile(probe, "w") as f:
-      f.write("")
-    tf.io.gfile.remove(probe)
-  except (OSError, tf.errors.OpError) as error:
-    reason = getattr(error, "strerror", None) or getattr(
-        error, "message", None) or str(error)
-    raise UsageError(f"--output_dir={path} is not writable: "
-                     f"{reason.splitlines()[0]}") from None
-  info_path = os.path.join(path, RUN_INFO)
-  info = {"task_name": task, "bert_config": bert_config.to_dict()}
-  if tf.io.gfile.exists(info_path):
-    with tf.io.gfile.GFile(info_path) as f:
-      held = json.load(f)
-    _refuse_another_run(path, held, info)
-  else:
-    with tf.io.gfile.GFile(info_path, "w") as f:
-      json.dump(info, f, indent=2)
-  return not existed
 
 
 def _refuse_another_run(path, held, info):
@@ -303,320 +175,406 @@ def _remove_if_empty(path):
         os.rmdir(root)
 
 
-def _resumed_at():
-  """The micro-batch the run resumes at: its latest checkpoint's global
-  step (0 for a new run). Parameter-server workers share one global step
-  and cannot tell their own position: they start their input again."""
-  latest = tf.train.latest_checkpoint(FLAGS.output_dir)
-  if not latest:
-    return 0
-  step = int(tf.train.load_checkpoint(latest).get_tensor("global_step"))
-  print(f"resuming from {latest} at micro-batch {step}", flush=True)
-  return step
-
-
-def _require_checkpoint(what):
-  """UsageError unless --output_dir holds a checkpoint to `what` with
-  (without one Estimator would use an untrained classifier head)."""
-  if tf.train.latest_checkpoint(FLAGS.output_dir) is None:
-    raise UsageError(
-        f"--do_train=false: nothing to {what}, --output_dir="
-        f"{FLAGS.output_dir} holds no checkpoint; train first (--do_train) "
-        "or give the --output_dir of a trained run.")
-
-
 def _directory_size(path):
   """Bytes in the files under `path`."""
   return sum(os.path.getsize(os.path.join(root, name))
              for root, _, names in os.walk(path) for name in names)
 
 
-def _check_tpu_flags():
-  if FLAGS.use_tpu:
-    raise UsageError(
-        "--use_tpu=true: this script trains on CPUs and GPUs through "
-        "tf.estimator.Estimator and has no TPU support; drop --use_tpu (use "
-        "--distribution_strategy for several devices or machines).")
-  given = [f"--{name}" for name in TPU_FLAGS if FLAGS[name].present]
-  if given:
-    logging.warning("%s: TPU flags, not used without --use_tpu (as in "
-                    "google-research/bert).", ", ".join(given))
+class ClassifierRun:
+  """One run of the script: the flags, read once (`self.flags`), the
+  output directory derived from them, and how the job is spread."""
 
+  def __init__(self, flag_values):
+    self.flags = flag_values
+    self.output_dir = flag_values.output_dir
+    self.distribution = None
 
-def run():
-  _check_tpu_flags()
-  if not (FLAGS.do_train or FLAGS.do_eval or FLAGS.do_predict):
-    raise UsageError("at least one of --do_train, --do_eval, --do_predict "
-                     "must be true.")
-  processor = classification.get_processor(FLAGS.task_name)
-  label_list = processor.get_labels()
-  bert_config_file, vocab_file, init_checkpoint = _model_files()
-  bert_config = modeling.BertConfig.from_json_file(bert_config_file)
-  try:
-    modeling.check_config(bert_config)
-  except ValueError as error:
-    raise UsageError(f"--bert_config_file={bert_config_file}: {error}"
-                     ) from None
-  if FLAGS.max_seq_length > bert_config.max_position_embeddings:
-    raise UsageError(
-        f"--max_seq_length={FLAGS.max_seq_length} is above the model's "
-        f"max_position_embeddings ({bert_config.max_position_embeddings}).")
-  try:
-    tokenization.validate_case_matches_vocab(FLAGS.do_lower_case, vocab_file)
-  except ValueError as error:
-    raise UsageError(str(error).replace("do_lower_case", "--do_lower_case")
-                     ) from None
-  tokenizer = tokenization.FullTokenizer(vocab_file, FLAGS.do_lower_case)
-  cluster = _tf_config().get("cluster")  # A bad one is refused here.
-  if FLAGS.output_dir is None:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    if cluster:
-      # Every task of the job must land in one directory: named by the
-      # cluster, which they share, not by each one's start time.
-      stamp = "cluster-" + hashlib.sha1(json.dumps(
-          cluster, sort_keys=True).encode()).hexdigest()[:10]
-    FLAGS.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
-  created = _prepare_output_dir(processor.name, bert_config)
-  watchdog = None
-  if FLAGS.peer_timeout_secs and FLAGS.distribution_strategy in (
-      "multi_worker", "parameter_server"):
-    # Before the strategy: making it waits for every peer.
-    watchdog = tfconfig.health.watch(FLAGS.output_dir,
-                                     timeout=FLAGS.peer_timeout_secs,
-                                     interval=min(5.0,
-                                                  FLAGS.peer_timeout_secs))
-  try:
-    strategy, workers, replicas = _strategy()
-    _train_and_evaluate(processor, label_list, bert_config, tokenizer,
-                        init_checkpoint, strategy, workers, replicas)
-  except BaseException:
-    if watchdog:
-      watchdog.stop()
-    if created:
-      _remove_if_empty(FLAGS.output_dir)
-    raise
-  _remove_own_worker_checkpoints()
-  if watchdog:
-    watchdog.finish()
+  def _model_files(self):
+    """(bert_config_file, vocab_file, init_checkpoint), the default model's
+    when none of them is given."""
+    flags = self.flags
+    given = (flags.bert_config_file, flags.vocab_file, flags.init_checkpoint)
+    if not any(given):
+      checkpoint = pretrained.minilm_checkpoint()
+      return (checkpoint.bert_config_file, checkpoint.vocab_file,
+              checkpoint.init_checkpoint)
+    if not self.flags.bert_config_file or not self.flags.vocab_file:
+      raise UsageError("--bert_config_file and --vocab_file go together (and "
+                       "--init_checkpoint with them unless training from "
+                       "scratch).")
+    for flag, path in (("bert_config_file", self.flags.bert_config_file),
+                       ("vocab_file", self.flags.vocab_file)):
+      if not tf.io.gfile.exists(path):
+        raise UsageError(f"--{flag}={path} does not exist.")
+    if self.flags.init_checkpoint and not tf.io.gfile.exists(
+        self.flags.init_checkpoint + ".index"):
+      raise UsageError(
+          f"--init_checkpoint={self.flags.init_checkpoint} is not a "
+          f"checkpoint ({self.flags.init_checkpoint}.index is missing).")
+    return given
 
+  def _features(self, processor, split, tokenizer, label_list):
+    getter = {"train": processor.get_train_examples,
+              "dev": processor.get_dev_examples,
+              "test": processor.get_test_examples}[split]
+    examples = getter(self.flags.data_dir)
+    length = self.flags.max_seq_length
+    if length < 5 and any(e.text_b is not None for e in examples):
+      raise UsageError(
+          f"--max_seq_length={length} cannot hold a sentence "
+          f"pair of task {processor.name}: [CLS] a [SEP] b [SEP] needs at "
+          "least 5 tokens.")
+    # Keyed by everything the features depend on: another --data_dir,
+    # vocabulary, case, length or task never reuses this file.
+    key = bert_features.cache_key(examples, label_list, length,
+                                  tokenizer)
+    path = os.path.join(self.output_dir, "features",
+                        f"{split}-{self.flags.max_seq_length}-{key}.tf_record")
+    count = bert_features.cached_tfrecord(examples, label_list,
+                                          length, tokenizer, path)
+    return examples, path, count
 
-def _remove_own_worker_checkpoints():
-  """A MultiWorkerMirroredStrategy worker other than the chief saves its
-  own copy of every checkpoint in output_dir/tmp_worker_<i> (the size of
-  the model each); once the job has ended nothing reads them."""
-  if FLAGS.distribution_strategy != "multi_worker" or _is_chief():
-    return
-  task = _tf_config().get("task", {})
-  path = os.path.join(FLAGS.output_dir,
-                      f"tmp_{task.get('type')}_{task.get('index')}")
-  if tf.io.gfile.isdir(path):
-    tf.io.gfile.rmtree(path)
-
-
-def _train_and_evaluate(processor, label_list, bert_config, tokenizer,
-                        init_checkpoint, strategy, workers, replicas):
-  between_graph = FLAGS.distribution_strategy == "parameter_server"
-  # Each parameter-server worker applies its own windows, asynchronously.
-  ways = 1 if between_graph else workers * replicas
-  num_train, train_file = 0, None
-  if FLAGS.do_train:
-    _, train_file, num_train = _features(processor, "train", tokenizer,
-                                         label_list)
-  plan = _batch_plan(bert_config, train_file, ways, len(label_list))
-  num_train_updates = max(1, math.ceil(
-      num_train * FLAGS.num_train_epochs / plan.effective_batch))
-  if FLAGS.do_train:
-    how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
-           f"{plan.micro_batch} x k={plan.k}")
-    if between_graph:
-      how = (f"micro-batch {plan.micro_batch} x k={plan.k} per update, each "
-             f"of {workers} worker(s) applying its own windows to the ps")
-    print(f"effective batch {plan.effective_batch} = {how}; "
-          f"{num_train_updates} updates ({num_train_updates * plan.k} "
-          f"micro-batches) over {num_train} examples, "
-          f"{FLAGS.num_train_epochs:g} epoch(s)", flush=True)
-
-  def estimator_for(plan):
-    return _estimator(bert_config, _training_config(
-        plan, num_train_updates, len(label_list), init_checkpoint), plan,
-                      strategy, replicas)
-
-  def train(plan):
-    _train(estimator_for(plan), plan, train_file, num_train_updates)
-
-  if FLAGS.do_train:
-    # One process only: on a cluster every worker would have to halve.
-    if FLAGS.micro_batch_size == "auto" and FLAGS.distribution_strategy in (
-        "none", "mirrored"):
-      plan = estimator_accum.train_halving_on_oom(
-          train, plan, FLAGS.output_dir, log=_replanned)
+  def _prepare_output_dir(self, task, bert_config):
+    """Checks --output_dir before anything is written, creates it, and
+    records which task and model it holds; refuses one that holds another's.
+    Returns whether it was created here."""
+    path = self.output_dir
+    if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+      raise UsageError(f"--output_dir={path} is a file, not a directory.")
+    existed = tf.io.gfile.exists(path)
+    try:
+      tf.io.gfile.makedirs(path)
+      probe = os.path.join(path, f".write_test_{os.getpid()}")
+      with tf.io.gfile.GFile(probe, "w") as f:
+        f.write("")
+      tf.io.gfile.remove(probe)
+    except (OSError, tf.errors.OpError) as error:
+      reason = getattr(error, "strerror", None) or getattr(
+          error, "message", None) or str(error)
+      raise UsageError(f"--output_dir={path} is not writable: "
+                       f"{reason.splitlines()[0]}") from None
+    info_path = os.path.join(path, RUN_INFO)
+    info = {"task_name": task, "bert_config": bert_config.to_dict()}
+    if tf.io.gfile.exists(info_path):
+      with tf.io.gfile.GFile(info_path) as f:
+        held = json.load(f)
+      _refuse_another_run(path, held, info)
     else:
-      train(plan)
-  if not _is_chief():
-    return
-  _evaluate_and_predict(estimator_for(plan), processor, tokenizer,
-                        label_list)
-  print(f"{FLAGS.output_dir}: {_directory_size(FLAGS.output_dir) / 2**20:.1f}"
-        f" MB (the last {FLAGS.keep_checkpoint_max} checkpoints, features, "
-        "events)", flush=True)
+      with tf.io.gfile.GFile(info_path, "w") as f:
+        json.dump(info, f, indent=2)
+    return not existed
 
+  def _resumed_at(self):
+    """The micro-batch the run resumes at: its latest checkpoint's global
+    step (0 for a new run). Parameter-server workers share one global step
+    and cannot tell their own position: they start their input again."""
+    latest = tf.train.latest_checkpoint(self.output_dir)
+    if not latest:
+      return 0
+    step = int(tf.train.load_checkpoint(latest).get_tensor("global_step"))
+    print(f"resuming from {latest} at micro-batch {step}", flush=True)
+    return step
 
-def _replanned(line):
-  """After running out of memory: says so, and records the halved plan."""
-  print(line, flush=True)
-  path = os.path.join(FLAGS.output_dir, batch_plan.PLAN_FILE)
-  if tf.io.gfile.exists(path):
-    batch_plan.write(batch_plan.load(path).halved(), path)
+  def _require_checkpoint(self, what):
+    """UsageError unless --output_dir holds a checkpoint to `what` with
+    (without one Estimator would use an untrained classifier head)."""
+    if tf.train.latest_checkpoint(self.output_dir) is None:
+      raise UsageError(
+          f"--do_train=false: nothing to {what}, --output_dir="
+          f"{self.output_dir} holds no checkpoint; train first (--do_train) "
+          "or give the --output_dir of a trained run.")
 
+  def _check_tpu_flags(self):
+    if self.flags.use_tpu:
+      raise UsageError(
+          "--use_tpu=true: this script trains on CPUs and GPUs through "
+          "tf.estimator.Estimator and has no TPU support; drop --use_tpu (use "
+          "--distribution_strategy for several devices or machines).")
+    given = [f"--{name}" for name in TPU_FLAGS if name in self.flags.given]
+    if given:
+      logging.warning("%s: TPU flags, not used without --use_tpu (as in "
+                      "google-research/bert).", ", ".join(given))
 
-def _batch_plan(bert_config, train_file, ways, num_labels):
-  """The run's MicroBatchPlan: from --micro_batch_size (measured for
-  'auto'), else --train_batch_size and k as given."""
-  explicit = [name for name in ("train_batch_size",
-                                "gradient_accumulation_multiplier")
-              if FLAGS[name].present]
-  try:
-    batch_plan.check_flags(FLAGS, explicit)
-  except batch_plan.PlanError as error:
-    raise UsageError(str(error)) from None
-  k = FLAGS.gradient_accumulation_multiplier
-  effective = FLAGS.effective_batch_size or ways * FLAGS.train_batch_size * k
-  if FLAGS.micro_batch_size is None:
-    return estimator_accum.MicroBatchPlan.given(
-        effective, FLAGS.train_batch_size, ways)
-  if not FLAGS.do_train and FLAGS.micro_batch_size == "auto":
-    return estimator_accum.MicroBatchPlan.given(effective, effective // ways,
-                                                ways)
-  training = _training_config(estimator_accum.MicroBatchPlan.given(
-      effective, effective // ways, ways), 1, num_labels, None)
-  try:
-    return batch_plan.resolve(
-        FLAGS, build=_planning_step(bert_config, training, train_file),
-        effective_batch=effective, replicas=ways, run_dir=FLAGS.output_dir,
-        is_chief=_is_chief())
-  except batch_plan.PlanError as error:
-    raise UsageError(str(error)) from None
+  def run(self):
+    self._check_tpu_flags()
+    if not (self.flags.do_train or self.flags.do_eval or self.flags.do_predict):
+      raise UsageError("at least one of --do_train, --do_eval, --do_predict "
+                       "must be true.")
+    processor = classification.get_processor(self.flags.task_name)
+    label_list = processor.get_labels()
+    bert_config_file, vocab_file, init_checkpoint = self._model_files()
+    bert_config = modeling.BertConfig.from_json_file(bert_config_file)
+    try:
+      modeling.check_config(bert_config)
+    except ValueError as error:
+      raise UsageError(f"--bert_config_file={bert_config_file}: {error}"
+                       ) from None
+    if self.flags.max_seq_length > bert_config.max_position_embeddings:
+      raise UsageError(
+          f"--max_seq_length={self.flags.max_seq_length} is above the model's "
+          f"max_position_embeddings ({bert_config.max_position_embeddings}).")
+    try:
+      tokenization.validate_case_matches_vocab(self.flags.do_lower_case,
+                                               vocab_file)
+    except ValueError as error:
+      raise UsageError(str(error).replace("do_lower_case", "--do_lower_case")
+                       ) from None
+    tokenizer = tokenization.FullTokenizer(vocab_file, self.flags.do_lower_case)
+    try:  # A bad TF_CONFIG is refused here, before anything is written.
+      cluster = strategies.tf_config(
+          self.flags.distribution_strategy).get("cluster")
+    except strategies.StrategyError as error:
+      raise UsageError(str(error)) from None
+    if self.output_dir is None:
+      stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+      if cluster:
+        # Every task of the job must land in one directory: named by the
+        # cluster, which they share, not by each one's start time.
+        stamp = "cluster-" + hashlib.sha1(json.dumps(
+            cluster, sort_keys=True).encode()).hexdigest()[:10]
+      self.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
+    created = self._prepare_output_dir(processor.name, bert_config)
+    try:
+      self.distribution = strategies.choose(
+          self.flags.distribution_strategy, self.output_dir,
+          self.flags.peer_timeout_secs)
+    except strategies.StrategyError as error:
+      if created:
+        _remove_if_empty(self.output_dir)
+      raise UsageError(str(error)) from None
+    try:
+      self._train_and_evaluate(processor, label_list, bert_config, tokenizer,
+                               init_checkpoint)
+    except BaseException:
+      self.distribution.stop()
+      if created:
+        _remove_if_empty(self.output_dir)
+      raise
+    self._remove_own_worker_checkpoints()
+    self.distribution.finish()
 
+  def _remove_own_worker_checkpoints(self):
+    """A MultiWorkerMirroredStrategy worker other than the chief saves its
+    own copy of every checkpoint in output_dir/tmp_worker_<i> (the size of
+    the model each); once the job has ended nothing reads them."""
+    if self.flags.distribution_strategy != "multi_worker" or (
+        self.distribution.is_chief):
+      return
+    task = self.distribution.task
+    path = os.path.join(self.output_dir,
+                        f"tmp_{task.get('type')}_{task.get('index')}")
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
 
-def _planning_step(bert_config, training, train_file):
-  """build(micro_batch, k) for the planner: the training step on batches of
-  the train file at the full --max_seq_length (the longest a batch gets)."""
+  def _train_and_evaluate(self, processor, label_list, bert_config, tokenizer,
+                          init_checkpoint):
+    distribution = self.distribution
+    strategy, workers = distribution.strategy, distribution.workers
+    replicas = distribution.replicas_per_worker
+    between_graph = self.flags.distribution_strategy == "parameter_server"
+    # Each parameter-server worker applies its own windows, asynchronously.
+    ways = 1 if between_graph else workers * replicas
+    num_train, train_file = 0, None
+    if self.flags.do_train:
+      _, train_file, num_train = self._features(processor, "train", tokenizer,
+                                           label_list)
+    plan = self._batch_plan(bert_config, train_file, ways, len(label_list))
+    num_train_updates = max(1, math.ceil(
+        num_train * self.flags.num_train_epochs / plan.effective_batch))
+    if self.flags.do_train:
+      how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
+             f"{plan.micro_batch} x k={plan.k}")
+      if between_graph:
+        how = (f"micro-batch {plan.micro_batch} x k={plan.k} per update, each "
+               f"of {workers} worker(s) applying its own windows to the ps")
+      print(f"effective batch {plan.effective_batch} = {how}; "
+            f"{num_train_updates} updates ({num_train_updates * plan.k} "
+            f"micro-batches) over {num_train} examples, "
+            f"{self.flags.num_train_epochs:g} epoch(s)", flush=True)
 
-  def build(micro_batch, k):
-    if train_file is None:
-      raise UsageError("--micro_batch_size=auto measures training: it needs "
-                       "--do_train.")
-    tf.compat.v1.train.get_or_create_global_step()
-    dataset = bert_features.input_fn_builder(
-        train_file, FLAGS.max_seq_length, micro_batch, is_training=True,
-        drop_remainder=True, seed=FLAGS.seed, trim=False)()
-    features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-    step = dataclasses.replace(training, k=k, micro_batch_size=micro_batch)
-    return classifier.model_fn_builder(bert_config, step)(
-        features, None, tf.estimator.ModeKeys.TRAIN).train_op
+    def estimator_for(plan):
+      return self._estimator(bert_config, self._training_config(
+          plan, num_train_updates, len(label_list), init_checkpoint), plan,
+                        strategy, replicas)
 
-  return build
+    def train(plan):
+      self._train(estimator_for(plan), plan, train_file, num_train_updates)
 
+    if self.flags.do_train:
+      # One process only: on a cluster every worker would have to halve.
+      if self.flags.micro_batch_size == "auto" and (
+          self.flags.distribution_strategy in ("none", "mirrored")):
+        plan = estimator_accum.train_halving_on_oom(
+            train, plan, self.output_dir, log=self._replanned)
+      else:
+        train(plan)
+    if not self.distribution.is_chief:
+      return
+    self._evaluate_and_predict(estimator_for(plan), processor, tokenizer,
+                          label_list)
+    print(f"{self.output_dir}: {_directory_size(self.output_dir) / 2**20:.1f}"
+          f" MB (the last {self.flags.keep_checkpoint_max} checkpoints, "
+          "features, "
+          "events)", flush=True)
 
-def _training_config(plan, num_train_updates, num_labels, init_checkpoint):
-  return classifier.TrainingConfig(
-      num_labels=num_labels, learning_rate=FLAGS.learning_rate,
-      num_train_updates=num_train_updates,
-      num_warmup_updates=int(num_train_updates * FLAGS.warmup_proportion),
-      k=plan.k, clip_norm=FLAGS.clip_norm or None, optimizer=FLAGS.optimizer,
-      init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
-      total_micro_batches=num_train_updates * plan.k,
-      log_every_n_micro_batches=FLAGS.log_every, use_fp16=FLAGS.use_fp16,
-      max_consecutive_skipped_windows=(
-          FLAGS.max_consecutive_skipped_windows or None),
-      classifier_dropout=FLAGS.classifier_dropout)
+  def _replanned(self, line):
+    """After running out of memory: says so, and records the halved plan."""
+    print(line, flush=True)
+    path = os.path.join(self.output_dir, batch_plan.PLAN_FILE)
+    if tf.io.gfile.exists(path):
+      batch_plan.write(batch_plan.load(path).halved(), path)
 
+  def _batch_plan(self, bert_config, train_file, ways, num_labels):
+    """The run's MicroBatchPlan: from --micro_batch_size (measured for
+    'auto'), else --train_batch_size and k as given."""
+    explicit = [name for name in ("train_batch_size",
+                                  "gradient_accumulation_multiplier")
+                if name in self.flags.given]
+    try:
+      batch_plan.check_flags(self.flags, explicit)
+    except batch_plan.PlanError as error:
+      raise UsageError(str(error)) from None
+    k = self.flags.gradient_accumulation_multiplier
+    effective = self.flags.effective_batch_size or (
+        ways * self.flags.train_batch_size * k)
+    if self.flags.micro_batch_size is None:
+      return estimator_accum.MicroBatchPlan.given(
+          effective, self.flags.train_batch_size, ways)
+    if not self.flags.do_train and self.flags.micro_batch_size == "auto":
+      return estimator_accum.MicroBatchPlan.given(effective, effective // ways,
+                                                  ways)
+    training = self._training_config(estimator_accum.MicroBatchPlan.given(
+        effective, effective // ways, ways), 1, num_labels, None)
+    try:
+      return batch_plan.resolve(
+          self.flags,
+          build=self._planning_step(bert_config, training, train_file),
+          effective_batch=effective, replicas=ways, run_dir=self.output_dir,
+          is_chief=self.distribution.is_chief)
+    except batch_plan.PlanError as error:
+      raise UsageError(str(error)) from None
 
-def _estimator(bert_config, training, plan, strategy, replicas):
-  session_config = None
-  if strategy is not None and not tf.config.list_physical_devices("GPU"):
-    session_config = tf.compat.v1.ConfigProto(
-        device_count={"CPU": max(replicas, 1)})
-  save_every = FLAGS.save_checkpoints_steps
-  if FLAGS.micro_batch_size == "auto":  # Window boundaries, for halving.
-    save_every = batch_plan.save_every(plan, save_every)
-  run_config = tf.estimator.RunConfig(
-      model_dir=FLAGS.output_dir, tf_random_seed=FLAGS.seed,
-      train_distribute=strategy, session_config=session_config,
-      save_checkpoints_steps=save_every,
-      keep_checkpoint_max=FLAGS.keep_checkpoint_max,
-      log_step_count_steps=FLAGS.log_every * 1000)
-  return tf.estimator.Estimator(
-      classifier.model_fn_builder(bert_config, training), config=run_config)
+  def _planning_step(self, bert_config, training, train_file):
+    """build(micro_batch, k) for the planner: the training step on batches of
+    the train file at the full --max_seq_length (the longest a batch gets)."""
 
+    def build(micro_batch, k):
+      if train_file is None:
+        raise UsageError("--micro_batch_size=auto measures training: it needs "
+                         "--do_train.")
+      tf.compat.v1.train.get_or_create_global_step()
+      dataset = bert_features.input_fn_builder(
+          train_file, self.flags.max_seq_length, micro_batch, is_training=True,
+          drop_remainder=True, seed=self.flags.seed, trim=False)()
+      features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+      step = dataclasses.replace(training, k=k, micro_batch_size=micro_batch)
+      return classifier.model_fn_builder(bert_config, step)(
+          features, None, tf.estimator.ModeKeys.TRAIN).train_op
 
-def _train(estimator, plan, train_file, num_train_updates):
-  between_graph = FLAGS.distribution_strategy == "parameter_server"
-  train_input = bert_features.input_fn_builder(
-      train_file, FLAGS.max_seq_length, plan.micro_batch,
-      is_training=True, drop_remainder=True, seed=FLAGS.seed,
-      shard=_trainer_shard() if between_graph else None,
-      skip_batches=0 if between_graph else _resumed_at())
-  max_steps = num_train_updates * plan.k
-  if FLAGS.distribution_strategy in ("multi_worker", "parameter_server"):
-    tf.estimator.train_and_evaluate(
-        estimator, tf.estimator.TrainSpec(train_input, max_steps=max_steps),
-        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
-                              throttle_secs=0))
-  else:
-    estimator.train(train_input, max_steps=max_steps)
+    return build
 
+  def _training_config(self, plan, num_train_updates, num_labels,
+                       init_checkpoint):
+    return classifier.TrainingConfig(
+        num_labels=num_labels, learning_rate=self.flags.learning_rate,
+        num_train_updates=num_train_updates,
+        num_warmup_updates=int(num_train_updates *
+                               self.flags.warmup_proportion),
+        k=plan.k, clip_norm=self.flags.clip_norm or None,
+        optimizer=self.flags.optimizer,
+        init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
+        total_micro_batches=num_train_updates * plan.k,
+        log_every_n_micro_batches=self.flags.log_every,
+        use_fp16=self.flags.use_fp16,
+        max_consecutive_skipped_windows=(
+            self.flags.max_consecutive_skipped_windows or None),
+        classifier_dropout=self.flags.classifier_dropout)
 
-def _evaluate_and_predict(estimator, processor, tokenizer, label_list):
-  if FLAGS.do_eval:
-    _, eval_file, num_eval = _features(processor, "dev", tokenizer,
-                                       label_list)
-    _require_checkpoint("evaluate")
-    result = estimator.evaluate(bert_features.input_fn_builder(
-        eval_file, FLAGS.max_seq_length, FLAGS.eval_batch_size,
-        is_training=False, drop_remainder=False))
-    result["num_examples"] = num_eval
-    not_finite = sorted(key for key, value in result.items()
-                        if not math.isfinite(float(value)))
-    path = os.path.join(FLAGS.output_dir, "eval_results.txt")
-    with tf.io.gfile.GFile(path, "w") as writer:
-      for key in sorted(result):
-        writer.write(f"{key} = {result[key]}\n")
-    print(f"eval on {num_eval} held-out examples: accuracy "
-          f"{result['eval_accuracy']:.4f}, loss {result['eval_loss']:.4f} "
-          f"(written to {path})", flush=True)
-    if not_finite:
-      values = ", ".join(f"{key} = {result[key]}" for key in not_finite)
-      raise NotFinite(f"evaluation is not finite: {values} (see {path}); "
-                      "the model diverged.")
-  if FLAGS.do_predict:
-    _, test_file, num_test = _features(processor, "test", tokenizer,
-                                       label_list)
-    _require_checkpoint("predict")
-    path = os.path.join(FLAGS.output_dir, "test_results.tsv")
-    predictions = estimator.predict(bert_features.input_fn_builder(
-        test_file, FLAGS.max_seq_length, FLAGS.predict_batch_size,
-        is_training=False, drop_remainder=False))
-    written = 0
-    with tf.io.gfile.GFile(path, "w") as writer:
-      for prediction in predictions:
-        writer.write("\t".join(f"{p:.6f}" for p in prediction[
-            "probabilities"]) + "\n")
-        written += 1
-    if written != num_test:
-      raise RuntimeError(f"predicted {written} of {num_test} test examples.")
-    print(f"predictions for {num_test} test examples written to {path}",
-          flush=True)
+  def _estimator(self, bert_config, training, plan, strategy, replicas):
+    session_config = None
+    if strategy is not None and not tf.config.list_physical_devices("GPU"):
+      session_config = tf.compat.v1.ConfigProto(
+          device_count={"CPU": max(replicas, 1)})
+    save_every = self.flags.save_checkpoints_steps
+    if self.flags.micro_batch_size == "auto":  # Window boundaries, for halving.
+      save_every = batch_plan.save_every(plan, save_every)
+    run_config = tf.estimator.RunConfig(
+        model_dir=self.output_dir, tf_random_seed=self.flags.seed,
+        train_distribute=strategy, session_config=session_config,
+        save_checkpoints_steps=save_every,
+        keep_checkpoint_max=self.flags.keep_checkpoint_max,
+        log_step_count_steps=self.flags.log_every * 1000)
+    return tf.estimator.Estimator(
+        classifier.model_fn_builder(bert_config, training), config=run_config)
+
+  def _train(self, estimator, plan, train_file, num_train_updates):
+    between_graph = self.flags.distribution_strategy == "parameter_server"
+    train_input = bert_features.input_fn_builder(
+        train_file, self.flags.max_seq_length, plan.micro_batch,
+        is_training=True, drop_remainder=True, seed=self.flags.seed,
+        shard=self.distribution.trainer_shard() if between_graph else None,
+        skip_batches=0 if between_graph else self._resumed_at())
+    max_steps = num_train_updates * plan.k
+    if self.flags.distribution_strategy in ("multi_worker", "parameter_server"):
+      tf.estimator.train_and_evaluate(
+          estimator, tf.estimator.TrainSpec(train_input, max_steps=max_steps),
+          tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                                throttle_secs=0))
+    else:
+      estimator.train(train_input, max_steps=max_steps)
+
+  def _evaluate_and_predict(self, estimator, processor, tokenizer, label_list):
+    if self.flags.do_eval:
+      _, eval_file, num_eval = self._features(processor, "dev", tokenizer,
+                                         label_list)
+      self._require_checkpoint("evaluate")
+      result = estimator.evaluate(bert_features.input_fn_builder(
+          eval_file, self.flags.max_seq_length, self.flags.eval_batch_size,
+          is_training=False, drop_remainder=False))
+      result["num_examples"] = num_eval
+      not_finite = sorted(key for key, value in result.items()
+                          if not math.isfinite(float(value)))
+      path = os.path.join(self.output_dir, "eval_results.txt")
+      with tf.io.gfile.GFile(path, "w") as writer:
+        for key in sorted(result):
+          writer.write(f"{key} = {result[key]}\n")
+      print(f"eval on {num_eval} held-out examples: accuracy "
+            f"{result['eval_accuracy']:.4f}, loss {result['eval_loss']:.4f} "
+            f"(written to {path})", flush=True)
+      if not_finite:
+        values = ", ".join(f"{key} = {result[key]}" for key in not_finite)
+        raise NotFinite(f"evaluation is not finite: {values} (see {path}); "
+                        "the model diverged.")
+    if self.flags.do_predict:
+      _, test_file, num_test = self._features(processor, "test", tokenizer,
+                                         label_list)
+      self._require_checkpoint("predict")
+      path = os.path.join(self.output_dir, "test_results.tsv")
+      predictions = estimator.predict(bert_features.input_fn_builder(
+          test_file, self.flags.max_seq_length, self.flags.predict_batch_size,
+          is_training=False, drop_remainder=False))
+      written = 0
+      with tf.io.gfile.GFile(path, "w") as writer:
+        for prediction in predictions:
+          writer.write("\t".join(f"{p:.6f}" for p in prediction[
+              "probabilities"]) + "\n")
+          written += 1
+      if written != num_test:
+        raise RuntimeError(f"predicted {written} of {num_test} test examples.")
+      print(f"predictions for {num_test} test examples written to {path}",
+            flush=True)
 
 
 def main(argv):
   del argv
-  console.quiet_tensorflow(FLAGS.verbose)
-  batch_plan.use_bfc_on_cpu(FLAGS)
+  values = FlagValues.of(FLAGS)  # The flags, read once.
+  console.quiet_tensorflow(values.verbose)
+  batch_plan.use_bfc_on_cpu(values)
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
   try:
-    run()
+    ClassifierRun(values).run()
   except (UsageError, classification.DataError, FileNotFoundError) as error:
     sys.exit(f"run_classifier: error: {error}")
   except NotFinite as error:
@@ -633,7 +591,7 @@ def main(argv):
     if not estimator_accum.is_divergence(error):
       raise
     print("run_classifier: error: training diverged: "
-          f"{FLAGS.max_consecutive_skipped_windows} windows in a row were "
+          f"{values.max_consecutive_skipped_windows} windows in a row were "
           "skipped for non-finite gradients; lower --learning_rate or "
           "--clip_norm (or raise --max_consecutive_skipped_windows).",
           file=sys.stderr)

@@ -28,6 +28,8 @@ OWNERS = {
     "window_statistics": ("estimator_accum.window.batch_norm",
                           "each batch_norm layer's WindowStatistics, until "
                           "a train op claims them"),
+    "reported_losses": ("estimator_accum.window.reports",
+                        "the losses reportable_loss was given"),
     "progress": ("estimator_accum.window.progress",
                  "the graph's progress line and the train op writing it"),
     "warned_hyperparameters": ("estimator_accum.window.step_counting",

@@ -293,6 +293,9 @@ def accumulating_model_fn(features, labels, mode, params):
           params["ema_decay"],
           num_updates=estimator_accum.update_count(params["k"])).apply(
               variables)
+  reported = None
+  if params.get("reportable_loss") == "first":
+    reported = estimator_accum.reportable_loss(loss)
   train_op = estimator_accum.build_accumulating_train_op(
       loss, params["optimizer_fn"](), params["k"], after_update=after_update,
       clip_norm=params.get("clip_norm"), num_examples=num_examples,
@@ -305,7 +308,9 @@ def accumulating_model_fn(features, labels, mode, params):
   hooks = list(params.get("training_hooks", []))
   # The micro-batch's own loss, for hooks that record it (LossRecorder).
   tf.compat.v1.add_to_collection(MICRO_BATCH_LOSS, loss)
-  if params.get("reportable_loss"):
+  if reported is not None:
+    loss = reported
+  elif params.get("reportable_loss"):
     loss = estimator_accum.reportable_loss(
         loss, across_workers=params["reportable_loss"] == "across_workers")
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op,

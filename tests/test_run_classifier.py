@@ -261,6 +261,13 @@ def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
             if line.startswith("run_classifier: error")]
   assert len(errors) == 1 and errors[0].startswith(message), (
       result.stderr[-3000:])
+  # One line per skipped window, and no advice the script already follows.
+  warnings = [line for line in result.stderr.splitlines()
+              if "estimator_accum" in line and "WARNING" in line]
+  assert warnings, result.stderr[-3000:]
+  assert all("skipped the window ending at micro-batch" in line
+             for line in warnings), warnings
+  assert "reportable_loss" not in result.stderr
 
 
 def _no_dropout_model(tiny_model, tmp_path):

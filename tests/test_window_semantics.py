@@ -121,6 +121,24 @@ def test_non_finite_window_is_skipped_whole(bad_value, control_flow, tmp_path,
   assert np.isfinite(value("dense/kernel/accum")).all()
 
 
+def test_a_loss_reported_before_the_train_op_gives_one_line_per_window(
+    tmp_path, capfd):
+  # reportable_loss built first: the NaN micro-batch costs its window, and
+  # the window's end is the one line that says so.
+  k, micro_batch = 4, 4
+  data = support.make_data(k * micro_batch * 3)
+  data["x"][k * micro_batch + micro_batch + 1, 0] = np.nan  # micro-batch 5
+  estimator, _ = support.estimator_train(
+      tmp_path, lambda: v1.AdamOptimizer(0.05), data, micro_batch, k, k * 3,
+      reportable_loss="first", log_every=None)
+  lines = [line for line in capfd.readouterr().err.splitlines()
+           if "estimator_accum" in line]
+  assert len(lines) == 1 and (
+      "skipped the window ending at micro-batch 7" in lines[0]), lines
+  assert estimator.get_variable_value(
+      "gradient_accumulation/skipped_windows") == 1
+
+
 def test_nan_loss_without_reportable_loss_says_how_to_train_on(tmp_path,
                                                                capfd):
   # Estimator's own NanTensorHook stops on a NaN loss, whatever the train op

@@ -1,1 +1,18 @@
-"""The one place that knows `tf.distribute` (filled in below)."""
+"""The one place that knows `tf.distribute`.
+
+Everything else in the library asks these modules, never `tf.distribute`
+itself (`tests/test_design.py` checks):
+
+- `replicas.py`: replica versus cross-replica context (`replica_id`,
+  `in_replica_context`, `merge`), the number of replicas, the window's
+  all-reduce and per-replica work (`CrossReplica`), variables each replica
+  keeps for itself (`sync_on_read`, `replica_components`), the all-reduce's
+  `communication_options`, and the flag that tells Estimator the loss is a
+  mean over replicas.
+- `apply.py`: handing the already-reduced window to an optimizer
+  (`apply_reduced`) and creating its slots outside the window's `tf.cond`.
+- `placement.py`: where a parameter-server worker keeps its window.
+- `workers.py`: worker identity (`training_tasks`) and the loss each worker
+  reports on its own; the one import of a private `tensorflow.python`
+  module (`values.Mirrored`).
+"""

@@ -12,7 +12,7 @@ import sys
 
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints.state_variables import state_variable
 from estimator_accum.distribution import workers
@@ -74,6 +74,13 @@ def is_divergence(error):
   run whose windows were skipped too many times in a row."""
   return isinstance(error, tf.errors.InvalidArgumentError) and (
       DIVERGED in str(error))
+
+
+def is_reported(loss):
+  """Whether `reportable_loss` was given `loss` (a tensor of this graph):
+  Estimator then trains on past its NaN micro-batches, and the window's
+  skip line says all there is to say."""
+  return loss.name in graph_state.owned("reported_losses", set)
 
 
 def warn_nan_loss(loss, position):
@@ -204,6 +211,7 @@ def reportable_loss(loss, name="gradient_accumulation", across_workers=False):
   _checks.check_loss(loss)
   _checks.check_name(name)
   _checks.check_bool("across_workers", across_workers)
+  graph_state.owned("reported_losses", set).add(loss.name)
   # Each worker's own in parameter-server training, like its window.
   global_step = tf.compat.v1.train.get_global_step()
   last_finite = state_variable(

@@ -188,7 +188,10 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
         progress=progress.progress_line(
             settings.name, settings.k, settings.log_every_n_micro_batches))
     examples = window_reports.micro_batch_examples(source, num_examples)
-    accumulated = window.accumulate_micro_batch(loss)
+    # A loss reportable_loss was given first needs no NaN line of its own:
+    # Estimator trains on, and the window's end says it skipped.
+    accumulated = window.accumulate_micro_batch(
+        None if loss is None or window_reports.is_reported(loss) else loss)
     train_op = replicas.merge(
         window.end_micro_batch, accumulated,
         *((examples,) if examples is not None else ()))

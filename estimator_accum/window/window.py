@@ -128,7 +128,9 @@ class Window:
 
     With the micro-batch's `loss`, also warns when it is NaN: Estimator's
     NanTensorHook stops training on it before the window's end would say
-    the window was skipped.
+    the window was skipped (unless Estimator is given
+    `reportable_loss(loss)`, built before the train op: then the train op
+    is given no loss, and the window's end says it all in one line).
 
     The same ops run at every position of the window: no `tf.cond` decides
     whether to overwrite or add. The state is zeroed at the window's end

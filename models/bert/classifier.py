@@ -102,6 +102,9 @@ def model_fn_builder(bert_config, training):
         training.num_train_updates, training.num_warmup_updates)
     optimizer = optimization.make_optimizer(training.optimizer,
                                               learning_rate)
+    # Reported before the train op is built: a NaN micro-batch then costs its
+    # window and one line when the window ends, not a line of its own.
+    reported = estimator_accum.reportable_loss(loss)
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,
         loss_scale="dynamic" if training.use_fp16 else None,
@@ -113,7 +116,7 @@ def model_fn_builder(bert_config, training):
         micro_batch_size=training.micro_batch_size,
         total_micro_batches=training.total_micro_batches, loss=loss)
     return tf.estimator.EstimatorSpec(
-        mode, loss=estimator_accum.reportable_loss(loss), train_op=train_op,
+        mode, loss=reported, train_op=train_op,
         training_hooks=[hook])
 
   return model_fn

@@ -23,8 +23,9 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
-from models import console, training  # noqa: E402
+from models import console, strategies, training  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
+from models.script_flags import FlagValues  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
@@ -43,19 +44,19 @@ flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
 training.define_checkpoint_flags(flags, every_n_micro_batches=500)
 
 
-def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
+def train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
                        strategy=None):
   estimator = tf.estimator.Estimator(
       model_fn, model_dir=model_dir,
       config=tf.estimator.RunConfig(
           tf_random_seed=0, train_distribute=strategy,
           log_step_count_steps=10_000,
-          save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-          keep_checkpoint_max=FLAGS.keep_checkpoint_max),
-      params=dict(k=k, learning_rate=FLAGS.learning_rate))
+          save_checkpoints_steps=values.save_checkpoints_steps,
+          keep_checkpoint_max=values.keep_checkpoint_max),
+      params=dict(k=k, learning_rate=values.learning_rate))
 
   def train_input(input_context=None):
-    return housing.input_fn(train, micro_batch, k=k, epochs=FLAGS.epochs,
+    return housing.input_fn(train, micro_batch, k=k, epochs=values.epochs,
                             shuffle_seed=0, input_context=input_context)
 
   if strategy is None:
@@ -63,7 +64,7 @@ def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
   else:
     workers = strategy.num_replicas_in_sync
     window = workers * micro_batch * k
-    steps = FLAGS.epochs * (len(train["price"]) // window) * k
+    steps = values.epochs * (len(train["price"]) // window) * k
     tf.estimator.train_and_evaluate(
         estimator, tf.estimator.TrainSpec(train_input, max_steps=steps),
         tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
@@ -77,32 +78,33 @@ def train_and_evaluate(model_dir, train, evaluation, k, micro_batch,
 
 def main(argv):
   del argv
-  console.quiet_tensorflow(FLAGS.verbose)
-  if FLAGS.k < 1:
-    raise app.UsageError(f"--k must be >= 1, got {FLAGS.k}")
-  if FLAGS.batch < 1:
-    raise app.UsageError(f"--batch must be >= 1, got {FLAGS.batch}")
-  train, evaluation = housing.load_housing(FLAGS.data_csv)
-  model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="housing_")
-  if FLAGS.strategy == "multi_worker":
-    _multi_worker(model_dir, train, evaluation)
+  values = FlagValues.of(FLAGS)  # The flags, read once.
+  console.quiet_tensorflow(values.verbose)
+  if values.k < 1:
+    raise app.UsageError(f"--k must be >= 1, got {values.k}")
+  if values.batch < 1:
+    raise app.UsageError(f"--batch must be >= 1, got {values.batch}")
+  train, evaluation = housing.load_housing(values.data_csv)
+  model_dir = values.model_dir or tempfile.mkdtemp(prefix="housing_")
+  if values.strategy == "multi_worker":
+    _multi_worker(values, model_dir, train, evaluation)
     return
-  big_batch = FLAGS.k * FLAGS.batch
+  big_batch = values.k * values.batch
   print(f"housing: {len(train['price'])} train / {len(evaluation['price'])} "
         f"eval examples; effective batch {big_batch} = micro-batch "
-        f"{FLAGS.batch} x k={FLAGS.k}; runs in {model_dir}", flush=True)
+        f"{values.batch} x k={values.k}; runs in {model_dir}", flush=True)
   accumulated, accumulated_weights = training.exit_if_diverged(
-      "housing", train_and_evaluate,
-      os.path.join(model_dir, f"accumulated_b{FLAGS.batch}_k{FLAGS.k}"),
-      train, evaluation, FLAGS.k, FLAGS.batch)
+      "housing", train_and_evaluate, values,
+      os.path.join(model_dir, f"accumulated_b{values.batch}_k{values.k}"),
+      train, evaluation, values.k, values.batch)
   plain, plain_weights = train_and_evaluate(
-      os.path.join(model_dir, f"plain_b{big_batch}"), train, evaluation, 1,
+      values, os.path.join(model_dir, f"plain_b{big_batch}"), train, evaluation, 1,
       big_batch)
   worst = max(
       float(np.max(np.abs(accumulated_weights[n] - plain_weights[n]) /
                    np.maximum(np.abs(plain_weights[n]), 1e-6)))
       for n in plain_weights)
-  print(f"accumulated (batch {FLAGS.batch} x k={FLAGS.k}): eval RMSE "
+  print(f"accumulated (batch {values.batch} x k={values.k}): eval RMSE "
         f"{accumulated['rmse']:.3f}, {accumulated['global_step']} "
         "micro-batches")
   print(f"plain       (batch {big_batch}):      eval RMSE "
@@ -110,27 +112,27 @@ def main(argv):
   print(f"largest relative weight difference: {worst:.2e}")
 
 
-def _multi_worker(model_dir, train, evaluation):
+def _multi_worker(values, model_dir, train, evaluation):
   try:
-    task = tfconfig.use_environment("multi_worker").get("task", {})
-  except tfconfig.TFConfigError as error:
+    # A lost peer ends this task in bounded time instead of a hang; the
+    # markers need the model_dir the tasks share (not a temporary one each).
+    distribution = strategies.choose("multi_worker", values.model_dir,
+                                     tfconfig.health.DEFAULT_TIMEOUT)
+  except strategies.StrategyError as error:
     raise SystemExit(f"housing: error: {error}") from None
-  # A lost peer ends this task in bounded time instead of a hang; the
-  # markers need the model_dir the tasks share (not a temporary one each).
-  watchdog = tfconfig.health.watch(FLAGS.model_dir)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  workers = strategy.num_replicas_in_sync
-  print(f"housing: effective batch {workers * FLAGS.batch * FLAGS.k} = "
-        f"{workers} worker(s) x micro-batch {FLAGS.batch} x k={FLAGS.k}; "
+  workers = distribution.workers * distribution.replicas_per_worker
+  batch, k = values.batch, values.k
+  print(f"housing: effective batch {workers * batch * k} = "
+        f"{workers} worker(s) x micro-batch {batch} x k={k}; "
         f"runs in {model_dir}", flush=True)
   metrics, _ = training.exit_if_diverged(
-      "housing", train_and_evaluate, os.path.join(model_dir, f"b{FLAGS.batch}_k{FLAGS.k}_w{workers}"),
-      train, evaluation, FLAGS.k, FLAGS.batch, strategy)
-  if task.get("index", 0) == 0:
+      "housing", train_and_evaluate, values,
+      os.path.join(model_dir, f"b{batch}_k{k}_w{workers}"),
+      train, evaluation, k, batch, distribution.strategy)
+  if distribution.task.get("index", 0) == 0:
     print(f"eval RMSE {metrics['rmse']:.3f} after {metrics['global_step']} "
           f"micro-batches", flush=True)
-  if watchdog:
-    watchdog.finish()
+  distribution.finish()
 
 
 if __name__ == "__main__":

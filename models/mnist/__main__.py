@@ -29,8 +29,9 @@ from absl import app, flags, logging  # noqa: E402
 import estimator_accum  # noqa: E402
 import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
-from models import batch_plan, console, training  # noqa: E402
+from models import batch_plan, console, strategies, training  # noqa: E402
 from models.mnist.model import model_fn, weight_names  # noqa: E402
+from models.script_flags import FlagValues  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
@@ -57,33 +58,33 @@ training.define_checkpoint_flags(flags, every_n_micro_batches=100)
 batch_plan.define_flags(flags)
 
 
-def _load():
-  if FLAGS.idx_dir is None:
+def _load(values):
+  if values.idx_dir is None:
     train, test = mnist.load()
   else:
     def pair(prefix):
       return mnist.read_idx_pair(
-          os.path.join(FLAGS.idx_dir, f"{prefix}-images-idx3-ubyte.gz"),
-          os.path.join(FLAGS.idx_dir, f"{prefix}-labels-idx1-ubyte.gz"))
+          os.path.join(values.idx_dir, f"{prefix}-images-idx3-ubyte.gz"),
+          os.path.join(values.idx_dir, f"{prefix}-labels-idx1-ubyte.gz"))
     train, test = pair("train"), pair("t10k")
-  if FLAGS.train_size:
-    train = {key: value[:FLAGS.train_size] for key, value in train.items()}
+  if values.train_size:
+    train = {key: value[:values.train_size] for key, value in train.items()}
   return train, test
 
 
-def _run(model_dir, train, test, k, micro_batch, strategy, workers):
+def _run(values, model_dir, train, test, k, micro_batch, strategy, workers):
   """Trains one configuration; returns (metrics, weights)."""
   per_step = micro_batch * workers
-  micro_batches = FLAGS.epochs * len(train["labels"]) // per_step // k * k
+  micro_batches = values.epochs * len(train["labels"]) // per_step // k * k
   config = tf.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
       # Every micro-batch's loss: the plot draws each window's mean.
       save_summary_steps=1, log_step_count_steps=10_000,
-      save_checkpoints_steps=FLAGS.save_checkpoints_steps,
-      keep_checkpoint_max=FLAGS.keep_checkpoint_max)
+      save_checkpoints_steps=values.save_checkpoints_steps,
+      keep_checkpoint_max=values.keep_checkpoint_max)
   estimator = tf.estimator.Estimator(
       model_fn, config=config,
-      params=dict(k=k, learning_rate=FLAGS.learning_rate))
+      params=dict(k=k, learning_rate=values.learning_rate))
   label = (f"batch {micro_batch} x k={k}" if k > 1 else f"batch {micro_batch}")
   if workers > 1:
     label += f", {workers} workers"
@@ -94,7 +95,7 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
               writer)
 
   def train_input(input_context=None):
-    return mnist.input_fn(train, micro_batch, epochs=FLAGS.epochs,
+    return mnist.input_fn(train, micro_batch, epochs=values.epochs,
                           shuffle_seed=0, drop_remainder=True,
                           input_context=input_context)
 
@@ -112,22 +113,22 @@ def _run(model_dir, train, test, k, micro_batch, strategy, workers):
                    for name in weight_names()}
 
 
-def _plan_batch(train, workers, model_dir):
-  """With --micro_batch_size: sets --batch and --k from the plan (measured
-  for 'auto', on this model and these images)."""
-  batch_plan.check_flags(FLAGS, [f"{name}" for name in ("batch", "k")
-                                 if FLAGS[name].present])
-  if FLAGS.micro_batch_size is None:
-    return
+def _plan_batch(values, train, workers, model_dir):
+  """(micro-batch, k): --batch and --k, or with --micro_batch_size the
+  plan's (measured for 'auto', on this model and these images)."""
+  batch_plan.check_flags(values, [name for name in ("batch", "k")
+                                 if name in values.given])
+  if values.micro_batch_size is None:
+    return values.batch, values.k
   tf.io.gfile.makedirs(model_dir)
-  effective = FLAGS.effective_batch_size or workers * FLAGS.batch * FLAGS.k
+  effective = values.effective_batch_size or workers * values.batch * values.k
   plan = batch_plan.resolve(
-      FLAGS, build=estimator_accum.estimator_step(
+      values, build=estimator_accum.estimator_step(
           model_fn, lambda params: mnist.input_fn(train, params["batch_size"]),
-          params=dict(learning_rate=FLAGS.learning_rate)),
+          params=dict(learning_rate=values.learning_rate)),
       effective_batch=effective, replicas=workers, run_dir=model_dir,
       is_chief=_task_index() == 0)
-  FLAGS.batch, FLAGS.k = plan.micro_batch, plan.k
+  return plan.micro_batch, plan.k
 
 
 def _task_index():
@@ -137,48 +138,45 @@ def _task_index():
 
 def main(argv):
   del argv
-  console.quiet_tensorflow(FLAGS.verbose)
-  batch_plan.use_bfc_on_cpu(FLAGS)
+  values = FlagValues.of(FLAGS)  # The flags, read once.
+  console.quiet_tensorflow(values.verbose)
+  batch_plan.use_bfc_on_cpu(values)
   try:
-    train, test = _load()
+    train, test = _load(values)
   except (mnist.MnistFileError, FileNotFoundError) as error:
     raise SystemExit(f"mnist: error: {error}") from None
-  strategy, workers, watchdog = None, 1, None
-  if FLAGS.strategy == "multi_worker":
-    try:
-      tfconfig.use_environment("multi_worker")
-    except tfconfig.TFConfigError as error:
-      raise SystemExit(f"mnist: error: {error}") from None
+  try:
     # A lost peer ends this task in bounded time instead of a hang; the
     # markers need the model_dir the tasks share (not a temporary one each).
-    watchdog = tfconfig.health.watch(FLAGS.model_dir)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    workers = strategy.num_replicas_in_sync
-  model_dir = FLAGS.model_dir or tempfile.mkdtemp(prefix="mnist_")
+    distribution = strategies.choose(values.strategy, values.model_dir,
+                                     tfconfig.health.DEFAULT_TIMEOUT)
+  except strategies.StrategyError as error:
+    raise SystemExit(f"mnist: error: {error}") from None
+  strategy = distribution.strategy
+  workers = distribution.workers * distribution.replicas_per_worker
+  model_dir = values.model_dir or tempfile.mkdtemp(prefix="mnist_")
   try:
-    _plan_batch(train, workers, model_dir)
+    batch, k = _plan_batch(values, train, workers, model_dir)
   except batch_plan.PlanError as error:
     raise SystemExit(f"mnist: error: {error}") from None
-  big_batch = workers * FLAGS.batch * FLAGS.k
+  big_batch = workers * batch * k
   print(f"mnist: {len(train['labels'])} train / {len(test['labels'])} test "
         f"images; effective batch {big_batch} = {workers} worker(s) x "
-        f"micro-batch {FLAGS.batch} x k={FLAGS.k}; runs in {model_dir}",
-        flush=True)
-  name = f"b{FLAGS.batch}_k{FLAGS.k}" + (f"_w{workers}" if workers > 1 else "")
+        f"micro-batch {batch} x k={k}; runs in {model_dir}", flush=True)
+  name = f"b{batch}_k{k}" + (f"_w{workers}" if workers > 1 else "")
   metrics, weights = training.exit_if_diverged(
-      "mnist", _run, os.path.join(model_dir, name), train, test, FLAGS.k,
-      FLAGS.batch, strategy, workers)
-  if watchdog:
-    watchdog.finish()
+      "mnist", _run, values, os.path.join(model_dir, name), train, test, k,
+      batch, strategy, workers)
+  distribution.finish()
   if _task_index() != 0:
     return
   print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
         f"{metrics['loss']:.4f}, {metrics['global_step']} micro-batches",
         flush=True)
-  if not FLAGS.compare or FLAGS.k == 1 or strategy is not None:
+  if not values.compare or k == 1 or strategy is not None:
     return
   plain_metrics, plain_weights = _run(
-      os.path.join(model_dir, f"b{big_batch}_k1"), train, test, 1, big_batch,
+      values, os.path.join(model_dir, f"b{big_batch}_k1"), train, test, 1, big_batch,
       None, 1)
   # Relative to each tensor's scale: elementwise ratios of weights that
   # happen to be near zero say nothing about the training.
