@@ -2,11 +2,14 @@
 
 import dataclasses
 import inspect
+import pathlib
+import re
 
 import pytest
 import tensorflow as tf
 
 import estimator_accum
+import estimator_accum.options
 from estimator_accum.options import OPTION_NAMES, WindowSettings
 
 
@@ -118,3 +121,19 @@ def test_an_unknown_option_is_named_by_every_entry_point(entry):
       entry(loss, optimizer, 2, bogus=1)
     else:
       entry(optimizer, 2, bogus=1)
+
+
+def test_the_user_guide_lists_every_option_with_its_default():
+  guide = (pathlib.Path(__file__).resolve().parent.parent / "docs" /
+           "user_guide.md").read_text()
+  table = guide[guide.index("## Options"):]
+  rows = re.findall(r"^\| `(\w+)` \| (.+?) \|", table, re.M)
+  assert [name for name, _ in rows] == list(OPTION_NAMES)
+  for name, default in rows:
+    expected = estimator_accum.options.DEFAULTS[name]
+    if name == "sparse_threshold_bytes":
+      assert "128 MB" in default and expected == 128 * 2**20
+    elif name == "accumulator_dtype":
+      assert default == "`tf.float32`" and expected == tf.float32
+    else:
+      assert default == f"`{expected!r}`", name

@@ -187,6 +187,10 @@ def reportable_loss(loss, name="gradient_accumulation", across_workers=False):
   `build_accumulating_train_op` skips, counts and logs; pass this tensor as
   `EstimatorSpec(loss=...)` so that Estimator keeps training past it.
 
+  Build it before the train op (`reported = reportable_loss(loss)`, then
+  `build_accumulating_train_op(loss, ...)`): the train op then prints no
+  line of its own for a NaN micro-batch, and a skipped window is one line.
+
   Under `MultiWorkerMirroredStrategy` over several workers, Estimator
   all-reduces the loss it reports across the workers at every micro-batch:
   the one collective left between two window ends, and one that makes the
