@@ -53,3 +53,6 @@ $PY benchmarks/plan_memory.py 2>/dev/null
 echo
 echo "## The BERT layer norm: centred form against tf.nn.moments, inference and training (MiniLM shape, 8 x 128)"
 $PY benchmarks/layer_norm_speed.py 2>/dev/null
+echo
+echo "## The library's shape, read with ast"
+$PY benchmarks/code_shape.py
