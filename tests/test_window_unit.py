@@ -107,3 +107,57 @@ def test_momentum_moves_once_per_window():
   assert window.step(3.0) == pytest.approx(8.0)        # m = 2
   window.step(0.0)
   assert window.step(0.0) == pytest.approx(8.0 - 1.0)  # m = 0.5 * 2 + 0
+
+
+def test_running_mean_holds_the_mean_so_far_and_applies_it():
+  window = _Window(k=4, reduction="running_mean")
+  accumulator = window.state.accumulators[0].total
+  held = []
+  for g in (1.0, 2.0, 3.0):
+    window.step(g)
+    held.append(float(window.read(accumulator)))
+  assert held == pytest.approx([1.0, 1.5, 2.0])
+  assert window.step(4.0) == pytest.approx(10.0 - 2.5)
+  assert window.read(accumulator) == 0.0
+
+
+def test_running_mean_with_num_examples_weights_by_examples():
+  graph = tf.Graph()
+  with graph.as_default():
+    gradient = v1.placeholder(tf.float32, [])
+    examples = v1.placeholder(tf.float32, [])
+    w = v1.get_variable("w", [], initializer=v1.constant_initializer(10))
+    train_op = estimator_accum.build_accumulating_train_op(
+        gradient * w, v1.train.GradientDescentOptimizer(1.0), 2,
+        reduction="running_mean", num_examples=examples, summaries=False,
+        log_every_n_micro_batches=None)
+    with v1.Session() as session:
+      session.run(v1.global_variables_initializer())
+      session.run(train_op, {gradient: 1.0, examples: 3.0})
+      session.run(train_op, {gradient: 5.0, examples: 1.0})
+      # (3 x 1 + 1 x 5) / 4 = 2.
+      assert session.run(w) == pytest.approx(8.0)
+
+
+@pytest.mark.parametrize("option, examples, chosen, state", [
+    ("mean", False, "Mean", ["window_micro_batches", "window_divisor"]),
+    ("mean", True, "WeightedMean", ["window_examples"]),
+    ("sum", False, "Sum", []),
+    ("running_mean", False, "RunningMean", ["window_micro_batches"]),
+    ("running_mean", True, "RunningMean", ["window_examples"]),
+])
+def test_the_option_picks_its_reduction_once(option, examples, chosen, state):
+  from estimator_accum.window import reductions  # noqa: PLC0415
+  with tf.Graph().as_default():
+    count = tf.constant(4.0) if examples else None
+    reduction = reductions.for_options(option, count)
+    assert type(reduction).__name__ == chosen
+    reduction.build("window", 8, None)
+    assert [name.split("/")[-1] for name in reduction.state_variables()] == (
+        state)
+
+
+def test_the_sum_refuses_num_examples_naming_both():
+  from estimator_accum.window import reductions  # noqa: PLC0415
+  with pytest.raises(ValueError, match="num_examples.*reduction='sum'"):
+    reductions.for_options("sum", tf.constant(4.0))
