@@ -99,6 +99,27 @@ def _check_communication_options(value):
   return replicas.communication_options(value, BYTES_PER_PACK)
 
 
+def _check_table_all_reduce(value):
+  if value not in ("auto", "rows", "dense"):
+    raise ValueError(f"table_all_reduce must be 'auto', 'rows' or 'dense', "
+                     f"got {value!r}.")
+  return value
+
+
+def _check_communication_dtype(value):
+  if value is None:
+    return None
+  try:
+    dtype = tf.as_dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype not in (tf.bfloat16, tf.float16, tf.float32):
+    raise ValueError(
+        f"communication_dtype must be None, 'bfloat16', 'float16' or "
+        f"'float32', got {value!r}.")
+  return None if dtype == tf.float32 else dtype
+
+
 def _check_after_update(value):
   if value is not None and not callable(value):
     raise TypeError(
@@ -152,6 +173,17 @@ OPTIONS = (
            "window's all-reduce under a collective strategy, or None: packs "
            "of about 4 MB, which run concurrently and skip most of the "
            "concatenate-and-split copies one pack would make."),
+    Option("table_all_reduce", "auto", _check_table_all_reduce,
+           "how a masked table's window crosses replicas: \"rows\" (its "
+           "row mask with the dense gradients, then only the rows touched "
+           "on any replica, in a second round), \"dense\" (the whole "
+           "table), or \"auto\": by rows for tables of 1 MB or more whose "
+           "window cannot touch every row. Exact either way."),
+    Option("communication_dtype", None, _check_communication_dtype,
+           "None (float32), \"bfloat16\" or \"float16\": the dtype the "
+           "window's gradient sums take on the wire; accumulation, counts, "
+           "clipping and the apply stay float32. Rounds the window's "
+           "gradient: off by default."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "
@@ -231,7 +263,7 @@ WindowSettings.__module__ = __name__
 
 def config_value(name, value):
   """An option's value as a Keras config holds it (a dtype by name)."""
-  if name == "accumulator_dtype" and isinstance(value, tf.DType):
+  if isinstance(value, tf.DType):
     return value.name
   return value
 

@@ -93,6 +93,11 @@ def main():
                       help="write each worker's micro-batch losses to "
                       "D/losses_<index>.json and the chief's summaries "
                       "every step")
+  parser.add_argument("--table_all_reduce", default="auto",
+                      choices=["auto", "rows", "dense"],
+                      help="how the embedding table's window is all-reduced")
+  parser.add_argument("--communication_dtype", default=None,
+                      help="the window's wire dtype (bfloat16, float16)")
   parser.add_argument("--bytes_per_pack", type=int, default=None,
                       help="the window all-reduce's pack size (default: the "
                       "library's)")
@@ -193,6 +198,8 @@ def main():
       support.accumulating_model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
+                  table_all_reduce=args.table_all_reduce,
+                  communication_dtype=args.communication_dtype,
                   ema_decay=args.ema_decay,
                   batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),

@@ -88,6 +88,21 @@ def test_mwms_across_hosts_equals_the_big_batch(workers, rate, make_bed,
     assert state["state"] == "done"
 
 
+@pytest.mark.parametrize("workers, rate", [(2, "1gbit"), (3, None)])
+def test_a_table_sent_by_its_touched_rows_across_hosts_is_exact(
+    workers, rate, make_bed, tmp_path):
+  # The embedding's window crosses the links as its row mask, then the
+  # block of the rows touched on any host (window/communication.py).
+  bed = make_bed(workers, rate=rate)
+  result = subprocess.run(
+      hosts.launch_command(bed, workers, tmp_path, 3, "--table_all_reduce",
+                           "rows"),
+      cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  hosts.assert_final_weights(tmp_path, workers, 3,
+                             f"table by rows on {workers} hosts")
+
+
 def test_parameter_server_job_across_hosts(make_bed, tmp_path):
   bed = make_bed(4)
   result = subprocess.run(

@@ -81,6 +81,57 @@ def test_two_workers_equal_one_device_big_batch(optimizer_name, clipped,
         err_msg=f"{what}: {name} differs from BatchNorm on the big batches")
 
 
+def _run_job(tmp_path, optimizer_name, *extra, clip_norm=None):
+  command = [
+      sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
+      "--timeout", "240", "--", sys.executable, "tests/multiworker_job.py",
+      "--model_dir", str(tmp_path), "--optimizer", optimizer_name,
+      "--k", str(K), "--micro_batch", str(MICRO_BATCH),
+      "--updates", str(UPDATES), *extra]
+  if clip_norm is not None:
+    command += ["--clip_norm", repr(float(clip_norm))]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+  saved = np.load(tmp_path / "final_weights.npz")
+  return {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+
+
+@pytest.mark.parametrize("optimizer_name", ["momentum", "adam"])
+def test_a_table_sent_by_its_touched_rows_equals_the_big_batch(
+    optimizer_name, tmp_path):
+  # Momentum moves only the rows a sparse gradient names: a row sent that
+  # no worker touched, or one left out, would show.
+  data = support.make_data(BIG_BATCH * UPDATES)
+  clip_norm = 0.5 * support.reference_gradient_norm(data, BIG_BATCH)
+  expected = support.reference_train(
+      OPTIMIZERS[optimizer_name], data, BIG_BATCH, UPDATES,
+      clip_norm=clip_norm, minimize=True)
+  actual = _run_job(tmp_path, optimizer_name, "--table_all_reduce", "rows",
+                    clip_norm=clip_norm)
+  what = f"{optimizer_name}, table by rows, {WORKERS} workers"
+  support.assert_weights_moved(actual, what)
+  support.assert_weights_close(actual, expected, what=what)
+
+
+def test_a_bfloat16_wire_stays_near_the_exact_window(tmp_path):
+  # bfloat16 keeps 8 bits of mantissa: each window's gradient is rounded
+  # once on the wire (2 workers: one sum), relative error <= 2**-8 per
+  # value; Adam's moments carry it on. Measured: 2.8e-3 of the weights'
+  # largest movement (Adam, 3 updates); bounded here at 2e-2.
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES, minimize=True)
+  exact = _run_job(tmp_path / "exact", "adam")
+  wire = _run_job(tmp_path / "bf16", "adam", "--communication_dtype",
+                  "bfloat16", "--table_all_reduce", "rows")
+  support.assert_weights_close(exact, expected, what="float32 wire")
+  initial = support.initial_weights()
+  moved = max(float(np.max(np.abs(expected[n] - initial[n]))) for n in expected)
+  error = max(float(np.max(np.abs(wire[n] - exact[n]))) for n in exact)
+  assert 0 < error < 2e-2 * moved, (error, moved)
+
+
 def test_two_workers_moving_average_after_update(tmp_path):
   """after_update's moving average, updated in cross-replica context on each
   worker, equals the one-device recipe's."""

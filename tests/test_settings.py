@@ -73,6 +73,7 @@ def _given_each_option():
       sparse_threshold_bytes=1024,
       communication_options=tf.distribute.experimental.CommunicationOptions(
           bytes_per_pack=1024),
+      table_all_reduce="dense", communication_dtype="bfloat16",
       after_update=lambda: None, log_every_n_micro_batches=7,
       max_consecutive_skipped_windows=3, name="window")
 
@@ -91,8 +92,8 @@ def test_the_wrappers_keep_every_option(wrapper, inner):
   given = _given_each_option()
   settings = wrapper(inner(), 3, **given)._window._settings  # noqa: SLF001
   for name, value in given.items():
-    if name == "accumulator_dtype":
-      value = tf.float32
+    if name in ("accumulator_dtype", "communication_dtype"):
+      value = tf.as_dtype(value)
     assert getattr(settings, name) == value, name
 
 

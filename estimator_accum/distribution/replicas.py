@@ -80,6 +80,14 @@ def communication_options(options, default_bytes_per_pack):
   return options
 
 
+def one_pack(options):
+  """`options` with every tensor in one pack: for tensors whose sizes are
+  known only at run time (packs of a given size need static sizes)."""
+  return tf.distribute.experimental.CommunicationOptions(
+      bytes_per_pack=0, timeout_seconds=options.timeout_seconds,
+      implementation=options.implementation)
+
+
 def sync_on_read(aggregation):
   """The variable arguments of state each replica keeps for itself:
   updated locally with no communication, read across replicas (and saved)

@@ -139,6 +139,13 @@ class Accumulator:
       return self.total.read_value(), self.rows.read_value()
     return self.window_sum(), None
 
+  def rows_of(self, indices):
+    """The window sum's rows `indices` (int64 [n]) of a table: [n] + row
+    shape, gathered from the resource (no copy of the table)."""
+    return tf.raw_ops.ResourceGather(
+        resource=self.total.handle, indices=indices,
+        dtype=self.total.dtype.base_dtype)
+
   def decay(self, keep_fraction):
     """Returns an op that multiplies the window sum by `keep_fraction`.
 

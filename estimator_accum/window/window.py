@@ -17,7 +17,7 @@ from estimator_accum.checkpoints.state_variables import (
   variable_base_name,
 )
 from estimator_accum.distribution import apply, replicas
-from estimator_accum.window import reductions, reports
+from estimator_accum.window import communication, reductions, reports
 from estimator_accum.window.accumulators import Accumulator, rows_to_slices
 from estimator_accum.window.batch_norm import claim_window_statistics
 from estimator_accum.window.compact import CompactSparseAccumulator
@@ -85,6 +85,16 @@ class Window:
                               holds_mean=self._reduction.holds_mean)
         for (g, v), c in zip(trained, compact)]
     self._reduction.build(settings.name, self._window_size, local_device)
+    # The dtype the window's sums cross replicas in (None: as they are);
+    # cast back to float32 by _window_gradients.
+    self._wire = (settings.communication_dtype
+                  if replicas.num_replicas() > 1 else None)
+    # The tables that cross replicas by their touched rows: the rows of the
+    # block each is sent in, or None (communication.py).
+    self._by_rows = [
+        communication.rows_block(a, g, settings.table_all_reduce,
+                                 replicas.num_replicas(), settings.k)
+        for a, g in zip(self._accumulators, self._gradients)]
     # The window's position: the global step, except in between-graph
     # training, where the global step is shared by workers that each keep
     # their own window and count their own micro-batches.
@@ -211,9 +221,7 @@ class Window:
     looks variables up by op name and cannot find a replica's component of
     an ON_READ accumulator.
     """
-    sums, rows, weight, statistics = cross_replica.sum(
-        cross_replica.each(self._local_window),
-        self._settings.communication_options)
+    sums, rows, weight, statistics = self._all_reduce(cross_replica)
     gradients, norm, finite, held = cross_replica.each(
         self._window_gradients, sums, rows, weight)
     finite, norm = cross_replica.first(finite), cross_replica.first(norm)
@@ -234,6 +242,34 @@ class Window:
       bookkeeping += self._reduction.after_window()
     with tf.control_dependencies(bookkeeping):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
+
+  def _all_reduce(self, cross_replica):
+    """The window's sums over every replica: (sums, rows, weight,
+    statistics), per replica. A table sent by its rows comes back as its
+    touched rows' sums, its `rows` entry the union of the rows touched
+    (int64 indices, the same on every replica); a masked table sent whole,
+    as its dense sum and its summed row mask."""
+    options = self._settings.communication_options
+    sums, rows, weight, statistics = cross_replica.sum(
+        cross_replica.each(self._local_window), options)
+    if not any(self._by_rows):
+      return sums, rows, weight, statistics
+    union = {i: communication.union_rows(cross_replica.first(rows[i]))
+             for i, block in enumerate(self._by_rows) if block}
+    touched = cross_replica.sum(cross_replica.each(self._touched_rows, union),
+                                replicas.one_pack(options))
+    for position, i in enumerate(sorted(union)):
+      sums[i], rows[i] = touched[position], union[i]
+    return sums, rows, weight, statistics
+
+  def _touched_rows(self, union):
+    """Replica context: this replica's sums of the rows in `union` ({table
+    index: int64 rows}), as the reduction's `local` forms sums."""
+    gathered = [self._accumulators[i].rows_of(union[i]) for i in sorted(union)]
+    gathered, _ = self._reduction.local(gathered)
+    gathered = [communication.in_block(g, self._by_rows[i])
+                for g, i in zip(gathered, sorted(union))]
+    return communication.to_wire(gathered, self._wire)
 
   def _apply(self, cross_replica, gradients, statistics):
     moved = [s.move_averages(cross_replica, sums)
@@ -275,7 +311,12 @@ class Window:
     """
     several = replicas.num_replicas() > 1
     sums, rows = zip(*[a.reducible_sum(several) for a in self._accumulators])
-    sums, weight = self._reduction.local(list(sums))
+    # A table sent by its rows sends only its mask in this round.
+    sums = [None if block else s for s, block in zip(sums, self._by_rows)]
+    local, weight = self._reduction.local([s for s in sums if s is not None])
+    local = iter(local)
+    sums = [None if s is None else next(local) for s in sums]
+    sums = communication.to_wire(sums, self._wire)
     return sums, list(rows), weight, [s.local_sums() for s in self._statistics]
 
   def _window_gradients(self, sums, rows, weight):
@@ -289,8 +330,8 @@ class Window:
       for the sum). A NaN or Inf anywhere in the window makes the norm
       non-finite, and every replica sees the same reduced values.
     """
-    sums = [cast_gradient(s if r is None else rows_to_slices(s, r), tf.float32)
-            for s, r in zip(sums, rows)]
+    sums = [cast_gradient(self._as_gradient(s, r, a), tf.float32)
+            for s, r, a in zip(sums, rows, self._accumulators)]
     gradients, factor = self._reduction.finish(sums, weight)
     norm = tf.linalg.global_norm(gradients)
     if factor is not None:
@@ -310,6 +351,19 @@ class Window:
     gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
                  for g, a in zip(gradients, self._accumulators)]
     return gradients, norm, finite, weight
+
+  @staticmethod
+  def _as_gradient(total, rows, accumulator):
+    """A window sum as its variable's gradient: as it is; a dense table's
+    sum by its row mask (float32 [rows]); or a block whose first rows are
+    the sums of a table's touched rows, by their indices (int64 [rows
+    touched])."""
+    if rows is None:
+      return total
+    if rows.dtype == tf.int64:
+      return tf.IndexedSlices(total[:tf.shape(rows)[0]], rows, tf.constant(
+          accumulator.variable.shape.as_list(), tf.int64))
+    return rows_to_slices(total, rows)
 
   def _reset(self, after):
     with tf.control_dependencies([after]):
