@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -184,3 +185,27 @@ def test_exit_codes_are_distinct_and_retryable_where_they_should_be():
   assert health.PEER_LOST_EXIT >= 128  # Kubeflow's ExitCode retries these.
   assert health.MODEL_DIR_NOT_SHARED_EXIT < 128  # A permanent error.
   assert os.EX_CONFIG == health.MODEL_DIR_NOT_SHARED_EXIT
+
+
+@pytest.mark.parametrize("cluster, task, hosts", [
+    ({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, ("chief", 0), True),
+    ({"chief": ["a:1"], "worker": ["b:1", "c:1"]}, ("worker", 0), False),
+    ({"worker": ["b:1", "c:1"]}, ("worker", 0), True),
+    ({"worker": ["b:1", "c:1"]}, ("worker", 1), False),
+])
+def test_the_coordination_service_host_is_the_chief_or_worker_0(cluster, task,
+                                                                 hosts):
+  config = {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+  watchdog = health.Watchdog(config, timeout=2.0, interval=0.3)
+  assert watchdog._hosts_coordination_service() == hosts  # noqa: SLF001
+
+
+def test_the_host_leaves_after_the_others_are_gone(servers):
+  # worker 1's server answers, then goes: worker 0, the host, waits for
+  # that (and no longer), so that worker 1 never outlives the service.
+  cluster, processes = servers(2)
+  watchdog = _watchdog(cluster, 0, exits=lambda code: None)
+  threading.Timer(1.0, processes[1].kill).start()
+  started = time.monotonic()
+  watchdog._outlive_peers(seconds=10)  # noqa: SLF001
+  assert 0.9 < time.monotonic() - started < 5

@@ -61,6 +61,11 @@ def _name(task_type, index):
   return f"{task_type}:{index}"
 
 
+# How long the coordination service's host waits, at the end of a job,
+# for the other training tasks' processes to go.
+OUTLIVE_SECONDS = 15.0
+
+
 class _Peer:
   """One other task: its address, its channel and what we know of it."""
 
@@ -225,6 +230,8 @@ class Watchdog:
     self._write_marker("done")
     if self.model_dir and not any(p.task_type == tfc.PS for p in self.peers):
       self._leave_together()
+      if self._hosts_coordination_service():
+        self._outlive_peers()
 
   def _leave_together(self):
     pending = [peer for peer in self.peers
@@ -248,6 +255,25 @@ class Watchdog:
             peer.done = True  # Gone: nothing to wait for.
       pending = [peer for peer in pending if not peer.done]
       if pending:
+        time.sleep(0.2)
+
+  def _hosts_coordination_service(self):
+    """Whether this task hosts TensorFlow's coordination service: the
+    chief, or worker 0 of a cluster without one."""
+    types = {p.task_type for p in self.peers} | {self.task_type}
+    host = tfc.CHIEF if tfc.CHIEF in types else tfc.WORKER
+    return (self.task_type, self.index) == (host, 0)
+
+  def _outlive_peers(self, seconds=OUTLIVE_SECONDS):
+    """The coordination service's host leaves after the other training
+    tasks have gone (their servers stop answering), for at most `seconds`:
+    a task whose service is gone while it still shuts down logs "failed to
+    connect to all addresses", although the job succeeded."""
+    deadline = time.monotonic() + seconds
+    alive = [p for p in self.peers if p.task_type in tfc.TRAINING_TYPES]
+    while alive and time.monotonic() < deadline:
+      alive = [p for p in alive if p.probe(1.0) is None]
+      if alive:
         time.sleep(0.2)
 
   def stop(self):
