@@ -84,9 +84,10 @@ def run_task(args):
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
       save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
       log_step_count_steps=1_000_000)
+  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
   estimator = tf.estimator.Estimator(model_fn, config=config, params=dict(
       mode=args.task, k=args.k, micro_batch=args.micro_batch,
-      model=args.model, output=args.output))
+      model=args.model, output=args.output.format(index=index)))
 
   def input_fn(input_context=None):
     del input_context
@@ -112,8 +113,9 @@ def _launch(args, bed, mode, directory):
       [sys.executable, "-m", "tfconfig", "launch", "--workers",
        str(args.workers), "--netns", bed.name, "--timeout", "900", "--",
        *task], cwd=ROOT, capture_output=True, text=True)
-  if result.returncode != 0:
-    raise RuntimeError(f"{mode} failed:\n{result.stderr[-3000:]}")
+  if result.returncode != 0 or not all(map(os.path.exists, outputs)):
+    raise RuntimeError(f"{mode} failed:\n{result.stdout[-3000:]}"
+                       f"{result.stderr[-3000:]}")
   return [json.load(open(path)) for path in outputs]
 
 

@@ -1,0 +1,96 @@
+"""What a window costs, read from the job's first windows, and what a larger
+k would save.
+
+A window of k micro-batches takes k steps: k - 1 that add gradients and one
+that also all-reduces the window and applies it. The difference between
+that last step and the others is the window's end: across hosts, mostly
+the all-reduce, whose time does not grow with k. So with t the time of a
+micro-batch and e the end's extra time, a window takes k t + e; a larger
+k spends the same e on more examples.
+
+`measure(step_seconds, k, first_position)` reads t and e (medians) from a
+job's step times; `WindowCost.describe()` says it in one line, with what
+k x 2 and k x 4 would give. `AccumulationLoggingHook` logs that line once,
+after the first windows.
+"""
+
+import dataclasses
+import statistics
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowCost:
+  """The cost of a window of `k` micro-batches.
+
+  Attributes:
+    k: micro-batches per window.
+    micro_batch_seconds: median time of a step that ends no window.
+    end_seconds: median time a window-ending step takes beyond that (the
+      all-reduce and the apply), >= 0.
+  """
+
+  k: int
+  micro_batch_seconds: float
+  end_seconds: float
+
+  @property
+  def window_seconds(self):
+    return self.k * self.micro_batch_seconds + self.end_seconds
+
+  @property
+  def end_share(self):
+    """The share of the window its end takes."""
+    return self.end_seconds / self.window_seconds
+
+  def with_k(self, k):
+    """The same job with windows of `k` micro-batches."""
+    return dataclasses.replace(self, k=k)
+
+  def speedup(self, k):
+    """Examples per second with windows of `k`, over this k's."""
+    other = self.with_k(k)
+    return (k / other.window_seconds) / (self.k / self.window_seconds)
+
+  def describe(self, factors=(2, 4)):
+    """One line: the window, its end's share, and larger k's."""
+    larger = ", ".join(
+        f"k={self.k * f} would spend {self.with_k(self.k * f).end_share:.0%} "
+        f"there ({self.speedup(self.k * f):.2f}x the examples/sec)"
+        for f in factors)
+    return (f"window cost: {self.k} micro-batches of "
+            f"{self.micro_batch_seconds:.3f} s, and its end "
+            f"{self.end_seconds:.3f} s more (all-reduce and apply: "
+            f"{self.end_share:.0%} of the window's {self.window_seconds:.2f}"
+            f" s); {larger}")
+
+
+def measure(step_seconds, k, first_position, skip_windows=1):
+  """The `WindowCost` of a job from its step times.
+
+  Args:
+    step_seconds: list of float, the time of consecutive steps.
+    k: micro-batches per window.
+    first_position: int, the micro-batch the first time is of (the global
+      step it ran at).
+    skip_windows: windows left out at the start (warm-up).
+
+  Returns:
+    A WindowCost, or None when no complete window (after the skipped ones)
+    with steps that end no window is in `step_seconds`.
+  """
+  ends, others = [], []
+  windows_seen = 0
+  for offset, seconds in enumerate(step_seconds):
+    position = first_position + offset
+    ends_window = (position + 1) % k == 0
+    if windows_seen >= skip_windows:
+      (ends if ends_window else others).append(seconds)
+    if ends_window:
+      windows_seen += 1
+  if not ends or (k > 1 and not others):
+    return None
+  micro_batch = statistics.median(others) if others else 0.0
+  end = max(statistics.median(ends) - micro_batch, 0.0)
+  if k == 1:
+    micro_batch, end = statistics.median(ends), 0.0
+  return WindowCost(k, micro_batch, end)

@@ -1,0 +1,36 @@
+"""What a window costs, from step times (planning/window_cost.py), on
+hand-computed values."""
+
+import pytest
+
+from estimator_accum.planning import window_cost
+
+
+def test_the_end_is_the_last_step_beyond_a_micro_batch():
+  # k=4: three steps of 0.25 s and one of 1.25 s per window; the first
+  # window (warm-up, slower) is left out.
+  times = [2.0, 2.0, 2.0, 3.0] + [0.25, 0.25, 0.25, 1.25] * 3
+  cost = window_cost.measure(times, 4, first_position=0)
+  assert cost.micro_batch_seconds == pytest.approx(0.25)
+  assert cost.end_seconds == pytest.approx(1.0)
+  assert cost.window_seconds == pytest.approx(2.0)
+  assert cost.end_share == pytest.approx(0.5)
+  # k=8: 8 x 0.25 + 1 = 3 s for twice the examples: 2 / 1.5 = 1.33x.
+  assert cost.speedup(8) == pytest.approx(4 / 3)
+  assert cost.with_k(8).end_share == pytest.approx(1 / 3)
+  line = cost.describe()
+  assert line.startswith("window cost: 4 micro-batches of 0.250 s, and its "
+                         "end 1.000 s more")
+  assert "k=8 would spend 33% there (1.33x the examples/sec)" in line
+  assert "k=16 would spend 20% there (1.60x the examples/sec)" in line
+
+
+def test_a_job_resumed_mid_window_counts_from_its_position():
+  # Resumed at micro-batch 6 with k=4: steps 6, 7 end the first window.
+  times = [9.0, 9.0] + [0.5, 0.5, 0.5, 2.5] * 2
+  cost = window_cost.measure(times, 4, first_position=6)
+  assert (cost.micro_batch_seconds, cost.end_seconds) == (0.5, 2.0)
+
+
+def test_too_few_steps_measure_nothing():
+  assert window_cost.measure([1.0, 1.0, 1.0], 4, first_position=0) is None
