@@ -10,9 +10,9 @@ a warning whenever a window has been skipped for a non-finite gradient
 since the previous line, and once, after the first windows, what a window
 costs and what a larger k would save (`planning.window_cost`):
 
-  window cost: 4 micro-batches of 0.230 s, and its end 0.900 s more
-      (all-reduce and apply: 49% of the window's 1.82 s); k=8 would spend
-      33% there (1.31x the examples/sec), k=16 20% (1.57x ...)
+  window cost: <k> micro-batches of <t> s, and its end <e> s more
+      (all-reduce and apply: <share> of the window's <k t + e> s);
+      k=<2k> would spend <share> there (<ratio>x the examples/sec), ...
 """
 
 import time
