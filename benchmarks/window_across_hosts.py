@@ -19,7 +19,7 @@ window. Modes, side by side on the same link in one run:
 
   python benchmarks/window_across_hosts.py [--model minilm] [--workers 2]
       [--rates none,10gbit,1gbit] [--k 4] [--windows 4]
-      [--heartbeat_seconds 60]   # slow links: see _configure_heartbeat
+      [--heartbeat_seconds 60]   # slow links: tfconfig.health.coordination_heartbeat
 
 Printed per link and mode: the window's time (k micro-batches), micro-batches
 per second per worker, and the share of the window its last step spends
@@ -46,7 +46,7 @@ import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.multiworker_window import _StepTimer  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
-from tfconfig import testbed  # noqa: E402
+from tfconfig import health, testbed  # noqa: E402
 
 MODES = ("window", "rows", "rows+bf16", "recipe", "plain")
 
@@ -73,25 +73,6 @@ def model_fn(features, labels, mode, params):
       training_hooks=[_StepTimer(params["output"])])
 
 
-def _configure_heartbeat(seconds):
-  """Sets the coordination service's heartbeat timeout (10 s by default)
-  before the strategy configures the service (it then keeps this one).
-
-  On a slow shaped link a worker's heartbeats can wait behind the window's
-  all-reduce past 10 s: measured at 250 Mbit/s, 2 of 3 jobs ended with
-  'heartbeat timeout'. TensorFlow 2.15 has no public way to set it.
-  """
-  from tensorflow.python.eager import context  # noqa: PLC0415
-  from tensorflow.tsl.protobuf import coordination_config_pb2  # noqa: PLC0415
-  cluster = json.loads(os.environ["TF_CONFIG"])["cluster"]
-  context.context().configure_coordination_service(
-      service_type="standalone",
-      service_leader="/job:worker/replica:0/task:0",
-      heartbeat_timeout_in_ms=int(seconds * 1000),
-      coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
-          name="worker", num_tasks=len(cluster["worker"]))])
-
-
 def run_task(args):
   """One worker of one mode (run by the launcher in its namespace)."""
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
@@ -100,7 +81,9 @@ def run_task(args):
     # Its optimizer's merge_call inside a tf.cond needs control flow v1.
     tf.compat.v1.disable_control_flow_v2()
   if args.heartbeat_seconds:
-    _configure_heartbeat(args.heartbeat_seconds)
+    # Slow links: the coordination service's heartbeat (10 s by default)
+    # can wait behind the window's all-reduce.
+    health.coordination_heartbeat(args.heartbeat_seconds)
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   config = tf.estimator.RunConfig(
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
@@ -166,7 +149,7 @@ def main():
   parser.add_argument("--windows", type=int, default=4)
   parser.add_argument("--heartbeat_seconds", type=float, default=None,
                       help="the coordination service's heartbeat timeout "
-                      "(slow links; see _configure_heartbeat)")
+                      "(slow links; tfconfig.health.coordination_heartbeat)")
   parser.add_argument("--model_dir")
   parser.add_argument("--output")
   args = parser.parse_args()

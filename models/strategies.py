@@ -123,6 +123,10 @@ def choose(name, model_dir, peer_timeout_secs=None):
   try:
     if name == "parameter_server":
       return Distribution(name, None, workers, 1, config, watchdog)
+    # Slow is not dead: TensorFlow's own heartbeat waits as long as the
+    # watchdog (10 s at least, its default).
+    tfconfig.health.coordination_heartbeat(
+        max(peer_timeout_secs or 0, 10.0), config)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     return Distribution(name, strategy, workers,
                         strategy.num_replicas_in_sync // workers, config,

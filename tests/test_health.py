@@ -209,3 +209,37 @@ def test_the_host_leaves_after_the_others_are_gone(servers):
   started = time.monotonic()
   watchdog._outlive_peers(seconds=10)  # noqa: SLF001
   assert 0.9 < time.monotonic() - started < 5
+
+
+_HEARTBEAT = """
+import json, sys
+from tensorflow.python.eager import context
+from tfconfig import health
+config = json.loads(sys.argv[1])
+print(health.coordination_heartbeat(60, config))
+service = context.context().coordination_service
+print(service.heartbeat_timeout_in_ms if service else None)
+print(service.service_leader if service else None)
+"""
+
+
+@pytest.mark.parametrize("cluster, task, expected", [
+    ({"worker": ["a:1", "b:1"]}, ("worker", 1),
+     ["True", "60000", "/job:worker/replica:0/task:0"]),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, ("worker", 0),
+     ["True", "60000", "/job:chief/replica:0/task:0"]),
+    # The strategy configures no service there: neither does this.
+    ({"worker": ["a:1"], "ps": ["p:1"]}, ("worker", 0),
+     ["False", "None", "None"]),
+    ({"worker": ["a:1"], "evaluator": ["e:1"]}, ("evaluator", 0),
+     ["False", "None", "None"]),
+])
+def test_the_coordination_heartbeat_is_set_before_the_strategy(cluster, task,
+                                                               expected):
+  config = {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
+  result = subprocess.run(
+      [sys.executable, "-c", _HEARTBEAT, json.dumps(config)],
+      capture_output=True, text=True, timeout=120,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split() == expected
