@@ -5,6 +5,8 @@ import contextlib
 
 import tensorflow as tf
 
+from estimator_accum.distribution import replicas
+
 
 def between_graph_worker_device(computed, shared):
   """The worker's device in parameter-server (between-graph) training.
@@ -16,9 +18,7 @@ def between_graph_worker_device(computed, shared):
   tensor on another job mean each worker must keep its own window, on its
   own device. Returns None otherwise (one device, or another strategy).
   """
-  if tf.distribute.has_strategy() and not isinstance(
-      tf.distribute.get_strategy(),
-      tf.compat.v1.distribute.experimental.ParameterServerStrategy):
+  if replicas.has_strategy() and not replicas.is_parameter_server():
     return None
   shared = tf.DeviceSpec.from_string(shared.device or "")
   here = tf.DeviceSpec.from_string(computed.device or "")
