@@ -36,6 +36,12 @@ def _scatter(op, variable, indices, values):
             updates=tf.cast(values, variable.dtype.base_dtype))
 
 
+def touched_rows(mask):
+  """int64 [rows touched]: the rows whose `mask` entry (float32 [num_rows])
+  is > 0."""
+  return tf.reshape(tf.where(mask > 0), [-1])
+
+
 def rows_to_slices(total, rows):
   """Returns the rows of `total` whose `rows` entry is > 0, as IndexedSlices.
 
@@ -43,7 +49,7 @@ def rows_to_slices(total, rows):
     total: float Tensor of shape [num_rows, ...], a window sum.
     rows: float32 Tensor of shape [num_rows], > 0 for the touched rows.
   """
-  touched = tf.reshape(tf.where(rows > 0), [-1])
+  touched = touched_rows(rows)
   return tf.IndexedSlices(tf.gather(total, touched), touched,
                           tf.shape(total, out_type=tf.int64))
 
@@ -165,7 +171,7 @@ class Accumulator:
     # Gather the touched rows from the resource itself: reading the whole
     # table (read_value) of a variable that scatter ops update makes
     # TensorFlow copy its entire buffer (copy-on-write).
-    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
+    touched = touched_rows(self.rows.read_value())
     values = tf.raw_ops.ResourceGather(
         resource=self.total.handle, indices=touched,
         dtype=self.total.dtype.base_dtype)
@@ -184,7 +190,7 @@ class Accumulator:
       return self.total.assign(
           unfolded_zeros(self.total.shape, self.total.dtype.base_dtype),
           read_value=False)
-    touched = tf.reshape(tf.where(self.rows.read_value() > 0), [-1])
+    touched = touched_rows(self.rows.read_value())
     row_shape = tf.concat([tf.shape(touched), tf.shape(self.total)[1:]], 0)
     clear_values = _scatter(tf.raw_ops.ResourceScatterUpdate, self.total,
                             touched, tf.zeros(row_shape))

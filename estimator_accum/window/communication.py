@@ -65,12 +65,6 @@ def in_block(rows, block):
   return tf.ensure_shape(padded, [block] + rows.shape.as_list()[1:])
 
 
-def union_rows(mask):
-  """int64 [rows touched anywhere]: the rows of a table whose row mask,
-  summed over the replicas, is > 0 (the same on every replica)."""
-  return tf.reshape(tf.where(mask > 0), [-1])
-
-
 def to_wire(values, dtype):
   """`values` (a list of float tensors or None, in replica context) cast to
   the wire `dtype` (None: as they are)."""

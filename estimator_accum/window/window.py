@@ -18,7 +18,11 @@ from estimator_accum.checkpoints.state_variables import (
 )
 from estimator_accum.distribution import apply, replicas
 from estimator_accum.window import communication, reductions, reports
-from estimator_accum.window.accumulators import Accumulator, rows_to_slices
+from estimator_accum.window.accumulators import (
+  Accumulator,
+  rows_to_slices,
+  touched_rows,
+)
 from estimator_accum.window.batch_norm import claim_window_statistics
 from estimator_accum.window.compact import CompactSparseAccumulator
 from estimator_accum.window.counters import WindowCounters
@@ -254,7 +258,9 @@ class Window:
         cross_replica.each(self._local_window), options)
     if not any(self._by_rows):
       return sums, rows, weight, statistics
-    union = {i: communication.union_rows(cross_replica.first(rows[i]))
+    # The rows touched on any replica: the summed masks are the same on
+    # every replica.
+    union = {i: touched_rows(cross_replica.first(rows[i]))
              for i, block in enumerate(self._by_rows) if block}
     touched = cross_replica.sum(cross_replica.each(self._touched_rows, union),
                                 replicas.one_pack(options))
