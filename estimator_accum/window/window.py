@@ -316,9 +316,11 @@ class Window:
     `_window_gradients` rebuilds the IndexedSlices afterwards.
     """
     several = replicas.num_replicas() > 1
-    sums, rows = zip(*[a.reducible_sum(several) for a in self._accumulators])
-    # A table sent by its rows sends only its mask in this round.
-    sums = [None if block else s for s, block in zip(sums, self._by_rows)]
+    # A table sent by its rows sends only its mask in this round: its dense
+    # sum is not read (a read of a table that scatter ops update copies it).
+    sums, rows = zip(*[
+        (None, a.rows.read_value()) if block else a.reducible_sum(several)
+        for a, block in zip(self._accumulators, self._by_rows)])
     local, weight = self._reduction.local([s for s in sums if s is not None])
     local = iter(local)
     sums = [None if s is None else next(local) for s in sums]
