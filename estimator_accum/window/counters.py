@@ -34,10 +34,9 @@ class WindowCounters:
           per_replica=False, checkpointed=False)
 
   def state_variables(self):
-    """{name: variable} of the saved counters, in the order made."""
-    return {v.name.split(":")[0]: v for v in (
-        self.updates_applied, self.skipped_windows,
-        self.applied_gradient_norm)}
+    """The saved counters, in the order made."""
+    return [self.updates_applied, self.skipped_windows,
+            self.applied_gradient_norm]
 
   def count(self, applied, norm, position):
     """The ops counting a window that was `applied` (bool tensor) or

@@ -134,9 +134,8 @@ class LossScaler:
                                          per_replica=False)
 
   def state_variables(self):
-    """{name: variable} of the scale and its good windows, as made."""
-    return {v.name.split(":")[0]: v
-            for v in (self.scale, self.good_windows) if v is not None}
+    """The scale and its good windows, as made."""
+    return [v for v in (self.scale, self.good_windows) if v is not None]
 
   def scale_loss(self, loss):
     return loss * tf.cast(self.scale.read_value(), loss.dtype)

@@ -91,8 +91,8 @@ class Reduction:
     del name, window_size, local_device
 
   def state_variables(self):
-    """{name: variable} of the state it made, in the order made."""
-    return {}
+    """The variables of the state it made, in the order made."""
+    return []
 
   def add(self, accumulators, gradients, unscaled):
     """The ops adding one micro-batch. `unscaled(w)` is the float32 weight
@@ -158,7 +158,7 @@ class _Weighted(Reduction):
         local_device=local_device)
 
   def state_variables(self):
-    return {self._weight.name.split(":")[0]: self._weight}
+    return [self._weight]
 
   def _micro_batch_weight(self):
     """This micro-batch's weight: its examples, or 1."""
@@ -221,8 +221,7 @@ class Mean(_Weighted):
         initial_value=float(window_size), local_device=local_device)
 
   def state_variables(self):
-    return dict(super().state_variables(),
-                **{self._divisor.name.split(":")[0]: self._divisor})
+    return super().state_variables() + [self._divisor]
 
   def add(self, accumulators, gradients, unscaled):
     with _after(gradients):

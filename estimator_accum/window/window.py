@@ -120,20 +120,19 @@ class Window:
     position and the counters; and {name: (trained variable's name, slot
     name)} for the state that is one trained variable's, which object-based
     checkpoints key as that variable's slot "window_<suffix>"."""
-    found, slots = {}, {}
-    if self._loss_scaler is not None:
-      found.update(self._loss_scaler.state_variables())
+    slots = {}
     for accumulator in self._accumulators:
       base = variable_base_name(accumulator.variable)
       for variable in accumulator.state_variables():
         name = variable_base_name(variable)
-        found[name] = variable
         slots[name] = (base, "window_" + name[len(base) + 1:])
-    found.update(self._reduction.state_variables())
+    made = (self._loss_scaler.state_variables() if self._loss_scaler else [])
+    made += [v for a in self._accumulators for v in a.state_variables()]
+    made += self._reduction.state_variables()
     if self._position is not self._global_step:
-      found[variable_base_name(self._position)] = self._position
-    found.update(self._counters.state_variables())
-    return found, slots
+      made.append(self._position)
+    made += self._counters.state_variables()
+    return {variable_base_name(v): v for v in made}, slots
 
   # Replica context: every micro-batch.
 
