@@ -66,6 +66,12 @@ def _name(task_type, index):
 OUTLIVE_SECONDS = 15.0
 
 
+def _coordination_leader(task_types):
+  """The task that hosts TensorFlow's coordination service in a cluster of
+  chief and workers with these `task_types`: the chief, else worker 0."""
+  return (tfc.CHIEF if tfc.CHIEF in task_types else tfc.WORKER), 0
+
+
 class _Peer:
   """One other task: its address, its channel and what we know of it."""
 
@@ -261,8 +267,7 @@ class Watchdog:
     """Whether this task hosts TensorFlow's coordination service: the
     chief, or worker 0 of a cluster without one."""
     types = {p.task_type for p in self.peers} | {self.task_type}
-    host = tfc.CHIEF if tfc.CHIEF in types else tfc.WORKER
-    return (self.task_type, self.index) == (host, 0)
+    return (self.task_type, self.index) == _coordination_leader(types)
 
   def _outlive_peers(self, seconds=OUTLIVE_SECONDS):
     """The coordination service's host leaves after the other training
@@ -364,10 +369,10 @@ def coordination_heartbeat(seconds, config=None):
   if (task.get(tfc.TYPE) not in tfc.TRAINING_TYPES or tfc.PS in cluster or
       context.context().coordination_service is not None):
     return False
-  leader = tfc.CHIEF if tfc.CHIEF in cluster else tfc.WORKER
+  leader, index = _coordination_leader(cluster)
   context.context().configure_coordination_service(
       service_type="standalone",
-      service_leader=f"/job:{leader}/replica:0/task:0",
+      service_leader=f"/job:{leader}/replica:0/task:{index}",
       heartbeat_timeout_in_ms=int(seconds * 1000),
       coordinated_jobs=[
           coordination_config_pb2.CoordinatedJob(
