@@ -113,7 +113,7 @@ def _run(values, model_dir, train, test, k, micro_batch, strategy, workers):
                    for name in weight_names()}
 
 
-def _plan_batch(values, train, workers, model_dir):
+def _plan_batch(values, train, workers, model_dir, is_chief):
   """(micro-batch, k): --batch and --k, or with --micro_batch_size the
   plan's (measured for 'auto', on this model and these images)."""
   batch_plan.check_flags(values, [name for name in ("batch", "k")
@@ -127,13 +127,8 @@ def _plan_batch(values, train, workers, model_dir):
           model_fn, lambda params: mnist.input_fn(train, params["batch_size"]),
           params=dict(learning_rate=values.learning_rate)),
       effective_batch=effective, replicas=workers, run_dir=model_dir,
-      is_chief=_task_index() == 0)
+      is_chief=is_chief)
   return plan.micro_batch, plan.k
-
-
-def _task_index():
-  task = tfconfig.from_environment().get("task", {})
-  return task.get("index", 0) if task.get("type", "worker") == "worker" else 0
 
 
 def main(argv):
@@ -156,7 +151,8 @@ def main(argv):
   workers = distribution.workers * distribution.replicas_per_worker
   model_dir = values.model_dir or tempfile.mkdtemp(prefix="mnist_")
   try:
-    batch, k = _plan_batch(values, train, workers, model_dir)
+    batch, k = _plan_batch(values, train, workers, model_dir,
+                           distribution.is_chief)
   except batch_plan.PlanError as error:
     raise SystemExit(f"mnist: error: {error}") from None
   big_batch = workers * batch * k
@@ -168,7 +164,7 @@ def main(argv):
       "mnist", _run, values, os.path.join(model_dir, name), train, test, k,
       batch, strategy, workers)
   distribution.finish()
-  if _task_index() != 0:
+  if not distribution.is_chief:
     return
   print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
         f"{metrics['loss']:.4f}, {metrics['global_step']} micro-batches",
