@@ -120,6 +120,11 @@ def _check_communication_dtype(value):
   return None if dtype == tf.float32 else dtype
 
 
+def _check_overlap_backward(value):
+  _checks.check_bool("overlap_backward", value)
+  return value
+
+
 def _check_after_update(value):
   if value is not None and not callable(value):
     raise TypeError(
@@ -184,6 +189,12 @@ OPTIONS = (
            "window's gradient sums take on the wire; accumulation, counts, "
            "clipping and the apply stay float32. Rounds the window's "
            "gradient: off by default."),
+    Option("overlap_backward", True, _check_overlap_backward,
+           "bool. True: the window's all-reduce starts during the last "
+           "micro-batch's backward pass, each pack (in the order the "
+           "backward makes the gradients) once its own accumulators hold "
+           "the micro-batch. False: it waits for the whole micro-batch. "
+           "Exact either way."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "

@@ -1,6 +1,10 @@
-"""What the window's end sends between replicas, and in which form.
+"""What the window's end sends between replicas, in which form and order.
 
-A window's all-reduce is its cost across hosts. Two choices make it smaller:
+A window's all-reduce is its cost across hosts. It is sent in packs, in the
+order the backward pass makes the gradients (`ready_order`): each pack
+starts once the last micro-batch's gradients of its own variables are
+accumulated, while the backward pass still computes the layers below, as
+PyTorch DDP's buckets do. Two choices make it smaller:
 
 - **Tables by their touched rows** (`table_all_reduce`). A masked table's
   window is a dense sum the size of the table, of which a window touches
@@ -71,3 +75,47 @@ def to_wire(values, dtype):
   if dtype is None:
     return values
   return [None if v is None else tf.cast(v, dtype) for v in values]
+
+
+def ready_order(gradients):
+  """The indices of `gradients` in the order the backward pass makes them.
+
+  `tf.gradients` creates a gradient's ops after those of every gradient it
+  depends on, from the loss down: the graph's order of the ops producing
+  them is the order they can be ready in (the reverse of the forward, for
+  a model of layers in sequence). Every worker builds the same graph, so
+  every worker sends the same packs.
+
+  Args:
+    gradients: a list of tf.Tensor or tf.IndexedSlices of one graph.
+  """
+  producers = [getattr(g, "values", g).op for g in gradients]
+  if not producers:
+    return []
+  made = {op.name: i for i, op in
+          enumerate(producers[0].graph.get_operations())}
+  return sorted(range(len(gradients)),
+                key=lambda i: (made.get(producers[i].name, -1), i))
+
+
+def size_in_bytes(tensor):
+  """The bytes `tensor` (of a static shape) takes; 0 if its shape is not
+  known."""
+  elements = tensor.shape.num_elements()
+  return 0 if elements is None else elements * tensor.dtype.size
+
+
+def packs(sizes, bytes_per_pack):
+  """Groups tensors of `sizes` (bytes, in the order they are sent) into
+  packs of consecutive tensors, each closed once it holds more than
+  `bytes_per_pack` (0: one pack), as TensorFlow's own packing does; a list
+  of lists of indices."""
+  groups = []
+  held = 0
+  for i, size in enumerate(sizes):
+    if not groups or (bytes_per_pack and held > bytes_per_pack):
+      groups.append([])
+      held = 0
+    groups[-1].append(i)
+    held += size
+  return groups

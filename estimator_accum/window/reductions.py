@@ -95,9 +95,14 @@ class Reduction:
     return []
 
   def add(self, accumulators, gradients, unscaled):
-    """The ops adding one micro-batch. `unscaled(w)` is the float32 weight
-    `w` (None for 1) divided by the loss scale, in the accumulators' dtype
-    (None when both are 1)."""
+    """The ops adding one micro-batch: (one op per accumulator, adding to
+    it; the ops updating the rule's own state). `unscaled(w)` is the
+    float32 weight `w` (None for 1) divided by the loss scale, in the
+    accumulators' dtype (None when both are 1).
+
+    The window's end reads an accumulator as soon as its own op has run
+    (its all-reduce overlaps the rest of the backward pass) and the rule's
+    state once every op has."""
     raise NotImplementedError
 
   def local(self, sums):
@@ -138,7 +143,7 @@ class Sum(Reduction):
 
   def add(self, accumulators, gradients, unscaled):
     weight = unscaled(None)
-    return [a.add(g, weight) for a, g in zip(accumulators, gradients)]
+    return [a.add(g, weight) for a, g in zip(accumulators, gradients)], []
 
 
 class _Weighted(Reduction):
@@ -186,8 +191,8 @@ class WeightedMean(_Weighted):
     with _after(gradients):
       counted = self._weight.assign_add(weight, read_value=False)
     weight = unscaled(weight)
-    return [counted] + [a.add(g, weight)
-                        for a, g in zip(accumulators, gradients)]
+    return [a.add(g, weight) for a, g in zip(accumulators, gradients)], [
+        counted]
 
 
 class Mean(_Weighted):
@@ -227,8 +232,8 @@ class Mean(_Weighted):
     with _after(gradients):
       counted = self._weight.assign_add(_one(), read_value=False)
     weight = unscaled(tf.math.reciprocal(self._divisor.read_value()))
-    return [counted] + [a.add(g, weight)
-                        for a, g in zip(accumulators, gradients)]
+    return [a.add(g, weight) for a, g in zip(accumulators, gradients)], [
+        counted]
 
   def finish(self, sums, weight):
     # The sums are the window's gradient times this factor, which is 1
@@ -269,7 +274,8 @@ class RunningMean(_Weighted):
       decays = [a.decay(keep) for a in accumulators]
     with tf.control_dependencies(decays):
       fraction = unscaled(fraction)
-      return [a.add(g, fraction) for a, g in zip(accumulators, gradients)]
+      return [a.add(g, fraction)
+              for a, g in zip(accumulators, gradients)], [seen]
 
   def local(self, sums):
     # Rebuilt as mean x weight, so that replicas combine as sums do.

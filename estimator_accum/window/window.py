@@ -38,6 +38,20 @@ _STATUS_APPLIED = 1
 _STATUS_SKIPPED = 2
 
 
+def _token(ops, name=None):
+  """A bool tensor that exists once `ops` have run."""
+  with tf.control_dependencies(ops):
+    return tf.constant(True, name=name)
+
+
+def _after(token):
+  """A scope whose ops wait for `token`, taken in as data. Inside the
+  window's tf.cond a data input reaches only the ops that use it, where a
+  control input from outside the branch would hold back the whole branch
+  (under control flow v2 it becomes a control input of the cond itself)."""
+  return tf.control_dependencies([tf.identity(token)])
+
+
 class _Unscaling:
   """A float32 weight (None for 1) divided by the loss scale, when the loss
   is scaled, as the accumulators' dtype: the gradients are unscaled in
@@ -99,6 +113,8 @@ class Window:
         communication.rows_block(a, g, settings.table_all_reduce,
                                  replicas.num_replicas(), settings.k)
         for a, g in zip(self._accumulators, self._gradients)]
+    # The order the window's sums are sent in: the backward pass's.
+    self._ready_order = communication.ready_order(self._gradients)
     # The window's position: the global step, except in between-graph
     # training, where the global step is shared by workers that each keep
     # their own window and count their own micro-batches.
@@ -137,7 +153,7 @@ class Window:
   # Replica context: every micro-batch.
 
   def accumulate_micro_batch(self, loss=None):
-    """Adds this micro-batch to the local window; returns a done tensor.
+    """Adds this micro-batch to the local window.
 
     With the micro-batch's `loss`, also warns when it is NaN: Estimator's
     NanTensorHook stops training on it before the window's end would say
@@ -150,34 +166,53 @@ class Window:
     instead (`_reset`), which keeps the graph, and the session's copies of
     it, smaller (measured: 8 MB less peak memory on BERT-Small), and never
     overwrites part of a window restored from a checkpoint.
+
+    Returns:
+      (done, added): bool tensors, `done` once every op of the micro-batch
+      has run, `added[i]` once accumulator i holds the micro-batch. The
+      window's end reads each accumulator after its own tensor only, so
+      that its all-reduce starts while the backward pass still computes
+      the gradients of the layers below.
     """
-    updates = self._reduction.add(
+    added, own = self._reduction.add(
         self._accumulators, self._gradients,
         _Unscaling(self._loss_scaler, self._settings.accumulator_dtype))
-    updates += [added for added in (s.added_on_this_replica()
-                                    for s in self._statistics) if added]
+    own += [op for op in (s.added_on_this_replica()
+                          for s in self._statistics) if op]
     if loss is not None:
-      updates.append(reports.warn_nan_loss(loss, self._position.read_value()))
-    with tf.control_dependencies(updates):
-      return tf.constant(True, name="accumulated")
+      own.append(reports.warn_nan_loss(loss, self._position.read_value()))
+    done = _token(added + own, name="accumulated")
+    return done, [_token([op]) for op in added]
 
   # Cross-replica context: the end-of-micro-batch decision.
 
   def end_micro_batch(self, cross_replica, accumulated, examples=None):
     """`replicas.merge` body: maybe end the window, then count the
-    micro-batch (and write the progress line when it is due). `examples`:
-    the micro-batch's examples on each replica, when they can be told."""
-    with tf.control_dependencies(cross_replica.local(accumulated)):
-      position = tf.cast(self._position.read_value(), tf.int64)
+    micro-batch (and write the progress line when it is due).
+    `accumulated`: what `accumulate_micro_batch` returned, per replica;
+    `examples`: the micro-batch's examples on each replica, when they can
+    be told.
+
+    The decision reads the position only, which no op of this micro-batch
+    changes before the counters: the window's end starts with the step,
+    and each of its reads waits for what it reads (`_after`): for an
+    accumulator, its adds on every replica of this worker (a strategy may
+    keep one accumulator for all of them, as CentralStorageStrategy
+    does)."""
+    done = _token(cross_replica.local(accumulated[0]))
+    added = ([_token(cross_replica.local(t)) for t in accumulated[1]]
+             if self._settings.overlap_backward else
+             [done] * len(accumulated[1]))
+    position = tf.cast(self._position.read_value(), tf.int64)
     ends_window = tf.equal(tf.math.floormod(position + 1, self._settings.k), 0)
     status = tf.cond(
         ends_window,
-        lambda: self._end_window(cross_replica, position),
+        lambda: self._end_window(cross_replica, position, (done, added)),
         lambda: tf.constant(_STATUS_ACCUMULATED),
         name="end_of_window")
     if self._settings.summaries:
       reports.add_summaries(status, self.state)
-    with tf.control_dependencies([status]):
+    with tf.control_dependencies([status, done]):
       counters = [self._global_step.assign_add(
           tf.constant(1, self._global_step.dtype.base_dtype),
           read_value=False)]
@@ -216,7 +251,7 @@ class Window:
     with tf.control_dependencies(created):
       return tf.no_op()
 
-  def _end_window(self, cross_replica, position):
+  def _end_window(self, cross_replica, position, accumulated):
     """True branch: form, check and apply the window; reset it; count it.
 
     The window's one all-reduce is made here in cross-replica context:
@@ -224,7 +259,8 @@ class Window:
     looks variables up by op name and cannot find a replica's component of
     an ON_READ accumulator.
     """
-    sums, rows, weight, statistics = self._all_reduce(cross_replica)
+    sums, rows, weight, statistics = self._all_reduce(cross_replica,
+                                                      accumulated)
     gradients, norm, finite, held = cross_replica.each(
         self._window_gradients, sums, rows, weight)
     finite, norm = cross_replica.first(finite), cross_replica.first(norm)
@@ -246,32 +282,56 @@ class Window:
     with tf.control_dependencies(bookkeeping):
       return tf.where(applied, _STATUS_APPLIED, _STATUS_SKIPPED)
 
-  def _all_reduce(self, cross_replica):
+  def _all_reduce(self, cross_replica, accumulated):
     """The window's sums over every replica: (sums, rows, weight,
     statistics), per replica. A table sent by its rows comes back as its
     touched rows' sums, its `rows` entry the union of the rows touched
     (int64 indices, the same on every replica); a masked table sent whole,
-    as its dense sum and its summed row mask."""
+    as its dense sum and its summed row mask.
+
+    The sums travel in packs, in the order the backward pass makes their
+    gradients (`communication.ready_order`), the window's weight and
+    statistics last: each pack starts once its own accumulators hold the
+    last micro-batch, while the backward pass goes on below.
+    """
     options = self._settings.communication_options
-    sums, rows, weight, statistics = cross_replica.sum(
-        cross_replica.each(self._local_window), options)
+    sums, rows, weight, statistics = cross_replica.each(
+        self._local_window, *accumulated)
+    ordered = ([(sums[i], rows[i]) for i in self._ready_order], weight,
+               statistics)
+    flat = tf.nest.flatten(ordered)
+    sent = [j for j, value in enumerate(flat) if value is not None]
+    sizes = [communication.size_in_bytes(cross_replica.first(flat[j]))
+             for j in sent]
+    for pack in communication.packs(sizes, options.bytes_per_pack):
+      reduced = cross_replica.sum([flat[sent[p]] for p in pack],
+                                  replicas.one_pack(options))
+      for p, value in zip(pack, reduced):
+        flat[sent[p]] = value
+    pairs, weight, statistics = tf.nest.pack_sequence_as(ordered, flat)
+    for i, (total, mask) in zip(self._ready_order, pairs):
+      sums[i], rows[i] = total, mask
     if not any(self._by_rows):
       return sums, rows, weight, statistics
     # The rows touched on any replica: the summed masks are the same on
     # every replica.
     union = {i: touched_rows(cross_replica.first(rows[i]))
              for i, block in enumerate(self._by_rows) if block}
-    touched = cross_replica.sum(cross_replica.each(self._touched_rows, union),
-                                replicas.one_pack(options))
+    touched = cross_replica.sum(
+        cross_replica.each(self._touched_rows, union, accumulated[0]),
+        replicas.one_pack(options))
     for position, i in enumerate(sorted(union)):
       sums[i], rows[i] = touched[position], union[i]
     return sums, rows, weight, statistics
 
-  def _touched_rows(self, union):
+  def _touched_rows(self, union, done):
     """Replica context: this replica's sums of the rows in `union` ({table
-    index: int64 rows}), as the reduction's `local` forms sums."""
-    gathered = [self._accumulators[i].rows_of(union[i]) for i in sorted(union)]
-    gathered, _ = self._reduction.local(gathered)
+    index: int64 rows}), as the reduction's `local` forms sums, once the
+    micro-batch is `done`."""
+    with _after(done):
+      gathered = [self._accumulators[i].rows_of(union[i])
+                  for i in sorted(union)]
+      gathered, _ = self._reduction.local(gathered)
     gathered = [communication.in_block(g, self._by_rows[i])
                 for g, i in zip(gathered, sorted(union))]
     return communication.to_wire(gathered, self._wire)
@@ -302,7 +362,7 @@ class Window:
 
   # Replica context, inside the end-of-window branch.
 
-  def _local_window(self):
+  def _local_window(self, done, added):
     """This replica's window before any communication: (sums, rows, weight,
     statistics), the last the sums of each batch_norm layer's window.
 
@@ -313,18 +373,29 @@ class Window:
     touched-row mask, so that the all-reduce has the same shapes on every
     replica (IndexedSlices are all-gathered, and their row counts differ);
     `_window_gradients` rebuilds the IndexedSlices afterwards.
+
+    Each accumulator is read once it holds the micro-batch (`added`, a
+    bool tensor per accumulator), the rest once the micro-batch is `done`.
     """
     several = replicas.num_replicas() > 1
-    # A table sent by its rows sends only its mask in this round: its dense
-    # sum is not read (a read of a table that scatter ops update copies it).
-    sums, rows = zip(*[
-        (None, a.rows.read_value()) if block else a.reducible_sum(several)
-        for a, block in zip(self._accumulators, self._by_rows)])
-    local, weight = self._reduction.local([s for s in sums if s is not None])
+    sums, rows = [], []
+    for accumulator, block, token in zip(self._accumulators, self._by_rows,
+                                         added):
+      with _after(token):
+        # A table sent by its rows sends only its mask in this round: its
+        # dense sum is not read (a read of a table that scatter ops update
+        # copies it).
+        total, mask = ((None, accumulator.rows.read_value()) if block
+                       else accumulator.reducible_sum(several))
+      sums.append(total)
+      rows.append(mask)
+    with _after(done):
+      local, weight = self._reduction.local([s for s in sums if s is not None])
+      statistics = [s.local_sums() for s in self._statistics]
     local = iter(local)
     sums = [None if s is None else next(local) for s in sums]
     sums = communication.to_wire(sums, self._wire)
-    return sums, list(rows), weight, [s.local_sums() for s in self._statistics]
+    return sums, rows, weight, statistics
 
   def _window_gradients(self, sums, rows, weight):
     """The window's gradient on this replica, from sums over all replicas.
