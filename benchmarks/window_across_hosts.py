@@ -7,11 +7,16 @@ shapes classifying random tokens (128 tokens, micro-batch 8), Adam, timed
 per session.run by a hook; medians over the windows after a warm-up
 window. Modes, side by side on the same link in one run:
 
-  window        build_accumulating_train_op, every table all-reduced whole
-                (table_all_reduce="dense": the window before tables crossed
-                by their rows)
-  rows          the same, tables by their touched rows (the default, "auto")
-  rows+bf16     the same with communication_dtype="bfloat16"
+  window        build_accumulating_train_op as it was before the window
+                sent less: every table all-reduced whole
+                (table_all_reduce="dense"), after the whole last
+                micro-batch (overlap_backward=False)
+  rows          tables by their touched rows ("auto"), after the whole
+                last micro-batch
+  overlap       tables by their rows, each pack sent as soon as its
+                gradients are accumulated, during the last backward pass:
+                the defaults
+  overlap+bf16  the same with communication_dtype="bfloat16"
   recipe        the public Estimator recipe (benchmarks/public_recipe.py),
                 control flow v1: it all-reduces every micro-batch
   plain         plain TensorFlow at the micro-batch: optimizer.minimize,
@@ -48,7 +53,14 @@ from benchmarks.multiworker_window import _StepTimer  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
 from tfconfig import health, testbed  # noqa: E402
 
-MODES = ("window", "rows", "rows+bf16", "recipe", "plain")
+MODES = ("window", "rows", "overlap", "overlap+bf16", "recipe", "plain")
+# The window's options in each of its modes.
+WINDOW_MODES = {
+    "window": dict(table_all_reduce="dense", overlap_backward=False),
+    "rows": dict(overlap_backward=False),
+    "overlap": {},
+    "overlap+bf16": dict(communication_dtype="bfloat16"),
+}
 
 
 def model_fn(features, labels, mode, params):
@@ -57,12 +69,10 @@ def model_fn(features, labels, mode, params):
   optimizer = tf.compat.v1.train.AdamOptimizer(1e-5)
   reported = estimator_accum.reportable_loss(loss)
   name = params["mode"]
-  if name in ("window", "rows", "rows+bf16"):
+  if name in WINDOW_MODES:
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, params["k"], summaries=False,
-        log_every_n_micro_batches=None,
-        table_all_reduce="dense" if name == "window" else "auto",
-        communication_dtype="bfloat16" if name == "rows+bf16" else None)
+        log_every_n_micro_batches=None, **WINDOW_MODES[name])
   elif name == "recipe":
     train_op = recipe_train_op(loss, optimizer, params["k"])
   else:
