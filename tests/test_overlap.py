@@ -95,8 +95,10 @@ def _traced_window_end(overlap):
     train_op = strategy.group(strategy.extended.call_for_each_replica(build))
     # Each replica's sleeping gradient holds a thread of the session's
     # pool: more threads than the 2 of this machine's cores leave others
-    # for the rest of the step.
+    # for the rest of the step (a pool of this session's own: sessions
+    # share the pool of the process's first one otherwise).
     config = v1.ConfigProto(inter_op_parallelism_threads=8,
+                            use_per_session_threads=True,
                             device_count={"CPU": 2})
     with v1.Session(graph=graph, config=config) as session:
       session.run(v1.global_variables_initializer())
