@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from estimator_accum.checkpoints import function_variables
 from estimator_accum.distribution import replicas
 
 REDUCTIONS = ("mean", "sum", "running_mean")
@@ -80,9 +81,25 @@ def _require_scalar(argument, tensor, hint):
                      f"{tensor.shape} {hint}.")
 
 
+def check_not_eager():
+  """Raises RuntimeError when called eagerly: the window is built in a
+  graph, a tf.compat.v1 one or a tf.function's."""
+  if tf.executing_eagerly():
+    raise RuntimeError(
+        "gradient accumulation was called eagerly; it builds the window in a "
+        "graph: a model_fn, a tf.compat.v1 graph, or a tf.function (Keras's "
+        "model.fit builds its train step in one: compile without "
+        "run_eagerly=True; a custom training loop: call the optimizer in a "
+        "tf.function).")
+
+
 def check_graph_mode():
   """Raises RuntimeError when called eagerly or inside a tf.function: the
-  train op is an op of a tf.compat.v1 graph, run once per micro-batch."""
+  train op is an op of a tf.compat.v1 graph, run once per micro-batch.
+  Inside a tf.function, an optimizer wrapper may build its window
+  (`FunctionVariables.building`): its variables are then made once."""
+  if function_variables.building_in_function():
+    return
   if tf.executing_eagerly():
     raise RuntimeError(
         "build_accumulating_train_op builds a tf.compat.v1 graph; call it in a "
@@ -147,11 +164,16 @@ def check_optimizer(optimizer):
   if isinstance(optimizer, (v1_optimizer, keras_legacy)):
     return
   if isinstance(optimizer, tf.keras.optimizers.Optimizer):
+    # TensorFlow 2 (eager, or a tf.function): an optimizer wrapper builds
+    # its window inside the tf.function, where these optimizers run.
+    if tf.compat.v1.executing_eagerly_outside_functions():
+      return
     raise TypeError(
         f"optimizer {type(optimizer).__name__} is a Keras optimizer of the new "
         "kind, which does not run in tf.compat.v1 graphs; use its "
         "tf.keras.optimizers.legacy counterpart or a tf.compat.v1.train "
-        "optimizer.")
+        "optimizer (in TensorFlow 2 mode, AccumulatingKerasOptimizer takes "
+        "it).")
   raise TypeError(
       f"optimizer must be a tf.compat.v1.train.Optimizer or a "
       f"tf.keras.optimizers.legacy.Optimizer, got {optimizer!r} of type "

@@ -37,6 +37,9 @@ OWNERS = {
     "state_variables": ("estimator_accum.checkpoints.state_variables",
                         "which replica created each state variable, and "
                         "whose state it is"),
+    "function_variables": ("estimator_accum.checkpoints.function_variables",
+                           "the wrappers building their window in this "
+                           "tf.function graph"),
     "save_barriers": ("estimator_accum.checkpoints.ordered_saves",
                       "each multi-worker save's barrier op"),
     "worker_losses": ("estimator_accum.distribution.workers",

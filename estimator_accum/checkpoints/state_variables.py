@@ -11,6 +11,7 @@ the `Window` that made them lists them (`Window.state_variables`).
 import tensorflow as tf
 
 from estimator_accum import graph_state
+from estimator_accum.checkpoints import function_variables
 from estimator_accum.checkpoints.ordered_saves import order_saves
 from estimator_accum.distribution import replicas
 from estimator_accum.distribution.placement import on_worker
@@ -86,6 +87,18 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
     ValueError: if a variable with that name already exists in the graph,
       which means accumulation was built twice for the same variables.
   """
+  initializer = (unfolded_zeros if initial_value is None else
+                 tf.compat.v1.constant_initializer(initial_value))
+  if not per_replica:
+    aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+  store = function_variables.building_store()
+  if store is not None:
+    # Inside a tf.function (TensorFlow 2): made once, on the first trace.
+    synchronization = (tf.VariableSynchronization.ON_READ if per_replica
+                       else tf.VariableSynchronization.AUTO)
+    return store.variable(name, tf.TensorShape(shape), dtype, initializer,
+                          synchronization=synchronization,
+                          aggregation=aggregation, checkpointed=checkpointed)
   # Jump to the root scope. Reuse only the variable another replica of this
   # worker created (MirroredStrategy runs the replicas after the first with
   # reuse=True, and they must find its variable), whatever the caller's
@@ -97,8 +110,6 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
   replica = replicas.replica_id()
   reuse = name in creators and creators[name] != replica
   root = tf.compat.v1.VariableScope(reuse=reuse, name="")
-  if not per_replica:
-    aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
   extra = dict(aggregation=aggregation)
   if not checkpointed:
     # In no collection: no saver, no initializer, no readiness check sees
@@ -116,9 +127,7 @@ def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
     try:
       variable = tf.compat.v1.get_variable(
           name, shape=shape, dtype=dtype, trainable=False,
-          initializer=(unfolded_zeros if initial_value is None else
-                       tf.compat.v1.constant_initializer(initial_value)),
-          use_resource=True,
+          initializer=initializer, use_resource=True,
           **extra)
       if creators.setdefault(name, replica) == replica and per_replica:
         order_saves(variable)

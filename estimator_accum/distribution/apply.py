@@ -13,6 +13,23 @@ import contextlib
 import tensorflow as tf
 
 
+@contextlib.contextmanager
+def outside_control_flow():
+  """`tf.init_scope`, under the strategy of the replica being built.
+
+  A strategy's scope is kept per graph and per thread: a replica's thread
+  (MirroredStrategy builds each replica in one) has none in the outer
+  graph (or in eager mode), so the strategy is entered there again.
+  """
+  strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+  with tf.init_scope():
+    if strategy is None or tf.distribute.has_strategy():
+      yield
+    else:
+      with strategy.scope():
+        yield
+
+
 def create_outside_control_flow(next_creator, **kwargs):
   """Variable creator that builds variables outside any cond branch.
 
@@ -20,17 +37,10 @@ def create_outside_control_flow(next_creator, **kwargs):
   `tf.compat.v1.get_variable` inside `apply_gradients`. Called from inside the
   end-of-window `tf.cond`, such a variable would be built in the branch (its
   own function graph under control flow v2); `init_scope` lifts it to the
-  outer graph, as TensorFlow's own optimizers do for their slots. A
-  strategy's scope is kept per graph and per thread: a replica's thread
-  (MirroredStrategy builds each replica in one) has none in the outer graph,
-  so the strategy is entered there again for the creation.
+  outer graph, as TensorFlow's own optimizers do for their slots.
   """
-  strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-  with tf.init_scope():
-    if strategy is None or tf.distribute.has_strategy():
-      return next_creator(**kwargs)
-    with strategy.scope():
-      return next_creator(**kwargs)
+  with outside_control_flow():
+    return next_creator(**kwargs)
 
 
 @contextlib.contextmanager
@@ -131,9 +141,11 @@ def apply_reduced(cross_replica, optimizer, gradients, variables):
 
   def apply_on_replica(gradients):
     extra = {}
+    # Already reduced: tell Keras not to reduce again.
     if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
-      # Already reduced: tell Keras not to reduce again.
       extra = dict(experimental_aggregate_gradients=False)
+    elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
+      extra = dict(skip_gradients_aggregation=True)
     # A v1 optimizer is given the whole mean too: reduction_taken_out.
     with tf.variable_creator_scope(create_outside_control_flow):
       apply_op = optimizer.apply_gradients(list(zip(gradients, variables)),

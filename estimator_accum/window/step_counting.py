@@ -34,7 +34,8 @@ def _step_ops(global_step):
   ops = set()
   for component in components:
     handle = getattr(component, "handle", None)
-    if isinstance(handle, tf.Tensor):
+    # (A variable made eagerly, in TensorFlow 2, has no op.)
+    if isinstance(handle, tf.Tensor) and hasattr(handle, "op"):
       ops.add(handle.op)
     op = getattr(component, "op", None)
     if isinstance(op, tf.Operation):

@@ -1,0 +1,125 @@
+"""The window's state variables when the window is built inside a
+tf.function (TensorFlow 2: Keras's `model.fit`, a custom `train_step`).
+
+A tf.function may be traced more than once (Keras traces its train step
+again for a batch of another size, such as an epoch's last), and each trace
+builds the window anew; variables may only be made on the first trace.
+`FunctionVariables`, owned by the optimizer wrapper, makes each state
+variable once, outside the function (`tf.init_scope`, under the strategy
+the trace runs under, as Keras makes optimizer slots), and hands the same
+variable back to every later trace that asks for it by name. The window
+asks for its variables as in a tf.compat.v1 graph (`state_variable`),
+which, inside the wrapper's `building` scope, asks its `FunctionVariables`.
+"""
+
+import contextlib
+
+import tensorflow as tf
+
+from estimator_accum import graph_state
+from estimator_accum.distribution import apply
+
+
+class FunctionVariables:
+  """{name: variable} of the state a wrapper's window made in tf.functions.
+
+  Attributes:
+    made: {name: tf.Variable}, in the order made; sync-on-read variables
+      (per replica) under a distribution strategy.
+    untracked: names of the state that lives for one run only (not saved).
+  """
+
+  def __init__(self):
+    self.made = {}
+    self.untracked = set()
+    # Values loaded (a `.keras` file) for state not made yet: {name: value}.
+    self._pending = {}
+
+  @contextlib.contextmanager
+  def building(self):
+    """The scope in which a window is built inside a tf.function: its
+    state variables (`state_variable`) are made once, and the window may
+    be built there."""
+    stores = _Building.of(tf.compat.v1.get_default_graph()).stores
+    stores.append(self)
+    try:
+      yield
+    finally:
+      stores.remove(self)
+
+  def variable(self, name, shape, dtype, initializer, *, synchronization,
+               aggregation, checkpointed):
+    """The variable `name`: made now, outside the function, the first time
+    it is asked for; the same variable every later time.
+
+    Args: as `state_variable` gives them: the full name, the shape and
+    dtype, an initializer (called with the shape and dtype), the
+    tf.VariableSynchronization and tf.VariableAggregation, and whether it
+    is saved (False: state for one run only)."""
+    found = self.made.get(name)
+    if found is not None:
+      return found
+    # Named exactly `name`, as in a tf.compat.v1 graph: not under the name
+    # scope the window is built in.
+    with apply.outside_control_flow(), tf.compat.v1.name_scope(None):
+      variable = tf.Variable(
+          lambda: initializer(shape, dtype), trainable=False, name=name,
+          dtype=dtype, synchronization=synchronization,
+          aggregation=aggregation)
+    self.made[name] = variable
+    if not checkpointed:
+      self.untracked.add(name)
+    elif name in self._pending:
+      with tf.init_scope():
+        variable.assign(self._pending.pop(name))
+    return variable
+
+  def saved(self):
+    """{name: variable} of the state that is saved, in the order made."""
+    return {name: variable for name, variable in self.made.items()
+            if name not in self.untracked}
+
+  def restore_later(self, values):
+    """Sets {name: value} into the state: now where it is made, when it is
+    made for the rest.
+
+    Raises:
+      ValueError: a value for state that was made and is not saved.
+    """
+    for name, value in values.items():
+      if name in self.untracked:
+        raise ValueError(f"window state {name!r} is not saved, and cannot be "
+                         "restored.")
+      if name in self.made:
+        self.made[name].assign(value)
+      else:
+        self._pending[name] = value
+
+
+class _Building:
+  """What this module keeps per graph: the stores building there."""
+
+  def __init__(self):
+    self.stores = []
+
+  @staticmethod
+  def of(graph):
+    return graph_state.owned("function_variables", _Building, graph)
+
+
+def building_store():
+  """The `FunctionVariables` building a window in the default graph (a
+  tf.function's, or a control-flow branch of one), or None."""
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    stores = _Building.of(graph).stores
+    if stores:
+      return stores[-1]
+    graph = getattr(graph, "outer_graph", None)
+  return None
+
+
+def building_in_function():
+  """Whether a wrapper is building its window in the default graph, a
+  tf.function's."""
+  return building_store() is not None
