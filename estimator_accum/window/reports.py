@@ -142,35 +142,54 @@ def note_window_size(position, held, k, window_size):
 
 
 # Ops an input pipeline hands its batches out of: tf.data's get_next (one
-# per replica under MirroredStrategy) and the queues of numpy_input_fn and
-# other TF1 readers.
+# per replica under MirroredStrategy), an optional's value, and the queues
+# of numpy_input_fn and other TF1 readers.
 _BATCH_SOURCES = frozenset({
     "IteratorGetNext", "IteratorGetNextSync",
-    "MultiDeviceIteratorGetNextFromShard", "QueueDequeueManyV2",
-    "QueueDequeueUpToV2", "QueueDequeueMany", "QueueDequeueUpTo"})
+    "MultiDeviceIteratorGetNextFromShard", "OptionalGetValue",
+    "QueueDequeueManyV2", "QueueDequeueUpToV2", "QueueDequeueMany",
+    "QueueDequeueUpTo"})
+# What a distributed iterator whose last batch may be short decides on
+# (TensorFlow 2): a cond hands each replica its batch, or an empty one.
+_OPTIONAL_OPS = frozenset({"IteratorGetNextAsOptional", "OptionalHasValue",
+                           "OptionalGetValue"})
+_CONDS = frozenset({"If", "StatelessIf"})
+
+
+def _hands_out_batches(op):
+  """Whether `op` hands out the input pipeline's batches: a get_next, or a
+  cond choosing each replica's batch from an iterator's optionals."""
+  if op.type in _BATCH_SOURCES:
+    return True
+  if op.type not in _CONDS:
+    return False
+  near = [t.op for t in op.inputs]
+  near += [t.op for o in near for t in o.inputs]
+  return any(o.type in _OPTIONAL_OPS for o in near)
 
 
 def micro_batch_examples(loss, num_examples):
-  """The number of examples in this micro-batch on this replica, for the
-  progress line's examples/sec: `num_examples` when given, else the leading
-  dimension of the batch the loss is computed from, when the loss depends on
-  exactly one input pipeline op (Estimator's input_fn). None otherwise.
+  """The number of examples in this micro-batch on this replica:
+  `num_examples` when given, else the leading dimension of the batch the
+  loss (or a gradient) is computed from, when it depends on exactly one op
+  of an input pipeline (Estimator's input_fn, Keras's iterator). None
+  otherwise.
   """
   if num_examples is not None:
     return num_examples
-  seen, pending, sources = set(), [loss.op], []
+  seen, pending, batches = set(), list(loss.op.inputs), []
+  if loss.op.type in _BATCH_SOURCES:
+    pending = [loss]
   while pending:
-    op = pending.pop()
-    if op in seen:
-      continue
-    seen.add(op)
-    if op.type in _BATCH_SOURCES:
-      sources.append(op)
-    else:
-      pending.extend(tensor.op for tensor in op.inputs)
-  if len(sources) != 1:
+    tensor = pending.pop()
+    if _hands_out_batches(tensor.op):
+      batches.append(tensor)
+    elif tensor.op not in seen:
+      seen.add(tensor.op)
+      pending.extend(tensor.op.inputs)
+  if len({t.op for t in batches}) != 1:
     return None
-  batched = [t for t in sources[0].outputs
+  batched = [t for t in batches
              if t.shape.rank is not None and t.shape.rank >= 1]
   if not batched:
     return None
