@@ -60,16 +60,22 @@ def _from_v1_loss_scale(loss_scale):
 
 
 def check_loss_scale(loss_scale):
-  """Returns a LossScaleConfig for loss_scale (None, "dynamic" or > 0)."""
+  """Returns a LossScaleConfig for loss_scale (None, "dynamic", "auto" or
+  > 0) or None. "auto" is "dynamic" while Keras's global dtype policy is
+  mixed_float16 (as Keras's compile wraps the optimizer of such a model
+  in a LossScaleOptimizer), else None: read when the window is built."""
   if loss_scale is None:
     return None
-  if loss_scale == "dynamic":
+  if isinstance(loss_scale, str) and loss_scale == "auto":
+    policy = tf.keras.mixed_precision.global_policy().name
+    return check_loss_scale("dynamic" if policy == "mixed_float16" else None)
+  if isinstance(loss_scale, str) and loss_scale == "dynamic":
     return LossScaleConfig(2.0 ** 15, True)
   if isinstance(loss_scale, (_V1_DYNAMIC, _V1_FIXED)):
     return _from_v1_loss_scale(loss_scale)
   if isinstance(loss_scale, bool) or not isinstance(loss_scale, numbers.Real):
-    raise TypeError(f"loss_scale must be None, 'dynamic' or a number > 0, got "
-                    f"{loss_scale!r}.")
+    raise TypeError(f"loss_scale must be None, 'dynamic', 'auto' or a number "
+                    f"> 0, got {loss_scale!r}.")
   if not 0 < loss_scale < float("inf"):
     raise ValueError(f"loss_scale must be a finite number > 0, got "
                      f"{loss_scale!r}.")
@@ -89,6 +95,11 @@ def _from_keras_wrapper(optimizer):
                          int(optimizer.dynamic_growth_steps))
 
 
+def is_loss_scale_optimizer(optimizer):
+  """Whether `optimizer` is a tf.compat.v1 or Keras loss-scale optimizer."""
+  return isinstance(optimizer, (_V1_WRAPPER,) + _keras_wrapper_types())
+
+
 def unwrap_optimizer(optimizer, loss_scale):
   """Returns (inner optimizer, LossScaleConfig or None).
 
@@ -99,8 +110,10 @@ def unwrap_optimizer(optimizer, loss_scale):
   """
   config = check_loss_scale(loss_scale)
   wrappers = (_V1_WRAPPER,) + _keras_wrapper_types()
-  if not isinstance(optimizer, wrappers):
+  if not is_loss_scale_optimizer(optimizer):
     return optimizer, config
+  if isinstance(loss_scale, str) and loss_scale == "auto":
+    config = None  # (the loss-scale optimizer given says how)
   if isinstance(optimizer, _V1_WRAPPER):
     inner = optimizer._optimizer  # noqa: SLF001
   else:
@@ -121,10 +134,18 @@ def unwrap_optimizer(optimizer, loss_scale):
 
 
 class LossScaler:
-  """The scale variable, the scaled loss, unscaling and the scale update."""
+  """The scale variable, the scaled loss, unscaling and the scale update.
 
-  def __init__(self, config, name):
+  Attributes:
+    unscales: whether the window unscales the gradients it adds (it scaled
+      the loss itself); False when the caller scaled the loss and unscaled
+      its gradients with this scale (Keras's `get_scaled_loss` and
+      `get_unscaled_gradients`), and the window only skips and moves it.
+  """
+
+  def __init__(self, config, name, unscales=True):
     self.config = config
+    self.unscales = unscales
     self.scale = state_variable(name + "/loss_scale", [], tf.float32,
                                 per_replica=False,
                                 initial_value=config.initial)

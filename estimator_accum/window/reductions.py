@@ -78,6 +78,8 @@ class Reduction:
   # Whether the rule averages micro-batch losses that should be means, so
   # that a loss summed over its batch deserves a warning.
   averages_mean_losses = True
+  # Whether the rule can weigh each micro-batch by its examples.
+  weighs_examples = True
 
   @classmethod
   def made(cls, num_examples):
@@ -131,6 +133,7 @@ class Sum(Reduction):
 
   divides_by_replicas = False
   averages_mean_losses = False
+  weighs_examples = False
 
   @classmethod
   def made(cls, num_examples):

@@ -148,15 +148,20 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
 
 
 def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
-                          global_step, var_list, num_examples=None):
+                          global_step, var_list, num_examples=None,
+                          scaled_by_caller=False):
   """`build_accumulating_train_op`, from a loss or from one micro-batch's
   `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
   `minimize` and `apply_gradients` call it; `settings` is a
-  `WindowSettings`, checked already. Returns (the train op, its `Window`)."""
+  `WindowSettings`, checked already. `scaled_by_caller`: the gradients
+  given come from a loss the caller scaled with the window's loss scale
+  and were unscaled by the caller (Keras's `get_scaled_loss`), so that the
+  window only skips and moves the scale. Returns (the train op, its
+  `Window`)."""
   (grads_and_vars, optimizer, loss_scale_config, global_step, var_list,
    num_examples, reduction) = _check_inputs(
        loss, grads_and_vars, optimizer, settings, global_step, var_list,
-       num_examples)
+       num_examples, scaled_by_caller)
   variables_named = "variables in var_list"
   if grads_and_vars is None and var_list is None:
     variables_named = "trainable variables"
@@ -174,6 +179,9 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
       # What the micro-batch is computed from: its input pipeline, its device.
       source = loss
     else:
+      if loss_scale_config is not None:
+        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name,
+                                        unscales=False)
       trained, source = _given_gradients(grads_and_vars)
     _checks.check_ref_variables(trained, optimizer)
     window = Window(
@@ -201,7 +209,7 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
 
 
 def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
-                  var_list, num_examples):
+                  var_list, num_examples, scaled_by_caller):
   """Checks what the graph gives: the loss or gradients, the optimizer, the
   counter, var_list, num_examples and the replica context. Returns
   (grads_and_vars as a list, the optimizer unwrapped, its loss-scale config
@@ -216,7 +224,8 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
       optimizer, settings.loss_scale)
   _checks.check_optimizer(optimizer)
-  if grads_and_vars is not None and loss_scale_config is not None:
+  if (grads_and_vars is not None and loss_scale_config is not None and
+      not scaled_by_caller):
     raise ValueError(
         "loss_scale needs the loss, to scale it before the gradients are "
         "taken; apply_gradients is given gradients already taken. Call "

@@ -62,7 +62,7 @@ class _Unscaling:
     self._dtype = dtype
 
   def __call__(self, weight):
-    if self._loss_scaler is not None:
+    if self._loss_scaler is not None and self._loss_scaler.unscales:
       inverse = tf.cast(self._loss_scaler.inverse(), reductions.COUNT_DTYPE)
       weight = inverse if weight is None else weight * inverse
     return self.in_accumulator_dtype(weight)
