@@ -154,7 +154,10 @@ OPTIONS = (
     Option("summaries", True, _check_summaries,
            "bool, whether to add TensorBoard scalars `accumulation/*`."),
     Option("loss_scale", None, _check_loss_scale,
-           "None, \"dynamic\" or a number > 0: scale the loss for float16 "
+           "None, \"dynamic\", a number > 0, or \"auto\" (\"dynamic\" "
+           "while Keras's global dtype policy is mixed_float16 when the "
+           "window is first built, else None; AccumulatingKerasOptimizer's "
+           "default): scale the loss for float16 "
            "models. Gradients are unscaled in float32 as they enter the "
            "accumulators; a window with an overflow is skipped whole, and a "
            "dynamic scale is halved there and doubled after 2000 good "
@@ -305,6 +308,10 @@ def takes_window_options(overrides=None):
         o.name, inspect.Parameter.KEYWORD_ONLY,
         default=overrides.get(o.name, o.default)) for o in OPTIONS]
     function.__signature__ = signature.replace(parameters=parameters)
+    if isinstance(entry, type):
+      # What the class is called with (a metaclass's __call__ would hide it).
+      entry.__signature__ = function.__signature__.replace(
+          parameters=parameters[1:])
     if entry.__doc__ and "WINDOW_OPTIONS" in entry.__doc__:
       line = next(li for li in entry.__doc__.splitlines()
                   if "WINDOW_OPTIONS" in li)

@@ -61,10 +61,15 @@ class WrapperCheckpoints:
 
   def _tracking(self, graph=None):
     """The wrapper's `_Tracking` of `graph` (the default graph), made anew
-    for a new graph, or None if it built no window there and graph is None."""
+    for a new graph, or None if it built no window there and graph is None.
+    Eagerly (TensorFlow 2, where the window is built in tf.functions and
+    its state is saved and restored outside them), the last one made."""
     current = tf.compat.v1.get_default_graph()
     tracking = self._current
-    if tracking is not None and tracking.graph is current:
+    if tracking is not None and (
+        tracking.graph is current or
+        (graph is None and tf.executing_eagerly() and
+         tracking.graph.building_function)):
       return tracking
     if graph is None:
       return None
@@ -115,8 +120,11 @@ class WrapperCheckpoints:
       tf.compat.v2.keras.__internal__.backend.track_variable(variable)
       if name != "micro_batches":  # (the caller's counter, not the window's)
         tracking.variables[name] = variable
-      view = (SyncOnReadCheckpoint(variable) if replicas.is_sync_on_read(variable)
-              else variable)
+      # (Eagerly, in TensorFlow 2, the variable saves itself across
+      # replicas and workers.)
+      view = (SyncOnReadCheckpoint(variable)
+              if replicas.is_sync_on_read(variable) and
+              not tf.executing_eagerly() else variable)
       tracking.by_name[name] = view
       if name in slot_names:
         slots[slot_names[name]] = view
@@ -241,6 +249,12 @@ def _optimizer_children(optimizer):
   serves: tracked too, each slot would be found twice)."""
   if not isinstance(optimizer, tf.__internal__.tracking.Trackable):
     return []
+  if "get_slot_names" not in dir(optimizer):
+    # A Keras optimizer of the new kind (TensorFlow 2) tracks its slots
+    # itself: tracked whole (a Keras LossScaleOptimizer around it
+    # unwrapped, as the window unwraps it).
+    return [("inner_optimizer",
+             getattr(optimizer, "inner_optimizer", optimizer))]
   children = []
   for name, child in optimizer._trackable_children().items():
     if "get_slot_names" in dir(child):

@@ -1,11 +1,22 @@
 """`AccumulatingKerasOptimizer`: accumulation for code that calls a Keras
-legacy optimizer itself.
+optimizer itself.
 
-TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`) call a Keras
-optimizer's `get_updates`; Keras models compiled with one (through
-`model_to_estimator`, or `model.fit` in graph mode) call `apply_gradients`.
-Handing them `AccumulatingKerasOptimizer` instead of the optimizer gives the
-window of `build_accumulating_train_op`, with nothing else changed.
+In TensorFlow 2, Keras's `model.fit` and a custom `train_step` call it
+inside a tf.function, where it builds the window of
+`build_accumulating_train_op` (its state made once,
+`checkpoints/function_variables.py`). TensorFlow 2's canned estimators
+(`tf.estimator.DNNRegressor`) call a Keras optimizer's `get_updates`; Keras
+models compiled with one (through `model_to_estimator`, or `model.fit` in
+graph mode) call `apply_gradients` in a tf.compat.v1 graph. Handing any of
+them `AccumulatingKerasOptimizer` instead of the optimizer gives the window,
+with nothing else changed.
+
+`AccumulatingKerasOptimizer(optimizer, k)` is a Keras optimizer of the
+optimizer's own kind, as Keras's LossScaleOptimizer is: around a
+`tf.keras.optimizers.Optimizer` (TensorFlow 2) one of that kind
+(`keras_optimizer_v3.py`), so that Keras treats it as it treats that
+optimizer (an EMA's weights written into the model at the end of `fit`,
+`.keras` files); around a legacy or tf.compat.v1 optimizer a legacy one.
 """
 
 import copy
@@ -16,6 +27,10 @@ import tensorflow as tf
 from estimator_accum import _checks
 from estimator_accum._autograph import as_written
 from estimator_accum.distribution import replicas
+from estimator_accum.integrations.keras_loss_scale import (
+  KerasLossScaling,
+  MadeAsWritten,
+)
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   WRAPPER_DEFAULTS,
@@ -30,16 +45,37 @@ from estimator_accum.window.gradient_ops import scale_gradient
 
 __all__ = ["AccumulatingKerasOptimizer"]
 
-# Its defaults of the window options, where they are not the table's.
-_DEFAULTS = dict(WRAPPER_DEFAULTS, reduction="mean")
+# Its defaults of the window options, where they are not the table's: the
+# loss scaled as Keras scales it (dynamically, for a mixed_float16 model).
+_DEFAULTS = dict(WRAPPER_DEFAULTS, reduction="mean", loss_scale="auto")
+
+class _OfTheOptimizersKind(MadeAsWritten):
+  """Makes `AccumulatingKerasOptimizer(optimizer, k)` of the optimizer's
+  kind (as Keras's LossScaleOptimizer makes one of its two classes)."""
+
+  def __call__(cls, *args, **kwargs):
+    if cls is AccumulatingKerasOptimizer:
+      optimizer = args[0] if args else kwargs.get("optimizer")
+      cls = _LegacyAccumulatingKerasOptimizer
+      if _is_of_the_new_kind(optimizer):
+        from estimator_accum.integrations.keras_optimizer_v3 import (
+          AccumulatingKerasOptimizerV3,
+        )
+        cls = AccumulatingKerasOptimizerV3
+    return type.__call__(cls, *args, **kwargs)
 
 
-# Registered, so that a Keras model saved compiled with the wrapper loads
-# without custom_objects.
-@tf.keras.utils.register_keras_serializable(package="estimator_accum")
+def _is_of_the_new_kind(optimizer):
+  """Whether `optimizer` (or the one a Keras LossScaleOptimizer wraps) is a
+  `tf.keras.optimizers.Optimizer`, in TensorFlow 2 mode."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  return (isinstance(inner, tf.keras.optimizers.Optimizer) and
+          tf.compat.v1.executing_eagerly_outside_functions())
+
+
 @takes_window_options(_DEFAULTS)
-class AccumulatingKerasOptimizer(Wrapper,
-                                 tf.keras.optimizers.legacy.Optimizer):
+class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
+                                 metaclass=_OfTheOptimizersKind):
   """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
   TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`,
   `LinearClassifier`, `DNNLinearCombinedClassifier`, ...), which call
@@ -81,11 +117,149 @@ class AccumulatingKerasOptimizer(Wrapper,
 
   accumulates_micro_batches = True
 
+  # Arguments of the Keras optimizer base class, besides the name.
+  _KERAS_ARGUMENTS = {}
+  # Whether the inner optimizer is of Keras's legacy kind.
+  _LEGACY_KIND = True
+
   def __init__(self, optimizer, k, **options):
     _checks.check_reduction(options.get("reduction", "mean"))
-    window = WrapperWindow(optimizer, k, _DEFAULTS, options)
-    super().__init__(name=options.get("name") or DEFAULT_NAME)
-    self._window = window
+    # Set first: Keras's constructor looks up checkpoint dependencies.
+    self._window = WrapperWindow(optimizer, k, _DEFAULTS, options)
+    super().__init__(name=options.get("name") or DEFAULT_NAME,
+                     **self._KERAS_ARGUMENTS)
+
+  @property
+  def learning_rate(self):
+    """The inner optimizer's learning rate (what Keras callbacks read and
+    set: it moves once per window)."""
+    return self._window.inner_optimizer().learning_rate
+
+  @learning_rate.setter
+  def learning_rate(self, value):
+    self._window.inner_optimizer().learning_rate = value
+
+  lr = learning_rate
+
+  def _before_window(self, var_list):
+    """Called before the window is built for `var_list`."""
+    del var_list
+
+  def _window_built(self):
+    """Called once the window is built in a graph or a tf.function: sets
+    the values a Keras load kept for it."""
+
+  @as_written
+  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+    """The train op of one micro-batch of `loss`, in a graph or a
+    tf.function."""
+    del name, tape  # (the window differentiates the loss itself)
+    if callable(loss):
+      loss = loss()
+    if callable(var_list):
+      var_list = var_list()
+    return self._from_loss(loss, var_list, grad_loss)
+
+  @as_written
+  def apply_gradients(self, grads_and_vars, name=None,
+                      experimental_aggregate_gradients=True,
+                      skip_gradients_aggregation=False):
+    """The train op that adds one micro-batch's gradients to the window
+    (the window all-reduces them, once per window: the aggregation
+    arguments of Keras's two kinds of optimizers are taken and not used).
+    In a tf.function, gradients of a loss scaled with `get_scaled_loss`
+    must be unscaled with `get_unscaled_gradients` first."""
+    del name, experimental_aggregate_gradients, skip_gradients_aggregation
+    self._check_not_loss_scaled_outside()
+    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      grads_and_vars = [
+          (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
+           v) for g, v in grads_and_vars]
+    self._before_window([v for _, v in grads_and_vars])
+    train_op = self._window.train_op(self, None, grads_and_vars,
+                                     self.iterations, scaled_by_caller=True)
+    self._window_built()
+    return train_op
+
+  def get_config(self):
+    """The wrapper's arguments, the inner optimizer serialized as Keras
+    serializes optimizers: `from_config` makes a new wrapper around a new
+    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
+    compiled model's optimizer this way into every graph it builds.
+
+    A `tf.compat.v1.train` inner optimizer, `communication_options` and
+    `after_update` are held as the objects themselves (they have no Keras
+    config): such a config is for `from_config`, not for JSON.
+    """
+    config = self._window.arguments()
+    inner = config.pop("optimizer")
+    if isinstance(inner, (tf.keras.optimizers.legacy.Optimizer,
+                          tf.keras.optimizers.Optimizer)):
+      inner = tf.keras.optimizers.serialize(inner)
+    return {"optimizer": inner, **config}
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
+    when it was serialized)."""
+    config = dict(config)
+    inner = config.pop("optimizer")
+    if isinstance(inner, dict):
+      # Keras's deserialize rewrites the dict it is given.
+      inner = tf.keras.optimizers.deserialize(
+          copy.deepcopy(inner), custom_objects=custom_objects,
+          use_legacy_optimizer=cls._LEGACY_KIND)
+    return cls(inner, **config)
+
+  def _check_not_loss_scaled_outside(self):
+    """Refuses a Keras LossScaleOptimizer around the wrapper: it would
+    all-reduce, check and skip every micro-batch, and call the wrapper
+    inside its own tf.cond."""
+    if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False):
+      raise ValueError(
+          "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer, "
+          "which scales the loss itself, once per window (it is a "
+          "LossScaleOptimizer: compile leaves it as it is): pass it to "
+          "compile unwrapped, with loss_scale='dynamic' or a number, or give "
+          "it the LossScaleOptimizer as its optimizer, whose settings it "
+          "takes.")
+
+  def _from_loss(self, loss, var_list, grad_loss):
+    self._check_not_loss_scaled_outside()
+    _checks.check_not_eager()
+    _checks.check_loss(loss)
+    replicas = self._replicas_summed()
+    if replicas > 1:
+      loss = loss * tf.cast(replicas, loss.dtype)
+    if var_list is not None:
+      self._before_window(list(var_list))
+    train_op = self._window.train_op(
+        self, loss, None, self.iterations, var_list,
+        gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
+                          grad_loss))
+    self._window_built()
+    return train_op
+
+  def _replicas_summed(self):
+    """By how much the window's mean over replicas must be multiplied to be
+    the sum over replicas Keras optimizers form: a mean window's is the
+    replicas' number; a summed window already sums them."""
+    if reductions.for_options(self._window.reduction(),
+                              None).divides_by_replicas:
+      return replicas.num_replicas()
+    return 1
+
+
+# Registered, so that a Keras model saved compiled with the wrapper loads
+# without custom_objects (under the name it always had).
+@tf.keras.utils.register_keras_serializable(
+    package="estimator_accum", name="AccumulatingKerasOptimizer")
+class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
+                                        tf.keras.optimizers.legacy.Optimizer):
+  """`AccumulatingKerasOptimizer` around a legacy or tf.compat.v1
+  optimizer: a Keras legacy optimizer."""
 
   @property
   def iterations(self):
@@ -95,7 +269,8 @@ class AccumulatingKerasOptimizer(Wrapper,
     `iter` is the inner optimizer's, which counts updates as the plain
     optimizer's `iter` does."""
     if self._iterations is None:
-      with self._distribution_strategy_scope():
+      # Outside any tf.function being traced, as Keras makes its own.
+      with tf.init_scope(), self._distribution_strategy_scope():
         self._iterations = self.add_weight(
             "micro_batches", shape=[], dtype=tf.int64, trainable=False,
             aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -136,7 +311,7 @@ class AccumulatingKerasOptimizer(Wrapper,
       weights = weights[:len(self._weights)]
     tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
 
-  def _set_pending_weights(self):
+  def _window_built(self):
     """Sets the values `set_weights` kept, now that the window is built."""
     pending, self._window.pending_weights = self._window.pending_weights, None
     if pending is None:
@@ -165,104 +340,8 @@ class AccumulatingKerasOptimizer(Wrapper,
     return [self._from_loss(loss, params, None)]
 
   @as_written
-  def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
-    """The train op of one micro-batch of `loss` (graph mode; `name` and
-    `tape` are not used)."""
-    del name, tape
-    if callable(loss):
-      loss = loss()
-    if callable(var_list):
-      var_list = var_list()
-    return self._from_loss(loss, var_list, grad_loss)
-
-  @as_written
   def get_gradients(self, loss, params):
     """The gradients of one micro-batch's loss, as they are."""
     self._check_not_loss_scaled_outside()
     return [gradient for gradient, _ in gradients_as_they_are(
         loss, params, dict(colocate_gradients_with_ops=False))]
-
-  @as_written
-  def apply_gradients(self, grads_and_vars, name=None,
-                      experimental_aggregate_gradients=True):
-    """The train op that adds one micro-batch's gradients to the window."""
-    del name, experimental_aggregate_gradients
-    self._check_not_loss_scaled_outside()
-    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
-    replicas = self._replicas_summed()
-    if replicas > 1:
-      grads_and_vars = [
-          (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
-           v) for g, v in grads_and_vars]
-    train_op = self._window.train_op(self, None, grads_and_vars,
-                                     self.iterations)
-    self._set_pending_weights()
-    return train_op
-
-  def get_config(self):
-    """The wrapper's arguments, the inner optimizer serialized as Keras
-    serializes optimizers: `from_config` makes a new wrapper around a new
-    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
-    compiled model's optimizer this way into every graph it builds.
-
-    A `tf.compat.v1.train` inner optimizer, `communication_options` and
-    `after_update` are held as the objects themselves (they have no Keras
-    config): such a config is for `from_config`, not for JSON.
-    """
-    config = self._window.arguments()
-    inner = config.pop("optimizer")
-    if isinstance(inner, tf.keras.optimizers.legacy.Optimizer):
-      inner = tf.keras.optimizers.serialize(inner)
-    return {"optimizer": inner, **config}
-
-  @classmethod
-  def from_config(cls, config, custom_objects=None):
-    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
-    when it was serialized)."""
-    config = dict(config)
-    inner = config.pop("optimizer")
-    if isinstance(inner, dict):
-      # Keras's deserialize rewrites the dict it is given.
-      inner = tf.keras.optimizers.deserialize(copy.deepcopy(inner),
-                                              custom_objects=custom_objects,
-                                              use_legacy_optimizer=True)
-    return cls(inner, **config)
-
-  def _check_not_loss_scaled_outside(self):
-    """Refuses a Keras LossScaleOptimizer around the wrapper: it would call
-    `apply_gradients` inside its own tf.cond, where no window can be built
-    (Keras's compile puts one around the optimizer of a model whose dtype
-    policy is mixed_float16)."""
-    if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False):
-      raise ValueError(
-          "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer "
-          "(compile wraps the optimizer of a model whose dtype policy is "
-          "mixed_float16) and would call it inside its tf.cond, where the "
-          "window cannot be built. Let the wrapper scale the loss: "
-          "AccumulatingKerasOptimizer(..., loss_scale='dynamic'), and keep "
-          "the model's own dtype policy float32 (give the layers "
-          "dtype='mixed_float16', or set the global policy back to float32 "
-          "before the model object is made).")
-
-  def _from_loss(self, loss, var_list, grad_loss):
-    self._check_not_loss_scaled_outside()
-    _checks.check_graph_mode()
-    _checks.check_loss(loss)
-    replicas = self._replicas_summed()
-    if replicas > 1:
-      loss = loss * tf.cast(replicas, loss.dtype)
-    train_op = self._window.train_op(
-        self, loss, None, self.iterations, var_list,
-        gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
-                          grad_loss))
-    self._set_pending_weights()
-    return train_op
-
-  def _replicas_summed(self):
-    """By how much the window's mean over replicas must be multiplied to be
-    the sum over replicas Keras optimizers form: a mean window's is the
-    replicas' number; a summed window already sums them."""
-    if reductions.for_options(self._window.reduction(),
-                              None).divides_by_replicas:
-      return replicas.num_replicas()
-    return 1

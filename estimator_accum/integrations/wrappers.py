@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from estimator_accum import _checks, graph_state
 from estimator_accum.checkpoints import object_checkpoints
+from estimator_accum.checkpoints.function_variables import FunctionVariables
 from estimator_accum.checkpoints.state_variables import (
   state_variable,
 )
@@ -23,7 +24,8 @@ from estimator_accum.options import (
   config_value,
 )
 from estimator_accum.window import loss_scale as _loss_scale
-from estimator_accum.window import progress
+from estimator_accum.window import progress, reductions
+from estimator_accum.window.reports import micro_batch_examples
 from estimator_accum.window.train_op import accumulating_train_op, claimed_names
 
 _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
@@ -56,12 +58,16 @@ class Wrapper:
     view of the per-replica state for checkpoints)."""
     if name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
       return self._window.checkpoints.slot(var, name)
+    if not _serves_slots(self._window.optimizer):
+      return None
     return self._window.optimizer.get_slot(var, name)
 
   def get_slot_names(self):
-    """The inner optimizer's slot names and the window's, in this graph."""
-    return (list(self._window.optimizer.get_slot_names()) +
-            self._window.checkpoints.slot_names())
+    """The inner optimizer's slot names and the window's, in this graph.
+    (A Keras optimizer of the new kind saves its slots itself.)"""
+    inner = (list(self._window.optimizer.get_slot_names())
+             if _serves_slots(self._window.optimizer) else [])
+    return inner + self._window.checkpoints.slot_names()
 
   def _create_or_restore_slot_variable(self, slot_variable_position,
                                        slot_name, variable):
@@ -81,6 +87,12 @@ class Wrapper:
     if found is None:
       found = self._window.checkpoints.lookup(name)
     return found
+
+
+def _serves_slots(optimizer):
+  """Whether `optimizer` serves its slots by name (tf.compat.v1 and Keras
+  legacy optimizers), as opposed to tracking them itself."""
+  return hasattr(optimizer, "get_slot_names")
 
 
 # The wrappers' defaults of the window options, where they are not the
@@ -107,6 +119,11 @@ class WrapperWindow:
     _checks.check_optimizer(inner)
     self.optimizer = optimizer
     self.checkpoints = object_checkpoints.WrapperCheckpoints()
+    # The state of windows built inside tf.functions (TensorFlow 2).
+    self.function_variables = FunctionVariables()
+    # [the LossScaleConfig or None] once a window was built: "auto" is read
+    # once, and every later build (a tf.function traced again) keeps it.
+    self._loss_scale_config = None
     # Values Keras's set_weights gave before the window was built.
     self.pending_weights = None
 
@@ -121,8 +138,52 @@ class WrapperWindow:
     """The window's reduction: the given one, else the loss's own."""
     return self._given["reduction"] or loss_reduction()
 
+  def inner_optimizer(self):
+    """The optimizer applied once per window (a loss-scale optimizer given
+    as the optimizer unwrapped)."""
+    inner, _ = _loss_scale.unwrap_optimizer(self.optimizer, None)
+    return inner
+
+  def loss_scale_config(self):
+    """The window's `LossScaleConfig` (the option, or the loss-scale
+    optimizer given; "auto" read from the dtype policy when the window is
+    first built, and kept), or None."""
+    if self._loss_scale_config is None:
+      _, config = _loss_scale.unwrap_optimizer(self.optimizer,
+                                               self._settings.loss_scale)
+      return config
+    return self._loss_scale_config[0]
+
+  def loss_scaler(self):
+    """The window's `LossScaler` (its variables made once), for a caller
+    that scales the loss itself in the tf.function the window is built in;
+    None when the loss is not scaled.
+
+    Raises:
+      RuntimeError: outside a tf.function.
+    """
+    config = self.loss_scale_config()
+    if config is None:
+      return None
+    if not _in_function():
+      raise RuntimeError(
+          "get_scaled_loss and get_unscaled_gradients scale with the window's "
+          "loss scale inside the tf.function the window is built in (a Keras "
+          "train_step); in a tf.compat.v1 graph call minimize(loss), which "
+          "scales the loss itself.")
+    with self.function_variables.building():
+      return _loss_scale.LossScaler(config, self._name(), unscales=False)
+
+  def loss_scale_variables(self):
+    """[the loss scale, its good windows] made in tf.functions so far, or
+    fewer (none before the window is built, or without scaling)."""
+    name = self._given["name"] or DEFAULT_NAME
+    made = self.function_variables.made
+    return [made[n] for n in (f"{name}/loss_scale", f"{name}/good_windows")
+            if n in made]
+
   def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
-               gradient_options=None, reduction=None):
+               gradient_options=None, reduction=None, scaled_by_caller=False):
     """The train op of one micro-batch, from its loss or its gradients.
 
     `owner`, the wrapper, then tracks the window's state variables and the
@@ -131,6 +192,16 @@ class WrapperWindow:
     it, as `model_to_estimator` and `save_weights` save them) hold the
     window and the optimizer's state, as name-based ones do.
     """
+    if _in_function():
+      with self.function_variables.building():
+        return self._train_op(owner, loss, grads_and_vars, global_step,
+                              var_list, gradient_options, reduction,
+                              scaled_by_caller)
+    return self._train_op(owner, loss, grads_and_vars, global_step, var_list,
+                          gradient_options, reduction, False)
+
+  def _train_op(self, owner, loss, grads_and_vars, global_step, var_list,
+                gradient_options, reduction, scaled_by_caller):
     _checks.check_graph_mode()
     name = self._name()
     variables = {}
@@ -138,27 +209,72 @@ class WrapperWindow:
       global_step = state_variable(
           f"{name}/micro_batches", [], tf.int64, per_replica=False)
       variables[f"{name}/micro_batches"] = global_step
+    if self._loss_scale_config is None:
+      self._loss_scale_config = [self.loss_scale_config()]
     settings = self._settings.replace(
         reduction=reduction or self.reduction(), name=name,
+        loss_scale=self._loss_scale_option(),
         gradient_options=(gradient_options or
                           dict(colocate_gradients_with_ops=False)))
     train_op, window = accumulating_train_op(
         loss, grads_and_vars, self.optimizer, settings,
-        global_step=global_step, var_list=var_list)
+        global_step=global_step, var_list=var_list,
+        num_examples=self._examples(loss, grads_and_vars, settings),
+        scaled_by_caller=scaled_by_caller)
     window_variables, slots = window.state_variables()
     variables.update(window_variables)
     if isinstance(global_step, tf.Variable):
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
       variables.setdefault("micro_batches", global_step)
-    self.checkpoints.track(owner, self.optimizer, variables, slots, name)
+    if _in_function():
+      # Tracked, and restored from a checkpoint loaded before, eagerly: not
+      # as ops of the tf.function, run at every step.
+      with tf.init_scope():
+        self.checkpoints.track(owner, self.optimizer, variables, slots, name)
+    else:
+      self.checkpoints.track(owner, self.optimizer, variables, slots, name)
     return train_op
 
+  def _loss_scale_option(self):
+    """The `loss_scale` option of the window built now: "auto" as it was
+    read when the first window was built (a loss-scale optimizer given
+    says how itself)."""
+    given = self._settings.loss_scale
+    if (not (isinstance(given, str) and given == "auto") or
+        _loss_scale.is_loss_scale_optimizer(self.optimizer)):
+      return given
+    config = self._loss_scale_config[0]
+    if config is None:
+      return None
+    return "dynamic" if config.dynamic else config.initial
+
   def _name(self):
-    """The given name, or the next default name of this replica."""
+    """The given name, or the next default name of this replica (in a
+    tf.function, the default name: the wrapper's state is its own)."""
     if self._given["name"] is not None:
       return self._given["name"]
+    if _in_function():
+      return DEFAULT_NAME
     return next_default_name()
+
+  @staticmethod
+  def _examples(loss, grads_and_vars, settings):
+    """In a tf.function, where the window weighs each micro-batch by its
+    examples when they can be told (Keras's last batch of an epoch is
+    short): the micro-batch's examples on this replica; else None."""
+    if not (_in_function() and
+            reductions.for_options(settings.reduction, None).weighs_examples):
+      return None
+    if loss is None:
+      loss = next(g for g, _ in grads_and_vars if g is not None)
+    return micro_batch_examples(getattr(loss, "values", loss), None)
+
+
+def _in_function():
+  """Whether the window is being built inside a tf.function (TensorFlow 2),
+  whose variables must be made once."""
+  return tf.compat.v1.get_default_graph().building_function
 
 
 def next_default_name():
