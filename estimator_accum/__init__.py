@@ -6,6 +6,9 @@ parameter-server workers. See `build_accumulating_train_op`.
 """
 
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
+from estimator_accum.integrations.keras_batch_norm import (
+    WindowBatchNormalization,
+)
 from estimator_accum.integrations.keras_optimizer import (
     AccumulatingKerasOptimizer,
 )
@@ -63,4 +66,5 @@ __all__ = [
     "is_divergence",
     "reportable_loss",
     "update_count",
+    "WindowBatchNormalization",
 ]

@@ -23,6 +23,7 @@ def test_public_api_is_pinned():
       "MicroBatchPlan",
       "OutOfMemory",
       "SPARSE_THRESHOLD_BYTES",
+      "WindowBatchNormalization",
       "adjusted_momentum",
       "batch_norm",
       "build_accumulating_train_op",

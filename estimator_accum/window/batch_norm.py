@@ -234,7 +234,9 @@ class WindowStatistics:
   """
 
   def __init__(self, name, k, momentum, moving_mean, moving_variance,
-               local_device):
+               local_device, sums=None):
+    """`sums`: the (total, square_total, count) variables, made by their
+    owner (a Keras layer); None to make them here."""
     self.name = name
     self.k = k
     self._momentum = momentum
@@ -242,6 +244,9 @@ class WindowStatistics:
     self._moving_variance = moving_variance
     self._added = {}
     self.claimed_by = None
+    if sums is not None:
+      self.total, self.square_total, self.count = sums
+      return
     shape = moving_mean.shape
     self.total = state_variable(name + "/window_sum", shape, tf.float32,
                                 per_replica=True, local_device=local_device)
@@ -283,7 +288,7 @@ class WindowStatistics:
       mean = total / count
       target = mean
       if of_variance:
-        target = tf.maximum(square_total / count - tf.square(mean), 0.0)
+        target = self._variance(square_total / count, mean)
       moved = average - keep * (average - target)
       valid = tf.logical_and(count > 0, tf.reduce_all(tf.math.is_finite(moved)))
       return average.assign(tf.where(valid, moved, average), read_value=False)
@@ -293,8 +298,57 @@ class WindowStatistics:
         for average, flag in ((self._moving_mean, False),
                               (self._moving_variance, True))])
 
+  @staticmethod
+  def _variance(mean_square, mean):
+    """The window's variance: the population variance of its values."""
+    return tf.maximum(mean_square - tf.square(mean), 0.0)
+
   def reset(self):
     """Replica context: clears this replica's sums; returns the op."""
     return tf.group(*[
         variable.assign(tf.zeros_like(variable.read_value()), read_value=False)
         for variable in (self.total, self.square_total, self.count)])
+
+
+class GhostWindowStatistics(WindowStatistics):
+  """A window as Keras's ghost batch normalization (`virtual_batch_size` =
+  the micro-batch) moves its averages at the batch of k micro-batches: once,
+  toward the mean over the micro-batches of their means and of their
+  (population) variances. `total` sums the means, `square_total` the
+  variances, `count` the micro-batches."""
+
+  def add(self, mean, variance, count):
+    """Replica context: adds one micro-batch's per-channel `mean` and
+    `variance` (`count`, its values per channel, is not used: each
+    micro-batch counts once); returns the op."""
+    del count
+    added = tf.group(
+        self.total.assign_add(mean, read_value=False),
+        self.square_total.assign_add(variance, read_value=False),
+        self.count.assign_add(tf.ones([], tf.float32), read_value=False),
+        name="add_to_window")
+    self._added[_replica_id()] = added
+    return added
+
+  @staticmethod
+  def _variance(mean_square, mean):
+    del mean
+    return mean_square
+
+
+@as_written
+def keras_layer_window(name, k, momentum, moving_mean, moving_variance,
+                       sums):
+  """The `GhostWindowStatistics` of a Keras layer (`sums`: its variables)
+  in the graph being built: made by the first replica to ask, found by the
+  others, claimed by the accumulating train op built after it."""
+  layers = _layers()
+  if layers.closed:
+    raise ValueError(
+        f"layer {name!r} is called after the accumulating optimizer was: its "
+        "moving statistics move at the end of the window of an optimizer "
+        "called after it, in the same step.")
+  if name not in layers.by_scope:
+    layers.by_scope[name] = GhostWindowStatistics(
+        name, k, momentum, moving_mean, moving_variance, None, sums=sums)
+  return layers.by_scope[name]
