@@ -56,17 +56,6 @@ def test_call_inside_a_tf_function_is_refused():
     step()
 
 
-def test_keras_fit_in_tensorflow_2_mode_is_refused():
-  """Keras's model.fit builds its train step in a tf.function: the wrapper
-  says so and what to do, instead of failing inside step counting."""
-  model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
-  model.compile(optimizer=estimator_accum.AccumulatingKerasOptimizer(
-      tf.keras.optimizers.legacy.SGD(0.1), 2), loss="mse")
-  with pytest.raises(RuntimeError, match="disable_v2_behavior"):
-    model.fit(np.ones((4, 2), np.float32), np.ones((4, 1), np.float32),
-              batch_size=2, verbose=0)
-
-
 def test_non_scalar_loss():
   with pytest.raises(ValueError, match=r"loss must be a scalar \(rank 0\), "
                      r"got shape \(3,\)"):
