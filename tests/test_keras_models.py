@@ -203,26 +203,60 @@ def test_saved_compiled_model_loads_with_its_wrapper(file_name, tmp_path):
   assert loaded.optimizer.get_config() == wrapper.get_config()
 
 
-def test_loss_scale_optimizer_around_the_wrapper_is_refused(tmp_path):
-  """Under the mixed_float16 policy Keras's compile wraps the optimizer in
-  a LossScaleOptimizer, which would build the window inside its tf.cond:
-  refused, saying what to do instead."""
+def test_a_mixed_float16_model_keeps_the_wrapper_which_scales_the_loss(
+    tmp_path):
+  """Under the mixed_float16 policy Keras's compile wraps a plain optimizer
+  in a LossScaleOptimizer; the accumulating wrapper is one already and
+  stays as it is, and its loss_scale="auto" scales the loss dynamically,
+  read from the float16 in the loss: the first windows overflow at 2**15
+  and are skipped, the scale halving once per skipped window, and the rest
+  apply."""
   tf.keras.mixed_precision.set_global_policy("mixed_float16")
   try:
     model = _keras_model(ea.AccumulatingKerasOptimizer(
         tf.keras.optimizers.legacy.Adam(0.05), K))
   finally:
     tf.keras.mixed_precision.set_global_policy("float32")
+  assert isinstance(model.optimizer, ea.AccumulatingKerasOptimizer)
+  estimator = _train_mixed(model, tmp_path)
+  value = estimator.get_variable_value
+  skipped = value("gradient_accumulation/skipped_windows")
+  assert 1 <= skipped < UPDATES
+  assert value("gradient_accumulation/loss_scale") == 2.0**(15 - skipped)
+
+
+def test_loss_scale_optimizer_around_the_wrapper_is_refused(tmp_path):
+  """A Keras LossScaleOptimizer put around the wrapper by hand would skip
+  and scale every micro-batch: refused, saying what to do instead."""
+  model = _keras_model(tf.keras.mixed_precision.LossScaleOptimizer(
+      ea.AccumulatingKerasOptimizer(tf.keras.optimizers.legacy.Adam(0.05),
+                                    K)))
   # model_to_estimator builds the train step for its first checkpoint.
-  with pytest.raises(ValueError, match="loss_scale='dynamic'"):
+  with pytest.raises(ValueError, match="scales the loss itself"):
     tf.keras.estimator.model_to_estimator(keras_model=model,
                                           model_dir=str(tmp_path))
 
 
+def _train_mixed(model, tmp_path):
+  estimator = tf.keras.estimator.model_to_estimator(
+      keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
+
+  def input_fn():
+    return tf.data.Dataset.from_tensor_slices(
+        ({model.input_names[0]: _X}, _Y)).batch(MICRO_BATCH).repeat()
+
+  estimator.train(input_fn, max_steps=K * UPDATES)
+  value = estimator.get_variable_value
+  assert value("global_step") == K * UPDATES
+  assert value("gradient_accumulation/updates_applied") + value(
+      "gradient_accumulation/skipped_windows") == UPDATES
+  return estimator
+
+
 def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
-  """What the refusal above says to do: float16 layers in a float32 model,
-  the wrapper scaling the loss. The first window overflows at the initial
-  scale of 2**15 and is skipped; the scale halves and the rest apply."""
+  """Float16 layers in a float32 model, the wrapper scaling the loss. The
+  first window overflows at the initial scale of 2**15 and is skipped; the
+  scale halves and the rest apply."""
   tf.keras.utils.set_random_seed(1)
   model = tf.keras.Sequential([
       tf.keras.layers.Dense(8, activation="tanh", input_shape=(4,),

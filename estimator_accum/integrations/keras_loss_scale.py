@@ -91,15 +91,17 @@ class KerasLossScaling(LossScaleOptimizer, metaclass=MadeAsWritten):
     loss scale, inside the tf.function the window is built in."""
     if callable(loss):
       return lambda: self.get_scaled_loss(loss())
-    scaler = self._window.loss_scaler()
+    scaler = self._window.loss_scaler(loss)
     return loss if scaler is None else scaler.scale_loss(loss)
 
   def get_unscaled_gradients(self, grads):
     """`grads` (tensors, tf.IndexedSlices or None) divided by the window's
     loss scale."""
-    scaler = self._window.loss_scaler()
+    grads = list(grads)
+    scaler = self._window.loss_scaler(next(
+        (getattr(g, "values", g) for g in grads if g is not None), None))
     if scaler is None:
-      return list(grads)
+      return grads
     inverse = scaler.inverse()
     return [None if g is None else scale_gradient(g, tf.cast(inverse, g.dtype))
             for g in grads]

@@ -144,25 +144,29 @@ class WrapperWindow:
     inner, _ = _loss_scale.unwrap_optimizer(self.optimizer, None)
     return inner
 
-  def loss_scale_config(self):
-    """The window's `LossScaleConfig` (the option, or the loss-scale
-    optimizer given; "auto" read from the dtype policy when the window is
-    first built, and kept), or None."""
-    if self._loss_scale_config is None:
-      _, config = _loss_scale.unwrap_optimizer(self.optimizer,
-                                               self._settings.loss_scale)
-      return config
-    return self._loss_scale_config[0]
+  def loss_scale_config(self, tensor=None):
+    """The window's `LossScaleConfig`, or None: the option, or the
+    loss-scale optimizer given; "auto" read from the first loss or
+    gradient `tensor` it is asked with (float16 in it: dynamic), and kept
+    for every later window (a tf.function traced again). Before that, read
+    from Keras's global dtype policy."""
+    if self._loss_scale_config is not None:
+      return self._loss_scale_config[0]
+    _, config = _loss_scale.unwrap_optimizer(
+        self.optimizer, self._settings.loss_scale, tensor)
+    if tensor is not None:
+      self._loss_scale_config = [config]
+    return config
 
-  def loss_scaler(self):
+  def loss_scaler(self, loss=None):
     """The window's `LossScaler` (its variables made once), for a caller
-    that scales the loss itself in the tf.function the window is built in;
+    that scales `loss` itself in the tf.function the window is built in;
     None when the loss is not scaled.
 
     Raises:
       RuntimeError: outside a tf.function.
     """
-    config = self.loss_scale_config()
+    config = self.loss_scale_config(loss)
     if config is None:
       return None
     if not _in_function():
@@ -209,8 +213,10 @@ class WrapperWindow:
       global_step = state_variable(
           f"{name}/micro_batches", [], tf.int64, per_replica=False)
       variables[f"{name}/micro_batches"] = global_step
-    if self._loss_scale_config is None:
-      self._loss_scale_config = [self.loss_scale_config()]
+    self.loss_scale_config(
+        loss if loss is not None else
+        next((getattr(g, "values", g) for g, _ in grads_and_vars
+              if g is not None), None))
     settings = self._settings.replace(
         reduction=reduction or self.reduction(), name=name,
         loss_scale=self._loss_scale_option(),

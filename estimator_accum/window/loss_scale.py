@@ -59,16 +59,41 @@ def _from_v1_loss_scale(loss_scale):
                   f"neither dynamic nor fixed.")
 
 
-def check_loss_scale(loss_scale):
+# Ops looked at, at most, for a float16 tensor behind a loss.
+_MAX_OPS = 100_000
+
+
+def computed_in_float16(tensor):
+  """Whether `tensor` (a loss, or a gradient) is computed through float16
+  values: a mixed_float16 model's forward pass, whose gradients underflow
+  unless the loss is scaled."""
+  seen, pending = set(), [tensor.op]
+  while pending and len(seen) < _MAX_OPS:
+    op = pending.pop()
+    if op in seen:
+      continue
+    seen.add(op)
+    if any(t.dtype == tf.float16 for t in op.outputs):
+      return True
+    pending.extend(t.op for t in op.inputs)
+  return False
+
+
+def check_loss_scale(loss_scale, loss=None):
   """Returns a LossScaleConfig for loss_scale (None, "dynamic", "auto" or
-  > 0) or None. "auto" is "dynamic" while Keras's global dtype policy is
-  mixed_float16 (as Keras's compile wraps the optimizer of such a model
-  in a LossScaleOptimizer), else None: read when the window is built."""
+  > 0) or None. "auto" is "dynamic" for a float16 model, as Keras's
+  compile wraps the optimizer of a mixed_float16 model in a
+  LossScaleOptimizer: when `loss` (or a gradient) is computed through
+  float16 values, or, without it, while Keras's global dtype policy is
+  mixed_float16; else None."""
   if loss_scale is None:
     return None
   if isinstance(loss_scale, str) and loss_scale == "auto":
-    policy = tf.keras.mixed_precision.global_policy().name
-    return check_loss_scale("dynamic" if policy == "mixed_float16" else None)
+    if loss is not None:
+      mixed = computed_in_float16(loss)
+    else:
+      mixed = tf.keras.mixed_precision.global_policy().name == "mixed_float16"
+    return check_loss_scale("dynamic" if mixed else None)
   if isinstance(loss_scale, str) and loss_scale == "dynamic":
     return LossScaleConfig(2.0 ** 15, True)
   if isinstance(loss_scale, (_V1_DYNAMIC, _V1_FIXED)):
@@ -100,15 +125,16 @@ def is_loss_scale_optimizer(optimizer):
   return isinstance(optimizer, (_V1_WRAPPER,) + _keras_wrapper_types())
 
 
-def unwrap_optimizer(optimizer, loss_scale):
-  """Returns (inner optimizer, LossScaleConfig or None).
+def unwrap_optimizer(optimizer, loss_scale, loss=None):
+  """Returns (inner optimizer, LossScaleConfig or None); `loss`, the loss
+  or a gradient "auto" is read from (see `check_loss_scale`).
 
   A MixedPrecisionLossScaleOptimizer or a Keras LossScaleOptimizer is taken
   apart: its inner optimizer applies the window, its loss scale settings
   scale the loss. Wrapping twice, combining a wrapper with loss_scale=, or a
   loss already scaled by the Keras wrapper's get_scaled_loss is an error.
   """
-  config = check_loss_scale(loss_scale)
+  config = check_loss_scale(loss_scale, loss)
   wrappers = (_V1_WRAPPER,) + _keras_wrapper_types()
   if not is_loss_scale_optimizer(optimizer):
     return optimizer, config

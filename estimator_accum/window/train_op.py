@@ -222,7 +222,8 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
   else:
     grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
-      optimizer, settings.loss_scale)
+      optimizer, settings.loss_scale,
+      loss if grads_and_vars is None else _first_gradient(grads_and_vars))
   _checks.check_optimizer(optimizer)
   if (grads_and_vars is not None and loss_scale_config is not None and
       not scaled_by_caller):
@@ -251,6 +252,13 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
   _claim_counter(global_step, settings.name)
   return (grads_and_vars, optimizer, loss_scale_config, global_step,
           var_list, num_examples, reduction)
+
+
+def _first_gradient(grads_and_vars):
+  """A tensor of the micro-batch's gradients (the values of a table's), or
+  None if every one is None."""
+  gradient = next((g for g, _ in grads_and_vars if g is not None), None)
+  return getattr(gradient, "values", gradient)
 
 
 def _trainable_variables(loss):
