@@ -93,12 +93,32 @@ def check_not_eager():
         "tf.function).")
 
 
+def check_not_xla():
+  """Raises RuntimeError when the graph being built is compiled by XLA
+  (Keras's `compile(jit_compile=True)`): the window's warnings, progress
+  line and per-replica apply are host work XLA cannot compile. (TensorFlow
+  has no public test of it: its control-flow context is asked.)"""
+  graph = tf.compat.v1.get_default_graph()
+  while graph is not None:
+    context = graph._get_control_flow_context()  # noqa: SLF001
+    while context is not None:
+      if type(context).__name__ == "XLAControlFlowContext":
+        raise RuntimeError(
+            "gradient accumulation cannot be compiled with XLA (Keras's "
+            "compile(jit_compile=True), or a tf.function(jit_compile=True)): "
+            "compile with jit_compile=False; the window's end runs once per "
+            "window and costs little outside XLA.")
+      context = context.outer_context
+    graph = getattr(graph, "outer_graph", None)
+
+
 def check_graph_mode():
   """Raises RuntimeError when called eagerly or inside a tf.function: the
   train op is an op of a tf.compat.v1 graph, run once per micro-batch.
   Inside a tf.function, an optimizer wrapper may build its window
   (`FunctionVariables.building`): its variables are then made once."""
   if function_variables.building_in_function():
+    check_not_xla()
     return
   if tf.executing_eagerly():
     raise RuntimeError(

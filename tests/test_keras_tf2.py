@@ -434,3 +434,13 @@ def test_window_batch_normalization_refuses_what_it_cannot_honour(argument,
                                                                   value):
   with pytest.raises(ValueError, match=f"does not take {argument}="):
     ea.WindowBatchNormalization(k=2, **{argument: value})
+
+
+def test_xla_is_refused_in_one_line():
+  model = kx.make_model(sparse=True)
+  model.compile(optimizer=ea.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.Adam(0.01), k=K), jit_compile=True,
+      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  with pytest.raises(RuntimeError, match="compile with jit_compile=False"):
+    model.fit(tf.data.Dataset.from_tensor_slices(kx.make_data(B)).batch(B),
+              verbose=0)

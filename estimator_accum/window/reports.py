@@ -22,7 +22,9 @@ from estimator_accum.distribution.placement import between_graph_worker_device
 def add_summaries(after, state):
   """TensorBoard scalars: updates, skipped windows, applied gradient norm.
 
-  Built once, in cross-replica context. The values are read after `after`
+  Built once, in cross-replica context (in a tf.function, TensorFlow 2's
+  summaries: written where a default writer records, as Keras's TensorBoard
+  callback sets one). The values are read after `after`
   (the micro-batch's work), so the scalar at step s is the state after
   micro-batch s; a plain read of the variables would race with the cond.
   Fetching them runs that micro-batch, which is what Estimator's
@@ -39,9 +41,15 @@ def add_summaries(after, state):
               "applied_gradient_norm": state.applied_gradient_norm.read_value()}
     if state.loss_scale is not None:
       values["loss_scale"] = state.loss_scale.read_value()
+  in_function = tf.compat.v1.get_default_graph().building_function
   with tf.compat.v1.name_scope(None):
     for tag, value in values.items():
-      tf.compat.v1.summary.scalar("accumulation/" + tag, value)
+      if in_function:
+        # TensorFlow 2: written where a default writer records (Keras's
+        # TensorBoard callback sets one, and the step), else nothing.
+        tf.summary.scalar("accumulation/" + tag, value)
+      else:
+        tf.compat.v1.summary.scalar("accumulation/" + tag, value)
 
 
 def warn_skipped(position, norm):
