@@ -178,3 +178,34 @@ def test_a_measured_plan_trains_the_big_batch(tmp_path):
     np.testing.assert_allclose(accumulated.get_tensor(name),
                                plain.get_tensor(name), rtol=1e-5, atol=1e-6,
                                err_msg=name)
+
+
+def _keras_example(*flags):
+  result = subprocess.run(
+      [sys.executable, "-m", "models.mnist.keras", "--train_size", "640",
+       *flags], capture_output=True, text=True, timeout=TIMEOUT)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result.stdout
+
+
+@pytest.mark.parametrize("strategy", ["none", "mirrored"])
+def test_the_keras_example_trains_as_the_big_batch(strategy):
+  """`python -m models.mnist.keras`: model.fit with the accumulating
+  optimizer equals plain Keras at batch k x B, weight for weight."""
+  out = _keras_example("--strategy", strategy)
+  replicas = 2 if strategy == "mirrored" else 1
+  updates = 640 // (replicas * 8 * 4)
+  assert f"accumulated: {updates} updates over {4 * updates} micro-batches" \
+      in out, out
+  assert f"plain Keras at batch {replicas * 32}: {updates} updates" in out
+  difference = float(re.search(r"weight difference ([0-9.e+-]+)", out)[1])
+  assert difference <= 1e-5, out
+
+
+def test_the_keras_example_in_mixed_precision():
+  """With --mixed_precision the window scales the loss itself (Keras's
+  compile does not wrap it): the dynamic scale starts at 2**15."""
+  out = _keras_example("--mixed_precision")
+  assert "mixed_float16" in out
+  assert "loss scale 32768" in out, out
+  assert "accumulated: 20 updates over 80 micro-batches" in out, out
