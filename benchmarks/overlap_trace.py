@@ -45,6 +45,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
+from benchmarks.window_across_hosts import train_on_workers  # noqa: E402
 from tfconfig import health, testbed  # noqa: E402
 
 MODES = {"overlap": True, "no_overlap": False}
@@ -98,7 +99,8 @@ def model_fn(features, labels, mode, params):
   traced = [w * k + k - 1 for w in range(1, windows)]
   return tf.estimator.EstimatorSpec(
       tf.estimator.ModeKeys.TRAIN, loss=reported, train_op=train_op,
-      training_hooks=[_Tracer(traced, params["output"])])
+      training_hooks=[_Tracer(traced, params["output"].format(
+          index=params["index"]))])
 
 
 def run_task(args):
@@ -106,27 +108,10 @@ def run_task(args):
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
   warnings.simplefilter("ignore", UserWarning)
   health.coordination_heartbeat(60)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  config = tf.estimator.RunConfig(
-      model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
-      save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
-      log_step_count_steps=1_000_000)
-  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  estimator = tf.estimator.Estimator(model_fn, config=config, params=dict(
+  train_on_workers(model_fn, args.model_dir, dict(
       mode=args.task, k=args.k, micro_batch=args.micro_batch,
-      model=args.model, windows=args.windows,
-      output=args.output.format(index=index)))
-
-  def input_fn(input_context=None):
-    del input_context
-    return tf.data.Dataset.from_tensors(({"x": 0.0}, 0)).repeat()
-
-  # Estimator trains a multi-worker strategy only through train_and_evaluate.
-  tf.estimator.train_and_evaluate(
-      estimator, tf.estimator.TrainSpec(
-          input_fn, max_steps=args.k * args.windows),
-      tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
-                            throttle_secs=0))
+      model=args.model, windows=args.windows, output=args.output),
+                   args.k * args.windows)
 
 
 def _launch(args, prefix, mode, directory):

@@ -80,7 +80,32 @@ def model_fn(features, labels, mode, params):
         loss, tf.compat.v1.train.get_or_create_global_step())
   return tf.estimator.EstimatorSpec(
       tf.estimator.ModeKeys.TRAIN, loss=reported, train_op=train_op,
-      training_hooks=[_StepTimer(params["output"])])
+      training_hooks=[_StepTimer(params["output"].format(
+          index=params["index"]))])
+
+
+def train_on_workers(model_fn, model_dir, params, max_steps):
+  """Trains `model_fn` for `max_steps` micro-batches on this task of a
+  MultiWorkerMirroredStrategy cluster (TF_CONFIG), on a constant input (the
+  model makes its own batches); `params` get this worker's index."""
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  config = tf.estimator.RunConfig(
+      model_dir=model_dir, train_distribute=strategy, tf_random_seed=0,
+      save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
+      log_step_count_steps=1_000_000)
+  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  estimator = tf.estimator.Estimator(model_fn, config=config,
+                                     params=dict(params, index=index))
+
+  def input_fn(input_context=None):
+    del input_context
+    return tf.data.Dataset.from_tensors(({"x": 0.0}, 0)).repeat()
+
+  # Estimator trains a multi-worker strategy only through train_and_evaluate.
+  tf.estimator.train_and_evaluate(
+      estimator, tf.estimator.TrainSpec(input_fn, max_steps=max_steps),
+      tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
+                            throttle_secs=0))
 
 
 def run_task(args):
@@ -94,25 +119,9 @@ def run_task(args):
     # Slow links: the coordination service's heartbeat (10 s by default)
     # can wait behind the window's all-reduce.
     health.coordination_heartbeat(args.heartbeat_seconds)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  config = tf.estimator.RunConfig(
-      model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
-      save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
-      log_step_count_steps=1_000_000)
-  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-  estimator = tf.estimator.Estimator(model_fn, config=config, params=dict(
+  train_on_workers(model_fn, args.model_dir, dict(
       mode=args.task, k=args.k, micro_batch=args.micro_batch,
-      model=args.model, output=args.output.format(index=index)))
-
-  def input_fn(input_context=None):
-    del input_context
-    return tf.data.Dataset.from_tensors(({"x": 0.0}, 0)).repeat()
-
-  tf.estimator.train_and_evaluate(
-      estimator, tf.estimator.TrainSpec(
-          input_fn, max_steps=args.k * (args.windows + 1)),
-      tf.estimator.EvalSpec(input_fn, steps=1, start_delay_secs=0,
-                            throttle_secs=0))
+      model=args.model, output=args.output), args.k * (args.windows + 1))
 
 
 def _launch(args, bed, mode, directory):

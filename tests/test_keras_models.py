@@ -267,16 +267,7 @@ def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
       loss="mse")
   assert isinstance(model.optimizer, ea.AccumulatingKerasOptimizer)
   before = model.get_weights()
-  estimator = tf.keras.estimator.model_to_estimator(
-      keras_model=model, model_dir=str(tmp_path), checkpoint_format="saver")
-
-  def input_fn():
-    return tf.data.Dataset.from_tensor_slices(
-        ({model.input_names[0]: _X}, _Y)).batch(MICRO_BATCH).repeat()
-
-  estimator.train(input_fn, max_steps=K * UPDATES)
-  value = estimator.get_variable_value
-  assert value("global_step") == K * UPDATES
+  value = _train_mixed(model, tmp_path).get_variable_value
   assert value("gradient_accumulation/skipped_windows") == 1
   assert value("gradient_accumulation/updates_applied") == UPDATES - 1
   assert value("gradient_accumulation/loss_scale") == 2.0**14

@@ -207,6 +207,8 @@ class WrapperWindow:
   def _train_op(self, owner, loss, grads_and_vars, global_step, var_list,
                 gradient_options, reduction, scaled_by_caller):
     _checks.check_graph_mode()
+    if grads_and_vars is not None:
+      grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
     name = self._name()
     variables = {}
     if global_step is None:
