@@ -56,3 +56,15 @@ $PY benchmarks/layer_norm_speed.py 2>/dev/null
 echo
 echo "## The library's shape, read with ast"
 $PY benchmarks/code_shape.py
+echo
+echo "## TensorFlow 2 Keras: the window against plain Keras at the big batch (optimizer x strategy x precision)"
+$PY benchmarks/keras_exactness.py 2>/dev/null
+echo
+echo "## TensorFlow 2 Keras, side by side: the window, gradient-accumulator 0.5.2, plain Keras at the micro-batch"
+$PY benchmarks/keras_side_by_side.py --rounds 3 2>/dev/null
+if [ "$(id -u)" = 0 ]; then
+  echo
+  echo "## The window across hosts (test bed, tc-shaped links)"
+  $PY benchmarks/window_across_hosts.py --rates none,10gbit,1gbit,250mbit --windows 6 --heartbeat_seconds 60 2>/dev/null
+  $PY benchmarks/overlap_trace.py --rate 1gbit --windows 4 2>/dev/null
+fi

@@ -76,20 +76,31 @@ def _is_of_the_new_kind(optimizer):
 @takes_window_options(_DEFAULTS)
 class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
                                  metaclass=_OfTheOptimizersKind):
-  """`AccumulatingOptimizer` for code that takes a Keras legacy optimizer:
-  TensorFlow 2's canned estimators (`tf.estimator.DNNRegressor`,
-  `LinearClassifier`, `DNNLinearCombinedClassifier`, ...), which call
-  `get_updates`, and graph code calling `minimize` or `apply_gradients`.
+  """Accumulation for code that takes a Keras optimizer: Keras's
+  `model.fit` and a custom `train_step` in TensorFlow 2, TensorFlow 2's
+  canned estimators (`tf.estimator.DNNRegressor`, `LinearClassifier`,
+  `DNNLinearCombinedClassifier`, ...), which call `get_updates`, and graph
+  code calling `minimize` or `apply_gradients`.
 
   ```python
+  model.compile(optimizer=estimator_accum.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.Adam(1e-3), k=4), loss=...)
+  model.fit(dataset.batch(8))                     # batch 32, exactly
+
   estimator = tf.estimator.DNNRegressor(
       hidden_units=[64], feature_columns=columns,
       optimizer=lambda: estimator_accum.AccumulatingKerasOptimizer(
           tf.keras.optimizers.legacy.Adam(1e-3), k=4, clip_norm=1.0))
   ```
 
-  (A callable, as for any Keras optimizer given to an Estimator that
-  trains more than once: an instance can only be used in one graph.)
+  (A callable for an Estimator that trains more than once, as for any
+  Keras optimizer given to one: an instance can only be used in one graph.)
+  It is a Keras optimizer of its optimizer's kind (a
+  `tf.keras.optimizers.Optimizer` around one, in TensorFlow 2; a legacy
+  one otherwise), and a Keras LossScaleOptimizer: `compile` does not wrap
+  it in another for a mixed_float16 model; it scales the loss itself, once
+  per window (`loss_scale="auto"`). docs/keras.md has the TensorFlow 2
+  details.
 
   The micro-batch counter is the optimizer's `iterations`, which those
   estimators set to their global step: it counts micro-batches. The inner
@@ -105,14 +116,16 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
   losses do not record their reduction where it could be read.
 
   Args:
-    optimizer: a `tf.keras.optimizers.legacy.Optimizer` (or a
-      `tf.compat.v1.train` one), applied once per window.
+    optimizer: a `tf.keras.optimizers.Optimizer` (TensorFlow 2), a
+      `tf.keras.optimizers.legacy.Optimizer` or a `tf.compat.v1.train`
+      one, or a Keras LossScaleOptimizer around one (its settings taken),
+      applied once per window.
     k: int >= 1, micro-batches per update.
     WINDOW_OPTIONS
 
   Here `reduction` is "mean" unless given (not None: Keras losses do not
-  record theirs), and `name` defaults to None, as for
-  `AccumulatingOptimizer`.
+  record theirs), `loss_scale` is "auto", and `name` defaults to None, as
+  for `AccumulatingOptimizer`.
   """
 
   accumulates_micro_batches = True
