@@ -345,6 +345,33 @@ def test_backup_and_restore_at_epochs_resumes_exactly(tmp_path):
   _assert_close(_weights(resumed), _weights(whole), "restored")
 
 
+class _StopAtBatch(tf.keras.callbacks.Callback):
+  def on_train_batch_begin(self, batch, logs=None):
+    if batch == 3:
+      raise RuntimeError("stopped")
+
+
+def test_backup_and_restore_in_steps_is_refused_in_one_line(tmp_path):
+  """BackupAndRestore(save_freq=2): Keras resumes a backup written inside
+  an epoch by replaying the epoch's first batches, which the window would
+  add twice: refused when it is restored, saying what to use instead."""
+  data = kx.make_data(5 * B)
+
+  def fit(callbacks):
+    model = kx._compiled(lambda: ea.AccumulatingKerasOptimizer(  # noqa: SLF001
+        tf.keras.optimizers.Adam(0.01), k=K), tf.distribute.get_strategy(),
+        True)
+    model.fit(tf.data.Dataset.from_tensor_slices(data).batch(B), epochs=2,
+              verbose=0, callbacks=callbacks)
+
+  backup = str(tmp_path / "backup")
+  with pytest.raises(RuntimeError, match="stopped"):
+    fit([tf.keras.callbacks.BackupAndRestore(backup, save_freq=2),
+         _StopAtBatch()])
+  with pytest.raises(ValueError, match="save_freq='epoch'"):
+    fit([tf.keras.callbacks.BackupAndRestore(backup, save_freq=2)])
+
+
 @pytest.mark.parametrize("strategy", ["one", "mirrored"])
 def test_window_batch_normalization_is_keras_ghost_batch_normalization(
     strategy):

@@ -180,7 +180,14 @@ class WrapperCheckpoints:
 
   def restore_slot(self, position, slot_name, variable):
     """Restores a checkpoint's window slot of `variable` into the window's
-    state, or keeps it until the window is built."""
+    state, or keeps it until the window is built.
+
+    Raises:
+      ValueError: the checkpoint is a Keras BackupAndRestore backup written
+        in the middle of an epoch, which Keras resumes by replaying the
+        epoch's first batches.
+    """
+    _refuse_a_replaying_backup(position)
     state = self.slot(variable, slot_name)
     if state is not None:
       position.restore(state)
@@ -206,6 +213,37 @@ class WrapperCheckpoints:
     if found is None:
       raise _unclaimed_state([name], tracking.children, tracking.slots)
     return found
+
+
+# What Keras's BackupAndRestore keeps beside the model: the batch of the
+# epoch its backup was written after, -1 for a backup at an epoch's end.
+_BACKUP_BATCH = "ckpt_saved_batch"
+
+
+def _refuse_a_replaying_backup(position):
+  """Refuses window state from a BackupAndRestore backup written in the
+  middle of an epoch (`save_freq` in steps). Keras resumes such a backup by
+  running the epoch's input from its start under the later step numbers:
+  the window would add the batches it already holds a second time. (Read
+  from the restore's object graph, a TensorFlow-private structure.)"""
+  coordinator = position._checkpoint  # noqa: SLF001
+  graph = coordinator.object_graph_proto
+  for child in graph.nodes[0].children:
+    if child.local_name != _BACKUP_BATCH:
+      continue
+    attributes = graph.nodes[child.node_id].attributes
+    if not attributes:
+      return
+    batch = tf.train.load_checkpoint(coordinator.save_path_string).get_tensor(
+        attributes[0].checkpoint_key)
+    if batch >= 0:
+      raise ValueError(
+          f"this checkpoint is a BackupAndRestore backup written after batch "
+          f"{int(batch)} of an epoch (save_freq in steps): Keras resumes it by "
+          "running the epoch's first batches again, which the window would "
+          "add a second time. Back up at epochs' ends (save_freq='epoch', "
+          "the default), or save with ModelCheckpoint(save_weights_only=True) "
+          "and resume with an input that starts where it was written.")
 
 
 class SyncOnReadCheckpoint(tf.__internal__.tracking.Trackable):
