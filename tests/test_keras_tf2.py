@@ -316,6 +316,16 @@ def test_a_keras_file_keeps_the_window(tmp_path):
   _assert_close(_weights(loaded), _weights(whole), "loaded")
 
 
+def _fit_epochs(epochs, callbacks):
+  """A model with the wrapper fit for `epochs` epochs of 5 micro-batches
+  (k=3: epochs end inside windows) with `callbacks`."""
+  model = kx._compiled(lambda: ea.AccumulatingKerasOptimizer(  # noqa: SLF001
+      tf.keras.optimizers.Adam(0.01), k=K), tf.distribute.get_strategy(), True)
+  model.fit(tf.data.Dataset.from_tensor_slices(kx.make_data(5 * B)).batch(B),
+            epochs=epochs, verbose=0, callbacks=callbacks)
+  return model
+
+
 class _StopAtEpoch(tf.keras.callbacks.Callback):
   def on_epoch_begin(self, epoch, logs=None):
     if epoch == 1:
@@ -326,15 +336,8 @@ def test_backup_and_restore_at_epochs_resumes_exactly(tmp_path):
   """BackupAndRestore (backups at each epoch's end, its default): a job
   stopped in epoch 2 of 3, whose epochs end inside windows, fit again
   from the backup, ends as the job that was never stopped."""
-  data = kx.make_data(5 * B)  # 5 micro-batches an epoch, k=3
-
   def fit(callbacks):
-    model = kx._compiled(lambda: ea.AccumulatingKerasOptimizer(  # noqa: SLF001
-        tf.keras.optimizers.Adam(0.01), k=K), tf.distribute.get_strategy(),
-        True)
-    model.fit(tf.data.Dataset.from_tensor_slices(data).batch(B), epochs=3,
-              verbose=0, callbacks=callbacks)
-    return model
+    return _fit_epochs(3, callbacks)
 
   whole = fit([])
   backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
@@ -355,14 +358,8 @@ def test_backup_and_restore_in_steps_is_refused_in_one_line(tmp_path):
   """BackupAndRestore(save_freq=2): Keras resumes a backup written inside
   an epoch by replaying the epoch's first batches, which the window would
   add twice: refused when it is restored, saying what to use instead."""
-  data = kx.make_data(5 * B)
-
   def fit(callbacks):
-    model = kx._compiled(lambda: ea.AccumulatingKerasOptimizer(  # noqa: SLF001
-        tf.keras.optimizers.Adam(0.01), k=K), tf.distribute.get_strategy(),
-        True)
-    model.fit(tf.data.Dataset.from_tensor_slices(data).batch(B), epochs=2,
-              verbose=0, callbacks=callbacks)
+    _fit_epochs(2, callbacks)
 
   backup = str(tmp_path / "backup")
   with pytest.raises(RuntimeError, match="stopped"):
