@@ -26,7 +26,7 @@ self.optimizer.apply_gradients(zip(gradients, self.trainable_variables))
 
 import tensorflow as tf
 
-from estimator_accum.window.gradient_ops import scale_gradient
+from estimator_accum.window.gradient_ops import first_tensor, scale_gradient
 
 __all__ = ["KerasLossScaling", "LossScaleOptimizer"]
 
@@ -98,8 +98,7 @@ class KerasLossScaling(LossScaleOptimizer, metaclass=MadeAsWritten):
     """`grads` (tensors, tf.IndexedSlices or None) divided by the window's
     loss scale."""
     grads = list(grads)
-    scaler = self._window.loss_scaler(next(
-        (getattr(g, "values", g) for g in grads if g is not None), None))
+    scaler = self._window.loss_scaler(first_tensor(grads))
     if scaler is None:
       return grads
     inverse = scaler.inverse()

@@ -25,6 +25,7 @@ from estimator_accum.options import (
 )
 from estimator_accum.window import loss_scale as _loss_scale
 from estimator_accum.window import progress, reductions
+from estimator_accum.window.gradient_ops import first_tensor
 from estimator_accum.window.reports import micro_batch_examples
 from estimator_accum.window.train_op import accumulating_train_op, claimed_names
 
@@ -215,10 +216,11 @@ class WrapperWindow:
       global_step = state_variable(
           f"{name}/micro_batches", [], tf.int64, per_replica=False)
       variables[f"{name}/micro_batches"] = global_step
-    self.loss_scale_config(
-        loss if loss is not None else
-        next((getattr(g, "values", g) for g, _ in grads_and_vars
-              if g is not None), None))
+    # What the micro-batch is computed from: "auto" loss scaling reads it,
+    # and the examples it weighs are counted from its input.
+    source = (loss if loss is not None else
+              first_tensor(g for g, _ in grads_and_vars))
+    self.loss_scale_config(source)
     settings = self._settings.replace(
         reduction=reduction or self.reduction(), name=name,
         loss_scale=self._loss_scale_option(),
@@ -227,7 +229,7 @@ class WrapperWindow:
     train_op, window = accumulating_train_op(
         loss, grads_and_vars, self.optimizer, settings,
         global_step=global_step, var_list=var_list,
-        num_examples=self._examples(loss, grads_and_vars, settings),
+        num_examples=self._examples(source, settings),
         scaled_by_caller=scaled_by_caller)
     window_variables, slots = window.state_variables()
     variables.update(window_variables)
@@ -267,16 +269,15 @@ class WrapperWindow:
     return next_default_name()
 
   @staticmethod
-  def _examples(loss, grads_and_vars, settings):
+  def _examples(source, settings):
     """In a tf.function, where the window weighs each micro-batch by its
     examples when they can be told (Keras's last batch of an epoch is
-    short): the micro-batch's examples on this replica; else None."""
-    if not (_in_function() and
+    short): the examples on this replica of the micro-batch `source` (its
+    loss or a gradient) is computed from; else None."""
+    if not (_in_function() and source is not None and
             reductions.for_options(settings.reduction, None).weighs_examples):
       return None
-    if loss is None:
-      loss = next(g for g, _ in grads_and_vars if g is not None)
-    return micro_batch_examples(getattr(loss, "values", loss), None)
+    return micro_batch_examples(source, None)
 
 
 def _in_function():

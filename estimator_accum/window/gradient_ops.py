@@ -41,3 +41,11 @@ def cast_gradient(gradient, dtype):
     return tf.IndexedSlices(tf.cast(gradient.values, dtype), gradient.indices,
                             gradient.dense_shape)
   return tf.cast(gradient, dtype)
+
+
+def first_tensor(gradients):
+  """The tensor of the first gradient in `gradients` that is not None (a
+  table's values), or None: what the micro-batch's gradients are computed
+  from can be read from it (its input, its dtypes, its device)."""
+  gradient = next((g for g in gradients if g is not None), None)
+  return getattr(gradient, "values", gradient)

@@ -47,6 +47,7 @@ from estimator_accum.window.batch_norm import close_window_statistics
 from estimator_accum.window.compact import (
   choose_compact,
 )
+from estimator_accum.window.gradient_ops import first_tensor
 from estimator_accum.window.state import AccumulationState
 from estimator_accum.window.step_counting import check_optimizer_steps
 from estimator_accum.window.window import Window
@@ -223,7 +224,8 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
     grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
       optimizer, settings.loss_scale,
-      loss if grads_and_vars is None else _first_gradient(grads_and_vars))
+      loss if grads_and_vars is None else
+      first_tensor(g for g, _ in grads_and_vars))
   _checks.check_optimizer(optimizer)
   if (grads_and_vars is not None and loss_scale_config is not None and
       not scaled_by_caller):
@@ -254,13 +256,6 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
           var_list, num_examples, reduction)
 
 
-def _first_gradient(grads_and_vars):
-  """A tensor of the micro-batch's gradients (the values of a table's), or
-  None if every one is None."""
-  gradient = next((g for g, _ in grads_and_vars if g is not None), None)
-  return getattr(gradient, "values", gradient)
-
-
 def _trainable_variables(loss):
   """The graph's trainable variables, once each; ValueError if none."""
   var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
@@ -281,8 +276,7 @@ def _given_gradients(grads_and_vars):
     raise ValueError(
         f"grads_and_vars has no gradient (all {len(grads_and_vars)} are "
         "None): the loss does not depend on any of the variables.")
-  source = trained[0][0]
-  return trained, getattr(source, "values", source)
+  return trained, first_tensor(g for g, _ in trained)
 
 
 class _TrainOps:
