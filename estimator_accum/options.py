@@ -155,9 +155,10 @@ OPTIONS = (
            "bool, whether to add TensorBoard scalars `accumulation/*`."),
     Option("loss_scale", None, _check_loss_scale,
            "None, \"dynamic\", a number > 0, or \"auto\" (\"dynamic\" "
-           "while Keras's global dtype policy is mixed_float16 when the "
-           "window is first built, else None; AccumulatingKerasOptimizer's "
-           "default): scale the loss for float16 "
+           "when the loss, or a gradient given, is computed through float16 "
+           "values, a mixed_float16 model's, read when the window is first "
+           "built, else None; AccumulatingKerasOptimizer's default): scale "
+           "the loss for float16 "
            "models. Gradients are unscaled in float32 as they enter the "
            "accumulators; a window with an overflow is skipped whole, and a "
            "dynamic scale is halved there and doubled after 2000 good "

@@ -182,10 +182,9 @@ class WrapperWindow:
   def loss_scale_variables(self):
     """[the loss scale, its good windows] made in tf.functions so far, or
     fewer (none before the window is built, or without scaling)."""
-    name = self._given["name"] or DEFAULT_NAME
     made = self.function_variables.made
-    return [made[n] for n in (f"{name}/loss_scale", f"{name}/good_windows")
-            if n in made]
+    return [made[n] for n in _loss_scale.LossScaler.variable_names(
+        self._given["name"] or DEFAULT_NAME) if n in made]
 
   def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
                gradient_options=None, reduction=None, scaled_by_caller=False):

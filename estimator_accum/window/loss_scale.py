@@ -172,13 +172,20 @@ class LossScaler:
   def __init__(self, config, name, unscales=True):
     self.config = config
     self.unscales = unscales
-    self.scale = state_variable(name + "/loss_scale", [], tf.float32,
+    scale_name, good_windows_name = self.variable_names(name)
+    self.scale = state_variable(scale_name, [], tf.float32,
                                 per_replica=False,
                                 initial_value=config.initial)
     self.good_windows = None
     if config.dynamic:
-      self.good_windows = state_variable(name + "/good_windows", [], tf.int64,
+      self.good_windows = state_variable(good_windows_name, [], tf.int64,
                                          per_replica=False)
+
+  @staticmethod
+  def variable_names(name):
+    """The names of the scale and of its good windows, for the window
+    `name`."""
+    return name + "/loss_scale", name + "/good_windows"
 
   def state_variables(self):
     """The scale and its good windows, as made."""
