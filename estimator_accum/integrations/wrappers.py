@@ -7,6 +7,8 @@ settings, checked when the wrapper is made, and builds its window in each
 graph through `train_op.accumulating_train_op`.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from estimator_accum import _checks, graph_state
@@ -236,12 +238,9 @@ class WrapperWindow:
       # The caller's counter (a Keras wrapper's `iterations`, Estimator's
       # global step) is part of the window's position.
       variables.setdefault("micro_batches", global_step)
-    if _in_function():
-      # Tracked, and restored from a checkpoint loaded before, eagerly: not
-      # as ops of the tf.function, run at every step.
-      with tf.init_scope():
-        self.checkpoints.track(owner, self.optimizer, variables, slots, name)
-    else:
+    # In a tf.function, tracked (and restored from a checkpoint loaded
+    # before) eagerly: not as ops of the function, run at every step.
+    with tf.init_scope() if _in_function() else contextlib.nullcontext():
       self.checkpoints.track(owner, self.optimizer, variables, slots, name)
     return train_op
 

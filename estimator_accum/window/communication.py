@@ -28,6 +28,8 @@ PyTorch DDP's buckets do. Two choices make it smaller:
 
 import tensorflow as tf
 
+from estimator_accum.distribution import replicas
+
 # "auto" sends a table by rows when its dense sum is at least this large
 # and its window cannot touch every row: below it, the second round's
 # latency costs more than the bytes it saves.
@@ -98,7 +100,32 @@ def ready_order(gradients):
                 key=lambda i: (made.get(producers[i].name, -1), i))
 
 
-def size_in_bytes(tensor):
+def sum_in_packs(cross_replica, ordered, options):
+  """Sums a nest of per-replica values (None entries kept) over all
+  replicas, in packs of consecutive values in the nest's order, each
+  closed once it holds more than `options.bytes_per_pack`: one all-reduce
+  per pack, each free to start as soon as its own values exist.
+
+  Args:
+    cross_replica: the window end's `replicas.CrossReplica`.
+    ordered: the nest, in the order its values are to be sent.
+    options: tf.distribute.experimental.CommunicationOptions.
+
+  Returns:
+    The same nest, each value the sum over replicas.
+  """
+  flat = tf.nest.flatten(ordered)
+  sent = [j for j, value in enumerate(flat) if value is not None]
+  sizes = [_size_in_bytes(cross_replica.first(flat[j])) for j in sent]
+  for pack in packs(sizes, options.bytes_per_pack):
+    reduced = cross_replica.sum([flat[sent[p]] for p in pack],
+                                replicas.one_pack(options))
+    for p, value in zip(pack, reduced):
+      flat[sent[p]] = value
+  return tf.nest.pack_sequence_as(ordered, flat)
+
+
+def _size_in_bytes(tensor):
   """The bytes `tensor` (of a static shape) takes; 0 if its shape is not
   known."""
   elements = tensor.shape.num_elements()

@@ -297,18 +297,9 @@ class Window:
     options = self._settings.communication_options
     sums, rows, weight, statistics = cross_replica.each(
         self._local_window, *accumulated)
-    ordered = ([(sums[i], rows[i]) for i in self._ready_order], weight,
-               statistics)
-    flat = tf.nest.flatten(ordered)
-    sent = [j for j, value in enumerate(flat) if value is not None]
-    sizes = [communication.size_in_bytes(cross_replica.first(flat[j]))
-             for j in sent]
-    for pack in communication.packs(sizes, options.bytes_per_pack):
-      reduced = cross_replica.sum([flat[sent[p]] for p in pack],
-                                  replicas.one_pack(options))
-      for p, value in zip(pack, reduced):
-        flat[sent[p]] = value
-    pairs, weight, statistics = tf.nest.pack_sequence_as(ordered, flat)
+    pairs, weight, statistics = communication.sum_in_packs(
+        cross_replica, ([(sums[i], rows[i]) for i in self._ready_order],
+                        weight, statistics), options)
     for i, (total, mask) in zip(self._ready_order, pairs):
       sums[i], rows[i] = total, mask
     if not any(self._by_rows):
