@@ -16,6 +16,7 @@ from estimator_accum.integrations.optimizer import AccumulatingOptimizer
 
 # The planner's module, as `estimator_accum.planner` (DEFAULT_MARGIN,
 # Measurement) for the scripts that read its plan files.
+from estimator_accum.memory.recompute import recompute
 from estimator_accum.planning import planner as planner
 from estimator_accum.planning.planner import (
     MicroBatchPlan,
@@ -64,6 +65,7 @@ __all__ = [
     "build_accumulating_train_op",
     "get_accumulation_state",
     "is_divergence",
+    "recompute",
     "reportable_loss",
     "update_count",
     "WindowBatchNormalization",

@@ -123,6 +123,9 @@ def main():
   parser.add_argument("--until_input_ends", action="store_true",
                       help="train until the finite input ends (no max_steps)")
   parser.add_argument("--accumulator_dtype", default="float32")
+  parser.add_argument("--recompute", action="store_true",
+                      help="the hidden layer as an estimator_accum.recompute "
+                      "block")
   parser.add_argument("--ema_decay", type=float, default=None,
                       help="also keep a moving average of the weights, "
                       "through after_update; saved with the weights")
@@ -204,6 +207,7 @@ def main():
                   batch_norm_momentum=args.batch_norm_momentum,
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   reportable_loss=args.reportable_loss,
+                  recompute=args.recompute,
                   training_hooks=[h for h in (
                       counter, dier, recorder, slow,
                       args.step_seconds and _SlowEveryStep(args.step_seconds))

@@ -63,13 +63,14 @@ def _partitioned_variable(name, value, partitions):
 
 
 def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32,
-               embedding_partitions=None):
+               embedding_partitions=None, recompute=False):
   """Builds the model with tf.compat.v1.get_variable; returns the loss.
 
   With compute_dtype float16 or bfloat16 the variables stay float32 and are
   cast for the forward pass (mixed precision); the loss is float32. With
   embedding_partitions the embedding is a PartitionedVariable of that many
-  parts.
+  parts. With recompute the hidden layer is an `estimator_accum.recompute`
+  block (the embedding's sparse gradient stays outside it).
   """
   weights = {
       name: tf.compat.v1.get_variable(
@@ -87,8 +88,14 @@ def model_loss(features, labels, reduction="mean", compute_dtype=tf.float32,
       tf.nn.embedding_lookup(weights["embedding"], features["ids"]), axis=1),
                      compute_dtype)
   inputs = tf.concat([tf.cast(features["x"], compute_dtype), embedded], axis=1)
-  hidden = tf.tanh(tf.matmul(inputs, weights["dense/kernel"]) +
+
+  def hidden_layer(inputs):
+    return tf.tanh(tf.matmul(inputs, weights["dense/kernel"]) +
                    weights["dense/bias"])
+
+  if recompute:
+    hidden_layer = estimator_accum.recompute(hidden_layer)
+  hidden = hidden_layer(inputs)
   logits = tf.matmul(hidden, weights["logits/kernel"]) + weights["logits/bias"]
   per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=labels, logits=tf.cast(logits, tf.float32))
@@ -266,7 +273,8 @@ def accumulating_model_fn(features, labels, mode, params):
   """
   loss = model_loss(features, labels, params.get("loss_reduction", "mean"),
                     params.get("compute_dtype", tf.float32),
-                    params.get("embedding_partitions"))
+                    params.get("embedding_partitions"),
+                    params.get("recompute", False))
   if params.get("batch_norm_momentum") is not None:
     estimator_accum.batch_norm(
         features["x"], mode == tf.estimator.ModeKeys.TRAIN, params["k"],

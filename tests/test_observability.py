@@ -33,6 +33,7 @@ def test_public_api_is_pinned():
       "is_divergence",
       "measure_peak",
       "plan_micro_batch",
+      "recompute",
       "reportable_loss",
       "train_halving_on_oom",
       "update_count",

@@ -1,0 +1,1 @@
+"""Memory beyond the batch: recomputation of activations."""

@@ -1,0 +1,26 @@
+"""The library's door to TensorFlow's private graph API, one function each.
+
+Written for TensorFlow 2.15. Each function says which private name it uses
+and why no public API serves; `tests/test_tf_private.py` runs each against
+the installed TensorFlow, so that an upgrade that moves a name fails there,
+in one place, and not deep inside training.
+"""
+
+
+
+def reroute(old, new):
+  """Makes every consumer of the tensor `old` read `new` instead.
+
+  `tf.Operation._update_input` (TensorFlow 2.15): ops are immutable through
+  the public API, and a random op made by the user's own code (dropout's
+  `tf.random.uniform`) has to be replaced by its stateless twin after it
+  was made, so that a recomputation can draw the same values again.
+
+  Args:
+    old: tf.Tensor whose consumers change.
+    new: tf.Tensor of the same dtype and a compatible shape, in the same graph.
+  """
+  for consumer in list(old.consumers()):
+    for index, tensor in enumerate(consumer.inputs):
+      if tensor is old:
+        consumer._update_input(index, new)  # noqa: SLF001

@@ -1,0 +1,308 @@
+"""estimator_accum.recompute: the gradient of the forward pass that ran
+(dropout included), equal to no recomputation where nothing is random,
+variables made once under their own names, the recomputation held back
+until its gradient is needed, and what cannot run twice refused."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_accum
+from tests import support
+
+WIDTH, INNER, BATCH = 6, 16, 5
+
+
+def _block(rate=0.0, name="block"):
+  """A residual MLP block that makes its own variables."""
+
+  def block(h):
+    with tf.compat.v1.variable_scope(name):
+      kernel_up = tf.compat.v1.get_variable(
+          "up", [WIDTH, INNER],
+          initializer=tf.compat.v1.initializers.random_normal(seed=1))
+      kernel_down = tf.compat.v1.get_variable(
+          "down", [INNER, WIDTH],
+          initializer=tf.compat.v1.initializers.random_normal(seed=2))
+    inner = tf.nn.relu(tf.matmul(h, kernel_up))
+    if rate:
+      inner = tf.nn.dropout(inner, rate=rate)
+    return h + tf.matmul(inner, kernel_down)
+
+  return block
+
+
+def _stack_gradients(recompute, rate=0.0, blocks=3, steps=1):
+  """Gradients of a stack of blocks by every variable and the input."""
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(7)
+    x = tf.constant(np.random.RandomState(0).randn(BATCH, WIDTH),
+                    tf.float32)
+    h = x
+    for index in range(blocks):
+      block = _block(rate, f"block_{index}")
+      h = (estimator_accum.recompute(block) if recompute else block)(h)
+    loss = tf.reduce_sum(tf.square(h))
+    variables = tf.compat.v1.trainable_variables()
+    gradients = tf.gradients(loss, variables + [x])
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      values = [session.run(gradients) for _ in range(steps)]
+  return [v.name for v in variables], values
+
+
+def test_equals_no_recomputation_without_random_ops():
+  names, expected = _stack_gradients(recompute=False)
+  same_names, actual = _stack_gradients(recompute=True)
+  assert same_names == names
+  assert len(names) == 6  # made once each
+  for name, want, got in zip(names + ["x"], expected[0], actual[0]):
+    assert np.abs(want).max() > 0, name
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7,
+                               err_msg=name)
+
+
+def test_dropout_gradient_is_the_gradient_of_the_forward_that_ran():
+  """One dense layer and dropout at 0.5: the kernel's true gradient is
+  x^T (mask * 2 * c), and the mask is read off the forward's output."""
+  graph = tf.Graph()
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(3)
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randn(BATCH, WIDTH), tf.float32)
+    c = rng.randn(BATCH, INNER).astype(np.float32)
+
+    @estimator_accum.recompute
+    def layer(h):
+      kernel = tf.compat.v1.get_variable("kernel", [WIDTH, INNER])
+      return tf.nn.dropout(tf.matmul(h, kernel), rate=0.5)
+
+    y = layer(x)
+    kernel = tf.compat.v1.trainable_variables()[0]
+    (gradient,) = tf.gradients(tf.reduce_sum(y * c), [kernel])
+    masks = []
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(4):
+        y_value, gradient_value, x_value = session.run([y, gradient, x])
+        mask = (y_value != 0).astype(np.float32)
+        true = x_value.T @ (mask * 2.0 * c)
+        np.testing.assert_allclose(gradient_value, true, rtol=1e-5,
+                                   atol=1e-5, err_msg=f"step {step}")
+        masks.append(mask)
+  # A new mask every run, not one replayed forever.
+  assert len({m.tobytes() for m in masks}) == len(masks)
+  assert 0.2 < np.mean(masks) < 0.8
+
+
+def test_tensorflow_recompute_grad_is_wrong_where_this_is_right():
+  """The comparison the docs quote: TF 2.15's tf.recompute_grad in a graph
+  loses the variables' gradients of every block but the last one."""
+  names, expected = _stack_gradients(recompute=False)
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.constant(np.random.RandomState(0).randn(BATCH, WIDTH), tf.float32)
+    h = x
+    for index in range(3):
+      block = _block(0.0, f"block_{index}")
+
+      def reusing(h, block=block):
+        with tf.compat.v1.variable_scope(
+            tf.compat.v1.get_variable_scope(), reuse=tf.compat.v1.AUTO_REUSE):
+          return block(h)
+
+      h = tf.recompute_grad(reusing)(h)
+    variables = tf.compat.v1.trainable_variables()
+    gradients = tf.gradients(tf.reduce_sum(tf.square(h)), variables)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      theirs = session.run(gradients)
+  errors = [np.abs(a - b).max() / np.abs(b).max()
+            for a, b in zip(theirs, expected[0])]
+  assert max(errors) > 0.5, errors
+
+
+def test_the_recomputation_waits_for_the_gradient_of_its_outputs():
+  """Every recomputed op of block 0 runs after the gradient that reaches
+  block 0's output exists: the gradient of block 1's input."""
+  graph = tf.Graph()
+  with graph.as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [BATCH, WIDTH])
+    with tf.name_scope("first"):
+      h0 = estimator_accum.recompute(_block(0.5, "block_0"))(x)
+    h1 = estimator_accum.recompute(_block(0.5, "block_1"))(h0)
+    before = len(graph.get_operations())
+    tf.gradients(tf.reduce_sum(h1), [x])
+    copies = [op for op in graph.get_operations()[before:] if op.name.split(
+        "IdentityN_grad/", 1)[-1].startswith("recompute/")]
+    recomputed = [op for op in copies if "/recompute/first/" in op.name]
+    assert len(recomputed) > 5, [op.name for op in recomputed]
+    # Block 1's recomputation, which block 0's gradient comes out of.
+    block_1 = {op for op in copies if "/first/" not in op.name}
+    assert block_1
+    for op in recomputed:
+      assert _depends_on(op, block_1), op.name
+
+
+def _depends_on(op, ancestors):
+  seen, stack = set(), [op]
+  while stack:
+    current = stack.pop()
+    if current in ancestors:
+      return True
+    if current in seen:
+      continue
+    seen.add(current)
+    stack.extend(t.op for t in current.inputs)
+    stack.extend(current.control_inputs)
+  return False
+
+
+def test_variables_keep_their_names_and_layers_work():
+  def names(recompute):
+    graph = tf.Graph()
+    with graph.as_default():
+      x = tf.zeros([BATCH, WIDTH])
+
+      def block(h):
+        h = tf.compat.v1.layers.dense(h, INNER, tf.nn.relu, name="up")
+        return tf.compat.v1.layers.dense(h, WIDTH, name="down")
+
+      with tf.compat.v1.variable_scope("bert"):
+        (estimator_accum.recompute(block) if recompute else block)(x)
+      return sorted(v.name for v in tf.compat.v1.global_variables())
+
+  assert names(True) == names(False) == [
+      "bert/down/bias:0", "bert/down/kernel:0", "bert/up/bias:0",
+      "bert/up/kernel:0"]
+
+
+def test_closed_over_tensors_get_their_gradient():
+  """A block reading a tensor it did not take as an argument (a bias, a
+  variable read outside) still passes the gradient on to it."""
+  graph = tf.Graph()
+  with graph.as_default():
+    rng = np.random.RandomState(1)
+    x = tf.constant(rng.randn(BATCH, WIDTH), tf.float32)
+    kernel = tf.compat.v1.get_variable(
+        "kernel", initializer=tf.constant(rng.randn(WIDTH, WIDTH),
+                                          tf.float32))
+    bias = tf.constant(rng.randn(WIDTH), tf.float32) * 2.0
+
+    def block(h):
+      return tf.tanh(tf.matmul(h, kernel) + bias)
+
+    losses = [tf.reduce_sum(tf.square(f(x))) for f in (
+        block, estimator_accum.recompute(block))]
+    gradients = [tf.gradients(loss, [kernel, bias, x]) for loss in losses]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      expected, actual = session.run(gradients)
+  for want, got in zip(expected, actual):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_inside_a_tf_function_with_a_gradient_tape():
+  layers = [tf.keras.layers.Dense(INNER, "relu"), tf.keras.layers.Dense(WIDTH)]
+  x = tf.constant(np.random.RandomState(2).randn(BATCH, WIDTH), tf.float32)
+
+  def block(h):
+    return h + layers[1](layers[0](h))
+
+  @tf.function
+  def gradients(recompute):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      f = estimator_accum.recompute(block) if recompute else block
+      loss = tf.reduce_sum(tf.square(f(f(x))))
+    variables = layers[0].trainable_variables + layers[1].trainable_variables
+    return tape.gradient(loss, variables + [x])
+
+  expected = gradients(False)
+  actual = gradients(True)
+  assert len(actual) == 5
+  for want, got in zip(expected, actual):
+    assert got is not None
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6,
+                               atol=1e-7)
+
+
+def test_refuses_an_op_that_changes_state():
+  with tf.Graph().as_default():
+    counter = tf.compat.v1.get_variable("counter", [], use_resource=True)
+
+    def block(h):
+      with tf.control_dependencies([counter.assign_add(1.0)]):
+        return h * 2.0
+
+    with pytest.raises(ValueError, match=r"recompute\(block\): op '.*"
+                       r"AssignAddVariableOp' .*changes state"):
+      estimator_accum.recompute(block)(tf.zeros([2]))
+
+
+def test_refuses_control_flow():
+  with tf.Graph().as_default():
+    def block(h):
+      return tf.cond(tf.reduce_sum(h) > 0, lambda: h * 2.0, lambda: h)
+
+    with pytest.raises(ValueError, match=r"recompute\(block\): op .* is "
+                       r"control flow"):
+      estimator_accum.recompute(block)(tf.zeros([2]))
+
+
+def test_refuses_eager_calls_and_non_tensor_arguments():
+  with pytest.raises(RuntimeError, match="called eagerly"):
+    estimator_accum.recompute(tf.identity)(tf.zeros([2]))
+  with tf.Graph().as_default():
+    with pytest.raises(TypeError, match="positional argument 1 must be a "
+                       "tensor, got None"):
+      estimator_accum.recompute(lambda h, act: h)(tf.zeros([2]), None)
+  with pytest.raises(TypeError, match="fn must be callable"):
+    estimator_accum.recompute(3)
+
+
+@pytest.mark.parametrize("optimizer_name", ["momentum", "adam"])
+def test_inside_the_window_equals_the_big_batch(optimizer_name, tmp_path):
+  """Estimator, k=2: the recomputed hidden layer trains as plain big-batch
+  TensorFlow (no recomputation) does, the embedding's sparse gradient
+  outside the block."""
+  optimizer_fn = {
+      "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
+      "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05)}[optimizer_name]
+  k, micro_batch, updates = 2, 4, 3
+  data = support.make_data(k * micro_batch * updates)
+  clip_norm = 0.5 * support.reference_gradient_norm(data, k * micro_batch)
+  expected = support.reference_train(optimizer_fn, data, k * micro_batch,
+                                     updates, clip_norm=clip_norm)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, micro_batch, k, k * updates,
+      clip_norm=clip_norm, recompute=True)
+  support.assert_trained_like_big_batch(
+      estimator, actual, expected, k * updates, updates,
+      f"{optimizer_name} with recompute")
+
+
+def test_blocks_sharing_variables_and_reading_earlier_outputs():
+  """Two calls of one block (shared variables), the second also reading the
+  first block's output by closure: each path is counted once."""
+  graph = tf.Graph()
+  with graph.as_default():
+    rng = np.random.RandomState(4)
+    x = tf.constant(rng.randn(BATCH, WIDTH), tf.float32)
+    kernel = tf.compat.v1.get_variable(
+        "kernel", initializer=tf.constant(rng.randn(WIDTH, WIDTH) * 0.5,
+                                          tf.float32))
+
+    def gradients(wrap):
+      first = wrap(lambda h: tf.tanh(tf.matmul(h, kernel)))(x)
+      second = wrap(lambda h: tf.tanh(tf.matmul(h, kernel)) * first)(first)
+      return tf.gradients(tf.reduce_sum(tf.square(second)), [kernel, x])
+
+    expected = gradients(lambda f: f)
+    actual = gradients(estimator_accum.recompute)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      expected, actual = session.run([expected, actual])
+  for want, got in zip(expected, actual):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
