@@ -36,15 +36,18 @@ class TrainingConfig:
   max_consecutive_skipped_windows: int | None = 25
   # Dropout on the pooled output (Google's run_classifier.py: 0.1).
   classifier_dropout: float = 0.1
+  # Recompute each transformer layer's activations in the backward pass.
+  recompute: bool = False
 
 
 def create_model(bert_config, is_training, features, num_labels,
-                 compute_type=tf.float32, classifier_dropout=0.1):
+                 compute_type=tf.float32, classifier_dropout=0.1,
+                 recompute=False):
   """Returns (logits, probabilities) for features from bert_features."""
   model = modeling.BertModel(
       bert_config, is_training, features["input_ids"],
       features["input_mask"], features["segment_ids"],
-      compute_type=compute_type)
+      compute_type=compute_type, recompute=recompute and is_training)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -69,7 +72,7 @@ def model_fn_builder(bert_config, training):
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
-        training.classifier_dropout)
+        training.classifier_dropout, training.recompute)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

@@ -29,6 +29,8 @@ import math
 
 import tensorflow as tf
 
+import estimator_accum
+
 _ACTIVATIONS = {
     "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + tf.tanh(
@@ -104,7 +106,7 @@ class BertModel:
 
   def __init__(self, config, is_training, input_ids, input_mask=None,
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
-               compute_type=tf.float32):
+               compute_type=tf.float32, recompute=False):
     """Builds the encoder in the current graph.
 
     Args:
@@ -122,6 +124,10 @@ class BertModel:
         precision: variables stay float32 (so checkpoints are unchanged) and
         are cast for the matrix products; layer normalization and softmax
         run in float32; the outputs are float32.
+      recompute: recompute each transformer layer's activations in the
+        backward pass (`estimator_accum.recompute`, dropout replayed
+        exactly): only each layer's input is kept for the backward pass.
+        Same variables, same gradient; less memory, more time.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -156,9 +162,11 @@ class BertModel:
                               tf.float32)) * -10000.0
         self.all_encoder_layers = []
         layer_input = tf.cast(self.embedding_output, self._compute_type)
+        layer = estimator_accum.recompute(self._layer) if recompute else (
+            self._layer)
         for index in range(config.num_hidden_layers):
           with tf.compat.v1.variable_scope(f"layer_{index}"):
-            layer_input = self._layer(layer_input, bias)
+            layer_input = layer(layer_input, bias)
           self.all_encoder_layers.append(tf.cast(layer_input, tf.float32))
       self.sequence_output = self.all_encoder_layers[-1]
       with tf.compat.v1.variable_scope("pooler"):
@@ -475,11 +483,14 @@ def transformer_model(input_tensor, attention_mask=None, hidden_size=768,
                       intermediate_size=3072, intermediate_act_fn=gelu,
                       hidden_dropout_prob=0.1,
                       attention_probs_dropout_prob=0.1,
-                      initializer_range=0.02, do_return_all_layers=False):
+                      initializer_range=0.02, do_return_all_layers=False,
+                      recompute=False):
   """Google's transformer_model: `num_hidden_layers` layers (`layer_<i>`,
   with Google's variable names) over float32 `input_tensor` [batch_size,
   seq_length, hidden_size]. Returns the last layer's output, or the list of
-  every layer's with do_return_all_layers."""
+  every layer's with do_return_all_layers. With recompute, each layer's
+  activations are recomputed in the backward pass (`BertModel`'s
+  recompute)."""
   if hidden_size % num_attention_heads != 0:
     raise ValueError(
         f"The hidden size ({hidden_size}) is not a multiple of the number of "
@@ -490,30 +501,40 @@ def transformer_model(input_tensor, attention_mask=None, hidden_size=768,
     raise ValueError(f"The width of the input tensor ({width}) != hidden "
                      f"size ({hidden_size})")
   layer_input = reshape_to_matrix(input_tensor)
+
+  # The mask is an argument, not a closure, when there is one.
+  masks = [] if attention_mask is None else [attention_mask]
+
+  def layer(layer_input, *mask):
+    with tf.compat.v1.variable_scope("attention"):
+      with tf.compat.v1.variable_scope("self"):
+        context = attention_layer(
+            layer_input, layer_input, mask[0] if mask else None,
+            num_attention_heads,
+            hidden_size // num_attention_heads,
+            attention_probs_dropout_prob=attention_probs_dropout_prob,
+            initializer_range=initializer_range, do_return_2d_tensor=True,
+            batch_size=batch_size, from_seq_length=seq_length,
+            to_seq_length=seq_length)
+      with tf.compat.v1.variable_scope("output"):
+        attention = layer_norm(dropout(
+            _dense(context, hidden_size, "dense", initializer_range),
+            hidden_dropout_prob) + layer_input)
+    with tf.compat.v1.variable_scope("intermediate"):
+      intermediate = _dense(attention, intermediate_size, "dense",
+                            initializer_range,
+                            activation=get_activation(intermediate_act_fn))
+    with tf.compat.v1.variable_scope("output"):
+      return layer_norm(dropout(
+          _dense(intermediate, hidden_size, "dense", initializer_range),
+          hidden_dropout_prob) + attention)
+
+  if recompute:
+    layer = estimator_accum.recompute(layer)
   outputs = []
   for index in range(num_hidden_layers):
     with tf.compat.v1.variable_scope(f"layer_{index}"):
-      with tf.compat.v1.variable_scope("attention"):
-        with tf.compat.v1.variable_scope("self"):
-          context = attention_layer(
-              layer_input, layer_input, attention_mask, num_attention_heads,
-              hidden_size // num_attention_heads,
-              attention_probs_dropout_prob=attention_probs_dropout_prob,
-              initializer_range=initializer_range, do_return_2d_tensor=True,
-              batch_size=batch_size, from_seq_length=seq_length,
-              to_seq_length=seq_length)
-        with tf.compat.v1.variable_scope("output"):
-          attention = layer_norm(dropout(
-              _dense(context, hidden_size, "dense", initializer_range),
-              hidden_dropout_prob) + layer_input)
-      with tf.compat.v1.variable_scope("intermediate"):
-        intermediate = _dense(attention, intermediate_size, "dense",
-                              initializer_range,
-                              activation=get_activation(intermediate_act_fn))
-      with tf.compat.v1.variable_scope("output"):
-        layer_input = layer_norm(dropout(
-            _dense(intermediate, hidden_size, "dense", initializer_range),
-            hidden_dropout_prob) + attention)
+      layer_input = layer(layer_input, *masks)
       outputs.append(reshape_from_matrix(layer_input,
                                          [batch_size, seq_length, width]))
   return outputs if do_return_all_layers else outputs[-1]
