@@ -20,6 +20,7 @@ import json
 import math
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -177,6 +178,23 @@ def _remove_if_empty(path):
         os.remove(os.path.join(root, name))
       if not os.listdir(root):
         os.rmdir(root)
+
+
+def _training_report(seconds, micro_batches):
+  """One line: the training's time and the allocator's peak of tensor
+  memory (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=
+  true, which holds tensors as a GPU's allocator does)."""
+  device = estimator_accum.planner.default_device()
+  line = (f"trained {micro_batches} micro-batches in {seconds:.1f} s "
+          f"({seconds / max(micro_batches, 1):.3f} s each)")
+  try:
+    peak = tf.config.experimental.get_memory_info(device)["peak"]
+  except ValueError:
+    return (f"{line}; peak memory not measured ({device}'s allocator keeps "
+            "no statistics: on CPU set TF_CPU_ALLOCATOR_USE_BFC=true)")
+  how = ("the BFC allocator, as a GPU holds tensors"
+         if device.startswith("CPU") else "its allocator")
+  return f"{line}; peak tensor memory {peak / 2**20:,.0f} MB on {device} ({how})"
 
 
 def _directory_size(path):
@@ -403,7 +421,10 @@ class ClassifierRun:
                         strategy, replicas)
 
     def train(plan):
+      started = time.perf_counter()
       self._train(estimator_for(plan), plan, train_file, num_train_updates)
+      print(_training_report(time.perf_counter() - started,
+                             num_train_updates * plan.k), flush=True)
 
     if self.flags.do_train:
       # One process only: on a cluster every worker would have to halve.

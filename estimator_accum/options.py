@@ -120,6 +120,13 @@ def _check_communication_dtype(value):
   return None if dtype == tf.float32 else dtype
 
 
+def _check_accumulator_placement(value):
+  if value not in ("device", "host"):
+    raise ValueError(f"accumulator_placement must be 'device' or 'host', "
+                     f"got {value!r}.")
+  return value
+
+
 def _check_overlap_backward(value):
   _checks.check_bool("overlap_backward", value)
   return value
@@ -151,6 +158,12 @@ OPTIONS = (
            "wrappers also take None: the loss's own reduction."),
     Option("accumulator_dtype", tf.float32, _checks.check_accumulator_dtype,
            "floating tf.DType (or its name) of the accumulators; float32."),
+    Option("accumulator_placement", "device", _check_accumulator_placement,
+           "\"device\" (the accumulators beside the variables) or \"host\" "
+           "(in the host's memory, one replica only: the device keeps no "
+           "copy of the model for the window, and each micro-batch's "
+           "gradient crosses to the host once, read back once per window). "
+           "Exact either way."),
     Option("summaries", True, _check_summaries,
            "bool, whether to add TensorBoard scalars `accumulation/*`."),
     Option("loss_scale", None, _check_loss_scale,

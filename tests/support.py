@@ -311,6 +311,7 @@ def accumulating_model_fn(features, labels, mode, params):
       loss_scale=params.get("loss_scale"),
       sparse_accumulation=params.get("sparse_accumulation", "auto"),
       accumulator_dtype=params.get("accumulator_dtype", tf.float32),
+      accumulator_placement=params.get("accumulator_placement", "device"),
       communication_options=communication_options,
       table_all_reduce=params.get("table_all_reduce", "auto"),
       communication_dtype=params.get("communication_dtype"),

@@ -306,3 +306,52 @@ def test_blocks_sharing_variables_and_reading_earlier_outputs():
       expected, actual = session.run([expected, actual])
   for want, got in zip(expected, actual):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_host_accumulators_equal_the_big_batch(tmp_path):
+  """accumulator_placement='host': every accumulator is a variable of the
+  host's CPU, so every add runs there; the weights are the big batch's."""
+  optimizer_fn = lambda: tf.compat.v1.train.AdamOptimizer(0.05)  # noqa: E731
+  k, micro_batch, updates = 2, 4, 3
+  data = support.make_data(k * micro_batch * updates)
+  expected = support.reference_train(optimizer_fn, data, k * micro_batch,
+                                     updates)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, micro_batch, k, k * updates,
+      accumulator_placement="host", recompute=True)
+  support.assert_trained_like_big_batch(estimator, actual, expected,
+                                        k * updates, updates, "host")
+  with tf.Graph().as_default():
+    features = {key: tf.constant(value[:micro_batch])
+                for key, value in data.items() if key != "labels"}
+    with tf.device("/device:GPU:0"):
+      loss = support.model_loss(features, tf.constant(
+          data["labels"][:micro_batch]))
+      tf.compat.v1.train.get_or_create_global_step()
+      estimator_accum.build_accumulating_train_op(
+          loss, tf.compat.v1.train.AdamOptimizer(0.05), k,
+          accumulator_placement="host")
+    accumulators = [v for v in tf.compat.v1.global_variables()
+                    if "/accum" in v.name]
+    assert len(accumulators) == 6  # 5 sums and the table's row mask
+    for variable in accumulators:
+      assert variable.device == "/device:CPU:0", (variable.name,
+                                                  variable.device)
+    trained = tf.compat.v1.trainable_variables()
+    assert all(v.device == "/device:GPU:0" for v in trained)
+
+
+def test_host_accumulators_are_refused_with_several_replicas():
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  with tf.Graph().as_default(), strategy.scope():
+    def step():
+      variable = tf.compat.v1.get_variable("v", [2])
+      tf.compat.v1.train.get_or_create_global_step()
+      return estimator_accum.build_accumulating_train_op(
+          tf.reduce_sum(variable), tf.compat.v1.train.GradientDescentOptimizer(
+              0.1), 2, accumulator_placement="host")
+
+    with pytest.raises(ValueError, match="accumulator_placement='host' keeps "
+                       "one replica's window in host memory; this train op "
+                       "has 2 replicas"):
+      strategy.extended.call_for_each_replica(step)

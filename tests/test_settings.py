@@ -69,6 +69,7 @@ def _given_each_option():
   """A value other than the default for every option."""
   return dict(
       clip_norm=2.0, reduction="sum", accumulator_dtype="float32",
+      accumulator_placement="host",
       summaries=False, loss_scale=128.0, sparse_accumulation=False,
       sparse_threshold_bytes=1024,
       communication_options=tf.distribute.experimental.CommunicationOptions(

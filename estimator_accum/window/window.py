@@ -10,6 +10,8 @@ What the window needs of `tf.distribute` it asks `distribution` for; how
 its micro-batches combine it leaves to its `reductions.Reduction`.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from estimator_accum.checkpoints.state_variables import (
@@ -50,6 +52,21 @@ def _after(token):
   control input from outside the branch would hold back the whole branch
   (under control flow v2 it becomes a control input of the cond itself)."""
   return tf.control_dependencies([tf.identity(token)])
+
+
+def _placement(placement, local_device):
+  """Where the accumulators are made, and so where their adds run (resource
+  ops run on their variable's device): beside the variables, or in the
+  host's memory."""
+  if placement == "device":
+    return contextlib.nullcontext()
+  if replicas.num_replicas() > 1 or local_device is not None:
+    raise ValueError(
+        "accumulator_placement='host' keeps one replica's window in host "
+        f"memory; this train op has {replicas.num_replicas()} replicas"
+        f"{' on a parameter-server worker' if local_device else ''}. Use "
+        "'device'.")
+  return tf.device("/device:CPU:0")
 
 
 class _Unscaling:
@@ -96,12 +113,13 @@ class Window:
     self._statistics = claim_window_statistics(settings.k, settings.name)
     self._reduction = reduction
     compact = compact or [False] * len(trained)
-    # Made in this order, which the Keras wrapper's weights follow.
-    self._accumulators = [
-        CompactSparseAccumulator(v, settings.accumulator_dtype, local_device)
-        if c else Accumulator(v, g, settings.accumulator_dtype, local_device,
-                              holds_mean=self._reduction.holds_mean)
-        for (g, v), c in zip(trained, compact)]
+    with _placement(settings.accumulator_placement, local_device):
+      # Made in this order, which the Keras wrapper's weights follow.
+      self._accumulators = [
+          CompactSparseAccumulator(v, settings.accumulator_dtype, local_device)
+          if c else Accumulator(v, g, settings.accumulator_dtype, local_device,
+                                holds_mean=self._reduction.holds_mean)
+          for (g, v), c in zip(trained, compact)]
     self._reduction.build(settings.name, self._window_size, local_device)
     # The dtype the window's sums cross replicas in (None: as they are);
     # cast back to float32 by _window_gradients.
