@@ -121,9 +121,9 @@ def _check_communication_dtype(value):
 
 
 def _check_accumulator_placement(value):
-  if value not in ("device", "host"):
-    raise ValueError(f"accumulator_placement must be 'device' or 'host', "
-                     f"got {value!r}.")
+  if value not in ("device", "host", "sharded"):
+    raise ValueError(f"accumulator_placement must be 'device', 'host' or "
+                     f"'sharded', got {value!r}.")
   return value
 
 
@@ -162,8 +162,11 @@ OPTIONS = (
            "\"device\" (the accumulators beside the variables) or \"host\" "
            "(in the host's memory, one replica only: the device keeps no "
            "copy of the model for the window, and each micro-batch's "
-           "gradient crosses to the host once, read back once per window). "
-           "Exact either way."),
+           "gradient crosses to the host once, read back once per window), "
+           "or \"sharded\" (under N replicas each keeps 1/N of the window's "
+           "dense sums: every micro-batch all-reduces its gradient; "
+           "reduction 'mean' without num_examples, or 'sum'; checkpoints "
+           "resume at windows' ends only). Exact each way."),
     Option("summaries", True, _check_summaries,
            "bool, whether to add TensorBoard scalars `accumulation/*`."),
     Option("loss_scale", None, _check_loss_scale,

@@ -123,6 +123,7 @@ def main():
   parser.add_argument("--until_input_ends", action="store_true",
                       help="train until the finite input ends (no max_steps)")
   parser.add_argument("--accumulator_dtype", default="float32")
+  parser.add_argument("--accumulator_placement", default="device")
   parser.add_argument("--recompute", action="store_true",
                       help="the hidden layer as an estimator_accum.recompute "
                       "block")
@@ -208,6 +209,7 @@ def main():
                   accumulator_dtype=tf.as_dtype(args.accumulator_dtype),
                   reportable_loss=args.reportable_loss,
                   recompute=args.recompute,
+                  accumulator_placement=args.accumulator_placement,
                   training_hooks=[h for h in (
                       counter, dier, recorder, slow,
                       args.step_seconds and _SlowEveryStep(args.step_seconds))

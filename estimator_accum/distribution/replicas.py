@@ -80,6 +80,15 @@ def communication_options(options, default_bytes_per_pack):
   return options
 
 
+def sum_in_replica(values, options):
+  """From replica context: the list `values` summed over every replica
+  (one batched all-reduce), as the same list."""
+  if not values:
+    return []
+  return tf.distribute.get_replica_context().all_reduce(
+      tf.distribute.ReduceOp.SUM, list(values), options=options)
+
+
 def one_pack(options):
   """`options` with every tensor in one pack: for tensors whose sizes are
   known only at run time (packs of a given size need static sizes)."""

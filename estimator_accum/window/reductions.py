@@ -80,6 +80,10 @@ class Reduction:
   averages_mean_losses = True
   # Whether the rule can weigh each micro-batch by its examples.
   weighs_examples = True
+  # Whether a micro-batch's weight is the same on every replica, so that
+  # the micro-batch can be summed over replicas before it is weighed
+  # (sharded accumulators).
+  weighs_replicas_alike = True
 
   @classmethod
   def made(cls, num_examples):
@@ -189,6 +193,8 @@ class WeightedMean(_Weighted):
   (itself a mean) weighted by its `num_examples`, so that uneven
   micro-batches give their big batch's mean exactly."""
 
+  weighs_replicas_alike = False
+
   def add(self, accumulators, gradients, unscaled):
     weight = self._micro_batch_weight()
     with _after(gradients):
@@ -262,6 +268,7 @@ class RunningMean(_Weighted):
 
   holds_mean = True
   averages_mean_losses = False
+  weighs_replicas_alike = False
 
   @property
   def counts_micro_batches(self):

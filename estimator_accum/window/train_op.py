@@ -373,7 +373,7 @@ def _log_state_size(state):
   """Logs the memory the window's state takes, once per graph."""
   trained = sum(a.variable.shape.num_elements() *
                 a.variable.dtype.base_dtype.size for a in state.accumulators)
-  sizes = {"dense": 0, "masked": 0}
+  sizes = {"dense": 0, "masked": 0, "sharded": 0}
   compact = [a for a in state.accumulators if a.kind == "compact"]
   for accumulator in state.accumulators:
     if accumulator.kind == "compact":
@@ -381,7 +381,7 @@ def _log_state_size(state):
     for variable in accumulator.state_variables():
       sizes[accumulator.kind] += (
           variable.shape.num_elements() * variable.dtype.base_dtype.size)
-  total = sizes["dense"] + sizes["masked"]
+  total = sum(sizes.values())
   progress.log_info(
       "gradient accumulation: k=%d over %d variables; accumulators take "
       "%.1f MB (%.2fx the trained variables' %.1f MB; %.1f MB for masked "

@@ -19,7 +19,7 @@ from estimator_accum.checkpoints.state_variables import (
   variable_base_name,
 )
 from estimator_accum.distribution import apply, replicas
-from estimator_accum.window import communication, reductions, reports
+from estimator_accum.window import communication, reductions, reports, sharded
 from estimator_accum.window.accumulators import (
   Accumulator,
   rows_to_slices,
@@ -58,7 +58,7 @@ def _placement(placement, local_device):
   """Where the accumulators are made, and so where their adds run (resource
   ops run on their variable's device): beside the variables, or in the
   host's memory."""
-  if placement == "device":
+  if placement in ("device", "sharded"):
     return contextlib.nullcontext()
   if replicas.num_replicas() > 1 or local_device is not None:
     raise ValueError(
@@ -113,12 +113,13 @@ class Window:
     self._statistics = claim_window_statistics(settings.k, settings.name)
     self._reduction = reduction
     compact = compact or [False] * len(trained)
+    self._sharded = settings.accumulator_placement == "sharded"
+    if self._sharded:
+      sharded.check(replicas.num_replicas(), reduction, local_device)
     with _placement(settings.accumulator_placement, local_device):
       # Made in this order, which the Keras wrapper's weights follow.
       self._accumulators = [
-          CompactSparseAccumulator(v, settings.accumulator_dtype, local_device)
-          if c else Accumulator(v, g, settings.accumulator_dtype, local_device,
-                                holds_mean=self._reduction.holds_mean)
+          self._accumulator(g, v, c, local_device)
           for (g, v), c in zip(trained, compact)]
     self._reduction.build(settings.name, self._window_size, local_device)
     # The dtype the window's sums cross replicas in (None: as they are);
@@ -147,6 +148,16 @@ class Window:
         settings.k, global_step, self._counters.updates_applied,
         self._counters.skipped_windows, self._counters.applied_gradient_norm,
         self._accumulators, loss_scaler.scale if loss_scaler else None)
+
+  def _accumulator(self, gradient, variable, compact, local_device):
+    dtype = self._settings.accumulator_dtype
+    if compact:
+      return CompactSparseAccumulator(variable, dtype, local_device)
+    if self._sharded and not isinstance(gradient, tf.IndexedSlices):
+      return sharded.ShardedAccumulator(variable, dtype,
+                                        replicas.num_replicas())
+    return Accumulator(variable, gradient, dtype, local_device,
+                       holds_mean=self._reduction.holds_mean)
 
   def state_variables(self):
     """{name: variable} of the window's saved state, in the order made:
@@ -192,8 +203,13 @@ class Window:
       that its all-reduce starts while the backward pass still computes
       the gradients of the layers below.
     """
+    gradients = self._gradients
+    if self._sharded:
+      gradients = sharded.micro_batch_slices(
+          self._accumulators, gradients,
+          self._settings.communication_options)
     added, own = self._reduction.add(
-        self._accumulators, self._gradients,
+        self._accumulators, gradients,
         _Unscaling(self._loss_scaler, self._settings.accumulator_dtype))
     own += [op for op in (s.added_on_this_replica()
                           for s in self._statistics) if op]
@@ -234,6 +250,9 @@ class Window:
       counters = [self._global_step.assign_add(
           tf.constant(1, self._global_step.dtype.base_dtype),
           read_value=False)]
+      if self._sharded:
+        counters.append(sharded.resumed_mid_window_check(
+            self._settings.name, position, self._settings.k))
       if self._position is not self._global_step:
         counters.append(self._position.assign_add(
             tf.constant(1, tf.int64), read_value=False))
