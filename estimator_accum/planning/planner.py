@@ -30,6 +30,7 @@ import time
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum.planning import search
 
 DEFAULT_MARGIN = 0.1
 # Micro-batches run per candidate: two windows of k=2, so the measured peak
@@ -43,11 +44,36 @@ WEIGHTED = "num_examples weighting"
 @dataclasses.dataclass(frozen=True)
 class Measurement:
   """One candidate: its micro-batch, k, and peak bytes (None: the
-  allocator ran out of memory)."""
+  allocator ran out of memory); `seconds` to measure it, and
+  `step_seconds`, the mean time of its micro-batches after the first (None
+  when it ran out of memory). `recompute` and `accumulator_placement`: the
+  memory options it was built with."""
   micro_batch: int
   k: int
   peak_bytes: int | None
   seconds: float
+  step_seconds: float | None = None
+  recompute: bool = False
+  accumulator_placement: str = "device"
+
+  @property
+  def seconds_per_example(self):
+    if self.step_seconds is None:
+      return None
+    return self.step_seconds / self.micro_batch
+
+  @property
+  def options(self):
+    """How it was built: "plain", "recompute", "host accumulators", ..."""
+    return memory_options_name(self.recompute, self.accumulator_placement)
+
+
+def memory_options_name(recompute, accumulator_placement):
+  """The words the plans print for a choice of memory options."""
+  words = ["recompute"] if recompute else []
+  if accumulator_placement != "device":
+    words.append(f"{accumulator_placement} accumulators")
+  return " + ".join(words) or "plain"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +98,11 @@ class MicroBatchPlan:
   measurements: tuple = ()
   planning_seconds: float = 0.0
   halvings: int = 0
+  # The memory options the plan trains with.
+  recompute: bool = False
+  accumulator_placement: str = "device"
+  # Why this plan, when several memory options were weighed.
+  reason: str = ""
 
   @property
   def peaks(self):
@@ -103,10 +134,17 @@ class MicroBatchPlan:
         self, micro_batch=self.micro_batch // 2, k=self.k * 2,
         last_micro_batch=self.micro_batch // 2, halvings=self.halvings + 1)
 
+  @property
+  def options(self):
+    """The memory options, as words: "plain", "recompute", ..."""
+    return memory_options_name(self.recompute, self.accumulator_placement)
+
   def summary(self):
     """One line: the split."""
     text = (f"effective batch {self.effective_batch} = {self.replicas} "
             f"replica(s) x micro-batch {self.micro_batch} x k={self.k}")
+    if self.options != "plain":
+      text += f", {self.options}"
     if self.last_micro_batch != self.micro_batch:
       text += (f" (each window's last micro-batch holds "
                f"{self.last_micro_batch}; exact by {self.exact_by})")
@@ -118,13 +156,26 @@ class MicroBatchPlan:
     lines = [f"micro-batch plan on {self.device}: budget "
              f"{_mb(self.budget_bytes)}, margin {self.margin:.0%}, so a "
              f"micro-batch fits under {_mb(self.limit_bytes)}"]
-    for measured in sorted(self.measurements, key=lambda m: -m.micro_batch):
+    weighed = bool(self.reason)
+    for measured in sorted(self.measurements,
+                           key=lambda m: (m.options, -m.micro_batch)):
       peak = ("out of memory" if measured.peak_bytes is None
               else f"peak {_mb(measured.peak_bytes)}")
       verdict = "fits" if self.fits(measured.peak_bytes) else "too big"
-      chosen = "  <- chosen" if measured.micro_batch == self.micro_batch else ""
-      lines.append(f"  micro-batch {measured.micro_batch:>4} (k={measured.k})"
-                   f": {peak}, {verdict} ({measured.seconds:.1f} s){chosen}")
+      options = f", {measured.options}" if weighed else ""
+      speed = ("" if measured.seconds_per_example is None or not weighed else
+               f", {measured.seconds_per_example * 1000:.1f} ms/example")
+      chosen = "  <- chosen" if (
+          measured.micro_batch, measured.recompute,
+          measured.accumulator_placement) == (
+              self.micro_batch, self.recompute,
+              self.accumulator_placement) else ""
+      lines.append(f"  micro-batch {measured.micro_batch:>4} (k={measured.k}"
+                   f"{options}): {peak}, {verdict}{speed} "
+                   f"({measured.seconds:.1f} s){chosen}")
+    if weighed:
+      lines.append(f"chose {self.options} at micro-batch {self.micro_batch}:"
+                   f" {self.reason}")
     lines.append(f"{self.summary()}; planned in "
                  f"{self.planning_seconds:.1f} s ({len(self.measurements)} "
                  f"candidate(s) measured)")
@@ -223,32 +274,38 @@ def _check_margin(margin):
 
 
 def measure_peak(build, micro_batch, k, device=None,
-                 micro_batches=_MEASURED_MICRO_BATCHES):
-  """Builds `build(micro_batch, k)` in a fresh graph, runs it
-  `micro_batches` times after initializing, and returns a Measurement of
-  the allocator's peak bytes on `device` (None if it ran out of memory)."""
+                 micro_batches=_MEASURED_MICRO_BATCHES, **memory_options):
+  """Builds `build(micro_batch, k, **memory_options)` in a fresh graph, runs
+  it `micro_batches` times after initializing, and returns a Measurement of
+  the allocator's peak bytes on `device` (None if it ran out of memory) and
+  of the micro-batches' mean time after the first. `memory_options`:
+  `recompute` and `accumulator_placement`, for a `build` that takes them."""
   device = device or default_device()
   started = time.perf_counter()
   graph = tf.Graph()
   with graph.as_default():
-    fetch = build(micro_batch, k)
+    fetch = build(micro_batch, k, **memory_options)
     if fetch is None:
       raise ValueError(f"build({micro_batch}, {k}) returned None: it must "
                        "return the train op (what one micro-batch runs)")
     init = [tf.compat.v1.global_variables_initializer(),
             tf.compat.v1.local_variables_initializer(),
             tf.compat.v1.tables_initializer()]
-  peak = None
+  peak = step_seconds = None
   config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
       tf.config.experimental.reset_memory_stats(device)
-      for _ in range(micro_batches):
+      session.run(fetch)
+      timed = time.perf_counter()
+      for _ in range(micro_batches - 1):
         session.run(fetch)
+      if micro_batches > 1:
+        step_seconds = (time.perf_counter() - timed) / (micro_batches - 1)
       peak = int(tf.config.experimental.get_memory_info(device)["peak"])
   except tf.errors.ResourceExhaustedError:
-    peak = None
+    peak = step_seconds = None
   except tf.errors.OutOfRangeError:
     raise ValueError(
         f"the input ended before {micro_batches} micro-batches of "
@@ -257,14 +314,18 @@ def measure_peak(build, micro_batch, k, device=None,
   finally:
     del graph, fetch
     gc.collect()
-  return Measurement(micro_batch, k, peak, time.perf_counter() - started)
+  return Measurement(micro_batch, k, peak, time.perf_counter() - started,
+                     step_seconds, memory_options.get("recompute", False),
+                     memory_options.get("accumulator_placement", "device"))
 
 
 def plan_micro_batch(build=None, effective_batch=None, *,
                      memory_budget_mb=None, margin=DEFAULT_MARGIN, replicas=1,
                      uneven=False, device=None, log=None, model_fn=None,
-                     input_fn=None, params=None):
-  """Measures candidate micro-batches and returns the largest that fits.
+                     input_fn=None, params=None, recompute="auto",
+                     accumulator_placement="auto"):
+  """Measures candidate micro-batches and returns the largest that fits, or
+  with several memory options, the fastest plan that fits.
 
   Args:
     build: `build(micro_batch, k)`, called with a fresh default graph: builds
@@ -291,6 +352,19 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     log: callable given a line per measured candidate (e.g. print).
     model_fn, input_fn, params: instead of `build`, an Estimator's
       functions (`estimator_step(model_fn, input_fn, params)`).
+    recompute: True, False, or "auto": weigh recomputing activations
+      (`estimator_accum.recompute`) when `build` takes a `recompute`
+      keyword (estimator_step's passes it as params["recompute"]).
+    accumulator_placement: "device", "host", or "auto": weigh host
+      accumulators on a GPU, one replica, when `build` takes an
+      `accumulator_placement` keyword. (On CPU host and device memory are
+      one: nothing to measure.)
+
+  With more than one choice of memory options, each choice is measured at
+  two small micro-batches; peak and time are modelled as linear in the
+  micro-batch; the plan is the fastest modelled point that fits (a
+  memory-saving option only where nothing saving less fits, or 10% faster),
+  checked by measuring it (`estimator_accum/planning/search.py`).
 
   Returns:
     MicroBatchPlan. Raises ValueError (one line) when even micro-batch 1
@@ -305,13 +379,19 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   plan = MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
                         budget, margin, device)
   candidates = candidate_micro_batches(share, uneven)
+  choices = _option_choices(build, recompute, accumulator_placement, device,
+                            replicas)
+  if len(choices) > 1:
+    return _modelled_plan(build, plan, candidates, choices, log, started,
+                          memory_budget_mb)
+  options = _build_options(build, *choices[0])
   measured = {}
 
   def fits(index):
     micro_batch = candidates[index]
     k = math.ceil(share / micro_batch)
     measurement = measure_peak(build, micro_batch, min(k, _MEASURED_K),
-                               device)
+                               device, **options)
     measurement = dataclasses.replace(measurement, k=k)
     measured[micro_batch] = measurement
     if log:
@@ -334,13 +414,129 @@ def plan_micro_batch(build=None, effective_batch=None, *,
         f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
         f", over {_mb(plan.limit_bytes)} (the budget less the {margin:.0%} "
         "margin)")
-  micro_batch = candidates[best]
+  return _split(plan, candidates[best], measurements=measurements,
+                planning_seconds=elapsed, recompute=choices[0][0],
+                accumulator_placement=choices[0][1])
+
+
+def _split(plan, micro_batch, **fields):
+  """`plan` with `micro_batch` and the k, last micro-batch and exactness
+  it implies, and `fields`."""
+  share = plan.per_replica
   k = math.ceil(share / micro_batch)
   last = share - (k - 1) * micro_batch
   return dataclasses.replace(
       plan, micro_batch=micro_batch, k=k, last_micro_batch=last,
-      exact_by=EQUAL if last == micro_batch else WEIGHTED,
-      measurements=measurements, planning_seconds=elapsed)
+      exact_by=EQUAL if last == micro_batch else WEIGHTED, **fields)
+
+
+def _takes(build, name):
+  """Whether `build` takes the keyword `name`."""
+  try:
+    parameters = inspect.signature(build).parameters
+  except (TypeError, ValueError):
+    return False
+  return name in parameters or any(
+      p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _option_choices(build, recompute, placement, device, replicas):
+  """The (recompute, accumulator_placement) choices to weigh, the ones that
+  save less memory first."""
+  if recompute not in (True, False, "auto"):
+    raise ValueError(f"recompute={recompute!r}: must be True, False or "
+                     "'auto'")
+  if placement not in ("device", "host", "auto"):
+    raise ValueError(f"accumulator_placement={placement!r}: must be "
+                     "'device', 'host' or 'auto'")
+  for name, value in (("recompute", recompute),
+                      ("accumulator_placement", placement)):
+    if value not in ("auto", False, "device") and not _takes(build, name):
+      raise ValueError(f"{name}={value!r}: build takes no {name} keyword, "
+                       "so the planner cannot build the step with it")
+  recomputes = [recompute is True]
+  if recompute == "auto" and _takes(build, "recompute"):
+    recomputes = [False, True]
+  placements = ["host" if placement == "host" else "device"]
+  if (placement == "auto" and _takes(build, "accumulator_placement") and
+      device.upper().startswith("GPU") and replicas == 1):
+    placements = ["device", "host"]
+  return [(r, p) for p in placements for r in recomputes]
+
+
+def _build_options(build, recompute, placement):
+  """The memory keywords to call `build` with: those it takes."""
+  options = {"recompute": recompute, "accumulator_placement": placement}
+  return {name: value for name, value in options.items()
+          if _takes(build, name)}
+
+
+def _modelled_plan(build, plan, candidates, choices, log, started,
+                   memory_budget_mb):
+  """plan_micro_batch over several memory options: two points measured
+  per choice, the rest modelled, the choice checked."""
+  share = plan.per_replica
+  measured = {}
+
+  def measure(choice, micro_batch):
+    if (choice, micro_batch) not in measured:
+      k = math.ceil(share / micro_batch)
+      measurement = dataclasses.replace(measure_peak(
+          build, micro_batch, min(k, _MEASURED_K), plan.device,
+          **_build_options(build, *choice)), k=k)
+      measured[choice, micro_batch] = measurement
+      if log:
+        log(_measured_line(measurement))
+    return measured[choice, micro_batch]
+
+  fits = []
+  for choice in choices:
+    points = [measure(choice, m) for m in search.points_to_measure(
+        candidates)]
+    points = [p for p in points if p.peak_bytes is not None]
+    if points:
+      fits.append(search.Fit.of(choice, points))
+  excluded = {key for key, m in measured.items()
+              if not plan.fits(m.peak_bytes)}
+  chosen = None
+  for _ in range(search.MAX_CHECKS):
+    picked = search.best(fits, candidates, plan.limit_bytes, excluded)
+    if picked is None:
+      break
+    choice, micro_batch, reason = picked
+    if plan.fits(measure(choice, micro_batch).peak_bytes):
+      chosen = picked
+      break
+    excluded |= {(choice, m) for m in candidates if m >= micro_batch}
+  if chosen is None:
+    fitting = [key for key, m in measured.items() if plan.fits(m.peak_bytes)]
+    if not fitting:
+      smallest = min(measured.values(), key=lambda m: m.peak_bytes or 2**62)
+      given = (f"memory_budget_mb={memory_budget_mb:g}"
+               if memory_budget_mb is not None
+               else f"the free memory of {plan.device}")
+      raise ValueError(
+          f"{given}: even micro-batch {smallest.micro_batch} with "
+          f"{smallest.options} needs "
+          f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
+          f", over {_mb(plan.limit_bytes)} (the budget less the "
+          f"{plan.margin:.0%} margin)")
+    key = max(fitting, key=lambda key: key[1] / measured[key].step_seconds)
+    chosen = (*key, "the fastest point measured that fits")
+  choice, micro_batch, reason = chosen
+  return _split(plan, micro_batch, measurements=tuple(measured.values()),
+                planning_seconds=time.perf_counter() - started,
+                recompute=choice[0], accumulator_placement=choice[1],
+                reason=reason)
+
+
+def _measured_line(measurement):
+  peak = ("out of memory" if measurement.peak_bytes is None
+          else _mb(measurement.peak_bytes))
+  speed = ("" if measurement.seconds_per_example is None else
+           f", {measurement.seconds_per_example * 1000:.1f} ms/example")
+  return (f"micro-batch {measurement.micro_batch} (k={measurement.k}, "
+          f"{measurement.options}): {peak}{speed}")
 
 
 def _build_from(build, model_fn, input_fn, params):
