@@ -484,7 +484,8 @@ class ClassifierRun:
     """build(micro_batch, k) for the planner: the training step on batches of
     the train file at the full --max_seq_length (the longest a batch gets)."""
 
-    def build(micro_batch, k):
+    def build(micro_batch, k, recompute=False,
+              accumulator_placement="device"):
       if train_file is None:
         raise UsageError("--micro_batch_size=auto measures training: it needs "
                          "--do_train.")
@@ -493,7 +494,9 @@ class ClassifierRun:
           train_file, self.flags.max_seq_length, micro_batch, is_training=True,
           drop_remainder=True, seed=self.flags.seed, trim=False)()
       features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-      step = dataclasses.replace(training, k=k, micro_batch_size=micro_batch)
+      step = dataclasses.replace(
+          training, k=k, micro_batch_size=micro_batch, recompute=recompute,
+          accumulator_placement=accumulator_placement)
       return classifier.model_fn_builder(bert_config, step)(
           features, None, tf.estimator.ModeKeys.TRAIN).train_op
 
@@ -515,7 +518,8 @@ class ClassifierRun:
         max_consecutive_skipped_windows=(
             self.flags.max_consecutive_skipped_windows or None),
         classifier_dropout=self.flags.classifier_dropout,
-        recompute=self.flags.recompute)
+        recompute=self.flags.recompute or plan.recompute,
+        accumulator_placement=plan.accumulator_placement)
 
   def _estimator(self, bert_config, training, plan, strategy, replicas):
     session_config = None

@@ -106,7 +106,8 @@ def resolve(values, *, build, effective_batch, replicas, run_dir, is_chief):
 
 
 def _measured(values, build, effective_batch, replicas):
-  """plan_micro_batch, without the INFO lines of the steps it measures."""
+  """plan_micro_batch, without the INFO lines of the steps it measures; a
+  script's --recompute, when given, fixes recomputation on."""
   budget = ("the GPU's free memory" if values.memory_budget_mb is None
             else f"{values.memory_budget_mb:g} MB")
   print(f"measuring the largest micro-batch whose peak fits {budget} "
@@ -118,6 +119,7 @@ def _measured(values, build, effective_batch, replicas):
     return estimator_accum.plan_micro_batch(
         build, effective_batch, memory_budget_mb=values.memory_budget_mb,
         margin=values.memory_margin, replicas=replicas,
+        recompute=True if getattr(values, "recompute", False) else "auto",
         log=lambda line: print(f"measured {line}", flush=True))
   finally:
     logging.set_verbosity(verbosity)

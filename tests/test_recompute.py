@@ -251,9 +251,9 @@ def test_refuses_control_flow():
       estimator_accum.recompute(block)(tf.zeros([2]))
 
 
-def test_refuses_eager_calls_and_non_tensor_arguments():
-  with pytest.raises(RuntimeError, match="called eagerly"):
-    estimator_accum.recompute(tf.identity)(tf.zeros([2]))
+def test_eager_calls_run_as_they_are_and_non_tensor_arguments_refused():
+  np.testing.assert_array_equal(
+      estimator_accum.recompute(lambda h: h * 2.0)(tf.ones([2])), [2.0, 2.0])
   with tf.Graph().as_default():
     with pytest.raises(TypeError, match="positional argument 1 must be a "
                        "tensor, got None"):
@@ -355,3 +355,72 @@ def test_host_accumulators_are_refused_with_several_replicas():
                        "one replica's window in host memory; this train op "
                        "has 2 replicas"):
       strategy.extended.call_for_each_replica(step)
+
+
+class _Block(tf.keras.layers.Layer):
+  """A Keras layer whose block may be recomputed."""
+
+  def __init__(self, recompute, **kwargs):
+    super().__init__(**kwargs)
+    self.up = tf.keras.layers.Dense(INNER, "relu")
+    self.down = tf.keras.layers.Dense(WIDTH)
+    self.recompute = recompute
+
+  def call(self, x):
+    block = lambda h: h + self.down(self.up(h))  # noqa: E731
+    return (estimator_accum.recompute(block) if self.recompute else
+            block)(x)
+
+
+def _keras_model(recompute, weights=None):
+  tf.keras.utils.set_random_seed(3)
+  inputs = tf.keras.Input([WIDTH])
+  hidden = _Block(recompute)(_Block(recompute)(inputs))
+  model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(hidden))
+  if weights is not None:
+    model.set_weights(weights)
+  return model
+
+
+def test_keras_fit_with_the_wrapper_equals_plain_keras_at_the_big_batch():
+  k, micro_batch, updates = 2, 4, 3
+  rng = np.random.RandomState(5)
+  x = rng.randn(k * micro_batch * updates, WIDTH).astype(np.float32)
+  y = rng.randn(k * micro_batch * updates, 1).astype(np.float32)
+  big = _keras_model(False)
+  start = big.get_weights()
+  big.compile(tf.keras.optimizers.Adam(0.01), "mse")
+  big.fit(x, y, batch_size=k * micro_batch, shuffle=False, verbose=0)
+  window = _keras_model(True, start)
+  window.compile(estimator_accum.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.Adam(0.01), k=k), "mse")
+  window.fit(x, y, batch_size=micro_batch, shuffle=False, verbose=0)
+  moved = max(float(np.abs(a - b).max())
+              for a, b in zip(big.get_weights(), start))
+  assert moved > 1e-3
+  for want, got in zip(big.get_weights(), window.get_weights()):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_optimizer_wrapper_with_recompute_equals_the_big_batch():
+  k, micro_batch, updates = 2, 4, 3
+  data = support.make_data(k * micro_batch * updates)
+  sgd = lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9)  # noqa: E731
+  expected = support.reference_train(sgd, data, k * micro_batch, updates)
+  with tf.Graph().as_default():
+    features = {name: tf.compat.v1.placeholder(
+        tf.as_dtype(value.dtype), [None, *value.shape[1:]])
+                for name, value in data.items()}
+    labels = features.pop("labels")
+    loss = support.model_loss(features, labels, recompute=True)
+    train_op = estimator_accum.AccumulatingOptimizer(sgd(), k).minimize(
+        loss, tf.compat.v1.train.get_or_create_global_step())
+    variables = {v.op.name: v for v in tf.compat.v1.global_variables()}
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for step in range(k * updates):
+        batch = slice(step * micro_batch, (step + 1) * micro_batch)
+        session.run(train_op, {features.get(n, labels): v[batch]
+                               for n, v in data.items()})
+      actual = {n: session.run(variables[n]) for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="wrapper, recompute")

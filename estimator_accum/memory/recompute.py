@@ -81,8 +81,9 @@ def recompute(fn):
     A function with the signature of `fn`, to call in a `tf.compat.v1`
     graph or inside a `tf.function`.
 
+  Called eagerly, outside any graph, the function runs as it is.
+
   Raises (when the returned function is called):
-    RuntimeError: called eagerly.
     ValueError: the block holds an op that changes state or control flow.
   """
   if not callable(fn):
@@ -91,10 +92,9 @@ def recompute(fn):
   @functools.wraps(fn)
   def recomputed(*args, **kwargs):
     if tf.executing_eagerly():
-      raise RuntimeError(
-          f"recompute({_name(fn)}): called eagerly; it recomputes inside a "
-          "graph (tf.compat.v1 or a tf.function), where activations are "
-          "kept for the backward pass.")
+      # Eagerly (a Keras model called on a batch to build it, or to
+      # predict) there is no graph to recompute in.
+      return fn(*args, **kwargs)
     args = [_as_tensor(arg, index, fn) for index, arg in enumerate(args)]
     block = _Block(functools.partial(fn, **kwargs) if kwargs else fn,
                    _name(fn))

@@ -38,6 +38,8 @@ class TrainingConfig:
   classifier_dropout: float = 0.1
   # Recompute each transformer layer's activations in the backward pass.
   recompute: bool = False
+  # Where the window's accumulators live: "device", "host" or "sharded".
+  accumulator_placement: str = "device"
 
 
 def create_model(bert_config, is_training, features, num_labels,
@@ -111,6 +113,7 @@ def model_fn_builder(bert_config, training):
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,
         loss_scale="dynamic" if training.use_fp16 else None,
+        accumulator_placement=training.accumulator_placement,
         max_consecutive_skipped_windows=(
             training.max_consecutive_skipped_windows))
     tf.compat.v1.summary.scalar("learning_rate", learning_rate)

@@ -1,0 +1,124 @@
+"""Peak tensor memory and time of one BERT training step, in a process of
+its own.
+
+  python benchmarks/bert_memory.py --model large --length 384 \
+      --micro_batch 2 --mode recompute
+
+prints one JSON line: the allocator's peak bytes (null: out of memory) and
+the mean seconds of the micro-batches after the first. Random weights,
+random token ids, dropout 0.1 kept, Google's classifier head and
+AdamWeightDecay (learning rate 1e-5). Modes:
+
+  plain       Google's step: the optimizer on the batch, no accumulation
+  accumulate  the window, k=2 (one micro-batch adds, the next applies)
+  recompute   the window, each transformer layer recomputed
+              (`BertModel(..., recompute=True)`)
+
+Tensor memory is the peak of TensorFlow's BFC allocator on CPU
+(TF_CPU_ALLOCATOR_USE_BFC=true, set here), which holds tensors as a GPU's
+allocator does; on this machine it stands in for a GPU's memory.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODES = ("plain", "accumulate", "recompute")
+CONFIGS = {
+    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                 intermediate_size=3072),
+    "large": dict(hidden_size=1024, num_hidden_layers=24,
+                  num_attention_heads=16, intermediate_size=4096),
+}
+
+
+def build(model, length, micro_batch, mode):
+  """The training step of `mode` in the default graph; returns its op."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  import estimator_accum  # noqa: PLC0415
+  from models.bert import classifier, modeling, optimization  # noqa: PLC0415
+
+  config = modeling.BertConfig(vocab_size=30522, **CONFIGS[model])
+  ids = tf.random.uniform([micro_batch, length], maxval=30522, dtype=tf.int32)
+  features = {"input_ids": ids, "input_mask": tf.ones_like(ids),
+              "segment_ids": tf.zeros_like(ids)}
+  labels = tf.random.uniform([micro_batch], maxval=2, dtype=tf.int32)
+  logits, _ = classifier.create_model(config, True, features, 2,
+                                      recompute=mode == "recompute")
+  loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=labels, logits=logits))
+  optimizer = optimization.make_optimizer("adamw", 1e-5)
+  step = tf.compat.v1.train.get_or_create_global_step()
+  if mode == "plain":
+    variables = tf.compat.v1.trainable_variables()
+    return optimizer.apply_gradients(
+        zip(tf.gradients(loss, variables), variables), global_step=step)
+  return estimator_accum.build_accumulating_train_op(
+      loss, optimizer, 2, log_every_n_micro_batches=None, summaries=False)
+
+
+def measure(model, length, micro_batch, mode, steps=3):
+  """In this process: {"peak_bytes", "step_seconds"} of `steps`
+  micro-batches (the first untimed)."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  with tf.Graph().as_default():
+    train_op = build(model, length, micro_batch, mode)
+    init = tf.compat.v1.global_variables_initializer()
+    parameters = sum(v.shape.num_elements()
+                     for v in tf.compat.v1.trainable_variables())
+    peak = seconds = None
+    try:
+      with tf.compat.v1.Session() as session:
+        session.run(init)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        session.run(train_op)
+        started = time.perf_counter()
+        for _ in range(steps - 1):
+          session.run(train_op)
+        seconds = (time.perf_counter() - started) / (steps - 1)
+        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+    except tf.errors.ResourceExhaustedError:
+      peak = seconds = None
+  return {"model": model, "length": length, "micro_batch": micro_batch,
+          "mode": mode, "peak_bytes": peak, "step_seconds": seconds,
+          "parameters": parameters}
+
+
+def point(model, length, micro_batch, mode, steps=3):
+  """`measure` in a process of its own (a fresh allocator)."""
+  result = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), "--model", model,
+       "--length", str(length), "--micro_batch", str(micro_batch),
+       "--mode", mode, "--steps", str(steps)],
+      capture_output=True, text=True, check=False)
+  if result.returncode != 0:
+    raise RuntimeError(f"{model} {length} x {micro_batch} {mode} failed:\n"
+                       f"{result.stderr[-3000:]}")
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", choices=sorted(CONFIGS), default="base")
+  parser.add_argument("--length", type=int, default=128)
+  parser.add_argument("--micro_batch", type=int, default=8)
+  parser.add_argument("--mode", choices=MODES, default="accumulate")
+  parser.add_argument("--steps", type=int, default=3)
+  args = parser.parse_args()
+  from absl import logging  # noqa: PLC0415
+  logging.set_verbosity(logging.ERROR)
+  print(json.dumps(measure(args.model, args.length, args.micro_batch,
+                           args.mode, args.steps)))
+
+
+if __name__ == "__main__":
+  main()
