@@ -70,6 +70,8 @@ def test_without_need_recompute_is_not_chosen(peaks):
   assert not plan.recompute, plan.describe()
   assert plan.micro_batch == 8, plan.describe()
   assert "it fits without saving more memory" in plan.describe()
+  # The largest micro-batch fits plain: recomputation is not even measured.
+  assert not any(m.recompute for m in plan.measurements), plan.describe()
 
 
 def test_the_choice_is_checked_and_in_budget(peaks):

@@ -491,6 +491,13 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
 
   fits = []
   for choice in choices:
+    excluded = {key for key, m in measured.items()
+                if not plan.fits(m.peak_bytes)}
+    picked = search.best(fits, candidates, plan.limit_bytes, excluded)
+    if picked is not None and picked[1] == candidates[-1]:
+      # The largest micro-batch fits already: saving more memory cannot
+      # make a faster plan.
+      break
     points = [measure(choice, m) for m in search.points_to_measure(
         candidates)]
     points = [p for p in points if p.peak_bytes is not None]
