@@ -5,7 +5,8 @@ its own.
       --micro_batch 2 --mode recompute
 
 prints one JSON line: the allocator's peak bytes (null: out of memory) and
-the mean seconds of the micro-batches after the first. Random weights,
+the mean seconds of a micro-batch (for the window, also the peak of a
+micro-batch that adds and of one that ends the window). Random weights,
 random token ids, dropout 0.1 kept, Google's classifier head and
 AdamWeightDecay (learning rate 1e-5). Modes:
 
@@ -66,31 +67,48 @@ def build(model, length, micro_batch, mode):
 
 
 def measure(model, length, micro_batch, mode, steps=3):
-  """In this process: {"peak_bytes", "step_seconds"} of `steps`
-  micro-batches (the first untimed)."""
+  """In this process: {"peak_bytes", "step_seconds", ...}. Plain: one
+  untimed step, then `steps` - 1 timed. The window (k=2): one untimed
+  window, then each kind of micro-batch measured alone: one that adds
+  ("micro_batch_peak_bytes") and one that ends the window and applies
+  ("window_end_peak_bytes"); its time is their mean, the time per
+  micro-batch of a window of 2."""
   import tensorflow as tf  # noqa: PLC0415
+
+  def run(session, op, runs=1):
+    tf.config.experimental.reset_memory_stats("CPU:0")
+    started = time.perf_counter()
+    for _ in range(runs):
+      session.run(op)
+    return (tf.config.experimental.get_memory_info("CPU:0")["peak"],
+            (time.perf_counter() - started) / runs)
 
   with tf.Graph().as_default():
     train_op = build(model, length, micro_batch, mode)
     init = tf.compat.v1.global_variables_initializer()
     parameters = sum(v.shape.num_elements()
                      for v in tf.compat.v1.trainable_variables())
-    peak = seconds = None
+    result = {"model": model, "length": length, "micro_batch": micro_batch,
+              "mode": mode, "parameters": parameters, "peak_bytes": None,
+              "step_seconds": None}
     try:
       with tf.compat.v1.Session() as session:
         session.run(init)
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        session.run(train_op)
-        started = time.perf_counter()
-        for _ in range(steps - 1):
+        if mode == "plain":
           session.run(train_op)
-        seconds = (time.perf_counter() - started) / (steps - 1)
-        peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
+          peak, seconds = run(session, train_op, max(steps - 1, 1))
+        else:
+          session.run(train_op)
+          session.run(train_op)
+          adds, add_seconds = run(session, train_op)
+          ends, end_seconds = run(session, train_op)
+          peak, seconds = max(adds, ends), (add_seconds + end_seconds) / 2
+          result.update(micro_batch_peak_bytes=adds,
+                        window_end_peak_bytes=ends)
+        result.update(peak_bytes=peak, step_seconds=seconds)
     except tf.errors.ResourceExhaustedError:
-      peak = seconds = None
-  return {"model": model, "length": length, "micro_batch": micro_batch,
-          "mode": mode, "peak_bytes": peak, "step_seconds": seconds,
-          "parameters": parameters}
+      pass
+  return result
 
 
 def point(model, length, micro_batch, mode, steps=3):

@@ -132,6 +132,11 @@ def _check_overlap_backward(value):
   return value
 
 
+def _check_sequential_apply(value):
+  _checks.check_bool("sequential_apply", value)
+  return value
+
+
 def _check_after_update(value):
   if value is not None and not callable(value):
     raise TypeError(
@@ -215,6 +220,13 @@ OPTIONS = (
            "backward makes the gradients) once its own accumulators hold "
            "the micro-batch. False: it waits for the whole micro-batch. "
            "Exact either way."),
+    Option("sequential_apply", True, _check_sequential_apply,
+           "bool. True: the window's end hands the optimizer one "
+           "variable's gradient at a time, so that its temporaries (the "
+           "clipped gradient, Adam's new moments) live for one variable at "
+           "a time, not for the whole model at once; left as it is when an "
+           "update reads several variables' gradients. False: every "
+           "variable's update may run at once. Exact either way."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "

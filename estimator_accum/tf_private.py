@@ -24,3 +24,28 @@ def reroute(old, new):
     for index, tensor in enumerate(consumer.inputs):
       if tensor is old:
         consumer._update_input(index, new)  # noqa: SLF001
+
+
+def add_control_inputs(op, control_inputs):
+  """Makes `op` wait for `control_inputs` (ops of its graph).
+
+  `tf.Operation._add_control_inputs` (TensorFlow 2.15): control inputs are
+  otherwise given only when an op is made, and the window's gates have to
+  be made before the optimizer builds the updates they wait for.
+
+  Args:
+    op: tf.Operation.
+    control_inputs: list of tf.Operation in `op`'s graph.
+  """
+  if control_inputs:
+    op._add_control_inputs(control_inputs)  # noqa: SLF001
+
+
+def control_flow_context(op):
+  """The control-flow (v1) context `op` was made in, None outside any.
+
+  `tf.Operation._get_control_flow_context` (TensorFlow 2.15): control flow
+  v1 keeps it on the op only. An op made inside a `tf.compat.v1.cond`
+  branch must not wait for an op outside it, nor an op outside for one
+  inside (a variable's initializer for an update)."""
+  return op._get_control_flow_context()  # noqa: SLF001

@@ -392,3 +392,22 @@ def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
                         num_train_epochs=0.2, verbose=True))
   assert verbose.returncode == 0
   assert "Calling model_fn" in verbose.stdout + verbose.stderr
+
+
+def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
+                                                        tmp_path):
+  output_dir = tmp_path / "run"
+  env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
+  result = _run(_flags(tiny_model, sst2, output_dir, recompute=True), env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r"trained 20 micro-batches in [\d.]+ s \([\d.]+ s each\); "
+                   r"peak tensor memory [\d,]+ MB on CPU:0 \(the BFC "
+                   r"allocator, as a GPU holds tensors\)", result.stdout), (
+                       result.stdout)
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  for layer in (0, 1):
+    name = f"bert/encoder/layer_{layer}/intermediate/dense/kernel"
+    assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
+  assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()

@@ -19,7 +19,13 @@ from estimator_accum.checkpoints.state_variables import (
   variable_base_name,
 )
 from estimator_accum.distribution import apply, replicas
-from estimator_accum.window import communication, reductions, reports, sharded
+from estimator_accum.window import (
+  apply_order,
+  communication,
+  reductions,
+  reports,
+  sharded,
+)
 from estimator_accum.window.accumulators import (
   Accumulator,
   rows_to_slices,
@@ -298,7 +304,7 @@ class Window:
     """
     sums, rows, weight, statistics = self._all_reduce(cross_replica,
                                                       accumulated)
-    gradients, norm, finite, held = cross_replica.each(
+    gradients, norm, finite, held, scale = cross_replica.each(
         self._window_gradients, sums, rows, weight)
     finite, norm = cross_replica.first(finite), cross_replica.first(norm)
     notes = []
@@ -308,7 +314,7 @@ class Window:
           self._window_size))
     applied = tf.cond(
         finite,
-        lambda: self._apply(cross_replica, gradients, statistics),
+        lambda: self._apply(cross_replica, gradients, scale, statistics),
         lambda: reports.warn_skipped(position, norm))
     resets = cross_replica.each(self._reset, applied)
     with tf.control_dependencies(list(cross_replica.local(resets)) + notes):
@@ -364,13 +370,42 @@ class Window:
                 for g, i in zip(gathered, sorted(union))]
     return communication.to_wire(gathered, self._wire)
 
-  def _apply(self, cross_replica, gradients, statistics):
+  def _apply(self, cross_replica, gradients, scale, statistics):
     moved = [s.move_averages(cross_replica, sums)
              for s, sums in zip(self._statistics, statistics)]
+    gates = []
+    gradients = cross_replica.each(self._ready_to_apply, gradients, scale,
+                                   gates)
+    graph = tf.compat.v1.get_default_graph()
+    before = len(graph.get_operations())
     with tf.control_dependencies(moved), self._outer_name_scope():
-      return apply.apply_reduced(
+      applied = apply.apply_reduced(
           cross_replica, self._optimizer, gradients,
           [a.variable for a in self._accumulators])
+    made = set(graph.get_operations()[before:])
+    for replica_gates in gates:
+      apply_order.chain(replica_gates, made)
+    return applied
+
+  def _ready_to_apply(self, gradients, scale, gates):
+    """Replica context, in the apply's branch: the window's gradients as the
+    optimizer takes them, times `scale` (clipping and the reduction's
+    factor; None for 1), in the variables' dtypes. With sequential_apply
+    each passes a gate first (appended to `gates`), so that its product
+    and the optimizer's temporaries are made one variable at a time."""
+    if self._settings.sequential_apply:
+      gated = [apply_order.gate(g) for g in gradients]
+      gradients = [g for g, _ in gated]
+      gates.append([op for _, op in gated])
+    if scale is not None:
+      if self._settings.clip_norm is None and (
+          not self._settings.sequential_apply):
+        # Mostly 1: no product, and no copy of the model, then.
+        gradients = scale_unless_one(scale, gradients)
+      else:
+        gradients = [scale_gradient(g, scale) for g in gradients]
+    return [cast_gradient(g, a.variable.dtype.base_dtype)
+            for g, a in zip(gradients, self._accumulators)]
 
   def _outer_name_scope(self):
     """Enters, inside a branch, the name scope the train op was built in.
@@ -429,12 +464,14 @@ class Window:
     """The window's gradient on this replica, from sums over all replicas.
 
     Returns:
-      (gradients, norm, finite, weight): the list of window gradients
-      (tf.Tensor or tf.IndexedSlices with unique rows, the variables' dtypes,
-      clipped if asked), their global norm before clipping (float32), whether
-      that norm is finite, and the window's weight over all replicas (None
-      for the sum). A NaN or Inf anywhere in the window makes the norm
-      non-finite, and every replica sees the same reduced values.
+      (gradients, norm, finite, weight, scale): the list of window
+      gradients (float32 tf.Tensor or tf.IndexedSlices with unique rows),
+      their global norm before clipping (float32), whether that norm is
+      finite, the window's weight over all replicas (None for the sum), and
+      the scalar the gradients are to be multiplied by (clipping and the
+      reduction's factor; None for 1), which `_ready_to_apply` applies in
+      the apply's branch. A NaN or Inf anywhere in the window makes the
+      norm non-finite, and every replica sees the same reduced values.
     """
     sums = [cast_gradient(self._as_gradient(s, r, a), tf.float32)
             for s, r, a in zip(sums, rows, self._accumulators)]
@@ -444,6 +481,7 @@ class Window:
       norm *= factor
     finite = tf.math.is_finite(norm)
     clip_norm = self._settings.clip_norm
+    scale = factor
     if clip_norm is not None:
       # tf.clip_by_global_norm's scale, times the factor: one product per
       # gradient, which clipping makes anyway.
@@ -451,12 +489,7 @@ class Window:
       scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
       if factor is not None:
         scale *= factor
-      gradients = [scale_gradient(g, scale) for g in gradients]
-    elif factor is not None:
-      gradients = scale_unless_one(factor, gradients)
-    gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
-                 for g, a in zip(gradients, self._accumulators)]
-    return gradients, norm, finite, weight
+    return gradients, norm, finite, weight, scale
 
   @staticmethod
   def _as_gradient(total, rows, accumulator):
@@ -473,7 +506,13 @@ class Window:
 
   def _reset(self, after):
     with tf.control_dependencies([after]):
-      resets = [a.reset() for a in self._accumulators]
+      resets = []
+      for accumulator in self._accumulators:
+        # With sequential_apply, one after the other too: each reset makes
+        # zeros the size of its accumulator.
+        with tf.control_dependencies(
+            resets[-1:] if self._settings.sequential_apply else []):
+          resets.append(accumulator.reset())
       resets += [s.reset() for s in self._statistics]
       resets += self._reduction.reset()
     with tf.control_dependencies(resets):
