@@ -162,17 +162,17 @@ class MicroBatchPlan:
       peak = ("out of memory" if measured.peak_bytes is None
               else f"peak {_mb(measured.peak_bytes)}")
       verdict = "fits" if self.fits(measured.peak_bytes) else "too big"
-      options = f", {measured.options}" if weighed else ""
+      options = _labelled(measured.options)
       speed = ("" if measured.seconds_per_example is None or not weighed else
-               f", {measured.seconds_per_example * 1000:.1f} ms/example")
+               f"{measured.seconds_per_example * 1000:.1f} ms/example, ")
       chosen = "  <- chosen" if (
           measured.micro_batch, measured.recompute,
           measured.accumulator_placement) == (
               self.micro_batch, self.recompute,
               self.accumulator_placement) else ""
       lines.append(f"  micro-batch {measured.micro_batch:>4} (k={measured.k}"
-                   f"{options}): {peak}, {verdict}{speed} "
-                   f"({measured.seconds:.1f} s){chosen}")
+                   f"{options}): {peak}, {verdict} ({speed}"
+                   f"{measured.seconds:.1f} s){chosen}")
     if weighed:
       lines.append(f"chose {self.options} at micro-batch {self.micro_batch}:"
                    f" {self.reason}")
@@ -518,16 +518,19 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
   if chosen is None:
     fitting = [key for key, m in measured.items() if plan.fits(m.peak_bytes)]
     if not fitting:
-      smallest = min(measured.values(), key=lambda m: m.peak_bytes or 2**62)
       given = (f"memory_budget_mb={memory_budget_mb:g}"
                if memory_budget_mb is not None
                else f"the free memory of {plan.device}")
+      needs = {m.options: "more" if m.peak_bytes is None else
+               _mb(m.peak_bytes) for m in measured.values()
+               if m.micro_batch == candidates[0]}
+      others = "".join(f"; with {options} it needs {value}"
+                       for options, value in needs.items()
+                       if options != "plain")
       raise ValueError(
-          f"{given}: even micro-batch {smallest.micro_batch} with "
-          f"{smallest.options} needs "
-          f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
-          f", over {_mb(plan.limit_bytes)} (the budget less the "
-          f"{plan.margin:.0%} margin)")
+          f"{given}: even micro-batch {candidates[0]} needs "
+          f"{needs.get('plain', 'more')}, over {_mb(plan.limit_bytes)} (the "
+          f"budget less the {plan.margin:.0%} margin){others}")
     key = max(fitting, key=lambda key: key[1] / measured[key].step_seconds)
     chosen = (*key, "the fastest point measured that fits")
   choice, micro_batch, reason = chosen
@@ -542,8 +545,13 @@ def _measured_line(measurement):
           else _mb(measurement.peak_bytes))
   speed = ("" if measurement.seconds_per_example is None else
            f", {measurement.seconds_per_example * 1000:.1f} ms/example")
-  return (f"micro-batch {measurement.micro_batch} (k={measurement.k}, "
-          f"{measurement.options}): {peak}{speed}")
+  return (f"micro-batch {measurement.micro_batch} (k={measurement.k}"
+          f"{_labelled(measurement.options)}): {peak}{speed}")
+
+
+def _labelled(options):
+  """", recompute" and the like; nothing for plain training."""
+  return "" if options == "plain" else f", {options}"
 
 
 def _build_from(build, model_fn, input_fn, params):
