@@ -59,6 +59,8 @@ class _Point:
     self.micro_batch = p["micro_batch"]
     self.peak_bytes = p["peak_bytes"]
     self.step_seconds = p["step_seconds"]
+    self.adding_peak_bytes = p.get("micro_batch_peak_bytes")
+    self.window_end_peak_bytes = p.get("window_end_peak_bytes")
 
 
 def fit(points, model, length, mode):

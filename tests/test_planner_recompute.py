@@ -59,7 +59,7 @@ def test_recompute_is_chosen_when_nothing_else_fits(peaks):
       plan.fits(m.peak_bytes) for m in plan.measurements), plan.describe()
   text = plan.describe()
   assert "no option that saves less memory fits" in text, text
-  assert "(k=8): peak" in text and "(k=8, recompute): peak" in text, text
+  assert "(k=1): peak" in text and "(k=1, recompute): peak" in text, text
   assert "ms/example" in text, text
   assert "<- chosen" in text, text
 
@@ -90,8 +90,9 @@ def test_the_choice_is_checked_and_in_budget(peaks):
 
 
 def test_nothing_fits_says_so_in_one_line(peaks):
-  with pytest.raises(ValueError, match=r"even micro-batch 1 needs [\d.]+ MB, "
-                     r"over .* margin\); with recompute it needs [\d.]+ MB"):
+  with pytest.raises(ValueError, match=r"even micro-batch 1 needs [\d.]+ MB "
+                     r"\(modelled\), over .* margin\); with recompute it "
+                     r"needs [\d.]+ MB"):
     estimator_accum.plan_micro_batch(
         build, EFFECTIVE, device="CPU:0",
         memory_budget_mb=_budget(peaks[True, 1] * 0.8))

@@ -55,6 +55,10 @@ class Measurement:
   step_seconds: float | None = None
   recompute: bool = False
   accumulator_placement: str = "device"
+  # After the first window: the peak of a micro-batch that only adds, and
+  # of one that ends the window and applies (None: not measured).
+  adding_peak_bytes: int | None = None
+  window_end_peak_bytes: int | None = None
 
   @property
   def seconds_per_example(self):
@@ -292,20 +296,25 @@ def measure_peak(build, micro_batch, k, device=None,
             tf.compat.v1.local_variables_initializer(),
             tf.compat.v1.tables_initializer()]
   peak = step_seconds = None
+  run_peaks = []
   config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
-      tf.config.experimental.reset_memory_stats(device)
-      session.run(fetch)
-      timed = time.perf_counter()
-      for _ in range(micro_batches - 1):
+      timed = None
+      for run in range(micro_batches):
+        tf.config.experimental.reset_memory_stats(device)
         session.run(fetch)
+        run_peaks.append(
+            int(tf.config.experimental.get_memory_info(device)["peak"]))
+        if run == 0:
+          timed = time.perf_counter()
       if micro_batches > 1:
         step_seconds = (time.perf_counter() - timed) / (micro_batches - 1)
-      peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+      peak = max(run_peaks)
   except tf.errors.ResourceExhaustedError:
     peak = step_seconds = None
+    run_peaks = []
   except tf.errors.OutOfRangeError:
     raise ValueError(
         f"the input ended before {micro_batches} micro-batches of "
@@ -314,9 +323,16 @@ def measure_peak(build, micro_batch, k, device=None,
   finally:
     del graph, fetch
     gc.collect()
+  # After the first window (whose end makes the optimizer's slots), the
+  # last micro-batch that adds and the last that ends a window.
+  settled = run_peaks[k:]
+  adding = [p for i, p in enumerate(settled, k) if (i + 1) % k]
+  ending = [p for i, p in enumerate(settled, k) if not (i + 1) % k]
   return Measurement(micro_batch, k, peak, time.perf_counter() - started,
                      step_seconds, memory_options.get("recompute", False),
-                     memory_options.get("accumulator_placement", "device"))
+                     memory_options.get("accumulator_placement", "device"),
+                     adding[-1] if adding else None,
+                     ending[-1] if ending else None)
 
 
 def plan_micro_batch(build=None, effective_batch=None, *,
@@ -493,10 +509,7 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
   for choice in choices:
     excluded = {key for key, m in measured.items()
                 if not plan.fits(m.peak_bytes)}
-    picked = search.best(fits, candidates, plan.limit_bytes, excluded)
-    if picked is not None and picked[1] == candidates[-1]:
-      # The largest micro-batch fits already: saving more memory cannot
-      # make a faster plan.
+    if search.cannot_gain(fits, candidates, plan.limit_bytes, excluded):
       break
     points = [measure(choice, m) for m in search.points_to_measure(
         candidates)]
@@ -521,9 +534,12 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
       given = (f"memory_budget_mb={memory_budget_mb:g}"
                if memory_budget_mb is not None
                else f"the free memory of {plan.device}")
-      needs = {m.options: "more" if m.peak_bytes is None else
-               _mb(m.peak_bytes) for m in measured.values()
-               if m.micro_batch == candidates[0]}
+      needs = {memory_options_name(*fit.options):
+               f"{_mb(int(fit.peak(candidates[0])))} (modelled)"
+               for fit in fits}
+      needs.update({m.options: "more" if m.peak_bytes is None else
+                    _mb(m.peak_bytes) for m in measured.values()
+                    if m.micro_batch == candidates[0]})
       others = "".join(f"; with {options} it needs {value}"
                        for options, value in needs.items()
                        if options != "plain")

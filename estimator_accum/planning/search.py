@@ -26,10 +26,16 @@ MAX_CHECKS = 4
 
 @dataclasses.dataclass(frozen=True)
 class Fit:
-  """A linear model of one option choice's peak and micro-batch time."""
+  """A linear model of one option choice's peak and micro-batch time.
+
+  The peak is the larger of two lines when the micro-batches that add and
+  the one that ends the window were measured apart: a micro-batch that
+  adds grows with its examples from the model's state, and the window's
+  end adds the optimizer's temporaries, which do not grow; at small
+  micro-batches the window's end is the peak, at large ones the adding.
+  """
   options: tuple
-  static_bytes: float
-  bytes_per_example: float
+  lines: tuple  # ((static bytes, bytes per example), ...)
   fixed_seconds: float
   seconds_per_example: float
   largest_measured: int
@@ -40,19 +46,33 @@ class Fit:
     memory, the smaller micro-batch first."""
     first = measurements[0]
     if len(measurements) == 1:
-      return cls(options, first.peak_bytes, 0.0, 0.0,
+      return cls(options, ((first.peak_bytes, 0.0),), 0.0,
                  first.step_seconds / first.micro_batch, first.micro_batch)
     second = measurements[1]
     span = second.micro_batch - first.micro_batch
-    per_example = max((second.peak_bytes - first.peak_bytes) / span, 0.0)
+
+    def line(small, large):
+      slope = max((large - small) / span, 0.0)
+      return (small - slope * first.micro_batch, slope)
+
+    kinds = [("peak_bytes",)]
+    if all(getattr(m, "adding_peak_bytes", None) is not None and
+           getattr(m, "window_end_peak_bytes", None) is not None
+           for m in (first, second)):
+      kinds = [("adding_peak_bytes",), ("window_end_peak_bytes",)]
+    lines = tuple(line(getattr(first, kind), getattr(second, kind))
+                  for (kind,) in kinds)
     seconds = max((second.step_seconds - first.step_seconds) / span, 0.0)
-    return cls(options, first.peak_bytes - per_example * first.micro_batch,
-               per_example,
+    return cls(options, lines,
                max(first.step_seconds - seconds * first.micro_batch, 0.0),
                seconds, second.micro_batch)
 
+  @property
+  def bytes_per_example(self):
+    return max(slope for _, slope in self.lines)
+
   def peak(self, micro_batch):
-    return self.static_bytes + self.bytes_per_example * micro_batch
+    return max(static + slope * micro_batch for static, slope in self.lines)
 
   def examples_per_second(self, micro_batch):
     seconds = self.fixed_seconds + self.seconds_per_example * micro_batch
@@ -60,11 +80,26 @@ class Fit:
 
 
 def points_to_measure(candidates):
-  """The two micro-batches each option is measured at: the smallest
-  candidate and the third (or the largest, when fewer)."""
-  if len(candidates) == 1:
-    return candidates[:1]
-  return [candidates[0], candidates[min(2, len(candidates) - 1)]]
+  """The two micro-batches each option is measured at: the second and
+  fourth candidates (the smallest is slow per example for reasons that do
+  not grow with the micro-batch, and would skew the time's line), or the
+  smallest and the largest of fewer."""
+  if len(candidates) >= 4:
+    return [candidates[1], candidates[3]]
+  return sorted({candidates[0], candidates[-1]})
+
+
+def cannot_gain(fits, candidates, limit, excluded):
+  """Whether no option saving more memory can make a faster plan than the
+  modelled best of `fits`: none runs faster than the first option at the
+  largest micro-batch, and that is within SAVING_MUST_GAIN of it."""
+  picked = best(fits, candidates, limit, excluded)
+  if picked is None:
+    return False
+  options, micro_batch, _ = picked
+  fit = next(f for f in fits if f.options == options)
+  ceiling = fits[0].examples_per_second(candidates[-1])
+  return fit.examples_per_second(micro_batch) * SAVING_MUST_GAIN >= ceiling
 
 
 def best(fits, candidates, limit, excluded):
@@ -78,7 +113,11 @@ def best(fits, candidates, limit, excluded):
                not (fit.bytes_per_example == 0 and m > fit.largest_measured)]
     if not fitting:
       continue
-    micro_batch = max(fitting, key=fit.examples_per_second)
+    speed = max(fit.examples_per_second(m) for m in fitting)
+    # Within the model's noise of the fastest, the largest micro-batch:
+    # fewer windows, and the planner's choice without a model.
+    micro_batch = max(m for m in fitting
+                      if fit.examples_per_second(m) >= 0.98 * speed)
     speed = fit.examples_per_second(micro_batch)
     if chosen is None:
       reason = ("it fits without saving more memory" if fit is fits[0] else
