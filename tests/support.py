@@ -403,3 +403,19 @@ def assert_weights_moved(actual, what=""):
   moved = [n for n in actual if not np.allclose(actual[n], start[n])]
   assert len(moved) == len(actual), f"{what}: weights that never moved: " + str(
       sorted(set(actual) - set(moved)))
+
+
+def depends_on(op, ancestors):
+  """Whether graph op `op` depends (through data or control inputs) on one
+  of the ops in `ancestors`."""
+  seen, stack = set(), [op]
+  while stack:
+    current = stack.pop()
+    if current in ancestors:
+      return True
+    if current in seen:
+      continue
+    seen.add(current)
+    stack.extend(t.op for t in current.inputs)
+    stack.extend(current.control_inputs)
+  return False

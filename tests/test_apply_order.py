@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import estimator_accum
 from estimator_accum.window import apply_order
+from tests import support
 
 WIDTHS = [6, 5, 4, 3]
 
@@ -64,20 +65,6 @@ def _spy_on_chain(monkeypatch):
   return calls
 
 
-def _waits_for(op, ancestors):
-  seen, stack = set(), [op]
-  while stack:
-    current = stack.pop()
-    if current in ancestors:
-      return True
-    if current in seen:
-      continue
-    seen.add(current)
-    stack.extend(t.op for t in current.inputs)
-    stack.extend(current.control_inputs)
-  return False
-
-
 def test_each_update_waits_for_the_previous_ones(monkeypatch):
   calls = _spy_on_chain(monkeypatch)
   with tf.Graph().as_default():
@@ -90,10 +77,10 @@ def test_each_update_waits_for_the_previous_ones(monkeypatch):
     # Every op of the later variable's update, its slots' reads included,
     # comes after the earlier variable's updates.
     for op in later:
-      assert _waits_for(op, earlier), op.name
+      assert support.depends_on(op, earlier), op.name
     reads = [t.op for op in later for t in op.inputs
              if t.op.type == "ReadVariableOp"]
-    assert reads and all(_waits_for(r, earlier) for r in reads)
+    assert reads and all(support.depends_on(r, earlier) for r in reads)
 
 
 def test_an_update_reading_every_gradient_is_left_unordered(monkeypatch):

@@ -154,21 +154,7 @@ def test_the_recomputation_waits_for_the_gradient_of_its_outputs():
     block_1 = {op for op in copies if "/first/" not in op.name}
     assert block_1
     for op in recomputed:
-      assert _depends_on(op, block_1), op.name
-
-
-def _depends_on(op, ancestors):
-  seen, stack = set(), [op]
-  while stack:
-    current = stack.pop()
-    if current in ancestors:
-      return True
-    if current in seen:
-      continue
-    seen.add(current)
-    stack.extend(t.op for t in current.inputs)
-    stack.extend(current.control_inputs)
-  return False
+      assert support.depends_on(op, block_1), op.name
 
 
 def test_variables_keep_their_names_and_layers_work():

@@ -13,20 +13,15 @@ import tensorflow as tf
 
 import estimator_accum
 from tests import support
+from tests import test_recompute_strategies as strategies
 
 pytestmark = pytest.mark.slow
 
-K, MICRO_BATCH, UPDATES, REPLICAS = 2, 4, 3, 2
-BIG_BATCH = REPLICAS * K * MICRO_BATCH
-
-
-def _adam():
-  return tf.compat.v1.train.AdamOptimizer(0.05)
-
-
-def _mirrored():
-  return tf.distribute.MirroredStrategy(
-      [f"/cpu:{i}" for i in range(REPLICAS)])
+# The same job and helpers as the recomputation's strategy tests.
+K, MICRO_BATCH, UPDATES, REPLICAS = strategies.K, strategies.MICRO_BATCH, (
+    strategies.UPDATES), strategies.REPLICAS
+BIG_BATCH = strategies.BIG_BATCH
+_adam, _mirrored = strategies._adam, strategies._mirrored  # noqa: SLF001
 
 
 @pytest.mark.parametrize("optimizer_fn", [
