@@ -1,6 +1,7 @@
-"""Google's out-of-memory table for BERT, closed: the largest micro-batch
-that fits 12, 8 and 4 GB, plain, with accumulation and with recomputation,
-and the planner's plan for the paper's batch of 32 in each cell.
+"""Google's out-of-memory table for BERT, closed: the peak of each model
+and length at micro-batch 1, plain, with accumulation and with
+recomputation, and the plan that reaches the paper's batch of 32 exactly
+under 12, 8 and 4 GB.
 
   python benchmarks/google_oom_table.py [--lengths 64 128 256 320 384 512]
       [--models base large] [--write docs/memory_planning.md]
@@ -8,12 +9,12 @@ and the planner's plan for the paper's batch of 32 in each cell.
 Each (model, length, mode) is measured at micro-batches 1 and 2, each in a
 process of its own (`benchmarks/bert_memory.py`: random weights, dropout
 kept, AdamWeightDecay; tensor memory from the CPU's BFC allocator, which
-holds tensors as a GPU does). Peak and time are modelled as linear in the
-micro-batch from those two points, as the planner models them, and the
-planner's own choice (`estimator_accum/planning/search.py`) is made from
-them for an effective batch of 32 (micro-batches that divide 32, the
-planner's 10% margin). Measured points are kept in --points, so that a
-run that stops goes on where it stopped.
+holds tensors as a GPU does; GB are GiB). The plan for each budget is the
+largest measured micro-batch that fits the budget less the planner's 10%
+margin, without recomputation first: only measured points, no model (two
+points this small do not resolve the activations per example from the
+allocator's own variation, tens of MB). Measured points are kept in
+--points, so that a run that stops goes on where it stopped.
 
 Host accumulators are not measured here (on CPU host and device memory are
 one): where recomputation at micro-batch 1 is still over the budget, the
@@ -29,7 +30,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import bert_memory  # noqa: E402
-from estimator_accum.planning import search  # noqa: E402
 
 GIB = 2**30
 # Google's README, "Out-of-memory issues": 12 GB Titan X, Adam, TF 1.11.
@@ -52,70 +52,56 @@ def load_points(path):
   return points
 
 
-class _Point:
-  """A bert_memory point as the planner's Fit reads a Measurement."""
-
-  def __init__(self, p):
-    self.micro_batch = p["micro_batch"]
-    self.peak_bytes = p["peak_bytes"]
-    self.step_seconds = p["step_seconds"]
-    self.adding_peak_bytes = p.get("micro_batch_peak_bytes")
-    self.window_end_peak_bytes = p.get("window_end_peak_bytes")
+def _peak(points, model, length, mode, micro_batch):
+  point = points.get((model, length, mode, micro_batch))
+  return None if point is None else point["peak_bytes"]
 
 
-def fit(points, model, length, mode):
-  measured = [_Point(points[model, length, mode, m]) for m in (1, 2)]
-  return search.Fit.of(mode, [m for m in measured
-                              if m.peak_bytes is not None])
+def plan(points, model, length, budget_gb):
+  """The plan for the paper's batch of 32 under `budget_gb` from the
+  measured points alone: the largest measured micro-batch (2, then 1) of
+  accumulation, then of accumulation with recomputation, whose peak fits
+  the budget less the planner's margin; else the arithmetic of host
+  accumulators (4 bytes a parameter off the device) on recomputation at 1."""
+  limit = budget_gb * GIB * (1 - MARGIN)
+  for mode, words in (("accumulate", ""), ("recompute", ", recompute")):
+    for micro_batch in (2, 1):
+      peak = _peak(points, model, length, mode, micro_batch)
+      if peak is not None and peak <= limit:
+        return f"{micro_batch} x k={EFFECTIVE // micro_batch}{words}"
+  peak = _peak(points, model, length, "recompute", 1)
+  if peak is None:
+    return "none"
+  parameters = points[model, length, "recompute", 1]["parameters"]
+  device = peak - 4 * parameters
+  if device <= limit:
+    return (f"1 x k=32, recompute, host accumulators ({device / GIB:.1f} GB"
+            " on the device, arithmetic)")
+  return f"none ({peak / GIB:.1f} GB at 1 with recompute)"
 
 
-def largest(fit, budget):
-  if fit.bytes_per_example <= 0:
-    return 0
-  return max(int((budget - fit.static_bytes) // fit.bytes_per_example), 0)
-
-
-def cell(points, model, length, budget_gb):
-  """One row of the table for one budget."""
-  budget = budget_gb * GIB
-  fits = {mode: fit(points, model, length, mode)
-          for mode in bert_memory.MODES}
-  row = {mode: largest(fits[mode], budget) for mode in bert_memory.MODES}
-  divisors = [m for m in range(1, EFFECTIVE + 1) if EFFECTIVE % m == 0]
-  picked = search.best([fits["accumulate"], fits["recompute"]], divisors,
-                       budget * (1 - MARGIN), set())
-  plain_32 = fits["plain"].examples_per_second(EFFECTIVE)
-  row["plan"] = row["speed"] = None
-  row["host"] = ""
-  if picked is not None:
-    mode, micro_batch, _ = picked
-    row["plan"] = (f"{micro_batch} x k={EFFECTIVE // micro_batch}"
-                   f"{', recompute' if mode == 'recompute' else ''}")
-    row["speed"] = fits[mode].examples_per_second(micro_batch) / plain_32
-  else:
-    accumulators = points[model, length, "recompute", 1]["parameters"] * 4
-    needs = fits["recompute"].peak(1) - accumulators
-    row["host"] = (f"host accumulators: {needs / GIB:.1f} GB at 1 "
-                   f"({'fits' if needs <= budget * (1 - MARGIN) else 'over'})")
-  return row
+def _gb(value):
+  return "—" if value is None else f"{value / GIB:.2f}"
 
 
 def table(points, models, lengths, budgets):
+  budget_columns = " | ".join(f"{b} GB" for b in budgets)
   lines = [
-      "| model | tokens | budget | Google, plain | plain | accumulation | "
-      "+ recompute | plan for 32 | its examples/s vs plain at 32 |",
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+      f"| model | tokens | Google's largest batch, 12 GB | plain at 1 | "
+      f"accumulation at 1 | + recompute at 1 | + recompute at 2 | "
+      f"{budget_columns} |",
+      "| --- | --- | --- | --- | --- | --- | --- | " +
+      " | ".join("---" for _ in budgets) + " |"]
   for model in models:
     for length in lengths:
-      for budget in budgets:
-        row = cell(points, model, length, budget)
-        google = GOOGLE.get((model, length), "") if budget == 12 else ""
-        plan = row["plan"] or row["host"] or "none"
-        speed = "" if row["speed"] is None else f"{row['speed']:.2f}x"
-        lines.append(
-            f"| BERT-{model.capitalize()} | {length} | {budget} GB | {google} "
-            f"| {row['plain']} | {row['accumulate']} | {row['recompute']} | "
-            f"{plan} | {speed} |")
+      peaks = [_peak(points, model, length, mode, m) for mode, m in (
+          ("plain", 1), ("accumulate", 1), ("recompute", 1),
+          ("recompute", 2))]
+      plans = " | ".join(plan(points, model, length, b) for b in budgets)
+      lines.append(
+          f"| BERT-{model.capitalize()} | {length} | "
+          f"{GOOGLE.get((model, length), '')} | " +
+          " | ".join(_gb(p) for p in peaks) + f" | {plans} |")
   return "\n".join(lines)
 
 
