@@ -5,15 +5,13 @@ communication, under MirroredStrategy on 2 logical CPUs.
 
 For `accumulator_placement` "device" (every replica keeps a whole copy)
 and "sharded" (each keeps 1/N, all-reduced every micro-batch): the bytes of
-accumulators per replica, the bytes each replica sends per micro-batch and
-per window, the peak tensor memory of the step (both replicas' tensors, in
-one BFC allocator: TF_CPU_ALLOCATOR_USE_BFC=true, as a GPU holds tensors),
-and the seconds per micro-batch, side by side in one process each. The
-sharded window's end sends each slice in place in a tensor of the
-variable's shape (zeros elsewhere): the same bytes as the whole copy's
-all-reduce. TensorFlow 2.15 has no reduce-scatter on CPU and no public
-all-to-all in its strategies, so the micro-batch's reduction is an
-all-reduce of which each replica keeps its slice.
+accumulators per replica, what crosses replicas each micro-batch and at the
+window's end, the peak tensor memory of the step (both replicas' tensors,
+in one BFC allocator: TF_CPU_ALLOCATOR_USE_BFC=true, as a GPU holds
+tensors), and the seconds per micro-batch, side by side, in a process each.
+TensorFlow 2.15 has no reduce-scatter on CPU and no public all-to-all in
+its strategies, so the micro-batch's reduction is an all-reduce of which
+each replica keeps its slice; the window's end all-gathers the slices.
 """
 
 import argparse
@@ -58,6 +56,10 @@ def measure(model, placement, k, micro_batch, windows=3):
         v.shape.num_elements() * v.dtype.size
         for v in tf.compat.v1.global_variables()
         if "/accum" in v.name and not v.name.endswith("accum_rows:0"))
+    # The dense sums split in slices (padded to replicas x slice).
+    sliced = sum(v.shape.num_elements() * v.dtype.size * REPLICAS
+                 for v in tf.compat.v1.global_variables()
+                 if v.name.endswith("/accum_shard:0"))
     config = tf.compat.v1.ConfigProto(device_count={"CPU": REPLICAS})
     with tf.compat.v1.Session(config=config) as session:
       session.run(tf.compat.v1.global_variables_initializer())
@@ -71,6 +73,7 @@ def measure(model, placement, k, micro_batch, windows=3):
       peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
   return {"placement": placement, "parameters": parameters,
           "accumulator_bytes_per_replica": accumulators,
+          "sliced_bytes": sliced,
           "peak_bytes": peak, "seconds_per_micro_batch": seconds}
 
 
@@ -91,8 +94,9 @@ def main():
         f"micro-batch {args.micro_batch} per replica, k={args.k}, Adam. "
         "Peak: the BFC allocator on CPU (TF_CPU_ALLOCATOR_USE_BFC=true), "
         "both replicas' tensors, as a GPU holds tensors.")
-  print("| placement | accumulators per replica | sent per micro-batch "
-        "| sent per window | peak (both replicas) | s per micro-batch |")
+  print("| placement | accumulators per replica | all-reduced each "
+        "micro-batch | at the window's end | peak (both replicas) | s per "
+        "micro-batch |")
   print("| --- | --- | --- | --- | --- | --- |")
   rows = {}
   for placement in ("device", "sharded"):
@@ -105,11 +109,13 @@ def main():
       return 1
     row = rows[placement] = json.loads(result.stdout.strip().splitlines()[-1])
     model_bytes = row["parameters"] * 4
-    per_micro_batch = 0 if placement == "device" else model_bytes
-    per_window = model_bytes + per_micro_batch * (args.k - 1)
+    sliced = row["sliced_bytes"]
+    end = (f"all-reduce {model_bytes / 2**20:,.1f} MB" if not sliced else
+           f"all-gather {sliced / REPLICAS / 2**20:,.1f} MB a replica, "
+           f"all-reduce {(model_bytes - sliced) / 2**20:,.1f} MB")
     print(f"| {placement} | {row['accumulator_bytes_per_replica'] / 2**20:,.1f}"
-          f" MB | {per_micro_batch / 2**20:,.1f} MB | {per_window / 2**20:,.1f}"
-          f" MB | {row['peak_bytes'] / 2**20:,.0f} MB | "
+          f" MB | {sliced / 2**20:,.1f} MB | {end} | "
+          f"{row['peak_bytes'] / 2**20:,.0f} MB | "
           f"{row['seconds_per_micro_batch']:.3f} |", flush=True)
   saved = rows["device"]["peak_bytes"] - rows["sharded"]["peak_bytes"]
   print(f"sharded: {saved / 2**20:,.0f} MB less peak, "

@@ -190,6 +190,11 @@ class CrossReplica:
         flat[i] = value
     return tf.nest.pack_sequence_as(structure, flat)
 
+  def gather(self, value):
+    """A per-replica `value` of every replica, joined along axis 0 in
+    replica order (an all-gather across workers), on this worker."""
+    return self._strategy.gather(value, axis=0)
+
   def update(self, variable, function, args):
     """Runs `function(component, *args)` on each copy of a mirrored
     `variable`; returns the ops, grouped."""

@@ -6,10 +6,9 @@ micro-batch all-reduces its dense gradients (TensorFlow 2.15 has no
 reduce-scatter collective on CPU; the all-reduce gives every replica the
 whole sum, of which it keeps its slice), and each replica adds only its
 slice, `ceil(size / N)` values of each variable, to a `ShardedAccumulator`.
-The window's end places each replica's slice in a tensor of the variable's
-shape, zeros elsewhere, and the window's ordinary all-reduce of the sums
-puts the slices together: the window's gradient, check, clipping and apply
-are the ordinary ones, exact against the big batch.
+The window's end gathers the slices (an all-gather, where the other sums
+are all-reduced) into the window's sum: the window's gradient, check,
+clipping and apply are the ordinary ones, exact against the big batch.
 
 Tables with tf.IndexedSlices gradients keep their masked accumulators.
 
@@ -97,13 +96,15 @@ class ShardedAccumulator:
         delta=tf.cast(gradient, dtype))
 
   def reducible_sum(self, several):
-    """(the slice in place in a tensor of the variable's shape, zeros
-    elsewhere; None): summed over the replicas, the window's sum."""
+    """(this replica's slice, None): the window's end gathers the slices of
+    every replica (`joined`) instead of summing them."""
     del several
-    start = replicas.replica_id() * self._slice
-    placed = tf.pad(self.total.read_value(), [
-        [start, (self._replicas - 1) * self._slice - start]])
-    return tf.reshape(placed[:self._size], self.variable.shape), None
+    return self.total.read_value(), None
+
+  def joined(self, gathered):
+    """The window's sum from every replica's slice, gathered in replica
+    order (float [replicas x slice])."""
+    return tf.reshape(gathered[:self._size], self.variable.shape)
 
   def reset(self):
     return self.total.assign(

@@ -340,11 +340,19 @@ class Window:
     options = self._settings.communication_options
     sums, rows, weight, statistics = cross_replica.each(
         self._local_window, *accumulated)
+    summed = [i for i in self._ready_order
+              if self._accumulators[i].kind != "sharded"]
     pairs, weight, statistics = communication.sum_in_packs(
-        cross_replica, ([(sums[i], rows[i]) for i in self._ready_order],
+        cross_replica, ([(sums[i], rows[i]) for i in summed],
                         weight, statistics), options)
-    for i, (total, mask) in zip(self._ready_order, pairs):
+    for i, (total, mask) in zip(summed, pairs):
       sums[i], rows[i] = total, mask
+    if self._sharded:
+      # Each replica's slice, gathered: the window's sum, with no tensor of
+      # the variable's size on any replica before it.
+      for i, accumulator in enumerate(self._accumulators):
+        if accumulator.kind == "sharded":
+          sums[i] = accumulator.joined(cross_replica.gather(sums[i]))
     if not any(self._by_rows):
       return sums, rows, weight, statistics
     # The rows touched on any replica: the summed masks are the same on
