@@ -6,7 +6,8 @@ under 12, 8 and 4 GB.
   python benchmarks/google_oom_table.py [--lengths 64 128 256 320 384 512]
       [--models base large] [--write docs/memory_planning.md]
 
-Each (model, length, mode) is measured at micro-batches 1 and 2, each in a
+Each (model, length) is measured at micro-batch 1 plain and at
+micro-batches 1 and 2 with accumulation and with recomputation, each in a
 process of its own (`benchmarks/bert_memory.py`: random weights, dropout
 kept, AdamWeightDecay; tensor memory from the CPU's BFC allocator, which
 holds tensors as a GPU does; GB are GiB). The plan for each budget is the
@@ -122,7 +123,8 @@ def main():
   for model in args.models:
     for length in args.lengths:
       for mode in bert_memory.MODES:
-        for micro_batch in (1, 2):
+        # The table reads plain training at micro-batch 1 only.
+        for micro_batch in ((1,) if mode == "plain" else (1, 2)):
           key = (model, length, mode, micro_batch)
           if key in points:
             continue
