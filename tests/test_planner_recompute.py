@@ -90,9 +90,11 @@ def test_the_choice_is_checked_and_in_budget(peaks):
 
 
 def test_nothing_fits_says_so_in_one_line(peaks):
-  with pytest.raises(ValueError, match=r"even micro-batch 1 needs [\d.]+ MB "
-                     r"\(modelled\), over .* margin\); with recompute it "
-                     r"needs [\d.]+ MB"):
+  # Plain training is modelled there (its points are 2 and 8), and
+  # recomputation measured (the check of its modelled choice).
+  with pytest.raises(ValueError, match=r"even micro-batch 1 needs about "
+                     r"[\d.]+ MB, over .* margin\); with recompute it "
+                     r"needs (about )?[\d.]+ MB"):
     estimator_accum.plan_micro_batch(
         build, EFFECTIVE, device="CPU:0",
         memory_budget_mb=_budget(peaks[True, 1] * 0.8))

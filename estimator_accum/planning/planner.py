@@ -535,7 +535,7 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
                if memory_budget_mb is not None
                else f"the free memory of {plan.device}")
       needs = {memory_options_name(*fit.options):
-               f"{_mb(int(fit.peak(candidates[0])))} (modelled)"
+               f"about {_mb(int(fit.peak(candidates[0])))}"
                for fit in fits}
       needs.update({m.options: "more" if m.peak_bytes is None else
                     _mb(m.peak_bytes) for m in measured.values()
