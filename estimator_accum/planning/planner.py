@@ -411,9 +411,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     measurement = dataclasses.replace(measurement, k=k)
     measured[micro_batch] = measurement
     if log:
-      peak = ("out of memory" if measurement.peak_bytes is None
-              else _mb(measurement.peak_bytes))
-      log(f"micro-batch {micro_batch} (k={k}): {peak}")
+      log(_measured_line(measurement))
     return plan.fits(measurement.peak_bytes)
 
   best = _largest_fitting(len(candidates), fits)
