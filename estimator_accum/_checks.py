@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from estimator_accum import tf_private
 from estimator_accum.checkpoints import function_variables
 from estimator_accum.distribution import replicas
 
@@ -100,7 +101,7 @@ def check_not_xla():
   has no public test of it: its control-flow context is asked.)"""
   graph = tf.compat.v1.get_default_graph()
   while graph is not None:
-    context = graph._get_control_flow_context()  # noqa: SLF001
+    context = tf_private.control_flow_context(graph)
     while context is not None:
       if type(context).__name__ == "XLAControlFlowContext":
         raise RuntimeError(
@@ -285,8 +286,7 @@ def summed_loss_reduction():
   """The reduction the graph's last loss was summed over its batch with
   (`tf.compat.v1.losses.Reduction.SUM`, Keras' "sum"), or None. TensorFlow's
   own v1 optimizers read this to decide whether to divide by the replicas."""
-  last = getattr(tf.compat.v1.get_default_graph(), "_last_loss_reduction",
-                 None)
+  last = tf_private.last_loss_reduction(tf.compat.v1.get_default_graph())
   return last if last in (tf.compat.v1.losses.Reduction.SUM, "sum") else None
 
 

@@ -358,8 +358,7 @@ def coordination_heartbeat(seconds, config=None):
     strategy configures no service for an evaluator or with parameter
     servers), or when the service is already configured.
   """
-  from tensorflow.python.eager import context  # noqa: PLC0415
-  from tensorflow.tsl.protobuf import coordination_config_pb2  # noqa: PLC0415
+  from estimator_accum import tf_private  # noqa: PLC0415
 
   if not isinstance(seconds, (int, float)) or not seconds > 0:
     raise ValueError(f"seconds must be a number > 0, got {seconds!r}")
@@ -367,17 +366,13 @@ def coordination_heartbeat(seconds, config=None):
   cluster = (config or {}).get(tfc.CLUSTER, {})
   task = (config or {}).get(tfc.TASK, {})
   if (task.get(tfc.TYPE) not in tfc.TRAINING_TYPES or tfc.PS in cluster or
-      context.context().coordination_service is not None):
+      tf_private.coordination_service_configured()):
     return False
   leader, index = _coordination_leader(cluster)
-  context.context().configure_coordination_service(
-      service_type="standalone",
-      service_leader=f"/job:{leader}/replica:0/task:{index}",
-      heartbeat_timeout_in_ms=int(seconds * 1000),
-      coordinated_jobs=[
-          coordination_config_pb2.CoordinatedJob(
-              name=job, num_tasks=len(cluster[job]))
-          for job in tfc.TRAINING_TYPES if job in cluster])
+  tf_private.configure_coordination_service(
+      f"/job:{leader}/replica:0/task:{index}", seconds * 1000,
+      [(job, len(cluster[job])) for job in tfc.TRAINING_TYPES
+       if job in cluster])
   return True
 
 

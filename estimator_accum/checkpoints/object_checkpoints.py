@@ -15,6 +15,7 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 
 import tensorflow as tf
 
+from estimator_accum import tf_private
 from estimator_accum.distribution import replicas
 
 __all__ = ["SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "WrapperCheckpoints"]
@@ -137,10 +138,9 @@ class WrapperCheckpoints:
     for name, child in sorted(children.items()):
       if isinstance(child, tf.Variable):
         tf.compat.v2.keras.__internal__.backend.track_variable(child)
-      owner._track_trackable(child, name=name, overwrite=True)
       # Values a checkpoint loaded before this build holds for it (Keras's
       # load_weights before fit): restored now.
-      owner._handle_deferred_dependencies(name=name, trackable=child)
+      tf_private.track_child(owner, name, child)
     deferred = self._deferred_slots
     for key, view in slots.items():
       for position in deferred.pop(key, ()):
@@ -149,9 +149,9 @@ class WrapperCheckpoints:
     # (by-name keys) rather than as the trained variables' slots.
     for name in state:
       if name in tracking.by_name:
-        owner._handle_deferred_dependencies(name=name,
-                                            trackable=tracking.by_name[name])
-    unclaimed = sorted(n for n in owner._deferred_dependencies if "/" in n)
+        tf_private.restore_deferred(owner, name, tracking.by_name[name])
+    unclaimed = sorted(n for n in tf_private.deferred_dependency_names(owner)
+                       if "/" in n)
     if unclaimed:
       raise _unclaimed_state(unclaimed, children, slots)
 
@@ -226,15 +226,14 @@ def _refuse_a_replaying_backup(position):
   running the epoch's input from its start under the later step numbers:
   the window would add the batches it already holds a second time. (Read
   from the restore's object graph, a TensorFlow-private structure.)"""
-  coordinator = position._checkpoint  # noqa: SLF001
-  graph = coordinator.object_graph_proto
+  graph, path = tf_private.restored_checkpoint(position)
   for child in graph.nodes[0].children:
     if child.local_name != _BACKUP_BATCH:
       continue
     attributes = graph.nodes[child.node_id].attributes
     if not attributes:
       return
-    batch = tf.train.load_checkpoint(coordinator.save_path_string).get_tensor(
+    batch = tf.train.load_checkpoint(path).get_tensor(
         attributes[0].checkpoint_key)
     if batch >= 0:
       raise ValueError(
@@ -294,7 +293,7 @@ def _optimizer_children(optimizer):
     return [("inner_optimizer",
              getattr(optimizer, "inner_optimizer", optimizer))]
   children = []
-  for name, child in optimizer._trackable_children().items():
+  for name, child in tf_private.trackable_children(optimizer).items():
     if "get_slot_names" in dir(child):
       children += _optimizer_children(child)
     else:

@@ -32,7 +32,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import graph_state
+from estimator_accum import graph_state, tf_private
 from estimator_accum.distribution import workers
 
 # How long a save waits for the other workers to reach it: a worker that
@@ -133,22 +133,20 @@ def order_saves(variable, global_step=None):
   barrier = _BARRIERS.setdefault((tuple(tasks), task), SaveBarrier(tasks, task))
   if global_step is None:
     global_step = tf.compat.v1.train.get_global_step()
-  gather = variable._gather_saveables_for_checkpoint  # noqa: SLF001
+  factories = tf_private.saveable_factories(variable)
 
   def ordered_gather():
-    factories = gather()
     factory = factories[_SAVEABLE_KEY]
 
     def ordered_factory(*args, **kwargs):
-      saveable = factory(*args, **kwargs)
-      for spec in saveable.specs:
-        spec._tensor = _after_barrier(spec._tensor, global_step, barrier)  # noqa: SLF001
-      return saveable
+      return tf_private.map_saveable_tensors(
+          factory(*args, **kwargs),
+          lambda tensor: _after_barrier(tensor, global_step, barrier))
 
     return dict(factories, **{_SAVEABLE_KEY: ordered_factory})
 
   # The instance's own method, as the Saver asks each variable for it.
-  variable._gather_saveables_for_checkpoint = ordered_gather  # noqa: SLF001
+  tf_private.replace_saveable_factories(variable, ordered_gather)
 
 
 def _after_barrier(tensor, global_step, barrier):

@@ -12,6 +12,8 @@ import contextlib
 
 import tensorflow as tf
 
+from estimator_accum import tf_private
+
 
 @contextlib.contextmanager
 def outside_control_flow():
@@ -61,30 +63,15 @@ def reduction_taken_out(optimizer):
   if not isinstance(optimizer, tf.compat.v1.train.Optimizer):
     yield
     return
-  own = optimizer.__dict__.get("_distributed_apply")
-  original = optimizer._distributed_apply  # noqa: SLF001
-
-  def distributed_apply(distribution, *args, **kwargs):
-    return original(AlreadyReduced(distribution), *args, **kwargs)
-
-  optimizer._distributed_apply = distributed_apply  # noqa: SLF001
-  try:
+  with tf_private.distributed_apply_strategy(optimizer, AlreadyReduced):
     yield
-  finally:
-    if own is None:
-      del optimizer._distributed_apply  # noqa: SLF001
-    else:
-      optimizer._distributed_apply = own  # noqa: SLF001
 
 
 def reduces_in_distributed_apply(optimizer):
   """Whether `optimizer` is a v1 optimizer that applies through the base
   class's `_distributed_apply` (its first step is the all-reduce); not one
   with its own `apply_gradients`, such as Google's AdamWeightDecay."""
-  base = tf.compat.v1.train.Optimizer
-  return (isinstance(optimizer, base) and
-          type(optimizer).apply_gradients is base.apply_gradients and
-          type(optimizer)._distributed_apply is base._distributed_apply)  # noqa: SLF001
+  return tf_private.applies_through_distributed_apply(optimizer)
 
 
 class AlreadyReduced:
@@ -134,8 +121,8 @@ def apply_reduced(cross_replica, optimizer, gradients, variables):
     # of collectives per window, for nothing): run its cross-replica apply
     # with that reduction taken out; the gradients already are the mean.
     with tf.variable_creator_scope(create_outside_control_flow):
-      apply_op = optimizer._distributed_apply(  # noqa: SLF001
-          AlreadyReduced(strategy), list(zip(gradients, variables)))
+      apply_op = tf_private.distributed_apply(
+          optimizer, AlreadyReduced(strategy), list(zip(gradients, variables)))
     with tf.control_dependencies([apply_op]):
       return tf.constant(True)
 

@@ -9,6 +9,8 @@ import collections
 
 import tensorflow as tf
 
+from estimator_accum import tf_private
+
 # The class behind tf.distribute.experimental.CommunicationOptions, whose
 # public name is a factory that isinstance cannot check against.
 _COMMUNICATION_OPTIONS = type(tf.distribute.experimental.CommunicationOptions())
@@ -115,7 +117,7 @@ def replica_components(variable):
   """(this worker's components of a distributed `variable`, whether those
   are all of its replicas)."""
   components = tuple(variable.values)
-  replicas = variable._distribute_strategy.num_replicas_in_sync  # noqa: SLF001
+  replicas = tf_private.replicas_in_sync(variable)
   return components, replicas == len(components)
 
 
@@ -125,7 +127,7 @@ def mark_loss_mean_over_replicas():
   Estimator reads), so that it reports the replicas' mean loss, not their
   sum. Set only when there are several replicas."""
   if num_replicas() > 1:
-    tf.compat.v1.get_default_graph()._is_loss_scaled_by_optimizer = True  # noqa: SLF001
+    tf_private.mark_loss_mean_over_replicas(tf.compat.v1.get_default_graph())
 
 
 def merge(function, *args):

@@ -3,10 +3,7 @@ tasks a save waits for, and the loss each worker reports on its own."""
 
 import tensorflow as tf
 
-# Not public: the type MultiWorkerMirroredStrategy's reduce returns as it is.
-from tensorflow.python.distribute import values as values_lib
-
-from estimator_accum import graph_state
+from estimator_accum import graph_state, tf_private
 from estimator_accum.distribution.replicas import (
   is_multi_worker_collective,
   replica_id,
@@ -68,8 +65,7 @@ def report_on_this_worker(value):
 
   def container():
     if group["container"] is None:
-      if (len(group["values"]) != len(devices) or not getattr(
-          graph, "_is_loss_scaled_by_optimizer", False)):
+      if (len(group["values"]) != len(devices) or not           tf_private.loss_marked_mean_over_replicas(graph)):
         return value
       local = [group["values"][r] for r in sorted(group["values"])]
       with graph.as_default(), tf.name_scope("worker_loss"):
@@ -78,7 +74,7 @@ def report_on_this_worker(value):
         for device in devices:
           with tf.device(device):
             copies.append(tf.identity(mean))
-      group["container"] = values_lib.Mirrored(tuple(copies))
+      group["container"] = tf_private.mirrored(copies)
     return group["container"]
 
-  value._distributed_container = container  # noqa: SLF001
+  tf_private.report_as_mirrored(value, container)

@@ -24,7 +24,7 @@ import copy
 import numpy as np
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, tf_private
 from estimator_accum._autograph import as_written
 from estimator_accum.distribution import replicas
 from estimator_accum.integrations.keras_loss_scale import (
@@ -230,7 +230,7 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
     """Refuses a Keras LossScaleOptimizer around the wrapper: it would
     all-reduce, check and skip every micro-batch, and call the wrapper
     inside its own tf.cond."""
-    if getattr(self, "_is_wrapped_by_loss_scale_optimizer", False):
+    if tf_private.is_wrapped_by_keras_loss_scale_optimizer(self):
       raise ValueError(
           "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer, "
           "which scales the loss itself, once per window (it is a "

@@ -11,7 +11,7 @@ import contextlib
 
 import tensorflow as tf
 
-from estimator_accum import _checks, graph_state
+from estimator_accum import _checks, graph_state, tf_private
 from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.checkpoints.function_variables import FunctionVariables
 from estimator_accum.checkpoints.state_variables import (
@@ -80,8 +80,8 @@ class Wrapper:
     if slot_name.startswith(object_checkpoints.WINDOW_SLOT_PREFIX):
       return self._window.checkpoints.restore_slot(
           slot_variable_position, slot_name, variable)
-    return self._window.optimizer._create_or_restore_slot_variable(
-        slot_variable_position, slot_name, variable)
+    return tf_private.create_or_restore_slot_variable(
+        self._window.optimizer, slot_variable_position, slot_name, variable)
 
   def _lookup_dependency(self, name, cached_dependencies=None):
     # Window state a checkpoint holds that this window does not have is

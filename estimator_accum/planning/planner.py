@@ -29,7 +29,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, tf_private
 from estimator_accum.planning import search
 
 DEFAULT_MARGIN = 0.1
@@ -248,9 +248,8 @@ def default_device():
 def free_device_memory(device):
   """The bytes TensorFlow's allocator may use on a GPU `device` (its memory
   limit: what was free when TensorFlow started, less a reserve)."""
-  from tensorflow.python.client import device_lib  # noqa: PLC0415
   index = int(device.rsplit(":", 1)[-1])
-  gpus = [d for d in device_lib.list_local_devices()
+  gpus = [d for d in tf_private.local_devices()
           if d.device_type == "GPU"]
   return int(gpus[index].memory_limit)
 

@@ -25,6 +25,7 @@ import numbers
 
 import tensorflow as tf
 
+from estimator_accum import tf_private
 from estimator_accum.checkpoints.state_variables import state_variable
 
 _V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
@@ -54,7 +55,7 @@ def _from_v1_loss_scale(loss_scale):
                            int(loss_scale.increment_period),
                            float(loss_scale.multiplier))
   if isinstance(loss_scale, _V1_FIXED):
-    return LossScaleConfig(float(loss_scale._loss_scale_value), False)  # noqa: SLF001
+    return LossScaleConfig(tf_private.fixed_loss_scale_value(loss_scale), False)
   raise TypeError(f"the loss-scale optimizer's loss scale {loss_scale!r} is "
                   f"neither dynamic nor fixed.")
 
@@ -108,7 +109,7 @@ def check_loss_scale(loss_scale, loss=None):
 
 
 def _from_keras_wrapper(optimizer):
-  if optimizer._loss_has_been_scaled:  # noqa: SLF001
+  if tf_private.keras_loss_has_been_scaled(optimizer):
     raise ValueError(
         f"loss was scaled by the Keras {type(optimizer).__name__}'s "
         f"get_scaled_loss, and the window scales it again: pass the unscaled "
@@ -141,7 +142,7 @@ def unwrap_optimizer(optimizer, loss_scale, loss=None):
   if isinstance(loss_scale, str) and loss_scale == "auto":
     config = None  # (the loss-scale optimizer given says how)
   if isinstance(optimizer, _V1_WRAPPER):
-    inner = optimizer._optimizer  # noqa: SLF001
+    inner, _ = tf_private.v1_loss_scale_parts(optimizer)
   else:
     inner = optimizer.inner_optimizer
   if isinstance(inner, wrappers):
@@ -155,7 +156,8 @@ def unwrap_optimizer(optimizer, loss_scale, loss=None):
         f"{loss_scale!r} was given too: the loss would be scaled twice. Pass "
         f"one of them.")
   if isinstance(optimizer, _V1_WRAPPER):
-    return inner, _from_v1_loss_scale(optimizer._loss_scale)  # noqa: SLF001
+    return inner, _from_v1_loss_scale(
+        tf_private.v1_loss_scale_parts(optimizer)[1])
   return inner, _from_keras_wrapper(optimizer)
 
 

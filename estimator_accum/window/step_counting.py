@@ -11,7 +11,7 @@ here so that the checks can tell the two apart.
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import _checks, graph_state
+from estimator_accum import _checks, graph_state, tf_private
 from estimator_accum._autograph import as_written
 
 # Ops visited at most when looking for the global step among a
@@ -71,9 +71,7 @@ def counts_micro_batches(value, global_step):
 
 def _hyperparameters(optimizer):
   """(name, value) of the optimizer's attributes that may be tensors."""
-  values = dict(vars(optimizer))
-  values.update(getattr(optimizer, "_hyper", {}))  # Keras legacy optimizers.
-  for name, value in values.items():
+  for name, value in tf_private.tensor_attributes(optimizer).items():
     if name == "_global_step":
       continue
     if isinstance(value, (tf.Tensor, tf.Variable)):
@@ -91,7 +89,7 @@ def check_optimizer_steps(optimizer, global_step, k):
   if k == 1:
     return
   if isinstance(optimizer, tf.compat.v1.train.AdagradDAOptimizer):
-    step = optimizer._global_step  # noqa: SLF001
+    step = tf_private.adagrad_da_global_step(optimizer)
     if counts_micro_batches(step, global_step):
       raise ValueError(
           f"optimizer AdagradDAOptimizer was given global_step "
