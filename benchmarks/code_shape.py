@@ -1,72 +1,65 @@
 """The shape of the library's code, read with `ast`: what a newcomer meets.
 
-  .venv/bin/python benchmarks/code_shape.py [--root DIR]
+  .venv/bin/python benchmarks/code_shape.py [--root DIR] [--write FILE]
 
-Prints, for the package `estimator_accum` under DIR (default: this
-repository): the largest class and function (lines), the attributes the
-`Window` class sets, the places that branch on the reduction mode, the
-places that list the window options, the modules that reach into
-`tf.distribute` (and those importing TensorFlow's private modules), and the
-files per folder. Run it on another checkout (`git worktree add`) to compare.
+Prints, for the checkout at DIR (default: this repository): the largest
+class and function (lines, and lines of code without docstrings), the
+attributes and methods of the window's parts, the library modules each
+library module is imported by (and imports), the modules touching private
+TensorFlow, the places that list 3 or more window options by name (the
+options read from the checkout's own option table), and the files per
+folder of the library, tests/ and benchmarks/. Run it on another checkout
+(`git worktree add`) to compare.
+
+With --write FILE, the figures also replace the block between
+`<!-- code-shape:start -->` and `<!-- code-shape:end -->` in FILE: the docs
+quote what this script measured, never typed figures. Reads the source
+only; imports nothing of it.
 """
 
 import argparse
 import ast
 import collections
 import pathlib
+import re
 import sys
 
-# The window options (those of `build_accumulating_train_op` besides the
-# loss, the optimizer, k, global_step, var_list and num_examples).
-OPTIONS = frozenset({
-    "clip_norm", "reduction", "accumulator_dtype", "summaries", "loss_scale",
-    "sparse_accumulation", "sparse_threshold_bytes", "communication_options",
-    "after_update", "log_every_n_micro_batches",
-    "max_consecutive_skipped_windows", "name"})
-REDUCTION_MODES = frozenset({"mean", "sum", "running_mean"})
-# State whose presence stands for a reduction mode: a test of it is a test
-# of the mode (the weight exists unless summing, the divisor only for the
-# plain mean).
-MODE_STAND_INS = frozenset({"_weight", "_divisor", "_counts_micro_batches",
-                            "holds_mean"})
-
-
-def _modules(package):
-  return sorted(p for p in package.rglob("*.py"))
+# The window's parts: the classes that make one window's graph.
+WINDOW_PARTS = ("Window", "Accumulation", "Communication", "Finish",
+                "Bookkeeping")
+PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_exit"}
+LIBRARY = ("estimator_accum", "tfconfig")
 
 
 def _span(node):
   return node.end_lineno - node.lineno + 1
 
 
-def _names_reduction(node):
-  """Whether an expression reads the reduction mode (a name or attribute
-  called *reduction*, or a mode-object's `name`)."""
+def _code_lines(node):
+  """Lines less the docstrings of `node` and of what it defines."""
+  docs = 0
   for sub in ast.walk(node):
-    if isinstance(sub, ast.Name) and "reduction" in sub.id:
-      return True
-    if isinstance(sub, ast.Attribute) and "reduction" in sub.attr:
-      return True
-  return False
+    body = getattr(sub, "body", None)
+    if (isinstance(sub, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and body and isinstance(body[0], ast.Expr) and
+        isinstance(body[0].value, ast.Constant) and
+        isinstance(body[0].value.value, str)):
+      docs += _span(body[0])
+  return _span(node) - docs
 
 
-def _is_mode_test(node):
-  """A comparison of the reduction mode with one of its values, or a
-  condition on state that stands for a mode."""
-  if isinstance(node, (ast.If, ast.IfExp)):
-    return any(isinstance(s, ast.Attribute) and s.attr in MODE_STAND_INS
-               for s in ast.walk(node.test))
-  if not isinstance(node, ast.Compare):
-    return False
-  sides = [node.left, *node.comparators]
-  constants = {s.value for s in sides if isinstance(s, ast.Constant)}
-  return bool(constants & REDUCTION_MODES) and any(
-      _names_reduction(s) for s in sides)
+def _option_names(root):
+  """The window options, from the checkout's table: the first argument of
+  each `Option(...)` in estimator_accum/options.py."""
+  tree = ast.parse((root / "estimator_accum" / "options.py").read_text())
+  return [n.args[0].value for n in ast.walk(tree)
+          if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "Option"
+          and n.args and isinstance(n.args[0], ast.Constant)]
 
 
-def _option_lists(tree):
-  """Function signatures, calls and class bodies that name 3 or more of
-  the options one by one."""
+def _option_lists(tree, options):
+  """Signatures and calls that name 3 or more of the options one by one
+  (the table itself and the one settings class are the list, not a copy)."""
   found = []
   for node in ast.walk(tree):
     names = set()
@@ -75,107 +68,183 @@ def _option_lists(tree):
       names = {a.arg for a in (arguments.args + arguments.kwonlyargs)}
     elif isinstance(node, ast.Call):
       names = {k.arg for k in node.keywords if k.arg}
-    elif isinstance(node, ast.ClassDef):
-      names = {t.target.id for t in node.body
-               if isinstance(t, ast.AnnAssign) and
-               isinstance(t.target, ast.Name)}
-    if len(names & OPTIONS) >= 3:
-      found.append(node)
+    if len(names & options) >= 3:
+      found.append(f"{node.lineno} ({getattr(node, 'name', 'call')})")
   return found
 
 
-def _window_attributes(tree):
+def _parts(tree):
+  """{part: (lines, attributes, methods)} of the window's parts in `tree`."""
+  parts = {}
   for node in ast.walk(tree):
-    if isinstance(node, ast.ClassDef) and node.name == "Window":
-      attributes = set()
-      for sub in ast.walk(node):
-        if (isinstance(sub, ast.Attribute) and isinstance(sub.ctx, ast.Store)
-            and isinstance(sub.value, ast.Name) and sub.value.id == "self"):
-          attributes.add(sub.attr)
-      methods = [b for b in node.body if isinstance(b, ast.FunctionDef)]
-      return node, sorted(attributes), methods
-  return None
+    if isinstance(node, ast.ClassDef) and node.name in WINDOW_PARTS:
+      attributes = {sub.attr for sub in ast.walk(node)
+                    if isinstance(sub, ast.Attribute) and
+                    isinstance(sub.ctx, ast.Store) and
+                    isinstance(sub.value, ast.Name) and sub.value.id == "self"}
+      methods = [b.name for b in node.body if isinstance(b, ast.FunctionDef)]
+      parts[node.name] = (_span(node), sorted(attributes), methods)
+  return parts
 
 
-def _distribute_use(tree):
-  """(references to tf.distribute, imports of tensorflow.python.*)."""
-  references, private = 0, []
+def _private_tensorflow(tree):
+  """The reaches past TensorFlow's public names (as tests/test_design.py
+  defines them): `x._name` of anything but self, cls or super(); getattr &
+  co. with a private name; a tensorflow.python or tensorflow.tsl import."""
+  found = []
   for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and node.attr == "distribute"
-        and isinstance(node.value, (ast.Name, ast.Attribute))):
-      references += 1
-    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-        "tensorflow.python"):
-      private.append(node.module)
-    if isinstance(node, ast.Import):
-      private += [a.name for a in node.names
-                  if a.name.startswith("tensorflow.python")]
-  return references, private
+    if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and
+        not node.attr.startswith("__") and node.attr not in PUBLIC):
+      value = node.value
+      if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+        continue
+      if isinstance(value, ast.Call) and getattr(value.func, "id", "") == (
+          "super"):
+        continue
+      found.append(node.attr)
+    elif (isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
+        "getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1
+          and isinstance(node.args[1], ast.Constant) and
+          str(node.args[1].value).startswith("_") and
+          not str(node.args[1].value).startswith("__")):
+      found.append(str(node.args[1].value))
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+               [a.name for a in node.names])
+      found += [n for n in names
+                if n.startswith(("tensorflow.python", "tensorflow.tsl"))]
+  return found
+
+
+def _module_name(relative):
+  name = str(relative.with_suffix("")).replace("/", ".")
+  return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _imports(tree, names):
+  imported = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      for alias in node.names:
+        full = f"{node.module}.{alias.name}"
+        imported.add(full if full in names else node.module)
+    elif isinstance(node, ast.Import):
+      imported.update(a.name for a in node.names)
+  return imported & names
+
+
+def measure(root):
+  """The figures of the checkout at `root`, as a dict."""
+  options = set(_option_names(root))
+  modules = sorted(p for folder in LIBRARY for p in (root / folder).rglob(
+      "*.py"))
+  trees = {p.relative_to(root): ast.parse(p.read_text(), str(p))
+           for p in modules}
+  names = {_module_name(r): r for r in trees}
+  shape = {"classes": [], "functions": [], "parts": {}, "private": {},
+           "option_lists": [], "imports": {}}
+  for relative, tree in trees.items():
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ClassDef):
+        shape["classes"].append((_span(node), _code_lines(node),
+                                 f"{relative}:{node.name}"))
+      elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        shape["functions"].append((_span(node), _code_lines(node),
+                                   f"{relative}:{node.name}"))
+    for part, figures in _parts(tree).items():
+      shape["parts"][part] = (str(relative), *figures)
+    private = _private_tensorflow(tree)
+    if private:
+      shape["private"][str(relative)] = sorted(set(private))
+    shape["option_lists"] += [f"{relative}:{place}"
+                              for place in _option_lists(tree, options)]
+    shape["imports"][_module_name(relative)] = _imports(
+        tree, set(names)) - {_module_name(relative)}
+  importers = collections.defaultdict(set)
+  for module, imported in shape["imports"].items():
+    for other in imported:
+      importers[other].add(module)
+  shape["importers"] = {m: sorted(importers[m]) for m in names}
+  shape["folders"] = collections.Counter()
+  for folder in ("estimator_accum", "tests", "benchmarks"):
+    for path in (root / folder).rglob("*"):
+      if path.is_file() and "__pycache__" not in path.parts:
+        shape["folders"][str(path.parent.relative_to(root)) + "/"] += 1
+  shape["options"] = len(options)
+  return shape
+
+
+def report(shape, root):
+  """The figures as lines of text."""
+  lines = [f"code shape of {root}"]
+  for kind in ("classes", "functions"):
+    span, code, where = max(shape[kind])
+    by_code = max(shape[kind], key=lambda item: item[1])
+    lines.append(f"  largest {kind[:-2] if kind == 'classes' else kind[:-1]}"
+                 f": {where} ({span} lines); most code: {by_code[2]} "
+                 f"({by_code[1]} lines without docstrings)")
+  lines.append(f"  the window's parts ({len(shape['parts'])}):")
+  for part in WINDOW_PARTS:
+    if part in shape["parts"]:
+      module, span, attributes, methods = shape["parts"][part]
+      lines.append(f"    {part} ({module}): {span} lines, {len(attributes)} "
+                   f"attributes, {len(methods)} methods")
+      lines.append(f"      attributes: {', '.join(attributes)}")
+      lines.append(f"      methods: {', '.join(methods)}")
+  fan_out = sorted(((len(v), m) for m, v in shape["imports"].items()
+                    if m.startswith("estimator_accum")), reverse=True)
+  lines.append("  library modules importing the most library modules: " +
+               ", ".join(f"{m} {n}" for n, m in fan_out[:4]))
+  lines.append("  library modules imported by (count, importers):")
+  for module, importers in sorted(shape["importers"].items(),
+                                  key=lambda item: (-len(item[1]), item[0])):
+    if importers:
+      lines.append(f"    {module}: {len(importers)}")
+  lines.append(f"  modules touching private TensorFlow: "
+               f"{len(shape['private'])}")
+  for module, names in sorted(shape["private"].items()):
+    lines.append(f"    {module}: {', '.join(names)}")
+  lines.append(f"  places that list 3 or more of the {shape['options']} "
+               f"options by name: {len(shape['option_lists'])}")
+  lines += [f"    {place}" for place in shape["option_lists"]]
+  lines.append("  files per folder:")
+  for folder, count in sorted(shape["folders"].items()):
+    lines.append(f"    {folder} {count}")
+  return lines
+
+
+def write(path, lines, root_label):
+  """Replaces the code-shape block of the file at `path` with `lines`."""
+  text = pathlib.Path(path).read_text()
+  start, end = "<!-- code-shape:start -->", "<!-- code-shape:end -->"
+  if start not in text or end not in text:
+    raise SystemExit(f"code_shape: {path} has no {start} ... {end} block")
+  block = "\n".join([start, "", f"Written by `benchmarks/code_shape.py "
+                     f"--write {path}` ({root_label}):", "", "```text",
+                     *lines, "```", "", end])
+  pattern = re.escape(start) + ".*?" + re.escape(end)
+  pathlib.Path(path).write_text(
+      re.sub(pattern, lambda _: block, text, flags=re.S))
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--root", default=str(
       pathlib.Path(__file__).resolve().parent.parent))
-  root = pathlib.Path(parser.parse_args().root)
-  package = root / "estimator_accum"
-  if not package.is_dir():
-    print(f"code_shape: no estimator_accum/ under {root}", file=sys.stderr)
+  parser.add_argument("--write", metavar="FILE",
+                      help="also write the figures into FILE's code-shape "
+                      "block")
+  arguments = parser.parse_args()
+  root = pathlib.Path(arguments.root)
+  if not (root / "estimator_accum" / "options.py").is_file():
+    print(f"code_shape: no estimator_accum/options.py under {root}",
+          file=sys.stderr)
     return 1
-  largest_class = largest_function = None
-  mode_tests, option_lists = [], []
-  distribute, private = {}, {}
-  window = None
-  folders = collections.Counter()
-  for path in _modules(package):
-    relative = path.relative_to(root)
-    folders[str(relative.parent)] += 1
-    tree = ast.parse(path.read_text(), str(path))
-    for node in ast.walk(tree):
-      if isinstance(node, ast.ClassDef) and (
-          largest_class is None or _span(node) > largest_class[0]):
-        largest_class = (_span(node), f"{relative}:{node.name}")
-      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
-          largest_function is None or _span(node) > largest_function[0]):
-        largest_function = (_span(node), f"{relative}:{node.name}")
-      if _is_mode_test(node):
-        mode_tests.append(f"{relative}:{node.lineno}")
-    option_lists += [f"{relative}:{n.lineno} "
-                     f"({getattr(n, 'name', None) or 'call'})"
-                     for n in _option_lists(tree)]
-    references, imports = _distribute_use(tree)
-    if references:
-      distribute[str(relative)] = references
-    if imports:
-      private[str(relative)] = imports
-    found = _window_attributes(tree)
-    if found:
-      window = (relative, *found)
-  print(f"code shape of {package}")
-  print(f"  largest class:     {largest_class[1]} ({largest_class[0]} lines)")
-  print(f"  largest function:  {largest_function[1]} "
-        f"({largest_function[0]} lines)")
-  if window:
-    relative, node, attributes, methods = window
-    print(f"  Window ({relative}): {_span(node)} lines, {len(attributes)} "
-          f"attributes, {len(methods)} methods")
-    print(f"    attributes: {', '.join(attributes)}")
-  print(f"  branches on the reduction mode: {len(mode_tests)}")
-  for place in mode_tests:
-    print(f"    {place}")
-  print(f"  places that list the options (3 or more by name): "
-        f"{len(option_lists)}")
-  for place in option_lists:
-    print(f"    {place}")
-  print(f"  modules referring to tf.distribute: {len(distribute)}")
-  for module, count in sorted(distribute.items()):
-    print(f"    {module} ({count})")
-  print(f"  modules importing tensorflow.python (private): {len(private)}")
-  for module, imports in sorted(private.items()):
-    print(f"    {module}: {', '.join(imports)}")
-  print(f"  files per folder: {len(folders)} folders")
-  for folder, count in sorted(folders.items()):
-    print(f"    {folder}/ {count}")
+  lines = report(measure(root), root)
+  print("\n".join(lines))
+  if arguments.write:
+    write(arguments.write, [line.replace(str(root), ".") for line in lines],
+          "this checkout")
   return 0
 
 

@@ -5,6 +5,9 @@ under MirroredStrategy and MultiWorkerMirroredStrategy, and on
 parameter-server workers. See `build_accumulating_train_op`.
 """
 
+# The kind around a tf.keras.optimizers.Optimizer (AccumulatingKerasOptimizer
+# makes one of its subclasses).
+from estimator_accum.integrations import keras_optimizer_v3  # noqa: F401
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
 from estimator_accum.integrations.keras_batch_norm import (
     WindowBatchNormalization,

@@ -1,23 +1,25 @@
 """The window options: one table, checked once into a frozen value.
 
 `OPTIONS` lists every option a window takes, with its default, its check
-and its documentation. Every entry point takes exactly these, as keyword
-arguments: `build_accumulating_train_op`, `AccumulatingOptimizer` and
+and its documentation: the one list of them. Every entry point takes
+exactly these, as keyword-only arguments written out in its signature:
+`build_accumulating_train_op`, `AccumulatingOptimizer` and
 `AccumulatingKerasOptimizer` (and through them the tf-slim and
-canned-estimator paths). `WindowSettings`, made from the table, is the
-checked value the train op, the `Window` and the reports read; `replace`
-checks again, as tensorflow/estimator's `RunConfig` does.
+canned-estimator paths). `WindowSettings`, a frozen dataclass with a field
+per option, is the checked value the window's plan is made from; made or
+replaced, it checks every field, as tensorflow/estimator's `RunConfig`
+does.
 
-A new option is one row here and the code that reads it: no signature
-changes, and every entry point accepts it at once.
+A new option is a row here, a field of `WindowSettings`, an argument of
+each entry point and the code that reads it; `tests/test_design.py` fails
+until all of them agree with the table. Nothing is rewritten at import
+time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import numbers
-import textwrap
 import types
 
 import tensorflow as tf
@@ -258,50 +260,78 @@ OPTION_NAMES = tuple(option.name for option in OPTIONS)
 DEFAULTS = types.MappingProxyType({o.name: o.default for o in OPTIONS})
 
 
-def _settings_namespace():
+@dataclasses.dataclass(frozen=True)
+class WindowSettings:
+  """The window's options, checked once, and `k`: a frozen value, as
+  Estimator's `RunConfig` is.
+
+  Its fields are `k`, the options of `OPTIONS` (in the table's order, with
+  the table's defaults: `tests/test_design.py` checks both, and the
+  table documents each), and `gradient_options`, the `tf.gradients`
+  arguments for the loss (colocate_gradients_with_ops, and optionally
+  grad_ys, aggregation_method, gate_gradients), read-only. Made, and
+  `dataclasses.replace`d, it checks every field (`__post_init__`): a
+  TypeError or ValueError names the argument and the value.
+  """
+
+  k: int
+  clip_norm: object = None
+  reduction: object = "mean"
+  accumulator_dtype: object = tf.float32
+  accumulator_placement: str = "device"
+  summaries: bool = True
+  loss_scale: object = None
+  sparse_accumulation: object = "auto"
+  sparse_threshold_bytes: int = SPARSE_THRESHOLD_BYTES
+  communication_options: object = None
+  table_all_reduce: str = "auto"
+  communication_dtype: object = None
+  overlap_backward: bool = True
+  sequential_apply: bool = True
+  after_update: object = None
+  log_every_n_micro_batches: object = 100
+  max_consecutive_skipped_windows: object = (
+      DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS)
+  name: str = DEFAULT_NAME
+  gradient_options: types.MappingProxyType = dataclasses.field(
+      default_factory=lambda: types.MappingProxyType(
+          {"colocate_gradients_with_ops": False}))
+
+  def __post_init__(self):
+    """The one validation: each option by the table's check, in its order."""
+    checked = {"k": _checks.check_k(self.k)}
+    for option in OPTIONS:
+      checked[option.name] = option.check(getattr(self, option.name))
+    gradient_options = dict(self.gradient_options)
+    gradient_options.setdefault("colocate_gradients_with_ops", False)
+    _checks.check_bool("colocate_gradients_with_ops",
+                       gradient_options["colocate_gradients_with_ops"])
+    checked["gradient_options"] = types.MappingProxyType(gradient_options)
+    for name, value in checked.items():
+      object.__setattr__(self, name, value)
 
   @classmethod
   def checked(cls, k, **options):
     """A WindowSettings of `k` and `options` (the table's names, and
-    `gradient_options`), each checked: TypeError or ValueError naming the
-    argument and the value."""
+    `gradient_options`); an unknown name is a TypeError listing them."""
     unknown = set(options) - set(OPTION_NAMES) - {"gradient_options"}
     if unknown:
       raise TypeError(f"unknown window settings: {sorted(unknown)}; the "
                       f"window options are {list(OPTION_NAMES)}.")
-    values = {"k": _checks.check_k(k)}
-    for option in OPTIONS:
-      values[option.name] = option.check(
-          options.get(option.name, option.default))
-    gradient_options = dict(options.get(
-        "gradient_options", {"colocate_gradients_with_ops": False}))
-    _checks.check_bool("colocate_gradients_with_ops",
-                       gradient_options["colocate_gradients_with_ops"])
-    values["gradient_options"] = types.MappingProxyType(gradient_options)
-    return cls(**values)
+    return cls(k, **options)
 
   def replace(self, **changes):
     """A copy with `changes`, checked as `checked` checks them."""
-    fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-    return type(self).checked(**dict(fields, **changes))
-
-  return {"checked": checked, "replace": replace, "__doc__": (
-      "The window's options (`OPTIONS`), checked, and `k`.\n\n"
-      "Fields are the options of the same names; `gradient_options` are the\n"
-      "`tf.gradients` arguments for the loss (colocate_gradients_with_ops,\n"
-      "and optionally grad_ys, aggregation_method, gate_gradients),\n"
-      "read-only.")}
+    unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+    if unknown:
+      raise TypeError(f"unknown window settings: {sorted(unknown)}.")
+    return dataclasses.replace(self, **changes)
 
 
-WindowSettings = dataclasses.make_dataclass(
-    "WindowSettings",
-    [("k", int)] + [(o.name, object, dataclasses.field(default=o.default))
-                    for o in OPTIONS] +
-    [("gradient_options", types.MappingProxyType, dataclasses.field(
-        default_factory=lambda: types.MappingProxyType(
-            {"colocate_gradients_with_ops": False})))],
-    frozen=True, namespace=_settings_namespace())
-WindowSettings.__module__ = __name__
+def window_options(arguments):
+  """{option name: value} of an entry point's arguments (its `locals()`),
+  for the options of the table: what the entry points pass on."""
+  return {name: arguments[name] for name in OPTION_NAMES}
 
 
 def config_value(name, value):
@@ -309,43 +339,3 @@ def config_value(name, value):
   if isinstance(value, tf.DType):
     return value.name
   return value
-
-
-def documentation(indent="    "):
-  """The options' Args entries, for the entry points' docstrings."""
-  lines = []
-  for option in OPTIONS:
-    lines.append(textwrap.fill(
-        f"{option.name}: {option.doc}", width=76,
-        initial_indent=indent, subsequent_indent=indent + "  "))
-  return "\n".join(lines)
-
-
-def takes_window_options(overrides=None):
-  """Decorator of an entry point (a function, or a class whose `__init__`)
-  takes the window options as `**options`: shows them in its signature,
-  with `overrides` of their defaults, and documents them in its docstring
-  where the line `WINDOW_OPTIONS` stands."""
-  overrides = dict(overrides or {})
-
-  def decorate(entry):
-    function = entry.__init__ if isinstance(entry, type) else entry
-    signature = inspect.signature(function)
-    parameters = [p for p in signature.parameters.values()
-                  if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    parameters += [inspect.Parameter(
-        o.name, inspect.Parameter.KEYWORD_ONLY,
-        default=overrides.get(o.name, o.default)) for o in OPTIONS]
-    function.__signature__ = signature.replace(parameters=parameters)
-    if isinstance(entry, type):
-      # What the class is called with (a metaclass's __call__ would hide it).
-      entry.__signature__ = function.__signature__.replace(
-          parameters=parameters[1:])
-    if entry.__doc__ and "WINDOW_OPTIONS" in entry.__doc__:
-      line = next(li for li in entry.__doc__.splitlines()
-                  if "WINDOW_OPTIONS" in li)
-      indent = line[:len(line) - len(line.lstrip())]
-      entry.__doc__ = entry.__doc__.replace(line, documentation(indent))
-    return entry
-
-  return decorate

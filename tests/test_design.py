@@ -167,3 +167,110 @@ def test_the_door_is_used_and_its_test_covers_each_function():
         n, "name", None) == function))
     assert doc and ("._" in doc or "`_" in doc or "tensorflow.python" in doc), (
         function)  # names what it reaches for
+
+
+# Guardrails, so that the core stays small. Lines of code, docstrings not
+# counted (the contract a function documents is not what makes it large).
+MAX_CLASS_LINES = 200
+MAX_FUNCTION_LINES = 80
+
+
+def _docstring_lines(node):
+  body = getattr(node, "body", None)
+  if (body and isinstance(body[0], ast.Expr) and
+      isinstance(body[0].value, ast.Constant) and
+      isinstance(body[0].value.value, str)):
+    return body[0].end_lineno - body[0].lineno + 1
+  return 0
+
+
+def code_lines(node):
+  """Lines of `node` (a class or function), less its docstrings and those
+  of what it defines."""
+  docs = sum(_docstring_lines(n) for n in ast.walk(node)
+             if isinstance(n, (ast.ClassDef, ast.FunctionDef,
+                               ast.AsyncFunctionDef)))
+  return node.end_lineno - node.lineno + 1 - docs
+
+
+def _definitions(kind):
+  for module in LIBRARY:
+    for node in ast.walk(_tree(module)):
+      if isinstance(node, kind):
+        yield module, node
+
+
+def test_no_class_passes_200_lines():
+  large = [f"{m}:{n.name} {code_lines(n)}" for m, n in
+           _definitions(ast.ClassDef) if code_lines(n) > MAX_CLASS_LINES]
+  assert not large, f"classes over {MAX_CLASS_LINES} lines: {large}"
+
+
+def test_no_function_passes_80_lines():
+  large = [f"{m}:{n.name} {code_lines(n)}" for m, n in
+           _definitions((ast.FunctionDef, ast.AsyncFunctionDef))
+           if code_lines(n) > MAX_FUNCTION_LINES]
+  assert not large, f"functions over {MAX_FUNCTION_LINES} lines: {large}"
+
+
+def _module_name(path):
+  name = path[:-3].replace("/", ".")
+  return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def import_graph():
+  """{library module: the library modules it imports}, a `from p import m`
+  of a submodule counted as that submodule's import."""
+  names = {_module_name(m): m for m in LIBRARY}
+  graph = {}
+  for name, path in names.items():
+    imported = set()
+    for node in ast.walk(_tree(path)):
+      if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for alias in node.names:
+          full = f"{node.module}.{alias.name}"
+          imported.add(full if full in names else node.module)
+      elif isinstance(node, ast.Import):
+        imported.update(a.name for a in node.names)
+    graph[name] = sorted((imported & set(names)) - {name})
+  return graph
+
+
+def test_no_import_cycle():
+  graph = import_graph()
+  state = {}
+
+  def visit(module, path):
+    state[module] = "open"
+    for imported in graph[module]:
+      if state.get(imported) == "open":
+        cycle = path[path.index(imported):] + [imported]
+        pytest.fail("import cycle: " + " -> ".join(cycle))
+      if imported not in state:
+        visit(imported, path + [imported])
+    state[module] = "done"
+
+  for module in graph:
+    if module not in state:
+      visit(module, [module])
+
+
+def test_the_guardrails_see_what_they_guard():
+  # Each check finds what it looks for in a made-up module.
+  tree = ast.parse("class A:\n" + "  x = 1\n" * 201 +
+                   "def f():\n  '''doc\n  doc'''\n" + "  y = 2\n" * 81)
+  classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+  functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+  assert code_lines(classes[0]) == 202 and code_lines(functions[0]) == 82
+  assert import_graph()["estimator_accum.window.window"]
+
+
+def test_window_settings_has_a_field_per_option_with_the_tables_default():
+  import dataclasses
+
+  from estimator_accum.options import OPTIONS, WindowSettings
+  fields = [f for f in dataclasses.fields(WindowSettings)
+            if f.name not in ("k", "gradient_options")]
+  assert [f.name for f in fields] == [o.name for o in OPTIONS]
+  for field, option in zip(fields, OPTIONS):
+    assert field.default == option.default, field.name

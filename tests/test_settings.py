@@ -58,11 +58,20 @@ ENTRY_POINTS = [
 @pytest.mark.parametrize("entry, own", ENTRY_POINTS,
                          ids=lambda e: getattr(e, "__name__", ""))
 def test_every_entry_point_takes_the_options_of_the_table(entry, own):
-  names = set(inspect.signature(entry).parameters) - {"self"}
+  parameters = inspect.signature(entry).parameters
+  names = set(parameters) - {"self"}
   assert names - own == set(OPTION_NAMES)
-  # Documented from the table, each once.
+  # Keyword-only, with the table's defaults but where the entry point says
+  # otherwise (the wrappers leave reduction and name to each graph).
+  overrides = getattr(entry, "_OPTION_DEFAULTS", {})
   for name in OPTION_NAMES:
-    assert entry.__doc__.count(f"    {name}: ") == 1, name
+    parameter = parameters[name]
+    assert parameter.kind is inspect.Parameter.KEYWORD_ONLY, name
+    expected = overrides.get(name, estimator_accum.options.DEFAULTS[name])
+    assert parameter.default == expected, (name, parameter.default)
+    # Named in the docstring, which points to the table's documentation.
+    assert name in entry.__doc__, name
+  assert "estimator_accum.options.OPTIONS" in entry.__doc__
 
 
 def _given_each_option():

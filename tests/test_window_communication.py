@@ -43,15 +43,17 @@ def _table(rows, width, indices):
 def test_the_block_a_table_is_sent_in(rows, width, indices, option, replicas,
                                       block):
   accumulator, gradient = _table(rows, width, indices)
-  assert communication.rows_block(accumulator, gradient, option, replicas,
-                                  4) == block
+  assert communication.rows_block(
+      accumulator.kind, accumulator.variable, gradient, option, replicas, 4,
+      accumulator.total.dtype) == block
 
 
 def test_a_dense_variable_is_never_sent_by_rows():
   with tf.Graph().as_default():
     variable = v1.get_variable("w", [30522, 384], tf.float32)
     accumulator = Accumulator(variable, tf.zeros([30522, 384]), tf.float32)
-    assert communication.rows_block(accumulator, None, "rows", 2, 4) is None
+    assert communication.rows_block(accumulator.kind, variable, None, "rows",
+                                    2, 4, tf.float32) is None
 
 
 def test_the_block_holds_the_rows_first_then_zeros():

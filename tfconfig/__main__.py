@@ -201,11 +201,18 @@ def _print(args):
   return 0
 
 
-def main(argv=None):
+def _parser():
+  """The command line: one subcommand per verb."""
   parser = argparse.ArgumentParser(prog="python -m tfconfig",
                                    description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="verb", required=True)
   commands.add_parser("show", help="validate and describe $TF_CONFIG")
+  for add in (_add_launch, _add_print, _add_testbed, _add_tfjob, _add_slurm):
+    add(commands)
+  return parser
+
+
+def _add_launch(commands):
   launch = commands.add_parser("launch", help="run a local cluster")
   launch.add_argument("--workers", type=int, default=2,
                       help="worker tasks (default 2)")
@@ -239,6 +246,9 @@ def main(argv=None):
                       "e.g. 1gbit)")
   launch.add_argument("command", nargs=argparse.REMAINDER,
                       help="-- then the command every task runs")
+
+
+def _add_print(commands):
   printer = commands.add_parser("print", help="per-task TF_CONFIG values")
   printer.add_argument("--workers", nargs="+", required=True,
                        metavar="HOST:PORT", help="one address per worker")
@@ -248,6 +258,9 @@ def main(argv=None):
                        help="one address per parameter server")
   printer.add_argument("--evaluator", metavar="HOST:PORT",
                        help="the evaluator's address")
+
+
+def _add_testbed(commands):
   bed = commands.add_parser(
       "testbed", help="hosts as network namespaces on one machine (root)")
   bed.add_argument("action", choices=["up", "down"],
@@ -256,6 +269,9 @@ def main(argv=None):
   bed.add_argument("--hosts", type=int, default=2)
   bed.add_argument("--name", default=None)
   bed.add_argument("--rate", default=None, help="tc rate of every link")
+
+
+def _add_tfjob(commands):
   from tfconfig import engines
 
   tfjob = commands.add_parser("tfjob", help="print a Kubeflow TFJob")
@@ -275,6 +291,9 @@ def main(argv=None):
                      "shared model_dir")
   tfjob.add_argument("--mount_path", help="where --pvc is mounted")
   tfjob.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def _add_slurm(commands):
   slurm = commands.add_parser("slurm", help="run a command with the "
                               "TF_CONFIG of this Slurm task")
   slurm.add_argument("--chief", action="store_true",
@@ -285,6 +304,10 @@ def main(argv=None):
   slurm.add_argument("--print_only", action="store_true",
                      help="print the TF_CONFIG instead of running")
   slurm.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def main(argv=None):
+  parser = _parser()
   args = parser.parse_args(argv)
   try:
     return {"show": _show, "launch": _launch, "print": _print,

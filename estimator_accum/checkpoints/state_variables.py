@@ -53,101 +53,147 @@ class _Created:
     self.owners = {}
 
 
-def state_variable(name, shape, dtype, *, per_replica, initial_value=None,
-                   local_device=None, aggregation=_SUM, slot_of=None,
-                   checkpointed=True):
-  """Creates a non-trainable state variable with exactly `name`.
+class StateVariables:
+  """Makes one build's state variables, the way chosen once when the build
+  starts, and passed down to every part that keeps state:
 
-  Args:
-    name: str, the full variable name (no enclosing variable scope is added).
-    shape: the variable's shape.
-    dtype: the variable's tf.DType.
-    per_replica: bool. True for window state that each replica keeps for
-      itself (ON_READ, summed when read across replicas); False for state
-      shared by every replica (counters).
-    initial_value: optional Python number; default zero.
-    local_device: for between-graph (parameter-server) training, the
-      worker's device: the variable is placed there and is a local variable
-      (initialized by each worker, not shared, not checkpointed).
-    aggregation: of a per-replica variable: SUM (a checkpoint holds the sum
-      over replicas, and a restore gives each replica its share), or MEAN
-      (the mean over replicas, restored whole to each: for values that are
-      themselves means).
-    slot_of: the trained variable whose state this is, if it is one's
-      (its name is then `<that variable's name>/<suffix>`), else None.
-    checkpointed: bool. False for state that lives for one run only: in
-      no collection (neither saved, nor initialized by an initializer, nor
-      counted among the window's state); the caller assigns it before it
-      reads it.
+  - inside a tf.function (TensorFlow 2, `function_variables`): made once,
+    on the first trace, by the wrapper's store;
+  - a between-graph (parameter-server) worker's (`local_device` given):
+    local variables on the worker's device, initialized by each worker,
+    not shared, not checkpointed;
+  - else a graph's: resource variables at the root scope, ON_READ for
+    per-replica state under a strategy.
 
-  Returns:
-    The variable, initialized to zeros (or initial_value).
-
-  Raises:
-    ValueError: if a variable with that name already exists in the graph,
-      which means accumulation was built twice for the same variables.
+  Attributes:
+    local_device: the worker's device in between-graph training, or None.
   """
-  initializer = (unfolded_zeros if initial_value is None else
-                 tf.compat.v1.constant_initializer(initial_value))
-  if not per_replica:
-    aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
-  store = function_variables.building_store()
-  if store is not None:
-    # Inside a tf.function (TensorFlow 2): made once, on the first trace.
-    synchronization = (tf.VariableSynchronization.ON_READ if per_replica
-                       else tf.VariableSynchronization.AUTO)
-    return store.variable(name, tf.TensorShape(shape), dtype, initializer,
-                          synchronization=synchronization,
-                          aggregation=aggregation, checkpointed=checkpointed)
-  # Jump to the root scope. Reuse only the variable another replica of this
-  # worker created (MirroredStrategy runs the replicas after the first with
-  # reuse=True, and they must find its variable), whatever the caller's
-  # scope says: under a scope with reuse=True the first replica creates
-  # its state, and under AUTO_REUSE a second build is refused, not handed
-  # the first one's accumulators.
-  created = graph_state.owned("state_variables", _Created)
-  creators = created.creators
-  replica = replicas.replica_id()
-  reuse = name in creators and creators[name] != replica
-  root = tf.compat.v1.VariableScope(reuse=reuse, name="")
-  extra = dict(aggregation=aggregation)
-  if not checkpointed:
-    # In no collection: no saver, no initializer, no readiness check sees
-    # it; it is assigned before it is read (see Window._check_divergence).
-    extra["collections"] = []
-  elif local_device is not None:
-    # A ParameterServerStrategy over several devices of a worker sums the
-    # replicas' updates of a variable by its aggregation (a ps worker's
-    # window is shared by its devices, as central storage's is).
-    extra["collections"] = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-  elif per_replica:
-    extra.update(replicas.sync_on_read(aggregation))
-  with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), \
-      on_worker(local_device):
-    try:
-      variable = tf.compat.v1.get_variable(
-          name, shape=shape, dtype=dtype, trainable=False,
-          initializer=initializer, use_resource=True,
-          **extra)
-      if creators.setdefault(name, replica) == replica and per_replica:
-        order_saves(variable)
-      if slot_of is not None and checkpointed:
-        created.owners.setdefault(name, slot_of)
-      return variable
-    except ValueError as error:
-      if "already exists" not in str(error):
-        raise
-      owner = created.owners.get(name)
-      if slot_of is not None and owner is not None and owner is not slot_of:
-        raise ValueError(
-            f"the window state {name!r} of variable {slot_of.name} exists "
-            f"already for another variable of that name ({owner.name}) in "
-            "this graph: two models in one graph have variables of the same "
-            "names (a Keras model loaded from a SavedModel into the graph "
-            "of the model it was saved from keeps its layer names). Load or "
-            "build the second model in a new graph or process, or name its "
-            "layers otherwise.") from error
-      raise ValueError(
-          f"variable {name!r} already exists: build_accumulating_train_op was "
-          "called twice for the same variables in one graph. Build one train "
-          "op per graph, or pass disjoint var_list values.") from error
+
+  def __init__(self, local_device=None, store=None):
+    """`store`: the tf.function store to make them in (default: the one
+    building now, if any)."""
+    self.local_device = local_device
+    self._store = store or function_variables.building_store()
+
+  def shared(self):
+    """The factory for state every worker shares (counters, the loss
+    scale): this one's, on no worker's device."""
+    return StateVariables(None, self._store)
+
+  def on_worker(self):
+    """The scope placing a variable made outside this factory where this
+    factory's go."""
+    return on_worker(self.local_device)
+
+  def __call__(self, name, shape, dtype, *, per_replica, initial_value=None,
+               aggregation=_SUM, slot_of=None, checkpointed=True):
+    """Creates a non-trainable state variable with exactly `name`.
+
+    Args:
+      name: str, the full variable name (no enclosing variable scope is
+        added).
+      shape: the variable's shape.
+      dtype: the variable's tf.DType.
+      per_replica: bool. True for window state that each replica keeps for
+        itself (ON_READ, summed when read across replicas); False for state
+        shared by every replica (counters).
+      initial_value: optional Python number; default zero.
+      aggregation: of a per-replica variable: SUM (a checkpoint holds the
+        sum over replicas, and a restore gives each replica its share), or
+        MEAN (the mean over replicas, restored whole to each: for values
+        that are themselves means).
+      slot_of: the trained variable whose state this is, if it is one's
+        (its name is then `<that variable's name>/<suffix>`), else None.
+      checkpointed: bool. False for state that lives for one run only: in
+        no collection (neither saved, nor initialized by an initializer,
+        nor counted among the window's state); the caller assigns it before
+        it reads it.
+
+    Returns:
+      The variable, initialized to zeros (or initial_value).
+
+    Raises:
+      ValueError: if a variable with that name already exists in the
+        graph, which means accumulation was built twice for the same
+        variables.
+    """
+    initializer = (unfolded_zeros if initial_value is None else
+                   tf.compat.v1.constant_initializer(initial_value))
+    if not per_replica:
+      aggregation = tf.VariableAggregation.ONLY_FIRST_REPLICA
+    if self._store is not None:
+      synchronization = (tf.VariableSynchronization.ON_READ if per_replica
+                         else tf.VariableSynchronization.AUTO)
+      return self._store.variable(
+          name, tf.TensorShape(shape), dtype, initializer,
+          synchronization=synchronization, aggregation=aggregation,
+          checkpointed=checkpointed)
+    extra = dict(aggregation=aggregation)
+    if not checkpointed:
+      # In no collection: no saver, no initializer, no readiness check sees
+      # it; it is assigned before it is read (see WindowCounters).
+      extra["collections"] = []
+    elif self.local_device is not None:
+      # A ParameterServerStrategy over several devices of a worker sums the
+      # replicas' updates of a variable by its aggregation (a ps worker's
+      # window is shared by its devices, as central storage's is).
+      extra["collections"] = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
+    elif per_replica:
+      extra.update(replicas.sync_on_read(aggregation))
+    return self._in_graph(name, shape, dtype, initializer, extra,
+                          per_replica, slot_of if checkpointed else None,
+                          slot_of)
+
+  def _in_graph(self, name, shape, dtype, initializer, extra, per_replica,
+                saved_slot_of, slot_of):
+    """The variable at the root scope. Reuse only the variable another
+    replica of this worker created (MirroredStrategy runs the replicas
+    after the first with reuse=True, and they must find its variable),
+    whatever the caller's scope says: under a scope with reuse=True the
+    first replica creates its state, and under AUTO_REUSE a second build is
+    refused, not handed the first one's accumulators."""
+    created = graph_state.owned("state_variables", _Created)
+    creators = created.creators
+    replica = replicas.replica_id()
+    reuse = name in creators and creators[name] != replica
+    root = tf.compat.v1.VariableScope(reuse=reuse, name="")
+    with tf.compat.v1.variable_scope(root, auxiliary_name_scope=False), \
+        on_worker(self.local_device):
+      try:
+        variable = tf.compat.v1.get_variable(
+            name, shape=shape, dtype=dtype, trainable=False,
+            initializer=initializer, use_resource=True, **extra)
+      except ValueError as error:
+        if "already exists" not in str(error):
+          raise
+        raise _exists(name, slot_of, created.owners.get(name)) from error
+    if creators.setdefault(name, replica) == replica and per_replica:
+      order_saves(variable)
+    if saved_slot_of is not None:
+      created.owners.setdefault(name, saved_slot_of)
+    return variable
+
+
+def _exists(name, slot_of, owner):
+  """The ValueError for a state variable `name` that exists already."""
+  if slot_of is not None and owner is not None and owner is not slot_of:
+    return ValueError(
+        f"the window state {name!r} of variable {slot_of.name} exists "
+        f"already for another variable of that name ({owner.name}) in "
+        "this graph: two models in one graph have variables of the same "
+        "names (a Keras model loaded from a SavedModel into the graph "
+        "of the model it was saved from keeps its layer names). Load or "
+        "build the second model in a new graph or process, or name its "
+        "layers otherwise.")
+  return ValueError(
+      f"variable {name!r} already exists: build_accumulating_train_op was "
+      "called twice for the same variables in one graph. Build one train "
+      "op per graph, or pass disjoint var_list values.")
+
+
+def state_variable(name, shape, dtype, *, per_replica, local_device=None,
+                   **options):
+  """A state variable made outside a window's build (a batch_norm layer's
+  statistics, a wrapper's counter): `StateVariables(local_device)(...)`."""
+  return StateVariables(local_device)(name, shape, dtype,
+                                      per_replica=per_replica, **options)

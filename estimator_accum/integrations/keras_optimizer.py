@@ -20,6 +20,7 @@ optimizer (an EMA's weights written into the model at the end of `fit`,
 """
 
 import copy
+import inspect
 
 import numpy as np
 import tensorflow as tf
@@ -27,10 +28,7 @@ import tensorflow as tf
 from estimator_accum import _checks, tf_private
 from estimator_accum._autograph import as_written
 from estimator_accum.distribution import replicas
-from estimator_accum.integrations.keras_loss_scale import (
-  KerasLossScaling,
-  MadeAsWritten,
-)
+from estimator_accum.integrations.keras_loss_scale import KerasLossScaling
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   WRAPPER_DEFAULTS,
@@ -39,9 +37,12 @@ from estimator_accum.integrations.wrappers import (
   gradient_options,
   gradients_as_they_are,
 )
-from estimator_accum.options import takes_window_options
+from estimator_accum.options import (
+  DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+  window_options,
+)
 from estimator_accum.window import reductions
-from estimator_accum.window.gradient_ops import scale_gradient
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
 
 __all__ = ["AccumulatingKerasOptimizer"]
 
@@ -49,23 +50,7 @@ __all__ = ["AccumulatingKerasOptimizer"]
 # loss scaled as Keras scales it (dynamically, for a mixed_float16 model).
 _DEFAULTS = dict(WRAPPER_DEFAULTS, reduction="mean", loss_scale="auto")
 
-class _OfTheOptimizersKind(MadeAsWritten):
-  """Makes `AccumulatingKerasOptimizer(optimizer, k)` of the optimizer's
-  kind (as Keras's LossScaleOptimizer makes one of its two classes)."""
-
-  def __call__(cls, *args, **kwargs):
-    if cls is AccumulatingKerasOptimizer:
-      optimizer = args[0] if args else kwargs.get("optimizer")
-      cls = _LegacyAccumulatingKerasOptimizer
-      if _is_of_the_new_kind(optimizer):
-        from estimator_accum.integrations.keras_optimizer_v3 import (
-          AccumulatingKerasOptimizerV3,
-        )
-        cls = AccumulatingKerasOptimizerV3
-    return type.__call__(cls, *args, **kwargs)
-
-
-def _is_of_the_new_kind(optimizer):
+def is_of_the_new_kind(optimizer):
   """Whether `optimizer` (or the one a Keras LossScaleOptimizer wraps) is a
   `tf.keras.optimizers.Optimizer`, in TensorFlow 2 mode."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)
@@ -73,9 +58,7 @@ def _is_of_the_new_kind(optimizer):
           tf.compat.v1.executing_eagerly_outside_functions())
 
 
-@takes_window_options(_DEFAULTS)
-class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
-                                 metaclass=_OfTheOptimizersKind):
+class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling):
   """Accumulation for code that takes a Keras optimizer: Keras's
   `model.fit` and a custom `train_step` in TensorFlow 2, TensorFlow 2's
   canned estimators (`tf.estimator.DNNRegressor`, `LinearClassifier`,
@@ -121,7 +104,14 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
       one, or a Keras LossScaleOptimizer around one (its settings taken),
       applied once per window.
     k: int >= 1, micro-batches per update.
-    WINDOW_OPTIONS
+    clip_norm, reduction, accumulator_dtype, accumulator_placement,
+      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
+      communication_options, table_all_reduce, communication_dtype,
+      overlap_backward, sequential_apply, after_update,
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
+      window options, keyword-only, each documented with its check in
+      `estimator_accum.options.OPTIONS` and in docs/user_guide.md
+      ("Options").
 
   Here `reduction` is "mean" unless given (not None: Keras losses do not
   record theirs), `loss_scale` is "auto", and `name` defaults to None, as
@@ -129,18 +119,54 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
   """
 
   accumulates_micro_batches = True
+  # The defaults of the window options where they are not the table's.
+  _OPTION_DEFAULTS = _DEFAULTS
 
   # Arguments of the Keras optimizer base class, besides the name.
   _KERAS_ARGUMENTS = {}
   # Whether the inner optimizer is of Keras's legacy kind.
   _LEGACY_KIND = True
 
-  def __init__(self, optimizer, k, **options):
-    _checks.check_reduction(options.get("reduction", "mean"))
+  def __new__(cls, optimizer=None, *args, **kwargs):
+    """An instance of the kind for `optimizer`: of the subclass (each
+    kind's module defines one, and `estimator_accum` imports them all)
+    whose `takes(optimizer)`, when called as AccumulatingKerasOptimizer."""
+    del args, kwargs
+    if cls is AccumulatingKerasOptimizer:
+      cls = next(kind for kind in cls.__subclasses__()
+                 if kind.takes(optimizer))
+    return super().__new__(cls)
+
+  @classmethod
+  def takes(cls, optimizer):
+    """Whether this kind wraps `optimizer` (each kind says)."""
+    raise NotImplementedError
+
+  def __init__(
+      self, optimizer, k, *,
+      # The window options, in the order of the table (options.OPTIONS),
+      # with the defaults of this wrapper (_DEFAULTS):
+      clip_norm=None, reduction="mean", accumulator_dtype=tf.float32,
+      accumulator_placement="device", summaries=True, loss_scale="auto",
+      sparse_accumulation="auto",
+      sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+      communication_options=None, table_all_reduce="auto",
+      communication_dtype=None, overlap_backward=True, sequential_apply=True,
+      after_update=None, log_every_n_micro_batches=100,
+      max_consecutive_skipped_windows=DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+      name=None):
+    options = window_options(locals())
+    _checks.check_reduction(reduction)
     # Set first: Keras's constructor looks up checkpoint dependencies.
-    self._window = WrapperWindow(optimizer, k, _DEFAULTS, options)
+    self._window = WrapperWindow(optimizer, k, options)
     super().__init__(name=options.get("name") or DEFAULT_NAME,
                      **self._KERAS_ARGUMENTS)
+
+  # What the class is called with: `__init__`'s arguments. (The metaclass
+  # Keras's LossScaleOptimizer needs takes (*args, **kwargs), which
+  # `inspect.signature` would otherwise show.)
+  __signature__ = inspect.signature(__init__).replace(parameters=list(
+      inspect.signature(__init__).parameters.values())[1:])
 
   @property
   def learning_rate(self):
@@ -153,14 +179,6 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
     self._window.inner_optimizer().learning_rate = value
 
   lr = learning_rate
-
-  def _before_window(self, var_list):
-    """Called before the window is built for `var_list`."""
-    del var_list
-
-  def _window_built(self):
-    """Called once the window is built in a graph or a tf.function: sets
-    the values a Keras load kept for it."""
 
   @as_written
   def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
@@ -184,17 +202,9 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
     must be unscaled with `get_unscaled_gradients` first."""
     del name, experimental_aggregate_gradients, skip_gradients_aggregation
     self._check_not_loss_scaled_outside()
-    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
-    replicas = self._replicas_summed()
-    if replicas > 1:
-      grads_and_vars = [
-          (None if g is None else scale_gradient(g, tf.cast(replicas, g.dtype)),
-           v) for g, v in grads_and_vars]
-    self._before_window([v for _, v in grads_and_vars])
-    train_op = self._window.train_op(self, None, grads_and_vars,
-                                     self.iterations, scaled_by_caller=True)
-    self._window_built()
-    return train_op
+    return self._window.train_op(
+        self, self.iterations, grads_and_vars=grads_and_vars,
+        scaled_by_caller=True, times=self._replicas_summed())
 
   def get_config(self):
     """The wrapper's arguments, the inner optimizer serialized as Keras
@@ -242,18 +252,11 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling,
   def _from_loss(self, loss, var_list, grad_loss):
     self._check_not_loss_scaled_outside()
     _checks.check_not_eager()
-    _checks.check_loss(loss)
-    replicas = self._replicas_summed()
-    if replicas > 1:
-      loss = loss * tf.cast(replicas, loss.dtype)
-    if var_list is not None:
-      self._before_window(list(var_list))
-    train_op = self._window.train_op(
-        self, loss, None, self.iterations, var_list,
-        gradient_options(tf.compat.v1.train.Optimizer.GATE_OP, None, False,
-                          grad_loss))
-    self._window_built()
-    return train_op
+    return self._window.train_op(
+        self, self.iterations, loss=loss, var_list=var_list,
+        gradient_options=gradient_options(
+            tf.compat.v1.train.Optimizer.GATE_OP, None, False, grad_loss),
+        times=self._replicas_summed())
 
   def _replicas_summed(self):
     """By how much the window's mean over replicas must be multiplied to be
@@ -273,6 +276,10 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
                                         tf.keras.optimizers.legacy.Optimizer):
   """`AccumulatingKerasOptimizer` around a legacy or tf.compat.v1
   optimizer: a Keras legacy optimizer."""
+
+  @classmethod
+  def takes(cls, optimizer):
+    return not is_of_the_new_kind(optimizer)
 
   @property
   def iterations(self):
@@ -324,7 +331,7 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
       weights = weights[:len(self._weights)]
     tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
 
-  def _window_built(self):
+  def window_built(self):
     """Sets the values `set_weights` kept, now that the window is built."""
     pending, self._window.pending_weights = self._window.pending_weights, None
     if pending is None:

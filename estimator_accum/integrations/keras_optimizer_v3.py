@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
+  is_of_the_new_kind,
 )
 
 __all__ = ["AccumulatingKerasOptimizerV3"]
@@ -42,7 +43,11 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
   _KERAS_ARGUMENTS = {"jit_compile": False}
   _LEGACY_KIND = False
 
-  def _before_window(self, var_list):
+  @classmethod
+  def takes(cls, optimizer):
+    return is_of_the_new_kind(optimizer)
+
+  def before_window(self, var_list):
     """Builds the inner optimizer's slots where Keras builds an optimizer's,
     in the step's replica context: under the strategy the step runs
     under (inside the window's branch, a replica's thread knows none)."""

@@ -21,12 +21,15 @@ from estimator_accum.integrations.wrappers import (
   gradient_options,
   gradients_as_they_are,
 )
-from estimator_accum.options import takes_window_options
+from estimator_accum.options import (
+  DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+  window_options,
+)
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
 
 __all__ = ["AccumulatingOptimizer"]
 
 
-@takes_window_options(WRAPPER_DEFAULTS)
 class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
   """An optimizer whose `minimize` and `apply_gradients` accumulate k
   micro-batches and apply `optimizer` once per window.
@@ -63,7 +66,14 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
     optimizer: the optimizer to apply once per window, as for
       `build_accumulating_train_op`.
     k: int >= 1, micro-batches per update.
-    WINDOW_OPTIONS
+    clip_norm, reduction, accumulator_dtype, accumulator_placement,
+      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
+      communication_options, table_all_reduce, communication_dtype,
+      overlap_backward, sequential_apply, after_update,
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
+      window options, keyword-only, each documented with its check in
+      `estimator_accum.options.OPTIONS` and in docs/user_guide.md
+      ("Options").
 
   Here `reduction` defaults to None (the loss's own reduction, above),
   `name` to None (also this optimizer's name; a wide-and-deep estimator's
@@ -78,9 +88,24 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
 
   # What tells build_accumulating_train_op not to accumulate twice.
   accumulates_micro_batches = True
+  # The defaults of the window options where they are not the table's.
+  _OPTION_DEFAULTS = WRAPPER_DEFAULTS
 
-  def __init__(self, optimizer, k, **options):
-    self._window = WrapperWindow(optimizer, k, WRAPPER_DEFAULTS, options)
+  def __init__(
+      self, optimizer, k, *,
+      # The window options, in the order of the table (options.OPTIONS),
+      # with the defaults of this wrapper (WRAPPER_DEFAULTS):
+      clip_norm=None, reduction=None, accumulator_dtype=tf.float32,
+      accumulator_placement="device", summaries=True, loss_scale=None,
+      sparse_accumulation="auto",
+      sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+      communication_options=None, table_all_reduce="auto",
+      communication_dtype=None, overlap_backward=True, sequential_apply=True,
+      after_update=None, log_every_n_micro_batches=100,
+      max_consecutive_skipped_windows=DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+      name=None):
+    options = window_options(locals())
+    self._window = WrapperWindow(optimizer, k, options)
     super().__init__(use_locking=False,
                      name=options.get("name") or DEFAULT_NAME)
 
@@ -94,7 +119,8 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
     name. Other arguments as for `tf.compat.v1.train.Optimizer.minimize`."""
     del name  # The window's scope is this optimizer's name.
     return self._window.train_op(
-        self, loss, None, global_step, var_list, gradient_options(
+        self, global_step, loss=loss, var_list=var_list,
+        gradient_options=gradient_options(
             gate_gradients, aggregation_method, colocate_gradients_with_ops,
             grad_loss))
 
@@ -116,7 +142,8 @@ class AccumulatingOptimizer(Wrapper, tf.compat.v1.train.Optimizer):
     `compute_gradients`) to the window, and applies the window at its k-th
     micro-batch. `global_step` as for `minimize`; `name` is not used."""
     del name  # The window's scope is this optimizer's name.
-    return self._window.train_op(self, None, grads_and_vars, global_step)
+    return self._window.train_op(self, global_step,
+                                 grads_and_vars=grads_and_vars)
 
   def variables(self):
     """The inner optimizer's variables, then the window's state variables

@@ -8,6 +8,7 @@ graph through `train_op.accumulating_train_op`.
 """
 
 import contextlib
+import dataclasses
 
 import tensorflow as tf
 
@@ -15,19 +16,18 @@ from estimator_accum import _checks, graph_state, tf_private
 from estimator_accum.checkpoints import object_checkpoints
 from estimator_accum.checkpoints.function_variables import FunctionVariables
 from estimator_accum.checkpoints.state_variables import (
+  StateVariables,
   state_variable,
 )
 from estimator_accum.distribution.replicas import replica_id
 from estimator_accum.options import (
   DEFAULT_NAME,
-  DEFAULTS,
   OPTION_NAMES,
   WindowSettings,
   config_value,
 )
 from estimator_accum.window import loss_scale as _loss_scale
-from estimator_accum.window import progress, reductions
-from estimator_accum.window.gradient_ops import first_tensor
+from estimator_accum.window import micro_batch, progress, reductions
 from estimator_accum.window.reports import micro_batch_examples
 from estimator_accum.window.train_op import accumulating_train_op, claimed_names
 
@@ -38,6 +38,13 @@ _GATES = (tf.compat.v1.train.Optimizer.GATE_NONE,
 
 class Wrapper:
   """What both wrappers expose of their window."""
+
+  def before_window(self, var_list):
+    """Called before the window is built for `var_list`."""
+    del var_list
+
+  def window_built(self):
+    """Called once the window is built in a graph or a tf.function."""
 
   @property
   def k(self):
@@ -107,12 +114,12 @@ class WrapperWindow:
   """The settings of a wrapper's window, checked when the wrapper is made,
   and the window built from them in each graph."""
 
-  def __init__(self, optimizer, k, defaults, options):
-    """`options`: the window options given (`options.OPTIONS`), over the
-    wrapper's `defaults` of them, over the table's. `reduction` and `name`
-    may be None, left to each graph (the loss's own reduction, the next
-    default name), and are checked in their defaults' place."""
-    self._given = {**DEFAULTS, **defaults, **options}
+  def __init__(self, optimizer, k, options):
+    """`options`: every window option (`options.OPTIONS`), as the wrapper
+    was given them or defaults them. `reduction` and `name` may be None,
+    left to each graph (the loss's own reduction, the next default name),
+    and are checked in their defaults' place."""
+    self._given = dict(options)
     self._settings = WindowSettings.checked(
         k, **dict(self._given, reduction=self._given["reduction"] or "mean",
                   name=self._given["name"] or DEFAULT_NAME))
@@ -179,7 +186,8 @@ class WrapperWindow:
           "train_step); in a tf.compat.v1 graph call minimize(loss), which "
           "scales the loss itself.")
     with self.function_variables.building():
-      return _loss_scale.LossScaler(config, self._name(), unscales=False)
+      return _loss_scale.LossScaler(config, self._name(), StateVariables(),
+                                    unscales=False)
 
   def loss_scale_variables(self):
     """[the loss scale, its good windows] made in tf.functions so far, or
@@ -188,50 +196,59 @@ class WrapperWindow:
     return [made[n] for n in _loss_scale.LossScaler.variable_names(
         self._given["name"] or DEFAULT_NAME) if n in made]
 
-  def train_op(self, owner, loss, grads_and_vars, global_step, var_list=None,
-               gradient_options=None, reduction=None, scaled_by_caller=False):
-    """The train op of one micro-batch, from its loss or its gradients.
+  def train_op(self, owner, global_step, *, loss=None, grads_and_vars=None,
+               var_list=None, gradient_options=None, reduction=None,
+               scaled_by_caller=False, times=1):
+    """The train op of one micro-batch, from its loss or its gradients (as
+    the wrapper `owner` was given them: made into one `MicroBatch` here,
+    checked once, then multiplied by `times`).
 
-    `owner`, the wrapper, then tracks the window's state variables and the
-    inner optimizer's own (`WrapperCheckpoints.track`), so that object-based
+    `owner` then tracks the window's state variables and the inner
+    optimizer's own (`WrapperCheckpoints.track`), so that object-based
     checkpoints of whatever tracks the wrapper (a Keras model compiled with
     it, as `model_to_estimator` and `save_weights` save them) hold the
-    window and the optimizer's state, as name-based ones do.
+    window and the optimizer's state, as name-based ones do. Its hooks
+    `before_window(variables)` and `window_built()` run around the build.
     """
-    if _in_function():
-      with self.function_variables.building():
-        return self._train_op(owner, loss, grads_and_vars, global_step,
-                              var_list, gradient_options, reduction,
-                              scaled_by_caller)
-    return self._train_op(owner, loss, grads_and_vars, global_step, var_list,
-                          gradient_options, reduction, False)
+    in_function = _in_function()
+    with (self.function_variables.building() if in_function else
+          contextlib.nullcontext()):
+      _checks.check_graph_mode()
+      if grads_and_vars is None:
+        batch = micro_batch.of_loss(loss, var_list)
+      else:
+        batch = micro_batch.of_gradients(
+            grads_and_vars, scaled_by_caller=scaled_by_caller and in_function)
+      batch = batch.times(times)
+      variables = (batch.var_list if batch.loss is not None else
+                   [v for _, v in batch.grads_and_vars])
+      if variables is not None:
+        owner.before_window(list(variables))
+      train_op = self._train_op(owner, batch, global_step, gradient_options,
+                                reduction)
+    owner.window_built()
+    return train_op
 
-  def _train_op(self, owner, loss, grads_and_vars, global_step, var_list,
-                gradient_options, reduction, scaled_by_caller):
-    _checks.check_graph_mode()
-    if grads_and_vars is not None:
-      grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
+  def _train_op(self, owner, batch, global_step, gradient_options,
+                reduction):
     name = self._name()
     variables = {}
     if global_step is None:
       global_step = state_variable(
           f"{name}/micro_batches", [], tf.int64, per_replica=False)
       variables[f"{name}/micro_batches"] = global_step
-    # What the micro-batch is computed from: "auto" loss scaling reads it,
-    # and the examples it weighs are counted from its input.
-    source = (loss if loss is not None else
-              first_tensor(g for g, _ in grads_and_vars))
-    self.loss_scale_config(source)
+    # "auto" loss scaling reads what the micro-batch is computed from, and
+    # the examples it weighs are counted from its input.
+    self.loss_scale_config(batch.source)
     settings = self._settings.replace(
         reduction=reduction or self.reduction(), name=name,
         loss_scale=self._loss_scale_option(),
         gradient_options=(gradient_options or
                           dict(colocate_gradients_with_ops=False)))
+    batch = dataclasses.replace(
+        batch, num_examples=self._examples(batch.source, settings))
     train_op, window = accumulating_train_op(
-        loss, grads_and_vars, self.optimizer, settings,
-        global_step=global_step, var_list=var_list,
-        num_examples=self._examples(source, settings),
-        scaled_by_caller=scaled_by_caller)
+        batch, self.optimizer, settings, global_step=global_step)
     window_variables, slots = window.state_variables()
     variables.update(window_variables)
     if isinstance(global_step, tf.Variable):
@@ -305,15 +322,8 @@ def next_default_name():
 def gradients_as_they_are(loss, var_list, options):
   """[(gradient, variable)] of one micro-batch's loss, as they are."""
   _checks.check_graph_mode()
-  _checks.check_loss(loss)
-  var_list = _checks.check_var_list(var_list)
-  if var_list is None:
-    var_list = list({id(v): v for v in (
-        tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
-            tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))}.values())
-  if not var_list:
-    raise ValueError(f"loss {loss.name} cannot be trained: the graph has no "
-                     "trainable variables.")
+  batch = micro_batch.of_loss(loss, var_list)
+  var_list = batch.var_list or micro_batch.trainable_variables(loss)
   return list(zip(tf.compat.v1.gradients(loss, var_list, **options), var_list))
 
 

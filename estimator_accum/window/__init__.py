@@ -1,7 +1,9 @@
 """The window core: k micro-batches accumulated and applied as one batch.
 
-`train_op.build_accumulating_train_op` checks what the graph gives and builds
-a `window.Window` over one accumulator per trained variable
-(`accumulators.Accumulator`, or `compact.CompactSparseAccumulator` for huge
-tables), with the reduction the options chose (`reductions.py`).
+Every front door hands in a `micro_batch.MicroBatch`, checked once;
+`train_op.accumulating_train_op`, the one builder, makes the build's
+`plan.WindowPlan` once, and a `window.Window` that drives its four parts
+with it: `accumulate.Accumulation` (the sums), `communication.Communication`
+(what crosses replicas), `finish.Finish` (the gradient formed, clipped and
+applied) and `bookkeeping.Bookkeeping` (position, counters, progress).
 """

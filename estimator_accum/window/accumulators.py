@@ -13,13 +13,13 @@ micro-batches touched, because optimizers such as Momentum, RMSProp and Adadelta
 update only the touched rows on a sparse gradient: a dense zero row would move
 their slots and the result would no longer be the big batch.
 
-Its variables are made by `state_variables.state_variable`.
+Its variables are made by the build's `state_variables.StateVariables`.
 """
 
 import tensorflow as tf
 
 from estimator_accum.checkpoints.state_variables import (
-  state_variable,
+  StateVariables,
   unfolded_zeros,
   variable_base_name,
 )
@@ -71,7 +71,7 @@ class Accumulator:
 
   is_compact = False
 
-  def __init__(self, variable, gradient, dtype, local_device=None,
+  def __init__(self, variable, gradient, dtype, variables=None,
                holds_mean=False):
     """Creates the state for `variable`.
 
@@ -80,8 +80,7 @@ class Accumulator:
       gradient: a micro-batch gradient for `variable` (tf.Tensor or
         tf.IndexedSlices); its kind decides dense or sparse accumulation.
       dtype: tf.DType of the accumulator (float32 unless asked otherwise).
-      local_device: the worker's device in between-graph training, where the
-        state is kept as local variables; None otherwise.
+      variables: the build's `StateVariables` (None: a graph's).
       holds_mean: True when the sum holds a running mean (reduction
         "running_mean"): checkpoints then keep the mean over replicas, which
         a restore onto any number of replicas gives to each, so that with
@@ -95,17 +94,17 @@ class Accumulator:
       raise ValueError(
           f"variable {base} has shape {shape}, which is not fully defined; "
           "accumulators need a static shape.")
-    self.total = state_variable(
+    variables = variables or StateVariables()
+    self.total = variables(
         base + "/accum", shape, dtype, per_replica=True,
-        local_device=local_device, aggregation=(tf.VariableAggregation.MEAN if holds_mean
+        aggregation=(tf.VariableAggregation.MEAN if holds_mean
                      else tf.VariableAggregation.SUM),
         slot_of=variable)
     self.kind = "masked" if self.is_sparse else "dense"
     self.rows = None
     if self.is_sparse:
-      self.rows = state_variable(base + "/accum_rows", [shape[0]], tf.float32,
-                                 per_replica=True, local_device=local_device,
-                                 slot_of=variable)
+      self.rows = variables(base + "/accum_rows", [shape[0]], tf.float32,
+                            per_replica=True, slot_of=variable)
 
   def state_variables(self):
     """The variables holding this accumulator's window."""

@@ -29,6 +29,8 @@ PyTorch DDP's buckets do. Two choices make it smaller:
 import tensorflow as tf
 
 from estimator_accum.distribution import replicas
+from estimator_accum.window import sharded
+from estimator_accum.window.accumulators import touched_rows
 
 # "auto" sends a table by rows when its dense sum is at least this large
 # and its window cannot touch every row: below it, the second round's
@@ -36,28 +38,29 @@ from estimator_accum.distribution import replicas
 ROWS_THRESHOLD_BYTES = 2**20
 
 
-def rows_block(accumulator, gradient, option, num_replicas, k):
-  """The number of rows `accumulator`'s window is all-reduced in, when it
-  is all-reduced by its touched rows; None when it is sent whole.
+def rows_block(kind, variable, gradient, option, num_replicas, k, dtype):
+  """The number of rows a variable's window is all-reduced in, when it is
+  all-reduced by its touched rows; None when it is sent whole.
 
   Args:
-    accumulator: the trained variable's `Accumulator` (or compact one).
+    kind: its accumulator's kind ("dense", "masked", "compact", "sharded").
+    variable: the trained variable.
     gradient: a micro-batch gradient of it (tf.Tensor or tf.IndexedSlices).
     option: the `table_all_reduce` option: "auto", "rows" or "dense".
     num_replicas: the replicas in sync.
     k: micro-batches per window.
+    dtype: the accumulator's tf.DType.
   """
-  if (num_replicas == 1 or accumulator.kind != "masked" or
-      option == "dense"):
+  if num_replicas == 1 or kind != "masked" or option == "dense":
     return None
-  table = accumulator.variable.shape
+  table = variable.shape
   per_micro_batch = gradient.indices.shape.num_elements()
   block = table[0]
   if per_micro_batch is not None:
     block = min(block, num_replicas * k * per_micro_batch)
   if option == "rows":
     return block
-  row_bytes = table[1:].num_elements() * accumulator.total.dtype.size
+  row_bytes = table[1:].num_elements() * tf.as_dtype(dtype).size
   if table[0] * row_bytes < ROWS_THRESHOLD_BYTES or block >= table[0]:
     return None
   return block
@@ -146,3 +149,70 @@ def packs(sizes, bytes_per_pack):
     groups[-1].append(i)
     held += size
   return groups
+
+
+class Communication:
+  """The window's second part: what crosses replicas, per micro-batch (a
+  sharded window's gradients) and at the window's end (its sums)."""
+
+  def __init__(self, plan, accumulation):
+    self._plan = plan
+    self._accumulation = accumulation
+
+  def micro_batch(self, gradients):
+    """Replica context, every micro-batch: the gradients as the
+    accumulators take them. A sharded window's are summed over replicas
+    and each replica keeps its slice; the others' are their own."""
+    if not self._plan.sharded:
+      return gradients
+    return sharded.micro_batch_slices(
+        self._accumulation.accumulators, gradients,
+        self._plan.settings.communication_options)
+
+  def all_reduce(self, cross_replica, accumulated):
+    """Cross-replica context, at the window's end: the window's sums over
+    every replica, (sums, rows, weight, statistics) per replica. A table
+    sent by its rows comes back as its touched rows' sums, its `rows`
+    entry the union of the rows touched (int64 indices, the same on every
+    replica); a masked table sent whole, as its dense sum and its summed
+    row mask.
+
+    The sums travel in packs, in the plan's send order, the window's weight
+    and statistics last: each pack starts once its own accumulators hold
+    the last micro-batch, while the backward pass goes on below. The
+    window's one all-reduce is made here in cross-replica context:
+    ReplicaContext.all_reduce wraps itself in tf.custom_gradient, which
+    looks variables up by op name and cannot find a replica's component of
+    an ON_READ accumulator.
+    """
+    options = self._plan.settings.communication_options
+    accumulators = self._accumulation.accumulators
+    sums, rows, weight, statistics = cross_replica.each(
+        self._accumulation.local_window, *accumulated)
+    summed = [i for i in self._plan.send_order
+              if accumulators[i].kind != "sharded"]
+    pairs, weight, statistics = sum_in_packs(
+        cross_replica, ([(sums[i], rows[i]) for i in summed],
+                        weight, statistics), options)
+    for i, (total, mask) in zip(summed, pairs):
+      sums[i], rows[i] = total, mask
+    # Each replica's slice, gathered: the window's sum, with no tensor of
+    # the variable's size on any replica before it.
+    for i, accumulator in enumerate(accumulators):
+      if accumulator.kind == "sharded":
+        sums[i] = accumulator.joined(cross_replica.gather(sums[i]))
+    if any(self._plan.rows_blocks):
+      self._rows_round(cross_replica, accumulated[0], sums, rows)
+    return sums, rows, weight, statistics
+
+  def _rows_round(self, cross_replica, done, sums, rows):
+    """The second round, for the tables sent by their rows: the rows
+    touched on any replica (the summed masks are the same on every
+    replica), then their sums, into `sums` and `rows`."""
+    union = {i: touched_rows(cross_replica.first(rows[i]))
+             for i, block in enumerate(self._plan.rows_blocks) if block}
+    touched = cross_replica.sum(
+        cross_replica.each(self._accumulation.touched_rows, union, done),
+        replicas.one_pack(self._plan.settings.communication_options))
+    for position, i in enumerate(sorted(union)):
+      sums[i], rows[i] = touched[position], union[i]

@@ -35,9 +35,9 @@ accumulation is refused).
 import tensorflow as tf
 
 from estimator_accum.checkpoints.state_variables import (
+  StateVariables,
   variable_base_name,
 )
-from estimator_accum.distribution.placement import on_worker
 from estimator_accum.window import progress
 
 __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
@@ -46,7 +46,7 @@ __all__ = ["CompactSparseAccumulator", "SPARSE_THRESHOLD_BYTES",
 SPARSE_THRESHOLD_BYTES = 128 * 2**20
 
 
-def _dynamic_rows_variable(name, row_shape, dtype, local_device):
+def _dynamic_rows_variable(name, row_shape, dtype, variables):
   """A non-trainable variable of shape [None] + row_shape, initially empty.
 
   `tf.compat.v1.get_variable` cannot make a variable whose first dimension is
@@ -64,9 +64,10 @@ def _dynamic_rows_variable(name, row_shape, dtype, local_device):
         "called twice for the same variables in one graph. Build one train "
         "op per graph, or pass disjoint var_list values.")
   collections = [tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]
-  if local_device is not None:
+  variables = variables or StateVariables()
+  if variables.local_device is not None:
     collections = [tf.compat.v1.GraphKeys.LOCAL_VARIABLES]
-  with tf.compat.v1.name_scope(None), on_worker(local_device):
+  with tf.compat.v1.name_scope(None), variables.on_worker():
     return tf.compat.v1.Variable(
         tf.zeros([0] + row_shape, dtype), trainable=False, name=name,
         shape=tf.TensorShape([None] + row_shape), use_resource=True,
@@ -89,7 +90,7 @@ class CompactSparseAccumulator:
   is_compact = True
   kind = "compact"
 
-  def __init__(self, variable, dtype, local_device=None):
+  def __init__(self, variable, dtype, variables=None):
     self.variable = variable
     base = variable_base_name(variable)
     shape = variable.shape
@@ -100,9 +101,9 @@ class CompactSparseAccumulator:
     self._dense_shape = shape.as_list()
     row_shape = self._dense_shape[1:]
     self.indices = _dynamic_rows_variable(base + "/accum_indices", [],
-                                          tf.int64, local_device)
+                                          tf.int64, variables)
     self.values = _dynamic_rows_variable(base + "/accum_values", row_shape,
-                                         dtype, local_device)
+                                         dtype, variables)
 
   def state_variables(self):
     return [self.indices, self.values]

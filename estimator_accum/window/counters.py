@@ -3,7 +3,6 @@ and the windows skipped in a row that stop a diverged run."""
 
 import tensorflow as tf
 
-from estimator_accum.checkpoints.state_variables import state_variable
 from estimator_accum.window import reports
 
 
@@ -17,7 +16,9 @@ class WindowCounters:
       (after the mean and the all-reduce, before clipping).
   """
 
-  def __init__(self, name, max_consecutive_skipped_windows):
+  def __init__(self, name, max_consecutive_skipped_windows, variables):
+    """`variables`: the build's `StateVariables` for shared state."""
+    state_variable = variables
     self.updates_applied = state_variable(
         name + "/updates_applied", [], tf.int64, per_replica=False)
     self.skipped_windows = state_variable(

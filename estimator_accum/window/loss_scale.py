@@ -26,7 +26,6 @@ import numbers
 import tensorflow as tf
 
 from estimator_accum import tf_private
-from estimator_accum.checkpoints.state_variables import state_variable
 
 _V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 _V1_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale
@@ -171,7 +170,9 @@ class LossScaler:
       `get_unscaled_gradients`), and the window only skips and moves it.
   """
 
-  def __init__(self, config, name, unscales=True):
+  def __init__(self, config, name, variables, unscales=True):
+    """`variables`: the build's `StateVariables` for shared state."""
+    state_variable = variables
     self.config = config
     self.unscales = unscales
     scale_name, good_windows_name = self.variable_names(name)

@@ -26,7 +26,7 @@ mean divides by) and acts at four moments of a window:
 
 import tensorflow as tf
 
-from estimator_accum.checkpoints.state_variables import state_variable
+from estimator_accum.checkpoints.state_variables import StateVariables
 from estimator_accum.window.gradient_ops import scale_gradient
 
 # Dtype of the window's micro-batch and example counts and of its divisor,
@@ -91,10 +91,10 @@ class Reduction:
     `num_examples` (a tensor, or None)."""
     return cls(num_examples)
 
-  def build(self, name, window_size, local_device):
+  def build(self, name, window_size, variables):
     """Makes the state variables, named under `name`. `window_size`: k x
-    replicas of this run; `local_device`: as for `state_variable`."""
-    del name, window_size, local_device
+    replicas of this run; `variables`: the build's `StateVariables`."""
+    del name, window_size, variables
 
   def state_variables(self):
     """The variables of the state it made, in the order made."""
@@ -164,10 +164,9 @@ class _Weighted(Reduction):
     return ("window_micro_batches" if self._num_examples is None
             else "window_examples")
 
-  def build(self, name, window_size, local_device):
-    self._weight = state_variable(
-        f"{name}/{self._weight_name()}", [], COUNT_DTYPE, per_replica=True,
-        local_device=local_device)
+  def build(self, name, window_size, variables):
+    self._weight = (variables or StateVariables())(
+        f"{name}/{self._weight_name()}", [], COUNT_DTYPE, per_replica=True)
 
   def state_variables(self):
     return [self._weight]
@@ -227,12 +226,12 @@ class Mean(_Weighted):
     self._divisor = None
     self._window_size = None
 
-  def build(self, name, window_size, local_device):
-    super().build(name, window_size, local_device)
+  def build(self, name, window_size, variables):
+    super().build(name, window_size, variables)
     self._window_size = window_size
-    self._divisor = state_variable(
+    self._divisor = (variables or StateVariables())(
         f"{name}/window_divisor", [], COUNT_DTYPE, per_replica=False,
-        initial_value=float(window_size), local_device=local_device)
+        initial_value=float(window_size))
 
   def state_variables(self):
     return super().state_variables() + [self._divisor]

@@ -25,7 +25,6 @@ import math
 import tensorflow as tf
 
 from estimator_accum.checkpoints.state_variables import (
-  state_variable,
   unfolded_zeros,
   variable_base_name,
 )
@@ -63,12 +62,12 @@ class ShardedAccumulator:
   kind = "sharded"
   rows = None
 
-  def __init__(self, variable, dtype, num_replicas):
+  def __init__(self, variable, dtype, num_replicas, variables):
     self.variable = variable
     self._replicas = num_replicas
     self._size = variable.shape.num_elements()
     self._slice = math.ceil(self._size / num_replicas)
-    self.total = state_variable(
+    self.total = variables(
         variable_base_name(variable) + "/accum_shard", [self._slice], dtype,
         per_replica=True, slot_of=variable)
 
@@ -125,11 +124,11 @@ def micro_batch_slices(accumulators, gradients, options):
   return gradients
 
 
-def resumed_mid_window_check(name, position, k):
+def resumed_mid_window_check(name, position, k, variables):
   """An op failing the first micro-batch of a run that starts inside a
   window: its slices were not saved."""
-  started = state_variable(name + "/sharded_window_started", [], tf.bool,
-                           per_replica=False, checkpointed=False)
+  started = variables(name + "/sharded_window_started", [], tf.bool,
+                      per_replica=False, checkpointed=False)
   before = tf.cond(started.is_initialized(), started.read_value,
                    lambda: tf.constant(False))
   at_a_window_start = tf.equal(tf.math.floormod(position, k), 0)

@@ -33,21 +33,24 @@ import tensorflow as tf
 
 from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
-from estimator_accum.checkpoints.state_variables import variable_base_name
+from estimator_accum.checkpoints.state_variables import (
+  StateVariables,
+  variable_base_name,
+)
 from estimator_accum.distribution import replicas
 from estimator_accum.distribution.placement import between_graph_worker_device
 from estimator_accum.options import (
+  DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+  DEFAULT_NAME,
   WindowSettings,
-  takes_window_options,
+  window_options,
 )
 from estimator_accum.window import loss_scale as _loss_scale
-from estimator_accum.window import progress, reductions
+from estimator_accum.window import micro_batch, progress, reductions
 from estimator_accum.window import reports as window_reports
 from estimator_accum.window.batch_norm import close_window_statistics
-from estimator_accum.window.compact import (
-  choose_compact,
-)
-from estimator_accum.window.gradient_ops import first_tensor
+from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
+from estimator_accum.window.plan import make_plan
 from estimator_accum.window.state import AccumulationState
 from estimator_accum.window.step_counting import check_optimizer_steps
 from estimator_accum.window.window import Window
@@ -57,10 +60,18 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 
 
 @as_written
-@takes_window_options()
-def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
-                                var_list=None, num_examples=None,
-                                colocate_gradients_with_ops=False, **options):
+def build_accumulating_train_op(
+    loss, optimizer, k, *, global_step=None, var_list=None,
+    num_examples=None, colocate_gradients_with_ops=False,
+    # The window options, in the order of the table (options.OPTIONS):
+    clip_norm=None, reduction="mean", accumulator_dtype=tf.float32,
+    accumulator_placement="device", summaries=True, loss_scale=None,
+    sparse_accumulation="auto", sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
+    communication_options=None, table_all_reduce="auto",
+    communication_dtype=None, overlap_backward=True, sequential_apply=True,
+    after_update=None, log_every_n_micro_batches=100,
+    max_consecutive_skipped_windows=DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
+    name=DEFAULT_NAME):
   """Returns a train op that applies one update every `k` micro-batches.
 
   Call it where you would call `optimizer.minimize(loss, global_step)`, e.g.
@@ -124,7 +135,14 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
       micro-batch. Each micro-batch's gradient is then weighted by its size,
       so a window with a short micro-batch equals its big batch exactly.
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
-    WINDOW_OPTIONS
+    clip_norm, reduction, accumulator_dtype, accumulator_placement,
+      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
+      communication_options, table_all_reduce, communication_dtype,
+      overlap_backward, sequential_apply, after_update,
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
+      window options, keyword-only, each documented with its check in
+      `estimator_accum.options.OPTIONS` and in docs/user_guide.md
+      ("Options").
 
   Returns:
     A tf.Operation: run it once per micro-batch.
@@ -140,65 +158,46 @@ def build_accumulating_train_op(loss, optimizer, k, *, global_step=None,
     RuntimeError: called eagerly, or in cross-replica context.
   """
   settings = WindowSettings.checked(
-      k, **options, gradient_options=dict(
+      k, **window_options(locals()), gradient_options=dict(
           colocate_gradients_with_ops=colocate_gradients_with_ops))
-  train_op, _ = accumulating_train_op(
-      loss, None, optimizer, settings, global_step=global_step,
-      var_list=var_list, num_examples=num_examples)
+  _checks.check_graph_mode()
+  batch = micro_batch.of_loss(loss, var_list, num_examples)
+  train_op, _ = accumulating_train_op(batch, optimizer, settings,
+                                      global_step=global_step)
   return train_op
 
 
-def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
-                          global_step, var_list, num_examples=None,
-                          scaled_by_caller=False):
-  """`build_accumulating_train_op`, from a loss or from one micro-batch's
-  `grads_and_vars` (then `loss` is None), as `AccumulatingOptimizer`'s
-  `minimize` and `apply_gradients` call it; `settings` is a
-  `WindowSettings`, checked already. `scaled_by_caller`: the gradients
-  given come from a loss the caller scaled with the window's loss scale
-  and were unscaled by the caller (Keras's `get_scaled_loss`), so that the
-  window only skips and moves the scale. Returns (the train op, its
+def accumulating_train_op(batch, optimizer, settings, *, global_step):
+  """The one builder every front door calls: the train op of the
+  `micro_batch.MicroBatch` `batch` (checked where it was given), with
+  `optimizer` and the checked `WindowSettings`. Returns (the train op, its
   `Window`)."""
-  (grads_and_vars, optimizer, loss_scale_config, global_step, var_list,
-   num_examples, reduction) = _check_inputs(
-       loss, grads_and_vars, optimizer, settings, global_step, var_list,
-       num_examples, scaled_by_caller)
-  variables_named = "variables in var_list"
-  if grads_and_vars is None and var_list is None:
-    variables_named = "trainable variables"
-    var_list = _trainable_variables(loss)
+  optimizer, loss_scale_config, global_step, reduction = _check_inputs(
+      batch, optimizer, settings, global_step)
   outer_scope = tf.compat.v1.get_default_graph().get_name_scope()
   train_ops_before = list(tf.compat.v1.get_collection(
       tf.compat.v1.GraphKeys.TRAIN_OP))
   with tf.compat.v1.name_scope(settings.name):
     scaler = None
-    if grads_and_vars is None:
-      if loss_scale_config is not None:
-        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name)
-      trained = _micro_batch_gradients(loss, var_list, variables_named, scaler,
-                                       dict(settings.gradient_options))
-      # What the micro-batch is computed from: its input pipeline, its device.
-      source = loss
-    else:
-      if loss_scale_config is not None:
-        scaler = _loss_scale.LossScaler(loss_scale_config, settings.name,
-                                        unscales=False)
-      trained, source = _given_gradients(grads_and_vars)
+    if loss_scale_config is not None:
+      # Shared by every worker: made as counters are (StateVariables()).
+      scaler = _loss_scale.LossScaler(loss_scale_config, settings.name,
+                                      StateVariables(),
+                                      unscales=batch.loss is not None)
+    trained = batch.gradients(scaler, dict(settings.gradient_options))
     _checks.check_ref_variables(trained, optimizer)
+    plan = make_plan(settings, trained, reduction,
+                     between_graph_worker_device(batch.source, global_step),
+                     outer_scope)
     window = Window(
-        trained, optimizer, settings, global_step, reduction,
-        loss_scaler=scaler,
-        local_device=between_graph_worker_device(source, global_step),
-        compact=choose_compact(
-            trained, settings.sparse_accumulation,
-            settings.sparse_threshold_bytes, settings.accumulator_dtype,
-            replicas.num_replicas()),
-        outer_scope=outer_scope,
+        plan, trained, optimizer, global_step, loss_scaler=scaler,
         progress=progress.progress_line(
             settings.name, settings.k, settings.log_every_n_micro_batches))
-    examples = window_reports.micro_batch_examples(source, num_examples)
+    examples = window_reports.micro_batch_examples(batch.source,
+                                                   batch.num_examples)
     # A loss reportable_loss was given first needs no NaN line of its own:
     # Estimator trains on, and the window's end says it skipped.
+    loss = batch.loss
     accumulated = window.accumulate_micro_batch(
         None if loss is None or window_reports.is_reported(loss) else loss)
     train_op = replicas.merge(
@@ -209,26 +208,17 @@ def accumulating_train_op(loss, grads_and_vars, optimizer, settings, *,
   return train_op, window
 
 
-def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
-                  var_list, num_examples, scaled_by_caller):
-  """Checks what the graph gives: the loss or gradients, the optimizer, the
-  counter, var_list, num_examples and the replica context. Returns
-  (grads_and_vars as a list, the optimizer unwrapped, its loss-scale config
-  or None, global_step, var_list, num_examples, the window's
-  `reductions.Reduction`), the counter claimed for
-  this train op."""
-  _checks.check_graph_mode()
-  if grads_and_vars is None:
-    _checks.check_loss(loss)
-  else:
-    grads_and_vars = _checks.check_grads_and_vars(grads_and_vars)
+def _check_inputs(batch, optimizer, settings, global_step):
+  """Checks what the graph gives besides the micro-batch: the graph, the
+  optimizer, the counter and the replica context. Returns (the optimizer
+  unwrapped, its loss-scale config or None, global_step, the window's
+  `reductions.Reduction`), the counter claimed for this train op. (The
+  front door checked the graph before it made the micro-batch.)"""
   optimizer, loss_scale_config = _loss_scale.unwrap_optimizer(
-      optimizer, settings.loss_scale,
-      loss if grads_and_vars is None else
-      first_tensor(g for g, _ in grads_and_vars))
+      optimizer, settings.loss_scale, batch.source)
   _checks.check_optimizer(optimizer)
-  if (grads_and_vars is not None and loss_scale_config is not None and
-      not scaled_by_caller):
+  if (batch.loss is None and loss_scale_config is not None and
+      not batch.scaled_by_caller):
     raise ValueError(
         "loss_scale needs the loss, to scale it before the gradients are "
         "taken; apply_gradients is given gradients already taken. Call "
@@ -236,9 +226,7 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
         "loss_scale=None and an optimizer that is not a loss-scale wrapper.")
   _checks.warn_bypassed_compute_gradients(optimizer)
   _checks.check_global_step(global_step)
-  var_list = _checks.check_var_list(var_list)
-  num_examples = _checks.check_num_examples(num_examples)
-  reduction = reductions.for_options(settings.reduction, num_examples)
+  reduction = reductions.for_options(settings.reduction, batch.num_examples)
   if reduction.averages_mean_losses:
     _checks.warn_of_summed_loss(settings.reduction)
   if not replicas.in_replica_context():
@@ -252,31 +240,7 @@ def _check_inputs(loss, grads_and_vars, optimizer, settings, global_step,
     _checks.check_global_step(global_step)
   check_optimizer_steps(optimizer, global_step, settings.k)
   _claim_counter(global_step, settings.name)
-  return (grads_and_vars, optimizer, loss_scale_config, global_step,
-          var_list, num_examples, reduction)
-
-
-def _trainable_variables(loss):
-  """The graph's trainable variables, once each; ValueError if none."""
-  var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
-      tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
-  var_list = list({id(v): v for v in var_list}.values())
-  if not var_list:
-    raise ValueError(
-        f"loss {loss.name} cannot be trained: the graph has no trainable "
-        "variables.")
-  return var_list
-
-
-def _given_gradients(grads_and_vars):
-  """([(gradient, variable)] without the Nones, a tensor of the micro-batch
-  to place its window by); ValueError if every gradient is None."""
-  trained = [(g, v) for g, v in grads_and_vars if g is not None]
-  if not trained:
-    raise ValueError(
-        f"grads_and_vars has no gradient (all {len(grads_and_vars)} are "
-        "None): the loss does not depend on any of the variables.")
-  return trained, first_tensor(g for g, _ in trained)
+  return optimizer, loss_scale_config, global_step, reduction
 
 
 class _TrainOps:
@@ -325,28 +289,6 @@ def _replace_train_ops(before, train_op):
   if added:
     collection[:] = [op for op in collection if not any(op is a for a in added)]
     collection.append(train_op)
-
-
-def _micro_batch_gradients(loss, var_list, variables_named, scaler, options):
-  """[(gradient, variable)] of `loss` (scaled by `scaler`, if any) for the
-  variables of `var_list` it reaches; ValueError if none."""
-  if loss.shape.rank is None:
-    # A rank unknown until it runs: checked then, before the gradients,
-    # as tf.gradients would silently differentiate a non-scalar loss's sum.
-    check = tf.debugging.assert_rank(
-        loss, 0, message=f"loss {loss.name} must be a scalar (rank 0); "
-        "reduce it first, e.g. tf.reduce_mean(per_example_loss).")
-    with tf.control_dependencies([check]):
-      loss = tf.identity(loss)
-  scaled_loss = loss if scaler is None else scaler.scale_loss(loss)
-  gradients = tf.compat.v1.gradients(scaled_loss, var_list, **options)
-  trained = [(g, v) for g, v in zip(gradients, var_list) if g is not None]
-  if not trained:
-    raise ValueError(
-        f"loss {loss.name} has no gradient with respect to any of the "
-        f"{len(var_list)} {variables_named}; check that the loss depends "
-        "on them (var_list, stop_gradient, integer casts).")
-  return trained
 
 
 def claimed_names(graph):

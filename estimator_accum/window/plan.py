@@ -1,0 +1,126 @@
+"""The window's plan: what one build decides, once, before any op is made.
+
+`make_plan` reads the checked options (`WindowSettings`) and the
+micro-batch (its gradients, where it runs) and decides everything the
+window's parts then only read: k and the replicas, the window's size, the
+reduction, where the accumulators live and of which kind each is, how each
+crosses replicas (the wire dtype, the table layout, the send order), and
+the factory that makes the window's variables. Each part of the window
+(`accumulate.Accumulation`, `communication.Communication`,
+`finish.Finish`, `bookkeeping.Bookkeeping`) takes the plan; none decides
+any of it again.
+"""
+
+import contextlib
+import dataclasses
+
+import tensorflow as tf
+
+from estimator_accum.checkpoints.state_variables import StateVariables
+from estimator_accum.distribution import replicas
+from estimator_accum.window import communication, sharded
+from estimator_accum.window.compact import choose_compact
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowPlan:
+  """What one build of the window decided (see the module's docstring).
+
+  Attributes:
+    settings: the checked options (`options.WindowSettings`), k among them.
+    replicas: the replicas in sync.
+    reduction: the `reductions.Reduction` the options chose.
+    kinds: per trained variable, its accumulator's kind: "dense",
+      "masked" (a table's dense sum with a row mask), "compact" (a table's
+      touched rows only) or "sharded" (this replica's slice).
+    rows_blocks: per trained variable, the rows its window crosses replicas
+      in when sent by its touched rows, else None (the table layout).
+    send_order: the variables' indices in the order the backward pass makes
+      their gradients: the order the window's sums are sent in.
+    wire: the dtype the window's sums cross replicas in, or None (float32).
+    variables: the `StateVariables` factory making the window's state.
+    outer_scope: the name scope the train op is built in.
+  """
+
+  settings: object
+  replicas: int
+  reduction: object
+  kinds: tuple
+  rows_blocks: tuple
+  send_order: tuple
+  wire: object
+  variables: StateVariables
+  outer_scope: str
+
+  @property
+  def k(self):
+    """Micro-batches per window, on each replica."""
+    return self.settings.k
+
+  @property
+  def window_size(self):
+    """Micro-batches per window over every replica: k x replicas."""
+    return self.settings.k * self.replicas
+
+  @property
+  def name(self):
+    return self.settings.name
+
+  @property
+  def sharded(self):
+    return self.settings.accumulator_placement == "sharded"
+
+  def placement(self):
+    """The scope the accumulators are made in, and so where their adds
+    run (resource ops run on their variable's device): beside the
+    variables, or in the host's memory."""
+    if self.settings.accumulator_placement == "host":
+      return tf.device("/device:CPU:0")
+    return contextlib.nullcontext()
+
+
+def make_plan(settings, trained, reduction, local_device, outer_scope):
+  """The `WindowPlan` of one build.
+
+  Args:
+    settings: the checked `WindowSettings`.
+    trained: the micro-batch's [(gradient, variable)].
+    reduction: the `reductions.Reduction` the options chose.
+    local_device: the worker's device in between-graph training, or None.
+    outer_scope: the name scope the train op is built in.
+
+  Raises:
+    ValueError: an accumulator placement this build cannot have.
+  """
+  count = replicas.num_replicas()
+  placement = settings.accumulator_placement
+  if placement == "host" and (count > 1 or local_device is not None):
+    raise ValueError(
+        "accumulator_placement='host' keeps one replica's window in host "
+        f"memory; this train op has {count} replicas"
+        f"{' on a parameter-server worker' if local_device else ''}. Use "
+        "'device'.")
+  if placement == "sharded":
+    sharded.check(count, reduction, local_device)
+  compact = choose_compact(trained, settings.sparse_accumulation,
+                           settings.sparse_threshold_bytes,
+                           settings.accumulator_dtype, count)
+  kinds = tuple(_kind(g, c, placement) for (g, _), c in zip(trained, compact))
+  blocks = tuple(
+      communication.rows_block(kind, v, g, settings.table_all_reduce, count,
+                               settings.k, settings.accumulator_dtype)
+      for kind, (g, v) in zip(kinds, trained))
+  return WindowPlan(
+      settings=settings, replicas=count, reduction=reduction, kinds=kinds,
+      rows_blocks=blocks,
+      send_order=tuple(communication.ready_order([g for g, _ in trained])),
+      wire=settings.communication_dtype if count > 1 else None,
+      variables=StateVariables(local_device), outer_scope=outer_scope)
+
+
+def _kind(gradient, compact, placement):
+  if compact:
+    return "compact"
+  if isinstance(gradient, tf.IndexedSlices):
+    return "masked"
+  return "sharded" if placement == "sharded" else "dense"
