@@ -46,19 +46,18 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from models.bert import modeling  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.peak_memory import (  # noqa: E402
+from harness.memory import (  # noqa: E402
   MALLOC_ENV,
   PeakMemory,
   status_mb,
 )
+from models.bert import modeling  # noqa: E402
 
 VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step", "opt_apply")
 MEMORY_VARIANTS = ("fwd_bwd", "plain", "accum", "accum_step")

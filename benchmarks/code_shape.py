@@ -1,6 +1,7 @@
 """The shape of the library's code, read with `ast`: what a newcomer meets.
 
   .venv/bin/python benchmarks/code_shape.py [--root DIR] [--write FILE]
+      [--block NAME]
 
 Prints, for the checkout at DIR (default: this repository): the largest
 class and function (lines, and lines of code without docstrings), the
@@ -12,8 +13,9 @@ folder of the library, tests/ and benchmarks/. Run it on another checkout
 (`git worktree add`) to compare.
 
 With --write FILE, the figures also replace the block between
-`<!-- code-shape:start -->` and `<!-- code-shape:end -->` in FILE: the docs
-quote what this script measured, never typed figures. Reads the source
+`<!-- code-shape-NAME:start -->` and `<!-- code-shape-NAME:end -->` in FILE
+(NAME from --block, default "current"): the docs quote what this script
+measured, never typed figures. Reads the source
 only; imports nothing of it.
 """
 
@@ -22,6 +24,7 @@ import ast
 import collections
 import pathlib
 import re
+import subprocess
 import sys
 
 # The window's parts: the classes that make one window's graph.
@@ -88,7 +91,7 @@ def _parts(tree):
 
 
 def _private_tensorflow(tree):
-  """The reaches past TensorFlow's public names (as tests/test_design.py
+  """The reaches past TensorFlow's public names (as tests/unit/test_design.py
   defines them): `x._name` of anything but self, cls or super(); getattr &
   co. with a private name; a tensorflow.python or tensorflow.tsl import."""
   found = []
@@ -213,15 +216,17 @@ def report(shape, root):
   return lines
 
 
-def write(path, lines, root_label):
-  """Replaces the code-shape block of the file at `path` with `lines`."""
+def write(path, lines, root_label, block):
+  """Replaces the code-shape block `block` of the file at `path` with
+  `lines`."""
   text = pathlib.Path(path).read_text()
-  start, end = "<!-- code-shape:start -->", "<!-- code-shape:end -->"
+  start = f"<!-- code-shape-{block}:start -->"
+  end = f"<!-- code-shape-{block}:end -->"
   if start not in text or end not in text:
     raise SystemExit(f"code_shape: {path} has no {start} ... {end} block")
-  block = "\n".join([start, "", f"Written by `benchmarks/code_shape.py "
-                     f"--write {path}` ({root_label}):", "", "```text",
-                     *lines, "```", "", end])
+  command = f"benchmarks/code_shape.py --write {path} --block {block}"
+  block = "\n".join([start, "", f"Written by `{command}` ({root_label}):",
+                     "", "```text", *lines, "```", "", end])
   pattern = re.escape(start) + ".*?" + re.escape(end)
   pathlib.Path(path).write_text(
       re.sub(pattern, lambda _: block, text, flags=re.S))
@@ -234,6 +239,8 @@ def main():
   parser.add_argument("--write", metavar="FILE",
                       help="also write the figures into FILE's code-shape "
                       "block")
+  parser.add_argument("--block", default="current",
+                      help="the block's name in FILE (default current)")
   arguments = parser.parse_args()
   root = pathlib.Path(arguments.root)
   if not (root / "estimator_accum" / "options.py").is_file():
@@ -243,8 +250,13 @@ def main():
   lines = report(measure(root), root)
   print("\n".join(lines))
   if arguments.write:
+    label = "this checkout"
+    if (root / ".git").exists():
+      label = "commit " + subprocess.run(
+          ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+          capture_output=True, text=True, check=False).stdout.strip()
     write(arguments.write, [line.replace(str(root), ".") for line in lines],
-          "this checkout")
+          label, arguments.block)
   return 0
 
 

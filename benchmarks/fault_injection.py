@@ -1,6 +1,6 @@
 """Kills a 2-worker job at random micro-batches, resumes it, checks the end.
 
-A MultiWorkerMirroredStrategy job (`tests/multiworker_job.py`: k=2, Adam,
+A MultiWorkerMirroredStrategy job (`harness/multiworker_job.py`: k=2, Adam,
 checkpoints every 2 micro-batches) is launched with `python -m tfconfig
 launch`; once it has trained past its last resume point, a random worker
 is sent SIGKILL at a random moment. The launcher stops the other worker and
@@ -29,8 +29,8 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from tests import support  # noqa: E402
-from tests.multiworker_job import OPTIMIZERS  # noqa: E402
+from harness import support  # noqa: E402
+from harness.multiworker_job import OPTIMIZERS  # noqa: E402
 
 WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 30
 

@@ -28,15 +28,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from harness.texts import SENTENCES  # noqa: E402
 from models.bert import modeling, pretrained, tokenization  # noqa: E402
 
-SENTENCES = [
-    "Hello, world!",
-    "an overwrought , overlong mess that's never as funny as it thinks .",
-    "Café déjà vu: Über-cool 東京 — naïve \"quotes\" & ampersands…",
-    "A gripping, FUNNY and moving film; 10/10, would watch again!!!",
-    "   leading and trailing spaces\tand\ttabs\n",
-]
 MAX_SEQ_LENGTH = 32
 
 # Run by --hf_python: argv = model dir, sentences JSON, output .npz.

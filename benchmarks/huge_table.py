@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks.peak_memory import MALLOC_ENV, PeakMemory  # noqa: E402
+from harness.memory import MALLOC_ENV, PeakMemory  # noqa: E402
 
 ROWS, DIM, K = 1_000_000, 64, 4
 VARIANTS = ("compact", "dense")

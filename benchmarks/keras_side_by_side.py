@@ -3,7 +3,7 @@ gradient-accumulator 0.5.2 (its optimizer wrapper and its model wrapper)
 and plain Keras at the micro-batch, each against plain Keras at the big
 batch.
 
-The data of benchmarks/keras_exactness.py; a model of token ids through an
+The data of harness/keras_exactness.py; a model of token ids through an
 Embedding and a float input, two tanh layers of --width (1024: 1.1M
 parameters), 3 logits; k=4 micro-batches of 8, 6 updates, one device, from the same initial weights on the same
 examples in the same order. Printed per optimizer: the largest relative
@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks import keras_exactness as kx  # noqa: E402
+from harness import keras_exactness as kx  # noqa: E402
 
 K, MICRO_BATCH, UPDATES = 4, 8, 6
 OPTIMIZERS = {

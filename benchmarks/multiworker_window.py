@@ -39,7 +39,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -50,6 +49,7 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
+from harness import bench  # noqa: E402
 
 MODES = ("window", "window_loss_across", "forward_backward", "all_reduce",
          "all_reduce_packed")
@@ -58,23 +58,6 @@ MODEL_CHOICES = {
     "mlp": ("MLP 3.2M parameters", 64),
     "bert_small": ("BERT-Small 28.8M parameters, 128 tokens", 8),
 }
-
-
-class _StepTimer(tf.estimator.SessionRunHook):
-  """Wall time of every session.run; written as JSON at the end."""
-
-  def __init__(self, path):
-    self._path, self._times, self._start = path, [], None
-
-  def before_run(self, run_context):
-    self._start = time.perf_counter()
-
-  def after_run(self, run_context, run_values):
-    self._times.append(time.perf_counter() - self._start)
-
-  def end(self, session):
-    with open(self._path, "w") as writer:
-      json.dump(self._times, writer)
 
 
 def fetch_all(tensors):
@@ -133,7 +116,7 @@ def model_fn(features, labels, mode, params):
     train_op = step.assign_add(1 + tf.cast(tf.math.is_nan(done), tf.int64))
   return tf.estimator.EstimatorSpec(
       mode, loss=reported, train_op=train_op,
-      training_hooks=[_StepTimer(params["output"])])
+      training_hooks=[bench.StepTimer(params["output"])])
 
 
 def run_task(mode, model_dir, output, k, steps, micro_batch,

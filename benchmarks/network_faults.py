@@ -1,7 +1,7 @@
 """Faults on real links: how long until the job exits, what it says, and
 whether the restarted job ends where the uninterrupted one does.
 
-A 2-worker MultiWorkerMirroredStrategy job (`tests/multiworker_job.py`:
+A 2-worker MultiWorkerMirroredStrategy job (`harness/multiworker_job.py`:
 k=2, Adam, a checkpoint every 2 micro-batches, 60 micro-batches per worker
 at 0.2 s each) runs on the test bed (tfconfig/testbed.py: each worker in a
 network namespace of its own, on a private link). Once it has trained a
@@ -46,8 +46,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from tests import hosts_support as hosts  # noqa: E402
-from tests import support  # noqa: E402
+from harness import hosts as hosts  # noqa: E402
+from harness import support  # noqa: E402
 from tfconfig import testbed  # noqa: E402
 
 UPDATES = 30

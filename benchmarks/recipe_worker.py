@@ -13,7 +13,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from benchmarks import recipe_model  # noqa: E402
-from benchmarks.collectives import CollectiveCounter  # noqa: E402
+from harness.collectives import CollectiveCounter  # noqa: E402
 
 
 def main():

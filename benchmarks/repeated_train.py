@@ -22,7 +22,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
-from benchmarks.peak_memory import MALLOC_ENV, status_mb  # noqa: E402
+from harness.memory import MALLOC_ENV, status_mb  # noqa: E402
 
 
 def main():

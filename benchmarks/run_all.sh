@@ -58,7 +58,7 @@ echo "## The library's shape, read with ast"
 $PY benchmarks/code_shape.py
 echo
 echo "## TensorFlow 2 Keras: the window against plain Keras at the big batch (optimizer x strategy x precision)"
-$PY benchmarks/keras_exactness.py 2>/dev/null
+$PY harness/keras_exactness.py 2>/dev/null
 echo
 echo "## TensorFlow 2 Keras, side by side: the window, gradient-accumulator 0.5.2, plain Keras at the micro-batch"
 $PY benchmarks/keras_side_by_side.py --rounds 3 2>/dev/null

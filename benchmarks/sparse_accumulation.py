@@ -26,8 +26,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from benchmarks.peak_memory import MALLOC_ENV, PeakMemory  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
+from harness.memory import MALLOC_ENV, PeakMemory  # noqa: E402
 
 VOCAB, DIM, BATCH, IDS, K = 100_000, 128, 32, 64, 4
 VARIANTS = ("forward_backward", "library", "densify")

@@ -1,7 +1,7 @@
 """Runs a 2-worker job that ends with its input many times; counts failures.
 
 Each run is `python -m tfconfig launch --workers 2 -- python
-tests/multiworker_job.py --until_input_ends` (MultiWorkerMirroredStrategy,
+harness/multiworker_job.py --until_input_ends` (MultiWorkerMirroredStrategy,
 train_and_evaluate, a finite sharded dataset, no max_steps, k=2, Adam),
 in a new model_dir. Runs cycle through: no worker slowed, the chief's last
 step slowed by 3 s, worker 1's last step slowed by 3 s (the bad timings of

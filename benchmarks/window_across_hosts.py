@@ -49,8 +49,8 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
-from benchmarks.multiworker_window import _StepTimer  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
+from harness import bench  # noqa: E402
 from tfconfig import health, testbed  # noqa: E402
 
 MODES = ("window", "rows", "overlap", "overlap+bf16", "recipe", "plain")
@@ -80,7 +80,7 @@ def model_fn(features, labels, mode, params):
         loss, tf.compat.v1.train.get_or_create_global_step())
   return tf.estimator.EstimatorSpec(
       tf.estimator.ModeKeys.TRAIN, loss=reported, train_op=train_op,
-      training_hooks=[_StepTimer(params["output"].format(
+      training_hooks=[bench.StepTimer(params["output"].format(
           index=params["index"]))])
 
 

@@ -1,0 +1,133 @@
+"""Running harness/multiworker_job.py on the test bed (tfconfig/testbed.py),
+for tests/integration/test_many_hosts.py and benchmarks/network_faults.py."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from harness import support
+from harness.multiworker_job import OPTIMIZERS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+K, MICRO_BATCH = 2, 4
+
+
+def expected_weights(workers, updates):
+  big_batch = workers * K * MICRO_BATCH
+  data = support.make_data(big_batch * updates)
+  return support.reference_train(OPTIMIZERS["adam"], data, big_batch,
+                                 updates)
+
+
+def job_flags(model_dir, updates, *extra, peer_timeout=8):
+  return [sys.executable, "harness/multiworker_job.py", "--model_dir",
+          str(model_dir), "--optimizer", "adam", "--k", str(K),
+          "--micro_batch", str(MICRO_BATCH), "--updates", str(updates),
+          "--peer_timeout", str(peer_timeout), "--peer_interval", "1",
+          *extra]
+
+
+def launch_command(bed, workers, model_dir, updates, *extra, launch_flags=(),
+                   peer_timeout=8):
+  return [sys.executable, "-m", "tfconfig", "launch", "--workers",
+          str(workers), "--netns", bed.name, "--timeout", "600", "--grace",
+          "2", *launch_flags, "--",
+          *job_flags(model_dir, updates, *extra, peer_timeout=peer_timeout)]
+
+
+def assert_final_weights(model_dir, workers, updates, what):
+  saved = np.load(os.path.join(model_dir, "final_weights.npz"))
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected_weights(workers, updates),
+                               what=what)
+  assert int(saved["global_step"]) == K * updates
+
+
+def latest_step(model_dir):
+  try:
+    with open(os.path.join(model_dir, "checkpoint")) as reader:
+      match = re.search(r'model_checkpoint_path: "model\.ckpt-(\d+)"',
+                        reader.read())
+  except OSError:
+    return -1
+  return int(match.group(1)) if match else -1
+
+
+def wait_for_step(model_dir, step, processes, seconds=120):
+  deadline = time.monotonic() + seconds
+  while latest_step(model_dir) < step:
+    for process in processes:
+      assert process.poll() is None, f"exited early: {process.returncode}"
+    assert time.monotonic() < deadline, f"no checkpoint {step} in {seconds} s"
+    time.sleep(0.2)
+
+
+class Run:
+  """A launcher (or tasks) in the background, output to files."""
+
+  def __init__(self, command, tmp_path, name, env=None):
+    self.stdout_path = tmp_path / f"{name}.out"
+    self.stderr_path = tmp_path / f"{name}.err"
+    self.process = subprocess.Popen(
+        command, cwd=ROOT, stdout=open(self.stdout_path, "w"),
+        stderr=open(self.stderr_path, "w"), env=env, start_new_session=True)
+
+  def wait(self, seconds):
+    return self.process.wait(timeout=seconds)
+
+  def output(self):
+    return self.stdout_path.read_text() + self.stderr_path.read_text()
+
+  def kill(self):
+    if self.process.poll() is None:
+      os.killpg(self.process.pid, signal.SIGKILL)
+      self.process.wait()
+
+
+def host_pids(bed, index):
+  result = subprocess.run(["ip", "netns", "pids", bed.host(index)],
+                          capture_output=True, text=True, check=True)
+  return [int(pid) for pid in result.stdout.split()]
+
+
+
+
+def wait_for_save_barrier(model_dir, seconds=60):
+  """Returns as soon as a new marker appears in the save barrier's directory
+  (ordered_saves): a checkpoint's save has begun."""
+  directory = os.path.join(model_dir, ".estimator_accum_saves")
+  seen = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+  deadline = time.monotonic() + seconds
+  while time.monotonic() < deadline:
+    if os.path.isdir(directory):
+      now = set(os.listdir(directory))
+      if now - seen:
+        return
+      seen = now
+    time.sleep(0.002)
+  raise AssertionError(f"no save began in {seconds} s")
+
+
+def start_without_launcher(bed, model_dirs, updates, log_dir, *extra,
+                           peer_timeout=8):
+  """Starts one multiworker_job.py worker per host by hand, each with its
+  own TF_CONFIG, as an engine starts pods (nobody stops the others when one
+  fails). `model_dirs`: one per worker. Returns their `Run`s."""
+  from tfconfig import config as tfc
+
+  cluster = bed.cluster(len(model_dirs))
+  runs = []
+  for index, model_dir in enumerate(model_dirs):
+    env = dict(os.environ, TF_CONFIG=json.dumps(
+        tfc.for_task(cluster, "worker", index)))
+    runs.append(Run(
+        bed.exec_prefix(index) + job_flags(model_dir, updates, *extra,
+                                           peer_timeout=peer_timeout),
+        log_dir, f"worker{index}", env=env))
+  return runs

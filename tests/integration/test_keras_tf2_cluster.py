@@ -1,0 +1,55 @@
+"""TensorFlow 2 Keras across processes: MultiWorkerMirroredStrategy over 2
+worker processes configured by TF_CONFIG (`python -m tfconfig launch`),
+and a job stopped in the middle of a window that goes on in a new process
+from `model.save_weights`."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from harness import keras_exactness as kx
+from tests.jobs import keras_tf2_resume_job as job
+
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "momentum"])
+def test_multi_worker_mirrored_equals_the_big_batch(optimizer, tmp_path):
+  """Two workers, each fitting plain Keras at the big batch and the window
+  at the micro-batch from the same weights on the same examples: the same
+  weights at 1e-5, one update per window; in mixed_float16, as close to
+  float32 as Keras's own mixed-precision big batch."""
+  big, accumulated, counts = kx._mwms_cell(optimizer, "float32", tmp_path)  # noqa: SLF001
+  assert counts == {"big": kx.WINDOWS,
+                    "accumulated": (kx.K * kx.WINDOWS, kx.WINDOWS)}
+  assert kx.relative_difference(accumulated, big) <= kx.FLOAT32_TOLERANCE
+  mixed_big, mixed, _ = kx._mwms_cell(optimizer, "mixed_float16", tmp_path)  # noqa: SLF001
+  keras = kx.relative_difference(mixed_big, big)
+  assert 1e-5 < keras
+  assert kx.relative_difference(mixed, big) <= kx.MIXED_FACTOR * keras
+
+
+def _phase(phase, directory, strategy):
+  result = subprocess.run(
+      [sys.executable, "tests/jobs/keras_tf2_resume_job.py", "--phase", phase,
+       "--directory", str(directory), "--strategy", strategy],
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return dict(np.load(directory / f"{phase}.npz"))
+
+
+@pytest.mark.parametrize("strategy", ["one", "mirrored"])
+def test_save_weights_mid_window_resumes_in_a_new_process(strategy,
+                                                          tmp_path):
+  whole = _phase("whole", tmp_path, strategy)
+  first = _phase("first", tmp_path, strategy)
+  assert first["micro_batches"] == job.STOP and first["updates"] == 1
+  second = _phase("second", tmp_path, strategy)
+  assert second["micro_batches"] == whole["micro_batches"] == job.MICRO_BATCHES
+  assert second["updates"] == whole["updates"] == job.MICRO_BATCHES // job.K
+  for name in whole:
+    np.testing.assert_allclose(second[name], whole[name], rtol=1e-5,
+                               atol=1e-6, err_msg=name)

@@ -1,0 +1,413 @@
+"""run_classifier.py end to end on a tiny random BERT and tiny SST-2 files:
+train + eval + predict with k=2, one-line errors for bad input, and a
+2-worker TF_CONFIG job through `python -m tfconfig launch`."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.bert import convert_hf
+from tests.helpers import bert_fixtures
+
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
+POSITIVE = ["the film was great fun", "a very good movie", "great acting",
+            "the plot is good and fun", "a fun , fun film !"]
+NEGATIVE = ["the film was dull", "a very bad movie", "awful acting",
+            "the plot is dull and bad", "not good , not fun ."]
+TIMEOUT = 240
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+  root = tmp_path_factory.mktemp("tiny_bert")
+  bert_fixtures.write_tiny_hf_bert(str(root / "hf"))
+  convert_hf.convert(str(root / "hf"), str(root / "ckpt"))
+  return root / "ckpt"
+
+
+@pytest.fixture
+def sst2(tmp_path):
+  data = tmp_path / "data"
+  data.mkdir()
+  rows = [(t, 1) for t in POSITIVE] + [(t, 0) for t in NEGATIVE]
+  body = "".join(f"{text}\t{label}\n" for text, label in rows)
+  (data / "train.tsv").write_text("sentence\tlabel\n" + body * 4)
+  (data / "dev.tsv").write_text("sentence\tlabel\n" + body)
+  (data / "test.tsv").write_text("index\tsentence\n" + "".join(
+      f"{i}\t{text}\n" for i, (text, _) in enumerate(rows)))
+  return data
+
+
+def _write_mrpc(data):
+  """MRPC-format train and dev files (sentence pairs) in `data`."""
+  for split in ("train", "dev"):
+    (data / f"{split}.tsv").write_text(
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" +
+        "1\t1\t2\ta good film\ta fine film\n"
+        "0\t3\t4\ta dull film\ta great film\n" * 4)
+
+
+def _flags(model, data, output_dir, **extra):
+  flags = {"task_name": "sst-2", "data_dir": data,
+           "bert_config_file": model / "bert_config.json",
+           "vocab_file": model / "vocab.txt",
+           "init_checkpoint": model / "bert_model.ckpt",
+           "output_dir": output_dir, "max_seq_length": 16,
+           "train_batch_size": 4, "gradient_accumulation_multiplier": 2,
+           "num_train_epochs": 2, "learning_rate": 1e-3,
+           "eval_batch_size": 3, "predict_batch_size": 3, "log_every": 2}
+  flags.update(extra)
+  return [f"--{name}={value}" for name, value in flags.items()]
+
+
+def _run(args, timeout=TIMEOUT, env=None):
+  return subprocess.run([sys.executable, "run_classifier.py", *args],
+                        capture_output=True, text=True, timeout=timeout,
+                        env=env)
+
+
+def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  # With google-research/bert's TPU flags off, as its README's GPU commands
+  # pass them.
+  result = _run(_flags(tiny_model, sst2, output_dir, do_predict=True,
+                       use_tpu=False, iterations_per_loop=1000,
+                       master="local"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("--master, --iterations_per_loop: TPU flags, not used without "
+          "--use_tpu") in result.stderr
+  # 40 examples x 2 epochs / (1 x 1 x 4 x 2) = 10 updates, 20 micro-batches.
+  assert ("effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 4 x "
+          "k=2; 10 updates (20 micro-batches)") in result.stdout
+  assert re.search(r"micro-batch 20/20 \(100%\) \| update 10 \(k=2\)",
+                   result.stderr)
+  # Its schedule counts updates and its optimizer computes no gradients of
+  # its own: none of the library's warnings about those.
+  assert "computed from global_step" not in result.stderr
+  assert "overrides compute_gradients" not in result.stderr
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  name = "bert/encoder/layer_0/attention/self/query/kernel"
+  assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
+  results = dict(line.split(" = ") for line in (
+      output_dir / "eval_results.txt").read_text().splitlines())
+  assert 0.0 <= float(results["eval_accuracy"]) <= 1.0
+  assert results["num_examples"] == "10"
+  rows = (output_dir / "test_results.tsv").read_text().splitlines()
+  assert len(rows) == 10
+  for row in rows:
+    probabilities = [float(value) for value in row.split("\t")]
+    assert len(probabilities) == 2
+    assert abs(sum(probabilities) - 1.0) < 1e-4
+
+
+def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
+                                                   tmp_path):
+  output_dir = tmp_path / "run"
+  # k under the name Hugging Face's scripts give it (k=4, the default,
+  # would make 5 updates).
+  flags = _flags(tiny_model, sst2, output_dir, use_fp16=True)
+  flags[flags.index("--gradient_accumulation_multiplier=2")] = (
+      "--gradient_accumulation_steps=2")
+  result = _run(flags)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "k=2; 10 updates (20 micro-batches)" in result.stdout
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  assert reader.get_tensor("gradient_accumulation/loss_scale") >= 2.0 ** 10
+  assert reader.get_tensor("gradient_accumulation/updates_applied") >= 9
+  name = "bert/encoder/layer_0/attention/self/query/kernel"
+  assert reader.get_variable_to_dtype_map()[name] == tf.float32
+  assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
+
+
+@pytest.mark.parametrize("change, message", [
+    ("missing_file", "has no train.tsv"),
+    ("malformed_row", r"train.tsv:3: expected at least 2 tab-separated"),
+    ("bad_label", r"dev.tsv:2: label 'maybe' is not one of \['0', '1'\]"),
+    ("long_sequence", r"--max_seq_length=65 is above the model's "
+                      r"max_position_embeddings \(64\)"),
+    ("cased", r"--do_lower_case=False but vocab_file .* is an uncased"),
+    ("k0", r"gradient_accumulation_multiplier.*0"),
+    ("tpu", r"--use_tpu=true: .* has no TPU support"),
+    ("tf_config", r"TF_CONFIG: worker:1 address 'localhost' has no port"),
+    ("output_is_a_file", r"--output_dir=.*/run is a file, not a directory"),
+    ("output_not_writable", r"--output_dir=.*/blocker/run is not writable"),
+    ("non_utf8", r"train.tsv:3: byte b'\\xff' is not UTF-8"),
+    ("nul_byte", r"train.tsv:2: a NUL byte"),
+    ("huge_k", r"gradient_accumulation_multiplier.*16777216"),
+    ("pair_too_long", r"--max_seq_length=4 cannot hold a sentence pair"),
+])
+def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
+                                                  tiny_model, sst2, tmp_path):
+  extra = {}
+  if change == "missing_file":
+    os.remove(sst2 / "train.tsv")
+  elif change == "malformed_row":
+    (sst2 / "train.tsv").write_text(
+        "sentence\tlabel\ngood fun\t1\na line without its label\n")
+  elif change == "bad_label":
+    (sst2 / "dev.tsv").write_text("sentence\tlabel\ngood\tmaybe\n")
+    extra["do_train"] = False
+  elif change == "long_sequence":
+    extra["max_seq_length"] = 65
+  elif change == "cased":
+    extra["do_lower_case"] = False
+  elif change == "k0":
+    extra["gradient_accumulation_multiplier"] = 0
+  elif change == "tpu":
+    extra["use_tpu"] = True
+  elif change == "output_is_a_file":
+    (tmp_path / "run").write_text("not a directory")
+  elif change == "output_not_writable":
+    (tmp_path / "blocker").write_text("a file where a directory must go")
+    extra["output_dir"] = tmp_path / "blocker" / "run"
+  elif change == "non_utf8":
+    (sst2 / "train.tsv").write_bytes(
+        b"sentence\tlabel\ngood fun\t1\ncaf\xff bad\t0\n")
+  elif change == "nul_byte":
+    (sst2 / "train.tsv").write_bytes(b"sentence\tlabel\ngood\0fun\t1\n")
+  elif change == "huge_k":
+    extra["gradient_accumulation_multiplier"] = 2**70
+  elif change == "pair_too_long":
+    _write_mrpc(sst2)
+    extra.update(task_name="mrpc", max_seq_length=4)
+  env = None
+  if change == "tf_config":
+    extra["distribution_strategy"] = "multi_worker"
+    env = dict(os.environ, TF_CONFIG=json.dumps({
+        "cluster": {"worker": ["localhost:2222", "localhost"]},
+        "task": {"type": "worker", "index": 0}}))
+  output_dir = extra.pop("output_dir", tmp_path / "run")
+  result = _run(_flags(tiny_model, sst2, output_dir, **extra), env=env)
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if "error" in line.lower()]
+  assert errors and re.search(message, errors[0]), result.stderr[-2000:]
+  if change not in ("output_is_a_file", "output_not_writable"):
+    assert not (tmp_path / "run").exists(), "a failed start left its dir"
+
+
+def test_two_workers_train_with_the_effective_batch_they_print(
+    tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", str(TIMEOUT), "--", sys.executable,
+             "run_classifier.py", *_flags(
+                 tiny_model, sst2, output_dir,
+                 distribution_strategy="multi_worker")]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # 40 x 2 / (2 workers x 1 replica x 4 x k=2) = 5 updates, 10 micro-batches.
+  for worker in (0, 1):
+    assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
+            f"replica(s) x micro-batch 4 x k=2; 5 updates (10 micro-batches)"
+            ) in result.stdout
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 10
+  assert "[worker:0] eval on 10 held-out examples" in result.stdout
+  assert (output_dir / "eval_results.txt").exists()
+
+
+def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
+                                                         tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
+             "--workers", "1", "--ps", "1", "--timeout", str(TIMEOUT), "--",
+             sys.executable, "run_classifier.py", *_flags(
+                 tiny_model, sst2, output_dir,
+                 distribution_strategy="parameter_server")]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # 40 x 2 / (4 x k=2) = 10 updates, 20 micro-batches between both trainers.
+  assert ("[chief:0] effective batch 8 = micro-batch 4 x k=2 per update, each "
+          "of 2 worker(s) applying its own windows to the ps; 10 updates (20 "
+          "micro-batches)") in result.stdout
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") >= 20
+  assert reader.get_tensor("gradient_accumulation/updates_applied") >= 8
+  assert "[chief:0] eval on 10 held-out examples" in result.stdout
+
+
+@pytest.mark.parametrize("stop_after, message", [
+    (2, "run_classifier: error: training diverged: 2 windows in a row were "
+     "skipped for non-finite gradients"),
+    # Never stopped: the run trains on, skipping, and its evaluation is NaN.
+    (0, "run_classifier: error: evaluation is not finite: eval_loss = nan"),
+])
+def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
+                                                     tiny_model, sst2,
+                                                     tmp_path):
+  result = _run(_flags(tiny_model, sst2, tmp_path / "run",
+                       learning_rate=1e30, clip_norm=0,
+                       max_consecutive_skipped_windows=stop_after))
+  assert result.returncode == 3, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if line.startswith("run_classifier: error")]
+  assert len(errors) == 1 and errors[0].startswith(message), (
+      result.stderr[-3000:])
+  # One line per skipped window, and no advice the script already follows.
+  warnings = [line for line in result.stderr.splitlines()
+              if "estimator_accum" in line and "WARNING" in line]
+  assert warnings, result.stderr[-3000:]
+  assert all("skipped the window ending at micro-batch" in line
+             for line in warnings), warnings
+  assert "reportable_loss" not in result.stderr
+
+
+def _no_dropout_model(tiny_model, tmp_path):
+  """The tiny model's files with dropout off (with --classifier_dropout=0):
+  its random masks restart with a resumed run's graph, so only a model
+  without dropout can resume to the very weights of an uninterrupted run."""
+  config = json.loads((tiny_model / "bert_config.json").read_text())
+  config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  model = tmp_path / "model"
+  model.mkdir()
+  (model / "bert_config.json").write_text(json.dumps(config))
+  for path in tiny_model.iterdir():
+    if path.name != "bert_config.json":
+      (model / path.name).symlink_to(path)
+  return model
+
+
+def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
+    tiny_model, sst2, tmp_path):
+  model = _no_dropout_model(tiny_model, tmp_path)
+  args = dict(num_train_epochs=20, save_checkpoints_steps=6, do_eval=False,
+              classifier_dropout=0)
+  whole = _run(_flags(model, sst2, tmp_path / "whole", **args))
+  assert whole.returncode == 0, whole.stderr[-3000:]
+
+  output_dir = tmp_path / "killed"
+  command = [sys.executable, "run_classifier.py",
+             *_flags(model, sst2, output_dir, **args)]
+  process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + TIMEOUT
+  while not list(output_dir.glob("model.ckpt-6.index")):
+    assert process.poll() is None, "finished before it could be killed"
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step")
+  assert killed_at < 200, "the run was not killed mid-training"
+
+  resumed = _run(_flags(model, sst2, output_dir, **args))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"at micro-batch {killed_at}" in resumed.stdout
+  expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
+  actual = tf.train.load_checkpoint(str(output_dir))
+  assert actual.get_tensor("global_step") == 200
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
+  kept = list(output_dir.glob("model.ckpt-*.index"))
+  assert len(kept) == 2, kept  # --keep_checkpoint_max's default
+
+
+def test_evaluating_a_directory_without_a_checkpoint_is_refused(
+    tiny_model, sst2, tmp_path):
+  result = _run(_flags(tiny_model, sst2, tmp_path / "empty", do_train=False))
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr
+  assert ("run_classifier: error: --do_train=false: nothing to evaluate, "
+          f"--output_dir={tmp_path / 'empty'} holds no checkpoint") in (
+              result.stderr)
+
+
+def test_another_task_or_model_in_the_same_output_dir_is_refused(
+    tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  first = _run(_flags(tiny_model, sst2, output_dir, num_train_epochs=0.1,
+                      do_eval=False))
+  assert first.returncode == 0, first.stderr[-3000:]
+  _write_mrpc(sst2)
+  second = _run(_flags(tiny_model, sst2, output_dir, task_name="mrpc"))
+  assert second.returncode != 0
+  assert "Traceback" not in second.stderr
+  assert (f"run_classifier: error: --output_dir={output_dir} holds a run of "
+          "task sst-2, not mrpc: give this run another --output_dir."
+          ) in second.stderr, second.stderr[-2000:]
+  config = json.loads((tiny_model / "bert_config.json").read_text())
+  config["intermediate_size"] += 1
+  other = tmp_path / "other_model"
+  other.mkdir()
+  (other / "bert_config.json").write_text(json.dumps(config))
+  third = _run(_flags(tiny_model, sst2, output_dir, num_train_epochs=0.1,
+                      bert_config_file=other / "bert_config.json",
+                      init_checkpoint="", task_name="sst-2"))
+  assert third.returncode != 0
+  assert "holds a run of another model (intermediate_size" in third.stderr, (
+      third.stderr[-2000:])
+
+
+def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
+  """A second run in the same directory with another --data_dir trains on
+  the other data's features, not on a cache of the first's."""
+  output_dir = tmp_path / "run"
+  args = dict(num_train_epochs=0.1, do_eval=False)
+  first = _run(_flags(tiny_model, sst2, output_dir, **args))
+  assert first.returncode == 0, first.stderr[-3000:]
+  other = tmp_path / "other_data"
+  other.mkdir()
+  (other / "train.tsv").write_text(
+      "sentence\tlabel\n" + "an entirely other film\t1\n" * 7)
+  second = _run(_flags(tiny_model, other, output_dir, **args))
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "over 7 examples" in second.stdout, second.stdout
+  files = sorted((output_dir / "features").glob("train-16-*.tf_record"))
+  assert len(files) == 2, files
+
+
+def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
+    tiny_model, sst2, tmp_path):
+  quiet = _run(_flags(tiny_model, sst2, tmp_path / "quiet",
+                      num_train_epochs=0.2))
+  assert quiet.returncode == 0, quiet.stderr[-3000:]
+  output = quiet.stdout + quiet.stderr
+  for chatter in ("is deprecated", "Instructions for updating",
+                  "Calling model_fn", "Use tf.keras instead"):
+    assert chatter not in output, chatter
+  assert re.search(r"micro-batch (\d+)/\1 \(100%\)", quiet.stderr)
+  verbose = _run(_flags(tiny_model, sst2, tmp_path / "verbose",
+                        num_train_epochs=0.2, verbose=True))
+  assert verbose.returncode == 0
+  assert "Calling model_fn" in verbose.stdout + verbose.stderr
+
+
+def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
+                                                        tmp_path):
+  output_dir = tmp_path / "run"
+  env = dict(os.environ, TF_CPU_ALLOCATOR_USE_BFC="true")
+  result = _run(_flags(tiny_model, sst2, output_dir, recompute=True), env=env)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert re.search(r"trained 20 micro-batches in [\d.]+ s \([\d.]+ s each\); "
+                   r"peak tensor memory [\d,]+ MB on CPU:0 \(the BFC "
+                   r"allocator, as a GPU holds tensors\)", result.stdout), (
+                       result.stdout)
+  reader = tf.train.load_checkpoint(str(output_dir))
+  assert reader.get_tensor("global_step") == 20
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  for layer in (0, 1):
+    name = f"bert/encoder/layer_{layer}/intermediate/dense/kernel"
+    assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
+  assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()

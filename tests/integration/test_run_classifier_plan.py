@@ -1,0 +1,203 @@
+"""run_classifier.py's --effective_batch_size / --micro_batch_size flags on
+the tiny BERT: the plan it measures, prints and keeps, its one-line errors,
+and that the split does not change the weights."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_accum
+from tests.integration import test_run_classifier as base
+
+# Whole jobs, processes or clusters: not the fast tier.
+pytestmark = pytest.mark.slow
+
+_flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
+# The tiny BERT and the SST-2 files, as fixtures here too.
+tiny_model, sst2 = base.tiny_model, base.sst2
+
+
+def _plan_flags(model, data, output_dir, **extra):
+  flags = _flags(model, data, output_dir, **extra)
+  # The split comes from the plan flags, not --train_batch_size and k.
+  return [f for f in flags if not f.startswith(
+      ("--train_batch_size=", "--gradient_accumulation_multiplier="))]
+
+
+def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  result = _run(_plan_flags(tiny_model, sst2, output_dir,
+                            effective_batch_size=8, micro_batch_size="auto",
+                            memory_budget_mb=4000, do_eval=False))
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "measuring the largest micro-batch whose peak fits 4000 MB" in out
+  assert re.search(r"micro-batch plan on CPU:0: budget 4000.0 MB, margin "
+                   r"10%", out), out
+  assert re.search(r"micro-batch +8 \(k=1\): peak .* MB, fits .*<- chosen",
+                   out), out
+  assert "effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 8 x " \
+         "k=1; 10 updates (10 micro-batches)" in out
+  plan = json.loads((output_dir / "micro_batch_plan.json").read_text())
+  assert (plan["micro_batch"], plan["k"], plan["budget_bytes"]) == (
+      8, 1, 4000 * 2**20)
+  assert plan["measurements"][0]["peak_bytes"] > 0
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 10
+  # A rerun in the directory keeps the plan instead of measuring again.
+  again = _run(_plan_flags(tiny_model, sst2, output_dir,
+                           effective_batch_size=8, micro_batch_size="auto",
+                           memory_budget_mb=1, do_eval=False))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "measuring" not in again.stdout
+  assert f"plan from {output_dir}/micro_batch_plan.json" in again.stdout
+
+
+def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
+  model = _no_dropout_model(tiny_model, tmp_path)
+  common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
+  weights = {}
+  for micro_batch in (8, 2):
+    output_dir = tmp_path / f"micro{micro_batch}"
+    result = _run(_plan_flags(model, sst2, output_dir,
+                              micro_batch_size=micro_batch, **common))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (f"micro-batch {micro_batch} x k={8 // micro_batch}; 10 updates"
+            in result.stdout), result.stdout
+    weights[micro_batch] = tf.train.load_checkpoint(str(output_dir))
+  names = [n for n in weights[8].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  assert len(names) > 10
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  moved = 0
+  for name in names:
+    np.testing.assert_allclose(weights[2].get_tensor(name),
+                               weights[8].get_tensor(name), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+    if start.has_tensor(name):
+      moved += not np.allclose(start.get_tensor(name),
+                               weights[8].get_tensor(name))
+  assert moved > 10, "training did not move the weights"
+
+
+@pytest.mark.parametrize("extra, message", [
+    (dict(micro_batch_size="auto", effective_batch_size=8),
+     r"--memory_budget_mb=None on CPU:0: give the budget in MB"),
+    (dict(micro_batch_size="auto", memory_budget_mb=0.001),
+     r"--memory_budget_mb=0.001: even micro-batch 1 needs .* MB, over"),
+    (dict(micro_batch_size=3, effective_batch_size=8),
+     r"--micro_batch_size=3 does not divide the 8 examples per replica"),
+    (dict(micro_batch_size="lots"), r"--micro_batch_size=lots: must be "
+     r"'auto' or a positive whole number"),
+    (dict(effective_batch_size=8), r"--effective_batch_size=8 needs "
+     r"--micro_batch_size"),
+    (dict(micro_batch_size=4, train_batch_size=4),
+     r"--micro_batch_size=4 and --train_batch_size both set the micro-batch"),
+])
+def test_bad_plan_flags_are_one_line(extra, message, tiny_model, sst2,
+                                     tmp_path):
+  flags = _plan_flags(tiny_model, sst2, tmp_path / "run", **extra)
+  if "train_batch_size" in extra:
+    flags.append(f"--train_batch_size={extra['train_batch_size']}")
+  result = _run(flags)
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  errors = [line for line in result.stderr.splitlines()
+            if "error" in line.lower()]
+  assert errors and re.search(message, errors[0]), result.stderr[-2000:]
+
+
+def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  first = _run(_plan_flags(tiny_model, sst2, output_dir, micro_batch_size=4,
+                           effective_batch_size=8, num_train_epochs=0.5,
+                           do_eval=False))
+  assert first.returncode == 0, first.stderr[-3000:]
+  second = _run(_plan_flags(tiny_model, sst2, output_dir, micro_batch_size=2,
+                            effective_batch_size=8, do_eval=False))
+  assert second.returncode != 0
+  assert re.search(r"micro_batch_plan.json holds a run of effective batch 8 "
+                   r"= 1 replica\(s\) x micro-batch 4 x k=2: resume it with "
+                   r"the same batch flags", second.stderr), second.stderr
+
+
+def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
+  output_dir = tmp_path / "run"
+  command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+             "--timeout", str(base.TIMEOUT), "--", sys.executable,
+             "run_classifier.py", *_plan_flags(
+                 tiny_model, sst2, output_dir, effective_batch_size=16,
+                 micro_batch_size="auto", memory_budget_mb=4000,
+                 distribution_strategy="multi_worker", do_eval=False)]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=base.TIMEOUT + 30)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  # Each worker takes 8 of the 16 examples per update; the chief measures.
+  assert "[worker:0] measured micro-batch 8 (k=1)" in result.stdout
+  assert "[worker:1] measured" not in result.stdout
+  assert "[worker:1] using the chief's plan" in result.stdout or (
+      "[worker:1] plan from" in result.stdout), result.stdout
+  for worker in (0, 1):
+    assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
+            "replica(s) x micro-batch 8 x k=1; 5 updates (5 micro-batches)"
+            ) in result.stdout, result.stdout
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 5
+
+
+def _long_sentences(data):
+  """64 training snippets of 140 words: every batch is 128 tokens long, so
+  MiniLM's micro-batch 16 takes about 1.25 GB and 8 about 0.9 GB."""
+  rng = np.random.RandomState(0)
+  words = "the film was great fun a very good movie dull bad acting".split()
+  rows = "".join(f"{' '.join(rng.choice(words, 140))}\t{i % 2}\n"
+                 for i in range(64))
+  data.mkdir()
+  (data / "train.tsv").write_text("sentence\tlabel\n" + rows)
+
+
+def test_running_out_of_memory_halves_the_plan_and_trains_it(tmp_path):
+  """MiniLM on a CPU allocator limited to 1100 MB, with a plan of 16 x 2 in
+  the run directory (as if it fit when planned): the first step runs out
+  of memory, the run goes on at 8 x 4 from its first checkpoint and ends
+  where a run planned at 8 x 4 from the start ends."""
+  _long_sentences(tmp_path / "data")
+  common = ["--task_name=sst-2", f"--data_dir={tmp_path / 'data'}",
+            "--effective_batch_size=32", "--micro_batch_size=auto",
+            "--memory_budget_mb=2000", "--do_eval=false",
+            "--num_train_epochs=1"]
+  halved = tmp_path / "halved"
+  halved.mkdir()
+  estimator_accum.MicroBatchPlan.given(32, 16).write(
+      str(halved / "micro_batch_plan.json"))
+  result = _run(common + [f"--output_dir={halved}"], env=dict(
+      os.environ, TF_CPU_ALLOCATOR_USE_BFC="true",
+      TF_CPU_BFC_MEM_LIMIT_IN_MB="1100"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert ("out of memory at micro-batch 16 x k=2: going on with micro-batch "
+          "8 x k=4 from the checkpoint at micro-batch 0 (micro-batch 0 of "
+          "the new plan); the effective batch stays 32") in result.stdout
+  plan = json.loads((halved / "micro_batch_plan.json").read_text())
+  assert (plan["micro_batch"], plan["k"], plan["halvings"]) == (8, 4, 1)
+
+  planned = tmp_path / "planned"
+  planned.mkdir()
+  estimator_accum.MicroBatchPlan.given(32, 8).write(
+      str(planned / "micro_batch_plan.json"))
+  result = _run(common + [f"--output_dir={planned}"])
+  assert result.returncode == 0, result.stderr[-3000:]
+  expected = tf.train.load_checkpoint(str(planned))
+  actual = tf.train.load_checkpoint(str(halved))
+  assert actual.get_tensor("global_step") == 8 == expected.get_tensor(
+      "global_step")
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)

@@ -1,0 +1,70 @@
+"""One phase of a TensorFlow 2 Keras job stopped in the middle of a window
+(for tests/integration/test_keras_tf2_cluster.py): each phase runs in a process of its
+own, as a job restarted after a failure does.
+
+  python tests/jobs/keras_tf2_resume_job.py --phase whole|first|second
+      --directory D [--strategy one|mirrored]
+
+`whole` trains on every micro-batch; `first` on the first STOP ones, then
+saves the weights (`model.save_weights`, the optimizer's window with
+them); `second` builds the model anew, loads the weights and trains on the
+rest. Each writes its weights to D/<phase>.npz.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import estimator_accum as ea  # noqa: E402
+from harness import keras_exactness as kx  # noqa: E402
+
+# 4 windows of k=3; the first phase stops one micro-batch into window 2.
+K, MICRO_BATCHES, STOP = 3, 12, 4
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--phase", choices=["whole", "first", "second"],
+                      required=True)
+  parser.add_argument("--directory", required=True)
+  parser.add_argument("--strategy", choices=["one", "mirrored"],
+                      default="one")
+  args = parser.parse_args()
+  if args.strategy == "mirrored":
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = kx.mirrored_strategy()
+  else:
+    strategy = tf.distribute.get_strategy()
+  batch = strategy.num_replicas_in_sync * kx.MICRO_BATCH
+  data = kx.make_data(batch * MICRO_BATCHES)
+  dataset = tf.data.Dataset.from_tensor_slices(data).batch(batch)
+  model = kx._compiled(  # noqa: SLF001
+      lambda: ea.AccumulatingKerasOptimizer(tf.keras.optimizers.Adam(0.01),
+                                            k=K), strategy, True)
+  checkpoint = os.path.join(args.directory, "weights")
+  if args.phase == "whole":
+    model.fit(dataset, verbose=0)
+  elif args.phase == "first":
+    model.fit(dataset.take(STOP), verbose=0)
+    model.save_weights(checkpoint)
+  else:
+    model.load_weights(checkpoint)
+    model.fit(dataset.skip(STOP), verbose=0)
+  np.savez(os.path.join(args.directory, f"{args.phase}.npz"),
+           micro_batches=model.optimizer.iterations.numpy(),
+           updates=model.optimizer.inner_optimizer.iterations.numpy(),
+           **{w.name: w.numpy() for w in model.weights})
+  print(f"{args.phase}: {int(model.optimizer.iterations.numpy())} "
+        "micro-batches", flush=True)
+
+
+if __name__ == "__main__":
+  main()

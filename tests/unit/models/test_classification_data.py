@@ -1,0 +1,148 @@
+"""Task processors on small files in the public formats, the offline Rotten
+Tomatoes split, and BERT features through TFRecord files and the input_fn."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from data import bert_features, classification
+from models.bert import tokenization
+from tests.helpers import bert_fixtures
+
+
+def _write(directory, name, text):
+  path = directory / name
+  path.write_text(text, encoding="utf-8")
+  return path
+
+
+@pytest.fixture
+def tokenizer(tmp_path):
+  vocab = _write(tmp_path, "vocab.txt",
+                 "\n".join(bert_fixtures.SPECIAL + bert_fixtures.WORDS) + "\n")
+  return tokenization.FullTokenizer(str(vocab), do_lower_case=True)
+
+
+def test_cola_mrpc_mnli_sst2_yelp_read_their_formats(tmp_path):
+  _write(tmp_path, "train.tsv", "gj04\t1\t\tThe film is good .\n"
+         "gj04\t0\t*\tFilm the good is .\n")
+  examples = classification.get_processor("CoLA").get_train_examples(tmp_path)
+  assert [(e.text_a, e.label) for e in examples] == [
+      ("The film is good .", "1"), ("Film the good is .", "0")]
+
+  _write(tmp_path, "dev.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+         "1\t1\t2\tThe film was fun .\tIt was a fun film .\n")
+  (example,) = classification.get_processor("mrpc").get_dev_examples(tmp_path)
+  assert (example.text_a, example.text_b, example.label) == (
+      "The film was fun .", "It was a fun film .", "1")
+
+  header = "\t".join(f"c{i}" for i in range(12)) + "\n"
+  row = ["x"] * 8 + ["A man plays.", "Nobody plays.", "x", "contradiction"]
+  _write(tmp_path, "dev_matched.tsv", header + "\t".join(row) + "\n")
+  (example,) = classification.get_processor("mnli").get_dev_examples(tmp_path)
+  assert (example.text_b, example.label) == ("Nobody plays.", "contradiction")
+
+  _write(tmp_path, "test.tsv", "index\tsentence\n0\ta great movie\n")
+  (example,) = classification.get_processor("sst2").get_test_examples(
+      tmp_path)
+  assert (example.text_a, example.label) == ("a great movie", None)
+
+  _write(tmp_path, "train.csv", '"2","Great ""fun"".\\nWould go again."\n'
+         '"1","Dull, dull, dull."\n')
+  examples = classification.get_processor("yelp_polarity").get_train_examples(
+      tmp_path)
+  assert [(e.text_a, e.label) for e in examples] == [
+      ('Great "fun". Would go again.', "2"), ("Dull, dull, dull.", "1")]
+
+
+def test_xnli_reads_one_language_as_google_research_bert_does(tmp_path):
+  (tmp_path / "multinli").mkdir()
+  _write(tmp_path / "multinli", "multinli.train.zh.tsv",
+         "premise\thypo\tlabel\n他在玩。\t没人在玩。\tcontradictory\n"
+         "他在玩。\t有人在玩。\tentailment\n")
+  examples = classification.get_processor("XNLI").get_train_examples(tmp_path)
+  assert [(e.text_a, e.text_b, e.label) for e in examples] == [
+      ("他在玩。", "没人在玩。", "contradiction"),
+      ("他在玩。", "有人在玩。", "entailment")]
+  header = "\t".join(["language", "gold_label"] + [f"c{i}" for i in range(6)])
+  rows = [["en", "neutral"] + ["x"] * 4 + ["A man.", "A dog."],
+          ["zh", "neutral"] + ["x"] * 4 + ["一个人。", "一只狗。"]]
+  _write(tmp_path, "xnli.dev.tsv",
+         "\n".join([header] + ["\t".join(r) for r in rows]) + "\n")
+  (example,) = classification.get_processor("xnli").get_dev_examples(tmp_path)
+  assert (example.text_a, example.text_b, example.label) == (
+      "一个人。", "一只狗。", "neutral")
+  (example,) = classification.XnliProcessor("en").get_dev_examples(tmp_path)
+  assert example.text_a == "A man."
+  with pytest.raises(classification.DataError, match="no examples in "
+                     "language 'de'"):
+    classification.XnliProcessor("de").get_dev_examples(tmp_path)
+
+
+def test_missing_file_malformed_row_and_unknown_label_name_file_and_line(
+    tmp_path):
+  processor = classification.get_processor("sst-2")
+  with pytest.raises(classification.DataError, match="has no train.tsv"):
+    processor.get_train_examples(tmp_path)
+  _write(tmp_path, "train.tsv", "sentence\tlabel\ngood\t1\njust text\n")
+  with pytest.raises(classification.DataError,
+                     match=r"train.tsv:3: expected at least 2 tab"):
+    processor.get_train_examples(tmp_path)
+  _write(tmp_path, "train.tsv", "sentence\tlabel\ngood\t1\nbad\tnegative\n")
+  with pytest.raises(classification.DataError,
+                     match=r"train.tsv:3: label 'negative' is not one of"):
+    processor.get_train_examples(tmp_path)
+  with pytest.raises(classification.DataError, match="task_name.*'qqp'"):
+    classification.get_processor("qqp")
+
+
+def test_rotten_tomatoes_splits_by_movie_without_plots():
+  processor = classification.get_processor("rotten_tomatoes")
+  splits = {split: getattr(processor, f"get_{split}_examples")(None)
+            for split in ("train", "dev", "test")}
+  sizes = {split: len(examples) for split, examples in splits.items()}
+  total = sum(sizes.values())
+  assert total == 12808  # 7403 fresh + 5405 rotten, the 1097 plots dropped.
+  assert 0.05 < sizes["dev"] / total < 0.15
+  assert 0.05 < sizes["test"] / total < 0.15
+  texts = {split: {e.text_a for e in examples}
+           for split, examples in splits.items()}
+  assert len(texts["train"] & texts["test"]) < 20  # Reposted quotes only.
+  for examples in splits.values():
+    assert {e.label for e in examples} == {"fresh", "rotten"}
+
+
+def test_features_pack_pairs_and_the_input_fn_trims_padding(tmp_path,
+                                                            tokenizer):
+  examples = [
+      classification.InputExample("a", "the film was good", "the plot", "1"),
+      classification.InputExample("b", "dull", None, "0"),
+      classification.InputExample("c", "the the the the the the the the",
+                                  "very very very very very", "1"),
+  ]
+  features = bert_features.convert_examples_to_features(
+      examples, ["0", "1"], 10, tokenizer)
+  ids = tokenizer.convert_tokens_to_ids
+  np.testing.assert_array_equal(features["input_ids"][0], ids(
+      ["[CLS]", "the", "film", "was", "good", "[SEP]", "the", "plot",
+       "[SEP]", "[PAD]"]))
+  np.testing.assert_array_equal(features["segment_ids"][0],
+                                [0] * 6 + [1] * 3 + [0])
+  # Longest-first truncation: 8 + 5 tokens into 7 places → 4 + 3.
+  np.testing.assert_array_equal(features["input_mask"][2], [1] * 10)
+  assert list(features["segment_ids"][2]).count(1) == 4
+  np.testing.assert_array_equal(features["label_ids"], [1, 0, 1])
+
+  path = str(tmp_path / "train.tf_record")
+  assert bert_features.write_tfrecord(features, path) == 3
+  input_fn = bert_features.input_fn_builder(path, 10, 2, is_training=False,
+                                            drop_remainder=False)
+  with tf.Graph().as_default():
+    batch = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+    with tf.compat.v1.Session() as session:
+      first, second = session.run(batch), session.run(batch)
+  assert first["input_ids"].shape == (2, 9)  # Trimmed to its longest, 9.
+  assert second["input_ids"].shape == (1, 10)
+  np.testing.assert_array_equal(first["input_ids"][1, :3],
+                                ids(["[CLS]", "dull", "[SEP]"]))
+  np.testing.assert_array_equal(second["label_ids"], [1])

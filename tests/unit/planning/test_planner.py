@@ -1,0 +1,235 @@
+"""The micro-batch planner: measured peaks, the choice, and that every
+choice trains the same weights as the big batch."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_accum
+from estimator_accum.planning import planner
+from harness import support
+from tests.helpers import planner_support
+
+EFFECTIVE = 32
+UPDATES = 3
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def data():
+  return planner_support.make_data(EFFECTIVE * UPDATES)
+
+
+def _build(data):
+  return estimator_accum.estimator_step(planner_support.model_fn,
+                                        planner_support.input_fn_for(data))
+
+
+def _peaks(data, micro_batches):
+  build = _build(data)
+  return {m: estimator_accum.measure_peak(build, m, 2, "CPU:0").peak_bytes
+          for m in micro_batches}
+
+
+def _budget_between(low_peak, high_peak, margin=planner.DEFAULT_MARGIN):
+  """A budget in MB whose limit (less the margin) lies halfway between."""
+  return (low_peak + high_peak) / 2 / (1 - margin) / MB
+
+
+def test_peak_grows_by_the_activations_of_the_added_examples(data):
+  peaks = _peaks(data, [4, 8, 16])
+  # The step holds at least every example's input at its peak.
+  per_example = planner_support.EXAMPLE_BYTES
+  assert peaks[8] - peaks[4] >= 4 * per_example, peaks
+  assert peaks[16] - peaks[8] >= 8 * per_example, peaks
+
+
+def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
+  peaks = _peaks(data, [4, 8, 16, 32])
+  roomy = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0",
+      memory_budget_mb=_budget_between(peaks[16], peaks[32]))
+  tight = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0",
+      memory_budget_mb=_budget_between(peaks[4], peaks[8]))
+  assert (roomy.micro_batch, roomy.k) == (16, 2), roomy.describe()
+  assert (tight.micro_batch, tight.k) == (4, 8), tight.describe()
+  for plan in (roomy, tight):
+    assert [m.micro_batch for m in plan.measurements] == [
+        32, 16, 8, 4][:[32, 16, 8, 4].index(plan.micro_batch) + 1]
+    assert all(plan.fits(m.peak_bytes) == (m.micro_batch == plan.micro_batch)
+               for m in plan.measurements), plan.describe()
+    assert plan.exact_by == planner.EQUAL and plan.planning_seconds > 0
+  expected = planner_support.reference_train(data, EFFECTIVE)
+  from_roomy = planner_support.estimator_train(tmp_path / "roomy", data, roomy)
+  from_tight = planner_support.estimator_train(tmp_path / "tight", data, tight)
+  start = planner_support.reference_train(data, EFFECTIVE, steps=0)
+  assert not any(np.allclose(expected[n], start[n]) for n in expected)
+  support.assert_weights_close(from_roomy, expected, what="16 x 2")
+  support.assert_weights_close(from_tight, expected, what="4 x 8")
+  support.assert_weights_close(from_tight, from_roomy, what="4 x 8 vs 16 x 2")
+
+
+def test_an_uneven_micro_batch_is_exact_with_num_examples(data, tmp_path):
+  peaks = _peaks(data, [5, 6])
+  plan = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0", uneven=True,
+      memory_budget_mb=_budget_between(peaks[5], peaks[6]))
+  assert (plan.micro_batch, plan.k, plan.last_micro_batch) == (5, 7, 2), (
+      plan.describe())
+  assert plan.exact_by == planner.WEIGHTED
+  assert "last micro-batch holds 2" in plan.summary()
+  weights = planner_support.estimator_train(
+      tmp_path / "uneven", data, plan, uneven=True)
+  support.assert_weights_close(
+      weights, planner_support.reference_train(data, EFFECTIVE),
+      what="6 x 5 + 2")
+
+
+def test_the_plan_is_printed_and_written(data, tmp_path):
+  peaks = _peaks(data, [8, 16])
+  plan = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0", margin=0.2,
+      memory_budget_mb=_budget_between(peaks[8], peaks[16], 0.2))
+  text = plan.describe()
+  assert "margin 20%" in text and "<- chosen" in text, text
+  assert "micro-batch    8 (k=4)" in text and "fits" in text, text
+  assert "micro-batch   16 (k=2)" in text and "too big" in text, text
+  assert "planned in" in text
+  plan.write(str(tmp_path / "plan.json"))
+  saved = (tmp_path / "plan.json").read_text()
+  assert '"micro_batch": 8' in saved and '"peak_bytes"' in saved
+
+
+def test_an_estimators_functions_plan_as_the_build_does(data):
+  peaks = _peaks(data, [8, 16])
+  budget = _budget_between(peaks[8], peaks[16])
+  plan = estimator_accum.plan_micro_batch(
+      model_fn=planner_support.model_fn,
+      input_fn=planner_support.input_fn_for(data), effective_batch=EFFECTIVE,
+      memory_budget_mb=budget, device="CPU:0")
+  assert (plan.micro_batch, plan.k) == (8, 4), plan.describe()
+  assert sorted(plan.peaks) == [8, 16, 32] and plan.peaks[8] <= (
+      plan.limit_bytes)
+  with pytest.raises(ValueError, match="give either build .* or model_fn"):
+    estimator_accum.plan_micro_batch(
+        _build(data), EFFECTIVE, model_fn=planner_support.model_fn,
+        memory_budget_mb=budget)
+
+
+def test_a_budget_below_micro_batch_one_is_one_line(data):
+  with pytest.raises(ValueError, match=r"memory_budget_mb=0\.5: even "
+                     r"micro-batch 1 needs .* MB, over .* margin"):
+    estimator_accum.plan_micro_batch(_build(data), EFFECTIVE, device="CPU:0",
+                                     memory_budget_mb=0.5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(memory_budget_mb=None), r"memory_budget_mb=None on CPU:0: give"),
+    (dict(memory_budget_mb=-3), r"memory_budget_mb=-3: must be a positive"),
+    (dict(memory_budget_mb=float("nan")), r"memory_budget_mb=nan"),
+    (dict(memory_budget_mb=10, margin=1.0), r"margin=1.0: must be"),
+    (dict(memory_budget_mb=10, replicas=3), r"effective_batch=32 is not a "
+     r"multiple of the 3 replicas"),
+])
+def test_bad_arguments_are_one_line(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    estimator_accum.plan_micro_batch(lambda m, k: None, EFFECTIVE,
+                                     device="CPU:0", **kwargs)
+
+
+def test_bad_effective_batch_names_it():
+  with pytest.raises(TypeError, match="effective_batch must be an int"):
+    estimator_accum.plan_micro_batch(lambda m, k: None, 32.0,
+                                     memory_budget_mb=1, device="CPU:0")
+  with pytest.raises(ValueError, match="micro_batch=5 does not divide"):
+    estimator_accum.MicroBatchPlan.given(32, 5)
+
+
+def test_candidates():
+  assert planner.candidate_micro_batches(32) == [1, 2, 4, 8, 16, 32]
+  assert planner.candidate_micro_batches(12) == [1, 2, 3, 4, 6, 12]
+  assert planner.candidate_micro_batches(32, uneven=True) == [
+      1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 32]
+
+
+@pytest.mark.parametrize("count", [1, 2, 6, 11])
+def test_the_search_stops_at_the_largest_that_fits(count):
+  for largest in range(-1, count):
+    asked = []
+
+    def fits(index, largest=largest, asked=asked):
+      asked.append(index)
+      return index <= largest
+
+    found = planner._largest_fitting(count, fits)
+    assert found == (None if largest < 0 else largest)
+    assert asked == list(range(count - 1, max(largest, 0) - 1, -1)), asked
+
+
+def test_halving_keeps_the_effective_batch():
+  plan = estimator_accum.MicroBatchPlan.given(64, 8, replicas=2)
+  smaller = plan.halved()
+  assert (smaller.micro_batch, smaller.k, smaller.halvings) == (4, 8, 1)
+  assert smaller.effective_batch == 64 and smaller.replicas == 2
+  with pytest.raises(ValueError, match="cannot be halved"):
+    estimator_accum.MicroBatchPlan.given(3, 3).halved()
+  odd = dataclasses.replace(plan, micro_batch=11, last_micro_batch=10)
+  with pytest.raises(ValueError, match="cannot be halved"):
+    odd.halved()
+
+
+def test_window_batches_split_each_window():
+  plan = dataclasses.replace(estimator_accum.MicroBatchPlan.given(8, 8),
+                             micro_batch=3, k=3, last_micro_batch=2)
+  dataset = estimator_accum.window_batches(
+      tf.data.Dataset.range(17), plan)
+  sizes = [len(batch) for batch in dataset.as_numpy_iterator()]
+  assert sizes == [3, 3, 2, 3, 3, 2]
+
+
+def _checkpoint(model_dir, step, window_micro_batches=0.0):
+  """A checkpoint like the train op's: weights, global_step and a window."""
+  graph = tf.Graph()
+  with graph.as_default():
+    weights = tf.compat.v1.Variable([1.0, 2.0], name="w")
+    global_step = tf.compat.v1.Variable(step, dtype=tf.int64,
+                                        name="global_step")
+    counted = tf.compat.v1.Variable(window_micro_batches, name=(
+        "gradient_accumulation/window_micro_batches"))
+    saver = tf.compat.v1.train.Saver([weights, global_step, counted])
+    init = tf.compat.v1.global_variables_initializer()
+  with tf.compat.v1.Session(graph=graph) as session:
+    session.run(init)
+    saver.save(session, str(model_dir / "model.ckpt"), global_step=step)
+
+
+@pytest.mark.parametrize("step", [0, 4])
+def test_halving_a_checkpoint_doubles_its_micro_batch_count(step, tmp_path):
+  _checkpoint(tmp_path, step)
+  plan = estimator_accum.MicroBatchPlan.given(32, 16)
+  smaller, before, after = estimator_accum.halve_checkpoint(str(tmp_path),
+                                                            plan)
+  assert (smaller.micro_batch, smaller.k, before, after) == (8, 4, step,
+                                                             2 * step)
+  latest = tf.train.latest_checkpoint(str(tmp_path))
+  assert latest.endswith(f"model.ckpt-{2 * step}")
+  reader = tf.train.load_checkpoint(latest)
+  assert reader.get_tensor("global_step") == 2 * step
+  np.testing.assert_array_equal(reader.get_tensor("w"), [1.0, 2.0])
+  indexes = sorted(p.name for p in tmp_path.glob("model.ckpt-*.index"))
+  assert indexes == [f"model.ckpt-{2 * step}.index"], indexes
+
+
+def test_halving_refuses_a_checkpoint_saved_mid_window(tmp_path):
+  plan = estimator_accum.MicroBatchPlan.given(32, 16)
+  _checkpoint(tmp_path, 3)
+  with pytest.raises(ValueError, match=r"saved mid-window \(micro-batch 3, "
+                     r"k=2\)"):
+    estimator_accum.halve_checkpoint(str(tmp_path), plan)
+  (tmp_path / "partial").mkdir()
+  _checkpoint(tmp_path / "partial", 4, window_micro_batches=1.0)
+  with pytest.raises(ValueError, match="saved mid-window"):
+    estimator_accum.halve_checkpoint(str(tmp_path / "partial"), plan)

@@ -1,0 +1,264 @@
+"""Each function of estimator_accum.tf_private against the installed
+TensorFlow: an upgrade that moves a private name fails here."""
+
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import tensorflow as tf
+
+from estimator_accum import tf_private
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_reroute_moves_every_consumer():
+  graph = tf.Graph()
+  with graph.as_default():
+    old = tf.constant(1.0)
+    new = tf.constant(5.0)
+    doubled = old * 2.0
+    tripled = 3.0 * old
+    both = old + old
+    tf_private.reroute(old, new)
+    assert not old.consumers()
+    with tf.compat.v1.Session() as session:
+      assert session.run([doubled, tripled, both]) == [10.0, 15.0, 10.0]
+
+
+def test_the_overridden_hooks_exist_on_their_bases():
+  for base, name in tf_private.OVERRIDDEN_HOOKS:
+    assert callable(getattr(base, name, None)), (base, name)
+
+
+def test_add_control_inputs_orders_an_op_after_another():
+  with tf.Graph().as_default():
+    first = tf.no_op(name="first")
+    later = tf.no_op(name="later")
+    tf_private.add_control_inputs(later, [first])
+    tf_private.add_control_inputs(later, [])
+    assert list(later.control_inputs) == [first]
+
+
+def test_control_flow_context_of_ops_and_graphs():
+  with tf.Graph().as_default() as graph:
+    outside = tf.constant(1.0)
+    assert tf_private.control_flow_context(outside.op) is None
+    assert tf_private.control_flow_context(graph) is None
+    inside = []
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+      tf.compat.v1.cond(tf.constant(True),
+                        lambda: inside.append(tf.identity(outside)) or
+                        inside[0], lambda: outside)
+    finally:
+      tf.compat.v1.enable_control_flow_v2()
+    assert tf_private.control_flow_context(inside[0].op) is not None
+
+
+def test_the_graphs_loss_flags():
+  with tf.Graph().as_default() as graph:
+    assert not tf_private.loss_marked_mean_over_replicas(graph)
+    assert tf_private.last_loss_reduction(graph) is None
+    tf.compat.v1.losses.compute_weighted_loss(
+        tf.ones([2]), reduction=tf.compat.v1.losses.Reduction.SUM)
+    assert (tf_private.last_loss_reduction(graph) ==
+            tf.compat.v1.losses.Reduction.SUM)
+    tf_private.mark_loss_mean_over_replicas(graph)
+    assert tf_private.loss_marked_mean_over_replicas(graph)
+    # What Estimator reads (TensorFlow's own name).
+    assert graph._is_loss_scaled_by_optimizer
+
+
+def test_replicas_in_sync_and_a_mirrored_container():
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  with tf.Graph().as_default(), strategy.scope():
+    variable = tf.Variable(1.0)
+    assert tf_private.replicas_in_sync(variable) == 1
+    value = tf.constant(2.0)
+    copies = tf_private.mirrored([value])
+    assert isinstance(copies, tf.distribute.DistributedValues)
+    tf_private.report_as_mirrored(value, lambda: copies)
+    assert value._distributed_container() is copies
+
+
+def test_distributed_apply_of_a_v1_optimizer():
+  with tf.Graph().as_default():
+    variable = tf.compat.v1.get_variable("w", initializer=1.0,
+                                         use_resource=True)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    assert tf_private.applies_through_distributed_apply(optimizer)
+    assert not tf_private.applies_through_distributed_apply(
+        tf.keras.optimizers.legacy.SGD(0.5))
+    seen = []
+
+    def wrap(strategy):
+      seen.append(strategy)
+      return strategy
+
+    strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+    with strategy.scope(), tf_private.distributed_apply_strategy(optimizer,
+                                                                 wrap):
+      apply = strategy.extended.call_for_each_replica(
+          optimizer.apply_gradients, ([(tf.constant(2.0), variable)],))
+    assert seen == [strategy]
+    assert "_distributed_apply" not in vars(optimizer)
+    with tf.compat.v1.Session() as session:
+      session.run(variable.initializer)
+      session.run(apply)
+      assert session.run(variable) == 0.0
+
+
+def test_distributed_apply_runs_the_cross_replica_apply():
+  with tf.Graph().as_default():
+    variable = tf.compat.v1.get_variable("w", initializer=1.0,
+                                         use_resource=True)
+    optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+    strategy = tf.distribute.get_strategy()
+    with strategy.scope():
+      apply = tf_private.distributed_apply(
+          optimizer, strategy, [(tf.constant(4.0), variable)])
+    with tf.compat.v1.Session() as session:
+      session.run(variable.initializer)
+      session.run(apply)
+      assert session.run(variable) == -1.0
+
+
+def test_slot_restoring_hook_is_called_through():
+  with tf.Graph().as_default():
+    optimizer = tf.compat.v1.train.AdamOptimizer()
+    variable = tf.compat.v1.get_variable("v", [2], use_resource=True)
+
+    # A slot a checkpoint holds for `variable` before the slot exists: the
+    # hook makes it and restores it.
+    seen = []
+
+    class Position:
+      restore_uid = 1
+
+      def is_simple_variable(self):
+        return True
+
+      def value_tensors(self):
+        return {}
+
+      def restore(self, slot):
+        seen.append(slot)
+
+    tf_private.create_or_restore_slot_variable(
+        optimizer, Position(), "m", variable)
+    assert not seen  # (graph mode: deferred until the slot is made)
+    optimizer.apply_gradients([(tf.ones([2]), variable)])
+    assert seen and seen[0] is optimizer.get_slot(variable, "m")
+
+
+def test_an_optimizers_tensor_attributes_and_adagrad_da_step():
+  with tf.Graph().as_default():
+    rate = tf.constant(0.1)
+    v1 = tf.compat.v1.train.GradientDescentOptimizer(rate)
+    assert any(value is rate
+               for value in tf_private.tensor_attributes(v1).values())
+    keras = tf.keras.optimizers.legacy.SGD(learning_rate=0.3)
+    assert "learning_rate" in tf_private.tensor_attributes(keras)
+    step = tf.compat.v1.train.get_or_create_global_step()
+    dual = tf.compat.v1.train.AdagradDAOptimizer(0.1, step)
+    assert tf_private.adagrad_da_global_step(dual) is step
+
+
+def test_loss_scale_optimizers_taken_apart():
+  inner = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+  wrapped = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+      inner, 64.0)
+  found, scale = tf_private.v1_loss_scale_parts(wrapped)
+  assert found is inner
+  assert tf_private.fixed_loss_scale_value(scale) == 64.0
+  keras_inner = tf.keras.optimizers.legacy.SGD(0.1)
+  keras = tf.keras.mixed_precision.LossScaleOptimizer(keras_inner)
+  assert tf_private.is_wrapped_by_keras_loss_scale_optimizer(keras_inner)
+  assert not tf_private.is_wrapped_by_keras_loss_scale_optimizer(
+      tf.keras.optimizers.legacy.SGD(0.1))
+  assert not tf_private.keras_loss_has_been_scaled(keras)
+  keras.get_scaled_loss(tf.constant(1.0))
+  assert tf_private.keras_loss_has_been_scaled(keras)
+
+
+def test_saveables_replaced_and_their_tensors_mapped(tmp_path):
+  # As the window's per-replica state is made: the Saver asks such a
+  # variable for its saveables (a plain variable it saves directly).
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  with tf.Graph().as_default(), strategy.scope():
+    variable = tf.Variable(
+        3.0, name="v", synchronization=tf.VariableSynchronization.ON_READ,
+        aggregation=tf.VariableAggregation.SUM)
+    factories = tf_private.saveable_factories(variable)
+    assert factories
+    key, factory = next(iter(factories.items()))
+
+    def gather():
+      def doubled(*args, **kwargs):
+        return tf_private.map_saveable_tensors(
+            factory(*args, **kwargs),
+            lambda t: (lambda: (t() if callable(t) else t) * 2.0))
+      return {key: doubled}
+
+    tf_private.replace_saveable_factories(variable, gather)
+    saver = tf.compat.v1.train.Saver([variable])
+    with tf.compat.v1.Session() as session:
+      session.run(variable.initializer)
+      path = saver.save(session, str(tmp_path / "model"))
+  assert tf.train.load_checkpoint(path).get_tensor("v") == 6.0
+
+
+def test_tracking_children_and_deferred_restores(tmp_path):
+  saved = tf.Module()
+  saved.child = tf.Variable(7.0)
+  saved.extra = tf.Variable(5.0)
+  path = tf.train.Checkpoint(root=saved).write(str(tmp_path / "c"))
+  loaded = tf.Module()
+  status = tf.train.Checkpoint(root=loaded).read(path)
+  assert sorted(tf_private.deferred_dependency_names(loaded)) == [
+      "child", "extra"]
+  child = tf.Variable(0.0)
+  tf_private.track_child(loaded, "child", child)
+  assert float(child.numpy()) == 7.0
+  assert tf_private.trackable_children(loaded)["child"] is child
+  extra = tf.Variable(0.0)
+  loaded.extra_holder = extra
+  tf_private.restore_deferred(loaded, "extra", extra)
+  assert float(extra.numpy()) == 5.0
+  del status
+
+
+def test_restored_checkpoint_of_a_position(tmp_path):
+  saved = tf.Module()
+  saved.child = tf.Variable(7.0)
+  path = tf.train.Checkpoint(root=saved).write(str(tmp_path / "c"))
+  loaded = tf.Module()
+  tf.train.Checkpoint(root=loaded).read(path)
+  # The position Checkpoint keeps for a dependency not yet claimed.
+  positions = loaded._deferred_dependencies["child"]
+  graph, where = tf_private.restored_checkpoint(positions[0])
+  assert where == path
+  assert any(c.local_name == "root" for c in graph.nodes[0].children)
+
+
+def test_local_devices_include_the_cpu():
+  assert any(d.device_type == "CPU" for d in tf_private.local_devices())
+
+
+def test_the_coordination_service_configured_in_a_fresh_process():
+  # Process-wide state: configured in a process of its own.
+  script = textwrap.dedent("""
+      import json, os
+      os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+      from estimator_accum import tf_private
+      assert not tf_private.coordination_service_configured()
+      tf_private.configure_coordination_service(
+          "/job:worker/replica:0/task:0", 5000, [("worker", 2)])
+      assert tf_private.coordination_service_configured()
+      print("configured")
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
+  assert done.returncode == 0 and "configured" in done.stdout, done.stderr
