@@ -63,6 +63,14 @@ flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, after "
 flags.DEFINE_bool("do_train", True, "Fine-tune on the train split.")
 flags.DEFINE_bool("do_eval", True, "Evaluate on the dev split.")
 flags.DEFINE_bool("do_predict", False, "Predict the test split.")
+flags.DEFINE_string("export_dir", None, "Write a SavedModel for serving "
+                    "under this directory (a numbered version directory, as "
+                    "TensorFlow Serving reads a model's base path): after "
+                    "training and evaluation, or from --output_dir's latest "
+                    "checkpoint with --do_train=false. Signatures "
+                    "serving_default (input_ids, input_mask, segment_ids -> "
+                    "probabilities) and text (raw strings, tokenized in the "
+                    "graph). See docs/bert.md.")
 flags.DEFINE_integer("train_batch_size", 8, "Micro-batch per replica.",
                      lower_bound=1)
 flags.DEFINE_integer("eval_batch_size", 64, "Eval batch.", lower_bound=1)
@@ -320,12 +328,14 @@ class ClassifierRun:
 
   def run(self):
     self._check_tpu_flags()
-    if not (self.flags.do_train or self.flags.do_eval or self.flags.do_predict):
+    if not (self.flags.do_train or self.flags.do_eval or self.flags.do_predict
+            or self.flags.export_dir):
       raise UsageError("at least one of --do_train, --do_eval, --do_predict "
-                       "must be true.")
+                       "must be true, or --export_dir given.")
     processor = classification.get_processor(self.flags.task_name)
     label_list = processor.get_labels()
     bert_config_file, vocab_file, init_checkpoint = self._model_files()
+    self.vocab_file = vocab_file
     bert_config = modeling.BertConfig.from_json_file(bert_config_file)
     try:
       modeling.check_config(bert_config)
@@ -438,10 +448,29 @@ class ClassifierRun:
       return
     self._evaluate_and_predict(estimator_for(plan), processor, tokenizer,
                           label_list)
+    if self.flags.export_dir:
+      self._export(estimator_for(plan), processor, bert_config)
     print(f"{self.output_dir}: {_directory_size(self.output_dir) / 2**20:.1f}"
           f" MB (the last {self.flags.keep_checkpoint_max} checkpoints, "
           "features, "
           "events)", flush=True)
+
+  def _export(self, estimator, processor, bert_config):
+    """Writes the SavedModel for serving (models/bert/export.py) of the
+    latest checkpoint under --export_dir, and says where."""
+    del bert_config
+    from models.bert import export  # noqa: PLC0415 (TensorFlow Text's ops)
+
+    self._require_checkpoint("export")
+    pair = any(e.text_b is not None
+               for e in processor.get_dev_examples(self.flags.data_dir))
+    path = export.export_classifier(
+        estimator, self.flags.export_dir, self.vocab_file,
+        self.flags.do_lower_case, self.flags.max_seq_length, pair=pair)
+    print(f"exported for serving to {path} (signatures serving_default: "
+          f"input_ids, input_mask, segment_ids -> probabilities; text: "
+          f"{'text, text_b' if pair else 'text'} -> probabilities)",
+          flush=True)
 
   def _replanned(self, line):
     """After running out of memory: says so, and records the halved plan."""

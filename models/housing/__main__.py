@@ -23,7 +23,7 @@ from absl import app, flags, logging  # noqa: E402
 
 import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
-from models import console, strategies, training  # noqa: E402
+from models import console, export, strategies, training  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
 from models.script_flags import FlagValues  # noqa: E402
 
@@ -39,6 +39,10 @@ flags.DEFINE_string("model_dir", None, "Where to write runs; default a "
                     "temporary directory.")
 flags.DEFINE_string("data_csv", None, "Housing CSV; default the one in the "
                     "mlxtend package.")
+flags.DEFINE_string("export_dir", None, "Also write the accumulated run's "
+                    "model as a SavedModel for serving under this directory "
+                    "(serving_default: features float32 [batch, 13] -> "
+                    "price).")
 flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
                   "multi_worker: the cluster from TF_CONFIG; trains once.")
 training.define_checkpoint_flags(flags, every_n_micro_batches=500)
@@ -97,6 +101,9 @@ def main(argv):
       "housing", train_and_evaluate, values,
       os.path.join(model_dir, f"accumulated_b{values.batch}_k{values.k}"),
       train, evaluation, values.k, values.batch)
+  if values.export_dir:
+    _export(values, os.path.join(
+        model_dir, f"accumulated_b{values.batch}_k{values.k}"), train)
   plain, plain_weights = train_and_evaluate(
       values, os.path.join(model_dir, f"plain_b{big_batch}"), train, evaluation, 1,
       big_batch)
@@ -110,6 +117,15 @@ def main(argv):
   print(f"plain       (batch {big_batch}):      eval RMSE "
         f"{plain['rmse']:.3f}, {plain['global_step']} steps")
   print(f"largest relative weight difference: {worst:.2e}")
+
+
+def _export(values, run_dir, train):
+  path = export.export_tensor_model(
+      model_fn, run_dir, values.export_dir, "features",
+      train["x"].shape[1:], params=dict(k=values.k,
+                                        learning_rate=values.learning_rate))
+  print(f"exported for serving to {path} (serving_default: features float32 "
+        f"[batch, {train['x'].shape[1]}] -> price)", flush=True)
 
 
 def _multi_worker(values, model_dir, train, evaluation):

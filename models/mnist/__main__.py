@@ -29,7 +29,13 @@ from absl import app, flags, logging  # noqa: E402
 import estimator_accum  # noqa: E402
 import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
-from models import batch_plan, console, strategies, training  # noqa: E402
+from models import (  # noqa: E402
+  batch_plan,
+  console,
+  export,
+  strategies,
+  training,
+)
 from models.mnist.model import model_fn, weight_names  # noqa: E402
 from models.script_flags import FlagValues  # noqa: E402
 
@@ -48,6 +54,10 @@ flags.DEFINE_integer("train_size", None, "Use only the first N training "
 flags.DEFINE_string("idx_dir", None, "Folder with the public idx files "
                     "(train-images-idx3-ubyte.gz, ...); default the offline "
                     "CSV.")
+flags.DEFINE_string("export_dir", None, "Also write the trained model as a "
+                    "SavedModel for serving under this directory "
+                    "(serving_default: images float32 [batch, 28, 28, 1] -> "
+                    "digit, probabilities); by the chief.")
 flags.DEFINE_enum("strategy", "none", ["none", "multi_worker"],
                   "multi_worker: the cluster from TF_CONFIG.")
 flags.DEFINE_bool("compare", True, "Also train batch k*B without "
@@ -169,6 +179,14 @@ def main(argv):
   print(f"{name}: test accuracy {metrics['accuracy']:.4f}, loss "
         f"{metrics['loss']:.4f}, {metrics['global_step']} micro-batches",
         flush=True)
+  if values.export_dir:
+    path = export.export_tensor_model(
+        model_fn, os.path.join(model_dir, name), values.export_dir, "images",
+        train["images"].shape[1:],
+        params=dict(k=k, learning_rate=values.learning_rate))
+    print(f"exported for serving to {path} (serving_default: images float32 "
+          f"[batch, {', '.join(map(str, train['images'].shape[1:]))}] -> "
+          "digit, probabilities)", flush=True)
   if not values.compare or k == 1 or strategy is not None:
     return
   plain_metrics, plain_weights = _run(

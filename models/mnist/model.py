@@ -39,7 +39,9 @@ def model_fn(features, labels, mode, params):
   logits = cnn(features)
   predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
   if mode == tf.estimator.ModeKeys.PREDICT:
-    return tf.estimator.EstimatorSpec(mode, predictions={"digit": predictions})
+    return tf.estimator.EstimatorSpec(mode, predictions={
+        "digit": predictions,
+        "probabilities": tf.nn.softmax(logits, axis=-1)})
   loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=labels, logits=logits))
   if mode == tf.estimator.ModeKeys.EVAL:
