@@ -121,11 +121,17 @@ class Watchdog:
     interval: seconds between probes (and marker rewrites).
     startup_timeout: seconds a peer may take to answer the first time.
     exit: function(code), called to end the process (`os._exit`).
+    stuck: optional function(seconds) -> bool: whether this task has been
+      waiting for its peers for that long (inside a training step). Given,
+      a lost peer ends this process only while it is stuck: a peer that
+      left after training (a worker done while the chief evaluates) ends
+      nothing. Without it, a lost peer always ends the process.
   """
 
   def __init__(self, config, model_dir=None, timeout=DEFAULT_TIMEOUT,
                interval=DEFAULT_INTERVAL,
-               startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit):
+               startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit,
+               stuck=None):
     for name, value in (("timeout", timeout), ("interval", interval),
                         ("startup_timeout", startup_timeout)):
       if not isinstance(value, (int, float)) or not value > 0:
@@ -141,6 +147,7 @@ class Watchdog:
     self.timeout, self.interval = float(timeout), float(interval)
     self.startup_timeout = max(float(startup_timeout), self.timeout)
     self._exit = exit
+    self._stuck = stuck
     now = time.monotonic()
     self.peers = [
         _Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
@@ -218,6 +225,7 @@ class Watchdog:
     if not self._thread.is_alive() and not self._stop.is_set():
       self._write_marker("running")
       self._thread.start()
+      _STARTED.append(self)
     return self
 
   def finish(self):
@@ -236,8 +244,9 @@ class Watchdog:
     self._write_marker("done")
     if self.model_dir and not any(p.task_type == tfc.PS for p in self.peers):
       self._leave_together()
-      if self._hosts_coordination_service():
-        self._outlive_peers()
+      if _hosts_coordination_service(self.task_type, self.index,
+                                     self.peers):
+        _outlive_peers(self.peers)
 
   def _leave_together(self):
     pending = [peer for peer in self.peers
@@ -263,23 +272,19 @@ class Watchdog:
       if pending:
         time.sleep(0.2)
 
-  def _hosts_coordination_service(self):
-    """Whether this task hosts TensorFlow's coordination service: the
-    chief, or worker 0 of a cluster without one."""
-    types = {p.task_type for p in self.peers} | {self.task_type}
-    return (self.task_type, self.index) == _coordination_leader(types)
+  def peers_answered(self):
+    """Counts every peer as having answered now: for a watchdog started
+    once the cluster is known to be up (a strategy connected to every
+    task), so that a peer lost before the first probe counts from now,
+    not from `startup_timeout`."""
+    now = time.monotonic()
+    for peer in self.peers:
+      peer.record(None, now)
+    return self
 
-  def _outlive_peers(self, seconds=OUTLIVE_SECONDS):
-    """The coordination service's host leaves after the other training
-    tasks have gone (their servers stop answering), for at most `seconds`:
-    a task whose service is gone while it still shuts down logs "failed to
-    connect to all addresses", although the job succeeded."""
-    deadline = time.monotonic() + seconds
-    alive = [p for p in self.peers if p.task_type in tfc.TRAINING_TYPES]
-    while alive and time.monotonic() < deadline:
-      alive = [p for p in alive if p.probe(1.0) is None]
-      if alive:
-        time.sleep(0.2)
+  def watching(self):
+    """Whether it is watching (started, not finished or stopped)."""
+    return self._thread.is_alive() and not self._stop.is_set()
 
   def stop(self):
     """Stops watching without marking this task done (it failed)."""
@@ -330,6 +335,8 @@ class Watchdog:
       silent, limit = now - peer.last_answer, self.timeout
     if silent < limit:
       return
+    if self._stuck is not None and not self._stuck(self.timeout):
+      return  # Not waiting for it: a peer gone after training ends nothing.
     never = " (it never answered)" if peer.last_answer is None else ""
     _say(f"{self.name}: lost {peer.name} at {peer.address}: no answer for "
          f"{silent:.0f} s{never} ({peer.last_error}); exiting with "
@@ -374,6 +381,37 @@ def coordination_heartbeat(seconds, config=None):
       [(job, len(cluster[job])) for job in tfc.TRAINING_TYPES
        if job in cluster])
   return True
+
+
+def _hosts_coordination_service(task_type, index, peers):
+  """Whether this task hosts TensorFlow's coordination service: the
+  chief, or worker 0 of a cluster without one."""
+  types = {p.task_type for p in peers} | {task_type}
+  return (task_type, index) == _coordination_leader(types)
+
+
+def _outlive_peers(peers, seconds=None):
+  """The coordination service's host leaves after the other training
+  tasks have gone (their servers stop answering), for at most `seconds`
+  (default OUTLIVE_SECONDS): a task whose service is gone while it still
+  shuts down logs "failed to connect to all addresses", although the job
+  succeeded."""
+  deadline = time.monotonic() + (OUTLIVE_SECONDS if seconds is None
+                                 else seconds)
+  alive = [p for p in peers if p.task_type in tfc.TRAINING_TYPES]
+  while alive and time.monotonic() < deadline:
+    alive = [p for p in alive if p.probe(1.0) is None]
+    if alive:
+      time.sleep(0.2)
+
+
+# The watchdogs started in this process (`running` reads it).
+_STARTED = []
+
+
+def running():
+  """Whether a watchdog of this process is watching its peers."""
+  return any(watchdog.watching() for watchdog in _STARTED)
 
 
 def watch(model_dir=None, timeout=DEFAULT_TIMEOUT, interval=DEFAULT_INTERVAL,

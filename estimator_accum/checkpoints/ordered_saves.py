@@ -33,7 +33,7 @@ import time
 import tensorflow as tf
 
 from estimator_accum import graph_state, tf_private
-from estimator_accum.distribution import workers
+from estimator_accum.distribution import watchdog, workers
 
 # How long a save waits for the other workers to reach it: a worker that
 # never does has died, or does not see this model_dir.
@@ -157,24 +157,31 @@ def _after_barrier(tensor, global_step, barrier):
     prefix = _checkpoint_prefix()
     if prefix is None:  # Not a name-based Saver's save: nothing to order.
       return tensor() if callable(tensor) else tensor
-    passed = _barrier_op(barrier, global_step, prefix)
+    passed, reads = _barrier_op(barrier, global_step, prefix)
     with tf.control_dependencies([passed]):
       value = tensor() if callable(tensor) else tensor
-      return tf.identity(value)
+      if not watchdog.armed():
+        return tf.identity(value)
+      # The default peer watchdog counts the save's reads, which cross
+      # workers, as waits: a peer lost during them ends this task too.
+      reads[0] += 1
+      return watchdog.ended(value)
 
   return make
 
 
 def _barrier_op(barrier, global_step, prefix):
-  """The one barrier op of the save fed through `prefix`: every window
-  variable's read in that save waits for it."""
+  """(the one barrier op of the save fed through `prefix`, which every
+  window variable's read in that save waits for; [the number of those
+  reads the default peer watchdog counts])."""
   ops = graph_state.owned("save_barriers", dict)
   if prefix.name not in ops:
     step = (tf.constant(0, tf.int64) if global_step is None else
             tf.cast(global_step.read_value(), tf.int64))
-    ops[prefix.name] = tf.numpy_function(
-        barrier.wait, [step, prefix], tf.int64, stateful=True,
-        name="save_barrier")
+    reads = [0]
+    ops[prefix.name] = (tf.numpy_function(
+        watchdog.entering(barrier.wait, lambda: reads[0]), [step, prefix],
+        tf.int64, stateful=True, name="save_barrier"), reads)
   return ops[prefix.name]
 
 

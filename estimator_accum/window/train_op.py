@@ -37,7 +37,7 @@ from estimator_accum.checkpoints.state_variables import (
   StateVariables,
   variable_base_name,
 )
-from estimator_accum.distribution import replicas
+from estimator_accum.distribution import replicas, watchdog
 from estimator_accum.distribution.placement import between_graph_worker_device
 from estimator_accum.options import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
@@ -203,6 +203,8 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
     train_op = replicas.merge(
         window.end_micro_batch, accumulated,
         *((examples,) if examples is not None else ()))
+  # In a multi-task cluster: a lost peer ends this task in bounded time.
+  train_op = watchdog.arm(train_op)
   _replace_train_ops(train_ops_before, train_op)
   _record_state(window, examples)
   return train_op, window

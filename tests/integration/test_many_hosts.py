@@ -282,3 +282,42 @@ def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
   finally:
     for run in runs:
       run.kill()
+
+
+# The watchdog a user's own script gets without asking (the job runs with
+# --peer_timeout 0: no tfconfig.health.watch of its own).
+
+DEFAULT_BOUND = 90  # seconds, with the default 60 s timeout
+
+
+def test_a_users_own_job_ends_in_bounded_time_and_restarts_exactly(
+    make_bed, tmp_path):
+  bed = make_bed(2)
+  run = hosts.Run(hosts.launch_command(
+      bed, 2, tmp_path, UPDATES, "--step_seconds", "0.2", "--save_every",
+      "2", peer_timeout=0), tmp_path, "launch")
+  try:
+    hosts.wait_for_step(tmp_path, 7, [run.process])
+    bed.cut(1)
+    cut = time.monotonic()
+    code = run.wait(DEFAULT_BOUND + 30)
+    took = time.monotonic() - cut
+    output = run.output()
+  finally:
+    run.kill()
+  assert "watching this task's peers" in output, output[-3000:]
+  assert took < DEFAULT_BOUND, (took, output[-3000:])
+  assert code == health.PEER_LOST_EXIT, (code, output[-3000:])
+  assert re.search(r"lost worker:[01] at [0-9.]+:2222: no answer for \d+ s",
+                   output), output[-3000:]
+  bed.restore(1)
+  result = subprocess.run(
+      hosts.launch_command(bed, 2, tmp_path, UPDATES, "--save_every", "2",
+                           peer_timeout=0),
+      cwd=hosts.ROOT, capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  resumed = re.search(r"\[worker:0\] starting at micro-batch (\d+)",
+                      result.stdout)
+  assert resumed and int(resumed.group(1)) > 0, result.stdout[-2000:]
+  hosts.assert_final_weights(tmp_path, 2, UPDATES,
+                             "a user's own job, restarted after a cut")

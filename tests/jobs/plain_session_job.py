@@ -39,7 +39,7 @@ def bert_pretrained(bert_config_file, init_checkpoint, hf_dir):
 
   from harness.texts import SENTENCES
   from models.bert import modeling, tokenization
-  from tests import bert_numpy_reference
+  from tests.helpers import bert_numpy_reference
 
   tokenizer = tokenization.FullTokenizer(
       os.path.join(os.path.dirname(bert_config_file), "vocab.txt"), True)

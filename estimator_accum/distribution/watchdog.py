@@ -1,0 +1,172 @@
+"""A lost peer ends a multi-worker job in bounded time, by default.
+
+A graph-mode MultiWorkerMirroredStrategy (or parameter-server) task whose
+peer is cut off waits in `session.run` forever: the collective, or the
+remote variable read, never returns. `tfconfig.health.watch(model_dir)`
+ends it, and the project's scripts call it; a user's own script does not
+know to. So the first accumulating train op a process builds in a
+TF_CONFIG cluster of two or more training tasks arms a watchdog
+(`tfconfig.health.Watchdog`, no markers) that asks every peer for its
+status, as the explicit one does (every peer counted as up when it starts:
+the strategy connected to each before the train op is built), and ends
+this process with exit 150 and
+one line naming the peer only while this task is stuck: inside a training
+step that has not finished for the watchdog's timeout, while the peer has
+not answered for as long. A peer that left normally (a worker done while
+the chief evaluates, or exits later) ends nothing: this task is not in a
+step then.
+
+The train op marks each step's start and end (two host ops, `arm`); the
+watchdog reads them. Not armed when a watchdog of `tfconfig.health` already
+runs in the process, and not with ESTIMATOR_ACCUM_PEER_WATCHDOG=0.
+ESTIMATOR_ACCUM_PEER_TIMEOUT sets its timeout (seconds, default 60).
+"""
+
+import os
+import sys
+import threading
+import time
+
+import tensorflow as tf
+
+from tfconfig import config as tfc
+from tfconfig import health
+
+ENABLED_ENV = "ESTIMATOR_ACCUM_PEER_WATCHDOG"
+TIMEOUT_ENV = "ESTIMATOR_ACCUM_PEER_TIMEOUT"
+
+
+class Steps:
+  """When this task began to wait for what it is waiting for (a training
+  step, a save's reads of the window), None when it waits for nothing
+  (thread safe: the watchdog's thread reads what the session's threads
+  write). `enter(n)` starts n waits, `leave()` ends one."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._since = None
+    self._pending = 0
+
+  def enter(self, count=1):
+    if count <= 0:
+      return 0
+    with self._lock:
+      if self._since is None:
+        self._since = time.monotonic()
+      self._pending += int(count)
+    return 0
+
+  def leave(self):
+    with self._lock:
+      self._pending = max(self._pending - 1, 0)
+      if not self._pending:
+        self._since = None
+    return 0
+
+  def stuck(self, seconds):
+    """Whether the current step started `seconds` or more ago."""
+    with self._lock:
+      since = self._since
+    return since is not None and time.monotonic() - since >= seconds
+
+
+_STEPS = Steps()
+_ARMED = []
+
+
+def _cluster():
+  """This task's TF_CONFIG when it is a training task of a cluster of two
+  or more training tasks, else None."""
+  try:
+    config = tfc.from_environment()
+  except tfc.TFConfigError:
+    return None
+  task = (config or {}).get(tfc.TASK) or {}
+  if task.get(tfc.TYPE) not in tfc.TRAINING_TYPES:
+    return None
+  training = [t for t, _ in tfc.tasks(config) if t in tfc.TRAINING_TYPES]
+  return config if len(training) >= 2 else None
+
+
+def _timeout():
+  value = os.environ.get(TIMEOUT_ENV)
+  if value is None:
+    return health.DEFAULT_TIMEOUT
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = -1.0
+  if not seconds > 0:
+    raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got "
+                     f"{value!r}.")
+  return seconds
+
+
+def _start_once(config):
+  """Starts this process's watchdog, once, and says so in one line;
+  whether it runs (not when the script watches its peers itself)."""
+  if _ARMED:
+    return _ARMED[0]
+  if health.running():
+    _ARMED.append(False)
+    return False
+  _ARMED.append(True)
+  timeout = _timeout()
+  health.Watchdog(config, timeout=timeout,
+                  interval=min(health.DEFAULT_INTERVAL, timeout / 2),
+                  stuck=_STEPS.stuck).peers_answered().start()
+  # Beside the watchdog's own lines, where a user looks when a job ends.
+  sys.stderr.write(
+      f"[tfconfig] watching this task's peers: one silent for {timeout:g} s "
+      f"while this task waits in a training step ends it with exit "
+      f"{health.PEER_LOST_EXIT} and one line (estimator_accum; "
+      f"{ENABLED_ENV}=0 turns it off)\n")
+  sys.stderr.flush()
+  return True
+
+
+def armed():
+  """Whether this process's default watchdog runs."""
+  return bool(_ARMED and _ARMED[0])
+
+
+def entering(function, count):
+  """`function` (a host op's), marking `count()` waits begun as it starts:
+  a multi-worker save's barrier, before the save's reads of the window."""
+
+  def wrapped(*args):
+    _STEPS.enter(count())
+    return function(*args)
+
+  return wrapped
+
+
+def ended(value):
+  """`value` (a tensor), read once one wait has been marked ended after
+  it (a save's read of the window, which crosses workers)."""
+  with tf.control_dependencies([value]):
+    left = tf.numpy_function(_STEPS.leave, [], tf.int64, stateful=True,
+                             name="peer_watch_read_ended")
+  with tf.control_dependencies([left]):
+    return tf.identity(value)
+
+
+def arm(train_op):
+  """`train_op`, marking where each step starts and ends for the
+  watchdog, and the watchdog started, in a multi-task cluster; else
+  `train_op` as it is."""
+  if os.environ.get(ENABLED_ENV, "1") == "0":
+    return train_op
+  config = _cluster()
+  if config is None:
+    return train_op
+  if not _start_once(config):
+    return train_op
+  # A host op with no inputs runs as the step starts; the other after
+  # every op of the step.
+  entered = tf.numpy_function(_STEPS.enter, [], tf.int64, stateful=True,
+                              name="peer_watch_step_started")
+  with tf.control_dependencies([train_op, entered]):
+    left = tf.numpy_function(_STEPS.leave, [], tf.int64, stateful=True,
+                             name="peer_watch_step_ended")
+  return tf.group(train_op, left, name="train_op_watched")

@@ -1,0 +1,110 @@
+"""The peer watchdog every multi-task job gets by default
+(estimator_accum/distribution/watchdog.py), on loopback: no false failure
+when tasks end at different times, a frozen peer ends a task stuck in a
+step, and off when asked. The job runs with --peer_timeout 0: no
+tfconfig.health.watch of its own, as a user's own script."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import hosts
+from tfconfig import health
+
+pytestmark = pytest.mark.slow
+
+UPDATES = 6
+
+
+def _command(model_dir, *extra):
+  return [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+          "--timeout", "300", "--grace", "2", "--",
+          *hosts.job_flags(model_dir, UPDATES, *extra, peer_timeout=0)]
+
+
+def _env(**values):
+  return dict(os.environ, ESTIMATOR_ACCUM_PEER_TIMEOUT="4", **values)
+
+
+def test_a_chief_working_on_after_the_others_left_is_not_failed(tmp_path):
+  # worker 1 leaves as soon as training ends; worker 0 works on for three
+  # times the watchdog's timeout, its peer silent all along.
+  done = subprocess.run(
+      _command(tmp_path, "--chief_seconds_after", "12"), cwd=hosts.ROOT,
+      capture_output=True, text=True, timeout=300, env=_env())
+  output = done.stdout + done.stderr
+  assert done.returncode == 0, output[-3000:]
+  assert "watching this task's peers" in output
+  assert "lost worker" not in output
+  hosts.assert_final_weights(tmp_path, 2, UPDATES, "watched by default")
+
+
+def test_a_frozen_peer_ends_a_task_stuck_in_a_step(tmp_path):
+  run = hosts.Run(_command(tmp_path, "--step_seconds", "0.3", "--save_every",
+                           "1"), tmp_path, "launch", env=_env())
+  frozen = []
+  try:
+    hosts.wait_for_step(tmp_path, 3, [run.process])
+    frozen = [pid for pid in _task_pids(run.process.pid)
+              if "--model_dir" in _cmdline(pid) and
+              re.search(r'"index":\s*1\b', _environ(pid))]
+    assert frozen
+    for pid in frozen:
+      os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    code = run.wait(60)
+    took = time.monotonic() - stopped
+  finally:
+    for pid in frozen:
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    run.kill()
+  output = run.output()
+  assert code == health.PEER_LOST_EXIT, (code, output[-3000:])
+  assert took < 30, (took, output[-3000:])
+  assert re.search(r"worker:0: lost worker:1 at [0-9.]+:\d+: no answer",
+                   output), output[-3000:]
+
+
+def test_it_is_off_when_asked(tmp_path):
+  done = subprocess.run(
+      _command(tmp_path), cwd=hosts.ROOT, capture_output=True, text=True,
+      timeout=300, env=_env(ESTIMATOR_ACCUM_PEER_WATCHDOG="0"))
+  assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+  assert "watching this task's peers" not in done.stdout + done.stderr
+
+
+def _task_pids(root):
+  """Every descendant of process `root`."""
+  found, frontier = [], [root]
+  while frontier:
+    pid = frontier.pop()
+    try:
+      children = open(f"/proc/{pid}/task/{pid}/children").read().split()
+    except OSError:
+      continue
+    for child in map(int, children):
+      found.append(child)
+      frontier.append(child)
+  return found
+
+
+def _cmdline(pid):
+  try:
+    return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+  except OSError:
+    return ""
+
+
+def _environ(pid):
+  try:
+    return open(f"/proc/{pid}/environ").read()
+  except OSError:
+    return ""
