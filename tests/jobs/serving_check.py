@@ -55,7 +55,7 @@ def main():
       os.path.abspath(__file__)))))
   from data import classification  # noqa: PLC0415
   processor = classification.get_processor(task)
-  examples = processor.get_dev_examples(data_dir)
+  examples = processor.get_dev_examples(data_dir or None)
   model = tf.saved_model.load(export_path)
   serving = model.signatures["serving_default"]
   path, features = _features(output_dir, length)

@@ -1,0 +1,146 @@
+"""Slurm for real: a one-node cluster of Debian's slurm-wlm and munge
+(tests/helpers/slurm_cluster.py, started for this module, stopped after)
+runs the launcher's `tfconfig slurm` through srun and sbatch: training
+equal to the big batch, the sbatch script of docs/distributed.md to a
+finished job, scancel leaving no task behind, and a requeued job resuming
+exactly. `.ci/run` installs the packages; without them these tests skip,
+naming what is missing."""
+
+import os
+import pathlib
+import re
+import sys
+import time
+
+import pytest
+
+from harness import hosts
+from tests.helpers import slurm_cluster
+
+pytestmark = pytest.mark.slow
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = (ROOT / "docs" / "distributed.md").read_text()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+  absent = slurm_cluster.missing()
+  if absent:
+    pytest.skip(f"Slurm is not installed here ({', '.join(absent)}): "
+                "apt-get install slurm-wlm munge (.ci/run does)")
+  if os.geteuid() != 0:
+    pytest.skip("the one-node Slurm cluster runs its daemons as root")
+  made = slurm_cluster.SlurmCluster(tmp_path_factory.mktemp("slurm"))
+  made.env["PATH"] = f"{pathlib.Path(sys.executable).parent}:" + (
+      made.env["PATH"])
+  try:
+    yield made.start()
+  finally:
+    made.stop()
+
+
+def _job_command(model_dir, updates, *extra, port_base):
+  return [sys.executable, "-m", "tfconfig", "slurm", "--port_base",
+          str(port_base), "--",
+          *hosts.job_flags(model_dir, updates, *extra, peer_timeout=0)]
+
+
+def _port_base():
+  # Two free ports in a row for the two tasks.
+  while True:
+    port = slurm_cluster._free_port()  # noqa: SLF001
+    if port < 65000:
+      return port
+
+
+def _tasks_of(model_dir):
+  """The processes still running with `model_dir` on their command line."""
+  found = []
+  for pid in os.listdir("/proc"):
+    if not pid.isdigit():
+      continue
+    try:
+      line = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+    except OSError:
+      continue
+    if str(model_dir) in line and any(
+        job in line for job in ("multiworker_job", "models.mnist", "srun",
+                                "tfconfig slurm")):
+      found.append((int(pid), line[:200]))
+  return found
+
+
+def test_srun_trains_equal_to_the_big_batch(cluster, tmp_path):
+  started = time.monotonic()
+  done = cluster.run(["srun", "-n", "2", *_job_command(
+      tmp_path, 4, port_base=_port_base())], cwd=ROOT, timeout=300)
+  took = time.monotonic() - started
+  assert "saved final weights" in done.stdout, done.stdout[-2000:]
+  hosts.assert_final_weights(tmp_path, 2, 4, f"srun -n 2 ({took:.0f} s)")
+  assert not _tasks_of(tmp_path)
+
+
+def test_the_documented_sbatch_script_finishes(cluster, tmp_path):
+  block = re.search(r"<!-- sbatch-check:start -->\n```bash\n(.*?)```", DOCS,
+                    re.S)
+  assert block, "docs/distributed.md has no sbatch-check block"
+  script = tmp_path / "check.sbatch"
+  script.write_text(block.group(1))
+  run_dir, output = tmp_path / "run", tmp_path / "slurm-%j.out"
+  # One node here: the command line's resources over the script's.
+  submitted = cluster.run(
+      ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2",
+       f"--output={output}", f"--chdir={ROOT}",
+       f"--export=ALL,RUN_DIR={run_dir}", str(script)])
+  job = submitted.stdout.strip().split(";")[0]
+  state = cluster.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED",
+                                     "TIMEOUT", "NODE_FAIL"}, 400)
+  log = (tmp_path / f"slurm-{job}.out").read_text()
+  assert state == "COMPLETED", log[-3000:]
+  assert re.search(r"test accuracy 0\.\d+", log), log[-3000:]
+  assert not _tasks_of(run_dir)
+
+
+def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags):
+  script = tmp_path / "job.sbatch"
+  command = " ".join(_job_command(model_dir, updates, "--step_seconds",
+                                  "0.2", "--save_every", "2",
+                                  port_base=_port_base()))
+  script.write_text(f"#!/bin/bash\nsrun {command}\n")
+  submitted = cluster.run(
+      ["sbatch", "--parsable", "--ntasks=2", "--open-mode=append",
+       f"--output={tmp_path}/job.out", f"--chdir={ROOT}", *sbatch_flags,
+       str(script)])
+  return submitted.stdout.strip().split(";")[0]
+
+
+def test_scancel_leaves_no_task_behind(cluster, tmp_path):
+  model_dir = tmp_path / "run"
+  job = _submit(cluster, tmp_path, model_dir, 200)
+  hosts.wait_for_step(model_dir, 3, [], seconds=180)
+  assert _tasks_of(model_dir)
+  cancelled = time.monotonic()
+  cluster.run(["scancel", job])
+  while _tasks_of(model_dir):
+    assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
+    time.sleep(0.2)
+  assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+
+
+def test_a_requeued_job_resumes_exactly(cluster, tmp_path):
+  model_dir = tmp_path / "run"
+  updates = 30
+  job = _submit(cluster, tmp_path, model_dir, updates, "--requeue")
+  hosts.wait_for_step(model_dir, 7, [], seconds=180)
+  cluster.run(["scontrol", "requeue", job])
+  state = cluster.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED"},
+                               400)
+  log = (tmp_path / "job.out").read_text()
+  assert state == "COMPLETED", log[-3000:]
+  starts = [int(s) for s in re.findall(
+      r"\[worker:0\] starting at micro-batch (\d+)|starting at micro-batch "
+      r"(\d+)", log) for s in s if s]
+  assert 0 in starts and any(s > 0 for s in starts), log[-3000:]
+  hosts.assert_final_weights(model_dir, 2, updates, "requeued by Slurm")
+  assert not _tasks_of(model_dir)
