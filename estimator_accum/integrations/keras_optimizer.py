@@ -236,6 +236,24 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling):
           use_legacy_optimizer=cls._LEGACY_KIND)
     return cls(inner, **config)
 
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    # TensorFlow 2 revives a Keras optimizer from a SavedModel without the
+    # window (the new kind as Keras's RestoredOptimizer, which cannot take
+    # its state back; the legacy kind from its config, its state and
+    # micro-batch count left behind: a resumed fit would train silently
+    # wrong). Refused at save, in one line, with what to do instead.
+    if save_type == "savedmodel" and (
+        tf.compat.v1.executing_eagerly_outside_functions()):
+      raise ValueError(
+          "a model compiled with AccumulatingKerasOptimizer cannot be saved "
+          "in the SavedModel format with its optimizer: TensorFlow's loader "
+          "does not bring the window back, and training resumed from it "
+          "would not be the big batch's. To resume, save a .keras file "
+          "(model.save('model.keras')) or save_weights/tf.train.Checkpoint, "
+          "which keep the window exactly; to serve, pass "
+          "include_optimizer=False.")
+    return super()._trackable_children(save_type, **kwargs)
+
   def _check_not_loss_scaled_outside(self):
     """Refuses a Keras LossScaleOptimizer around the wrapper: it would
     all-reduce, check and skip every micro-batch, and call the wrapper
