@@ -24,9 +24,8 @@ OVERRIDDEN_HOOKS = (
     (tf.compat.v1.train.Optimizer, "_create_or_restore_slot_variable"),
     (tf.compat.v1.train.Optimizer, "_lookup_dependency"),
     (tf.keras.optimizers.legacy.Optimizer, "_create_or_restore_slot_variable"),
-    # (what a Keras SavedModel with the wrapper is refused through)
+    # (what a SavedModel with the new kind's optimizer is refused through)
     (tf.keras.optimizers.Optimizer, "_trackable_children"),
-    (tf.keras.optimizers.legacy.Optimizer, "_trackable_children"),
 )
 
 # Graph surgery ------------------------------------------------------------

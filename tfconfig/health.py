@@ -111,57 +111,10 @@ class _Peer:
       return error.code().name.lower().replace("_", " ")
 
 
-class Watchdog:
-  """Watches every other task of `config`; see the module docstring.
-
-  Args:
-    config: TF_CONFIG dict with "task" (as `tfconfig.from_environment`).
-    model_dir: optional str, the job's shared model_dir (markers).
-    timeout: seconds without an answer after which a peer is lost.
-    interval: seconds between probes (and marker rewrites).
-    startup_timeout: seconds a peer may take to answer the first time.
-    exit: function(code), called to end the process (`os._exit`).
-    stuck: optional function(seconds) -> bool: whether this task has been
-      waiting for its peers for that long (inside a training step). Given,
-      a lost peer ends this process only while it is stuck: a peer that
-      left after training (a worker done while the chief evaluates) ends
-      nothing. Without it, a lost peer always ends the process.
-  """
-
-  def __init__(self, config, model_dir=None, timeout=DEFAULT_TIMEOUT,
-               interval=DEFAULT_INTERVAL,
-               startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit,
-               stuck=None):
-    for name, value in (("timeout", timeout), ("interval", interval),
-                        ("startup_timeout", startup_timeout)):
-      if not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0, got "
-                         f"{value!r}")
-    if interval > timeout:
-      raise ValueError(f"interval ({interval}) must not exceed timeout "
-                       f"({timeout})")
-    task = config[tfc.TASK]
-    self.task_type, self.index = task[tfc.TYPE], int(task[tfc.INDEX])
-    self.name = _name(self.task_type, self.index)
-    self.model_dir = model_dir
-    self.timeout, self.interval = float(timeout), float(interval)
-    self.startup_timeout = max(float(startup_timeout), self.timeout)
-    self._exit = exit
-    self._stuck = stuck
-    now = time.monotonic()
-    self.peers = [
-        _Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
-        for task_type, index in tfc.tasks(config)
-        if task_type != tfc.EVALUATOR and
-        (task_type, index) != (self.task_type, self.index)]
-    self._beat = 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._loop, daemon=True,
-                                    name="tfconfig-peer-watchdog")
-    self._pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=max(1, len(self.peers)))
-
-  # Markers --------------------------------------------------------------
+class _Markers:
+  """The watchdog's marker files in `model_dir/.estimator_accum_tasks/`:
+  this task's, rewritten every interval, and its peers', read (the
+  `Watchdog`'s attributes: model_dir, task_type, index, name, timeout)."""
 
   def _marker(self, task_type, index):
     return os.path.join(self.model_dir, MARKER_DIR,
@@ -218,6 +171,57 @@ class Watchdog:
            "model_dir on storage all of them see (GCS, S3, NFS); exiting "
            f"with {MODEL_DIR_NOT_SHARED_EXIT}")
       self._exit(MODEL_DIR_NOT_SHARED_EXIT)
+
+
+class Watchdog(_Markers):
+  """Watches every other task of `config`; see the module docstring.
+
+  Args:
+    config: TF_CONFIG dict with "task" (as `tfconfig.from_environment`).
+    model_dir: optional str, the job's shared model_dir (markers).
+    timeout: seconds without an answer after which a peer is lost.
+    interval: seconds between probes (and marker rewrites).
+    startup_timeout: seconds a peer may take to answer the first time.
+    exit: function(code), called to end the process (`os._exit`).
+    stuck: optional function(seconds) -> bool: whether this task has been
+      waiting for its peers for that long (inside a training step). Given,
+      a lost peer ends this process only while it is stuck: a peer that
+      left after training (a worker done while the chief evaluates) ends
+      nothing. Without it, a lost peer always ends the process.
+  """
+
+  def __init__(self, config, model_dir=None, timeout=DEFAULT_TIMEOUT,
+               interval=DEFAULT_INTERVAL,
+               startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit,
+               stuck=None):
+    for name, value in (("timeout", timeout), ("interval", interval),
+                        ("startup_timeout", startup_timeout)):
+      if not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds > 0, got "
+                         f"{value!r}")
+    if interval > timeout:
+      raise ValueError(f"interval ({interval}) must not exceed timeout "
+                       f"({timeout})")
+    task = config[tfc.TASK]
+    self.task_type, self.index = task[tfc.TYPE], int(task[tfc.INDEX])
+    self.name = _name(self.task_type, self.index)
+    self.model_dir = model_dir
+    self.timeout, self.interval = float(timeout), float(interval)
+    self.startup_timeout = max(float(startup_timeout), self.timeout)
+    self._exit = exit
+    self._stuck = stuck
+    now = time.monotonic()
+    self.peers = [
+        _Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
+        for task_type, index in tfc.tasks(config)
+        if task_type != tfc.EVALUATOR and
+        (task_type, index) != (self.task_type, self.index)]
+    self._beat = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._loop, daemon=True,
+                                    name="tfconfig-peer-watchdog")
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, len(self.peers)))
 
   # The loop ---------------------------------------------------------------
 

@@ -58,7 +58,40 @@ def is_of_the_new_kind(optimizer):
           tf.compat.v1.executing_eagerly_outside_functions())
 
 
-class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling):
+class _KerasConfig:
+  """How the wrapper is saved: its Keras config (both kinds)."""
+
+  def get_config(self):
+    """The wrapper's arguments, the inner optimizer serialized as Keras
+    serializes optimizers: `from_config` makes a new wrapper around a new
+    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
+    compiled model's optimizer this way into every graph it builds.
+
+    A `tf.compat.v1.train` inner optimizer, `communication_options` and
+    `after_update` are held as the objects themselves (they have no Keras
+    config): such a config is for `from_config`, not for JSON.
+    """
+    config = self._window.arguments()
+    inner = config.pop("optimizer")
+    if isinstance(inner, (tf.keras.optimizers.legacy.Optimizer,
+                          tf.keras.optimizers.Optimizer)):
+      inner = tf.keras.optimizers.serialize(inner)
+    return {"optimizer": inner, **config}
+
+  @classmethod
+  def from_config(cls, config, custom_objects=None):
+    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
+    when it was serialized)."""
+    config = dict(config)
+    inner = config.pop("optimizer")
+    if isinstance(inner, dict):
+      # Keras's deserialize rewrites the dict it is given.
+      inner = tf.keras.optimizers.deserialize(
+          copy.deepcopy(inner), custom_objects=custom_objects,
+          use_legacy_optimizer=cls._LEGACY_KIND)
+    return cls(inner, **config)
+
+class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
   """Accumulation for code that takes a Keras optimizer: Keras's
   `model.fit` and a custom `train_step` in TensorFlow 2, TensorFlow 2's
   canned estimators (`tf.estimator.DNNRegressor`, `LinearClassifier`,
@@ -205,54 +238,6 @@ class AccumulatingKerasOptimizer(Wrapper, KerasLossScaling):
     return self._window.train_op(
         self, self.iterations, grads_and_vars=grads_and_vars,
         scaled_by_caller=True, times=self._replicas_summed())
-
-  def get_config(self):
-    """The wrapper's arguments, the inner optimizer serialized as Keras
-    serializes optimizers: `from_config` makes a new wrapper around a new
-    inner optimizer. `tf.keras.estimator.model_to_estimator` clones a
-    compiled model's optimizer this way into every graph it builds.
-
-    A `tf.compat.v1.train` inner optimizer, `communication_options` and
-    `after_update` are held as the objects themselves (they have no Keras
-    config): such a config is for `from_config`, not for JSON.
-    """
-    config = self._window.arguments()
-    inner = config.pop("optimizer")
-    if isinstance(inner, (tf.keras.optimizers.legacy.Optimizer,
-                          tf.keras.optimizers.Optimizer)):
-      inner = tf.keras.optimizers.serialize(inner)
-    return {"optimizer": inner, **config}
-
-  @classmethod
-  def from_config(cls, config, custom_objects=None):
-    """A new wrapper from `get_config`'s dict (the inner optimizer new too,
-    when it was serialized)."""
-    config = dict(config)
-    inner = config.pop("optimizer")
-    if isinstance(inner, dict):
-      # Keras's deserialize rewrites the dict it is given.
-      inner = tf.keras.optimizers.deserialize(
-          copy.deepcopy(inner), custom_objects=custom_objects,
-          use_legacy_optimizer=cls._LEGACY_KIND)
-    return cls(inner, **config)
-
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
-    # TensorFlow 2 revives a Keras optimizer from a SavedModel without the
-    # window (the new kind as Keras's RestoredOptimizer, which cannot take
-    # its state back; the legacy kind from its config, its state and
-    # micro-batch count left behind: a resumed fit would train silently
-    # wrong). Refused at save, in one line, with what to do instead.
-    if save_type == "savedmodel" and (
-        tf.compat.v1.executing_eagerly_outside_functions()):
-      raise ValueError(
-          "a model compiled with AccumulatingKerasOptimizer cannot be saved "
-          "in the SavedModel format with its optimizer: TensorFlow's loader "
-          "does not bring the window back, and training resumed from it "
-          "would not be the big batch's. To resume, save a .keras file "
-          "(model.save('model.keras')) or save_weights/tf.train.Checkpoint, "
-          "which keep the window exactly; to serve, pass "
-          "include_optimizer=False.")
-    return super()._trackable_children(save_type, **kwargs)
 
   def _check_not_loss_scaled_outside(self):
     """Refuses a Keras LossScaleOptimizer around the wrapper: it would

@@ -97,6 +97,22 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
         urllib.parse.unquote(k[len(_WINDOW_KEY):]): np.asarray(store[k])
         for k in keys if k.startswith(_WINDOW_KEY)})
 
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    # TensorFlow's SavedModel loader revives a Keras optimizer of this kind
+    # as Keras's RestoredOptimizer, which cannot take the window's state
+    # back (load_model failed with "'RestoredOptimizer' object has no
+    # attribute 'add_slot'"): refused at save, in one line, with what to do.
+    if save_type == "savedmodel":
+      raise ValueError(
+          "a model compiled with AccumulatingKerasOptimizer around a "
+          "tf.keras.optimizers.Optimizer cannot be saved in the SavedModel "
+          "format with its optimizer: TensorFlow's loader does not bring the "
+          "window back. To resume, save a .keras file "
+          "(model.save('model.keras')) or save_weights/tf.train.Checkpoint, "
+          "which keep the window exactly; to serve, pass "
+          "include_optimizer=False.")
+    return super()._trackable_children(save_type, **kwargs)
+
   def finalize_variable_values(self, var_list):
     """At the end of `fit`: the inner optimizer's (an EMA's averages
     written into the model's variables)."""

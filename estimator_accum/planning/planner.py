@@ -399,7 +399,17 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   if len(choices) > 1:
     return _modelled_plan(build, plan, candidates, choices, log, started,
                           memory_budget_mb)
-  options = _build_options(build, *choices[0])
+  return _largest_down_plan(build, plan, candidates, choices[0], log,
+                            started, memory_budget_mb)
+
+
+def _largest_down_plan(build, plan, candidates, choice, log, started,
+                       memory_budget_mb):
+  """`plan_micro_batch` for one (recompute, accumulator_placement) `choice`:
+  the largest candidate that fits, measured from the largest down."""
+  share, margin, device = plan.per_replica, plan.margin, plan.device
+  budget = plan.budget_bytes
+  options = _build_options(build, *choice)
   measured = {}
 
   def fits(index):
@@ -428,8 +438,8 @@ def plan_micro_batch(build=None, effective_batch=None, *,
         f", over {_mb(plan.limit_bytes)} (the budget less the {margin:.0%} "
         "margin)")
   return _split(plan, candidates[best], measurements=measurements,
-                planning_seconds=elapsed, recompute=choices[0][0],
-                accumulator_placement=choices[0][1])
+                planning_seconds=elapsed, recompute=choice[0],
+                accumulator_placement=choice[1])
 
 
 def _split(plan, micro_batch, **fields):

@@ -74,52 +74,32 @@ def build_accumulating_train_op(
     name=DEFAULT_NAME):
   """Returns a train op that applies one update every `k` micro-batches.
 
-  Call it where you would call `optimizer.minimize(loss, global_step)`, e.g.
-  in a `model_fn`:
+  Call it where you would call `optimizer.minimize(loss, global_step)`, in
+  a `model_fn` (an example: README.md). The contract:
 
-  ```python
-  def model_fn(features, labels, mode, params):
-    loss = ...
-    optimizer = tf.compat.v1.train.AdamOptimizer(1e-3)
-    train_op = estimator_accum.build_accumulating_train_op(
-        loss, optimizer, k=params["k"], clip_norm=1.0)
-    return tf.estimator.EstimatorSpec(
-        mode, loss=loss, train_op=train_op,
-        training_hooks=[estimator_accum.AccumulationLoggingHook()])
-  ```
-
-  The contract:
-
-  - Window: micro-batches are grouped in windows of k (on each replica).
-    The k-th micro-batch of a window (`(global_step + 1) % k == 0`) applies
-    one update; the other k-1 call no optimizer: no weight, slot or
-    optimizer counter moves.
+  - Window: the k-th micro-batch of a window (`(global_step + 1) % k ==
+    0`, on each replica) applies one update; the other k-1 call no
+    optimizer: no weight, slot or optimizer counter moves.
   - Scaling: the update's gradient is the mean over the window's
-    micro-batches and over every replica and worker, all-reduced once per
-    window (weighted by `num_examples` if given; the sum with
-    `reduction="sum"`). Do not divide the loss by k or by the number of
-    replicas.
-  - Counting: `global_step` counts micro-batches (so Estimator's `max_steps`
-    does too), incremented by one after each micro-batch's work; use
-    `update_count(k)` for schedules that count updates (a hyperparameter
-    computed from `global_step` itself is warned about, and an
-    AdagradDAOptimizer given it is refused: its update reads the count).
-  - Clipping: `clip_norm` clips the window's mean by global norm, as
-    clipping the big batch would, not each micro-batch.
-  - Non-finite windows: a window whose gradient holds a NaN or Inf is
-    skipped whole (no update, accumulators zeroed, `skipped_windows` + 1, a
-    warning); after `max_consecutive_skipped_windows` skipped in a row the
-    run stops with an InvalidArgumentError saying "training diverged".
-  - Resume: the window in progress (its sums, counts and divisor) is saved
-    in checkpoints and restored exactly; a run resumed with another k or
-    number of replicas ends that window at its next multiple of k, as the
-    mean of what it holds. A step that fails for want of input (the end of
-    a finite dataset) adds nothing to the window; a window the input ends in
-    stays in the checkpoint, not applied.
-  - Refused, with an error naming the argument: eager execution or a
-    tf.function, cross-replica context, a second train op on the same
-    counter, ProximalAdagrad under a strategy, compact sparse accumulation
-    over several replicas, and the argument errors listed under Raises.
+    micro-batches and every replica and worker, all-reduced once per window
+    (weighted by `num_examples` if given; the sum with `reduction="sum"`).
+    Do not divide the loss by k or by the number of replicas.
+  - Counting: `global_step` counts micro-batches (so do Estimator's
+    `max_steps`), one after each micro-batch's work; schedules that count
+    updates use `update_count(k)` (one computed from `global_step` is
+    warned about; an AdagradDAOptimizer given it is refused).
+  - Clipping: `clip_norm` clips the window's mean, as the big batch's.
+  - Non-finite windows are skipped whole (no update, accumulators zeroed,
+    `skipped_windows` + 1, a warning); `max_consecutive_skipped_windows` in
+    a row stop the run ("training diverged").
+  - Resume: the open window is saved in checkpoints and restored exactly
+    (with another k or number of replicas it ends at its next multiple of
+    k, as the mean of what it holds). A step that finds its input ended
+    adds nothing; a window the input ends in stays in the checkpoint.
+  - Refused, naming the argument: eager execution or a tf.function,
+    cross-replica context, a second train op on the same counter,
+    ProximalAdagrad under a strategy, compact sparse accumulation over
+    several replicas, and the errors under Raises.
 
   Args:
     loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
@@ -128,8 +108,7 @@ def build_accumulating_train_op(
       BERT's AdamWeightDecay) or a `tf.keras.optimizers.legacy.Optimizer`.
     k: int >= 1, micro-batches per update.
     global_step: int64 scalar variable counting micro-batches; default
-      `tf.compat.v1.train.get_or_create_global_step()`. It is incremented by
-      one every micro-batch, after the accumulate/apply work.
+      `tf.compat.v1.train.get_or_create_global_step()`.
     var_list: list of tf.Variable to train; default all trainable variables.
     num_examples: optional scalar tensor, the number of examples in this
       micro-batch. Each micro-batch's gradient is then weighted by its size,
@@ -139,22 +118,17 @@ def build_accumulating_train_op(
       summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
       communication_options, table_all_reduce, communication_dtype,
       overlap_backward, sequential_apply, after_update,
-      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
-      window options, keyword-only, each documented with its check in
-      `estimator_accum.options.OPTIONS` and in docs/user_guide.md
-      ("Options").
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name:
+      the window options, documented in `estimator_accum.options.OPTIONS`.
 
   Returns:
     A tf.Operation: run it once per micro-batch.
 
   Raises:
-    TypeError: `k` is not an int, `loss` is not a floating tensor,
-      `optimizer` is not an optimizer this function can drive, `global_step`
-      is not an integer variable, or another argument has the wrong type.
-    ValueError: `k < 1`, `loss` or `global_step` is not a scalar, no
-      trainable variable has a gradient, `name` is not a scope name, an
-      AdagradDAOptimizer counts its steps with `global_step`, or the
-      arguments conflict.
+    TypeError: an argument of the wrong type (`k`, `loss`, `optimizer`,
+      `global_step`, ...).
+    ValueError: `k < 1`, `loss` or `global_step` not a scalar, no gradient,
+      a bad `name`, AdagradDA counting `global_step`, conflicting arguments.
     RuntimeError: called eagerly, or in cross-replica context.
   """
   settings = WindowSettings.checked(

@@ -4,6 +4,7 @@ with tf.saved_model.load, and TensorFlow's saved_model_cli), with the
 text signature's in-graph tokenization against models.bert.tokenization."""
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ from tests.integration import test_run_classifier as base
 
 pytestmark = pytest.mark.slow
 
-tiny_model, sst2 = base.tiny_model, base.sst2
+tiny_model = base.tiny_model
 TOLERANCE = 1e-5
 
 
@@ -44,6 +45,21 @@ def _check(path, output_dir, task, data, model):
   return json.loads(line[len("RESULT "):])
 
 
+@pytest.fixture(scope="module")
+def exported(tiny_model, tmp_path_factory):
+  """(output_dir, export path, data dir) of one sst-2 run, for the tests
+  that read it."""
+  root = tmp_path_factory.mktemp("exported")
+  data = root / "data"
+  data.mkdir()
+  rows = ([(t, 1) for t in base.POSITIVE] + [(t, 0) for t in base.NEGATIVE])
+  body = "".join(f"{text}\t{label}\n" for text, label in rows)
+  (data / "train.tsv").write_text("sentence\tlabel\n" + body * 4)
+  (data / "dev.tsv").write_text("sentence\tlabel\n" + body)
+  output_dir, path = _export(tiny_model, data, root)
+  return output_dir, path, data
+
+
 def _mismatches(result):
   """Examples whose in-graph ids differ from models.bert.tokenization's."""
   graph, made = result["graph_ids"], result["feature_ids"]
@@ -51,10 +67,9 @@ def _mismatches(result):
           if any(graph[k][i] != made[k][i] for k in made)]
 
 
-def test_the_export_serves_what_estimator_predicts(tiny_model, sst2,
-                                                   tmp_path):
-  output_dir, path = _export(tiny_model, sst2, tmp_path)
-  result = _check(path, output_dir, "sst-2", sst2, tiny_model)
+def test_the_export_serves_what_estimator_predicts(tiny_model, exported):
+  output_dir, path, data = exported
+  result = _check(path, output_dir, "sst-2", data, tiny_model)
   predict = np.array(result["predict"])
   assert predict.shape == (10, 2)
   for key in ("by_ids", "short", "by_text"):
@@ -74,9 +89,9 @@ def test_a_sentence_pair_task_takes_two_strings(tiny_model, tmp_path):
   assert _mismatches(result) == []
 
 
-def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, sst2,
+def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, exported,
                                                         tmp_path):
-  output_dir, path = _export(tiny_model, sst2, tmp_path)
+  output_dir, path, sst2 = exported
   shown = subprocess.run(
       [sys.executable, "-m", "models.bert.saved_model_cli", "show", "--dir",
        path, "--all"], capture_output=True, text=True, timeout=120)
@@ -110,8 +125,8 @@ def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, sst2,
   ops = {node.op for node in model.meta_graphs[0].graph_def.node}
   assert not [op for op in ops if "Apply" in op or op == "AssignAddVariableOp"]
   assert "train_op" not in model.meta_graphs[0].collection_def
-  assert (tmp_path / "export").is_dir()
-  assert any(p.name == "vocab.txt" for p in (tmp_path / "export").rglob("*"))
+  assert any(p.name == "vocab.txt"
+             for p in pathlib.Path(path).rglob("*"))
 
 
 @pytest.mark.parametrize("example, flags", [

@@ -1,11 +1,12 @@
 """A Keras model compiled with AccumulatingKerasOptimizer, in TensorFlow's
 SavedModel format: with include_optimizer=False it loads anywhere, in a
 process that never imports estimator_accum, and serves what the trained
-model predicts, with no trace of the window; with its optimizer the save
-is refused in one line (TensorFlow's loader would not bring the window
-back: measured, a legacy-kind model resumed from one lost its micro-batch
-count and trained 0.074 away from the uninterrupted run), pointing to the
-.keras file and checkpoints, which resume exactly."""
+model predicts, with no trace of the window; around a
+tf.keras.optimizers.Optimizer, with its optimizer the save is refused in one
+line (TensorFlow's loader cannot bring the window back: load_model failed
+with "'RestoredOptimizer' object has no attribute 'add_slot'"), pointing to
+the .keras file and checkpoints, which resume exactly. (The legacy kind
+saves and loads with its config, tests/integration/test_keras_models.py.)"""
 
 import json
 import subprocess
@@ -69,9 +70,9 @@ def test_without_the_optimizer_it_loads_anywhere_and_serves(kind, tmp_path):
       x, verbose=0), rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_with_the_optimizer_the_save_is_refused_in_one_line(kind, tmp_path):
-  model, _ = _trained(kind)
+def test_with_the_new_kinds_optimizer_the_save_is_refused_in_one_line(
+    tmp_path):
+  model, _ = _trained("new")
   with pytest.raises(ValueError) as raised:
     model.save(str(tmp_path / "model"), save_format="tf")
   message = str(raised.value)

@@ -169,8 +169,9 @@ def test_the_door_is_used_and_its_test_covers_each_function():
         function)  # names what it reaches for
 
 
-# Guardrails, so that the core stays small. Lines of code, docstrings not
-# counted (the contract a function documents is not what makes it large).
+# Guardrails, so that the core stays small: every line of a class or a
+# function counts, its docstrings too (`code_lines` also reports the lines
+# without them, as benchmarks/code_shape.py does).
 MAX_CLASS_LINES = 200
 MAX_FUNCTION_LINES = 80
 
@@ -193,6 +194,11 @@ def code_lines(node):
   return node.end_lineno - node.lineno + 1 - docs
 
 
+def lines(node):
+  """Every line of `node`, from its `def` or `class` to its last."""
+  return node.end_lineno - node.lineno + 1
+
+
 def _definitions(kind):
   for module in LIBRARY:
     for node in ast.walk(_tree(module)):
@@ -201,15 +207,15 @@ def _definitions(kind):
 
 
 def test_no_class_passes_200_lines():
-  large = [f"{m}:{n.name} {code_lines(n)}" for m, n in
-           _definitions(ast.ClassDef) if code_lines(n) > MAX_CLASS_LINES]
+  large = [f"{m}:{n.name} {lines(n)}" for m, n in
+           _definitions(ast.ClassDef) if lines(n) > MAX_CLASS_LINES]
   assert not large, f"classes over {MAX_CLASS_LINES} lines: {large}"
 
 
 def test_no_function_passes_80_lines():
-  large = [f"{m}:{n.name} {code_lines(n)}" for m, n in
+  large = [f"{m}:{n.name} {lines(n)}" for m, n in
            _definitions((ast.FunctionDef, ast.AsyncFunctionDef))
-           if code_lines(n) > MAX_FUNCTION_LINES]
+           if lines(n) > MAX_FUNCTION_LINES]
   assert not large, f"functions over {MAX_FUNCTION_LINES} lines: {large}"
 
 
@@ -261,7 +267,8 @@ def test_the_guardrails_see_what_they_guard():
                    "def f():\n  '''doc\n  doc'''\n" + "  y = 2\n" * 81)
   classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]
   functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-  assert code_lines(classes[0]) == 202 and code_lines(functions[0]) == 82
+  assert lines(classes[0]) == 202 and lines(functions[0]) == 84
+  assert code_lines(functions[0]) == 82
   assert import_graph()["estimator_accum.window.window"]
 
 
