@@ -27,10 +27,13 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from harness import code_facts  # noqa: E402
+
 # The window's parts: the classes that make one window's graph.
 WINDOW_PARTS = ("Window", "Accumulation", "Communication", "Finish",
                 "Bookkeeping")
-PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_exit"}
 LIBRARY = ("estimator_accum", "tfconfig")
 
 
@@ -90,52 +93,6 @@ def _parts(tree):
   return parts
 
 
-def _private_tensorflow(tree):
-  """The reaches past TensorFlow's public names (as tests/unit/test_design.py
-  defines them): `x._name` of anything but self, cls or super(); getattr &
-  co. with a private name; a tensorflow.python or tensorflow.tsl import."""
-  found = []
-  for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and
-        not node.attr.startswith("__") and node.attr not in PUBLIC):
-      value = node.value
-      if isinstance(value, ast.Name) and value.id in ("self", "cls"):
-        continue
-      if isinstance(value, ast.Call) and getattr(value.func, "id", "") == (
-          "super"):
-        continue
-      found.append(node.attr)
-    elif (isinstance(node, ast.Call) and getattr(node.func, "id", "") in (
-        "getattr", "setattr", "hasattr", "delattr") and len(node.args) > 1
-          and isinstance(node.args[1], ast.Constant) and
-          str(node.args[1].value).startswith("_") and
-          not str(node.args[1].value).startswith("__")):
-      found.append(str(node.args[1].value))
-    elif isinstance(node, (ast.Import, ast.ImportFrom)):
-      names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
-               [a.name for a in node.names])
-      found += [n for n in names
-                if n.startswith(("tensorflow.python", "tensorflow.tsl"))]
-  return found
-
-
-def _module_name(relative):
-  name = str(relative.with_suffix("")).replace("/", ".")
-  return name[:-len(".__init__")] if name.endswith(".__init__") else name
-
-
-def _imports(tree, names):
-  imported = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      for alias in node.names:
-        full = f"{node.module}.{alias.name}"
-        imported.add(full if full in names else node.module)
-    elif isinstance(node, ast.Import):
-      imported.update(a.name for a in node.names)
-  return imported & names
-
-
 def measure(root):
   """The figures of the checkout at `root`, as a dict."""
   options = set(_option_names(root))
@@ -143,7 +100,7 @@ def measure(root):
       "*.py"))
   trees = {p.relative_to(root): ast.parse(p.read_text(), str(p))
            for p in modules}
-  names = {_module_name(r): r for r in trees}
+  names = {code_facts.module_name(r): r for r in trees}
   shape = {"classes": [], "functions": [], "parts": {}, "private": {},
            "option_lists": [], "imports": {}}
   for relative, tree in trees.items():
@@ -156,20 +113,21 @@ def measure(root):
                                    f"{relative}:{node.name}"))
     for part, figures in _parts(tree).items():
       shape["parts"][part] = (str(relative), *figures)
-    private = _private_tensorflow(tree)
+    private = [what.lstrip(".").replace("import ", "")
+               for _, what in code_facts.private_accesses(tree)]
     if private:
       shape["private"][str(relative)] = sorted(set(private))
     shape["option_lists"] += [f"{relative}:{place}"
                               for place in _option_lists(tree, options)]
-    shape["imports"][_module_name(relative)] = _imports(
-        tree, set(names)) - {_module_name(relative)}
+    shape["imports"][code_facts.module_name(relative)] = code_facts.imports(
+        tree, names) - {code_facts.module_name(relative)}
   importers = collections.defaultdict(set)
   for module, imported in shape["imports"].items():
     for other in imported:
       importers[other].add(module)
   shape["importers"] = {m: sorted(importers[m]) for m in names}
   shape["folders"] = collections.Counter()
-  for folder in ("estimator_accum", "tests", "benchmarks"):
+  for folder in ("estimator_accum", "tests", "benchmarks", "harness"):
     for path in (root / folder).rglob("*"):
       if path.is_file() and "__pycache__" not in path.parts:
         shape["folders"][str(path.parent.relative_to(root)) + "/"] += 1

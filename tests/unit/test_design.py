@@ -11,6 +11,7 @@ import re
 import pytest
 
 from estimator_accum import graph_state
+from harness import code_facts
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "estimator_accum"
@@ -106,46 +107,12 @@ LIBRARY = sorted(str(p.relative_to(ROOT)) for folder in ("estimator_accum",
                                                          "tfconfig")
                  for p in (ROOT / folder).rglob("*.py"))
 DOOR = "estimator_accum/tf_private.py"
-_REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
-
-
-# Public names that start with "_": a namedtuple's methods, os._exit.
-_PUBLIC = {"_replace", "_asdict", "_fields", "_make", "_exit"}
-
-
-def _private_accesses(tree):
-  """(line, what) of each reach past a public name: an attribute `x._name`
-  of anything but `self`, `cls` or `super()`; getattr & co. with a private
-  name; a `tensorflow.python` (or `tensorflow.tsl`) import."""
-  for node in ast.walk(tree):
-    if isinstance(node, ast.Attribute) and node.attr.startswith("_") and (
-        not node.attr.startswith("__")) and node.attr not in _PUBLIC:
-      value = node.value
-      if isinstance(value, ast.Name) and value.id in ("self", "cls"):
-        continue
-      if (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
-          and value.func.id == "super"):
-        continue
-      yield node.lineno, f".{node.attr}"
-    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and
-          node.func.id in _REFLECTION and len(node.args) > 1 and
-          isinstance(node.args[1], ast.Constant) and
-          str(node.args[1].value).startswith("_") and
-          not str(node.args[1].value).startswith("__")):
-      yield node.lineno, f"{node.func.id}(..., {node.args[1].value!r})"
-    elif isinstance(node, (ast.Import, ast.ImportFrom)):
-      names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
-               [a.name for a in node.names])
-      for name in names:
-        if name.startswith(("tensorflow.python", "tensorflow.tsl")):
-          yield node.lineno, f"import {name}"
-
-
 @pytest.mark.parametrize("module", [m for m in LIBRARY if m != DOOR])
 def test_private_tensorflow_only_through_the_door(module):
   text = (ROOT / module).read_text()
   found = [f"{module}:{line} {what}"
-           for line, what in _private_accesses(ast.parse(text, module))]
+           for line, what in code_facts.private_accesses(
+               ast.parse(text, module))]
   # A module's own private names (`module._helper`) are not TensorFlow's,
   # but the library uses none across modules either: any is reported.
   assert not found, (
@@ -219,27 +186,12 @@ def test_no_function_passes_80_lines():
   assert not large, f"functions over {MAX_FUNCTION_LINES} lines: {large}"
 
 
-def _module_name(path):
-  name = path[:-3].replace("/", ".")
-  return name[:-len(".__init__")] if name.endswith(".__init__") else name
-
-
 def import_graph():
-  """{library module: the library modules it imports}, a `from p import m`
-  of a submodule counted as that submodule's import."""
-  names = {_module_name(m): m for m in LIBRARY}
-  graph = {}
-  for name, path in names.items():
-    imported = set()
-    for node in ast.walk(_tree(path)):
-      if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        for alias in node.names:
-          full = f"{node.module}.{alias.name}"
-          imported.add(full if full in names else node.module)
-      elif isinstance(node, ast.Import):
-        imported.update(a.name for a in node.names)
-    graph[name] = sorted((imported & set(names)) - {name})
-  return graph
+  """{library module: the library modules it imports}
+  (`harness.code_facts.imports`)."""
+  names = {code_facts.module_name(m): m for m in LIBRARY}
+  return {name: sorted(code_facts.imports(_tree(path), names) - {name})
+          for name, path in names.items()}
 
 
 def test_no_import_cycle():
