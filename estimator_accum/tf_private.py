@@ -24,7 +24,7 @@ OVERRIDDEN_HOOKS = (
     (tf.compat.v1.train.Optimizer, "_create_or_restore_slot_variable"),
     (tf.compat.v1.train.Optimizer, "_lookup_dependency"),
     (tf.keras.optimizers.legacy.Optimizer, "_create_or_restore_slot_variable"),
-    # (what a SavedModel with the new kind's optimizer is refused through)
+    # (how a SavedModel save of the new kind is told)
     (tf.keras.optimizers.Optimizer, "_trackable_children"),
 )
 
@@ -211,6 +211,16 @@ def is_wrapped_by_keras_loss_scale_optimizer(optimizer):
   """Whether a Keras LossScaleOptimizer wraps `optimizer`: the private flag
   `_is_wrapped_by_loss_scale_optimizer` it sets on the optimizer it wraps."""
   return bool(getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False))
+
+
+def in_keras_load():
+  """Whether Keras's `load_model` (of a SavedModel or an .h5 file) is
+  running: `keras.src.saving.legacy.saved_model.load_context` (Keras 2.15),
+  which no public API reports; a wrapper it makes from its config carries no
+  window."""
+  from keras.src.saving.legacy.saved_model import load_context  # noqa: PLC0415
+
+  return bool(load_context.in_load_context())
 
 
 # Checkpoints --------------------------------------------------------------

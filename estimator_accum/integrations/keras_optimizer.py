@@ -192,6 +192,9 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     _checks.check_reduction(reduction)
     # Set first: Keras's constructor looks up checkpoint dependencies.
     self._window = WrapperWindow(optimizer, k, options)
+    # Made by Keras's load_model: a SavedModel brings no window back (an .h5
+    # file does, through set_weights, which clears this).
+    self._window.revived_without_window = tf_private.in_keras_load()
     super().__init__(name=options.get("name") or DEFAULT_NAME,
                      **self._KERAS_ARGUMENTS)
 
@@ -326,6 +329,7 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
     compile), the values beyond the micro-batch count are kept and set when
     it is built, and must then match its weights in number and shapes."""
     weights = list(weights)
+    self._window.revived_without_window = False  # (an .h5 file's state)
     _ = self.iterations  # (the first value, made if need be)
     if weights and len(weights) != len(self.weights):
       # Read now: Keras hands over datasets of an .h5 file it then closes.

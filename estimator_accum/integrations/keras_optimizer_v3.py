@@ -98,20 +98,18 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
         for k in keys if k.startswith(_WINDOW_KEY)})
 
   def _trackable_children(self, save_type="checkpoint", **kwargs):
-    # TensorFlow's SavedModel loader revives a Keras optimizer of this kind
-    # as Keras's RestoredOptimizer, which cannot take the window's state
-    # back (load_model failed with "'RestoredOptimizer' object has no
-    # attribute 'add_slot'"): refused at save, in one line, with what to do.
-    if save_type == "savedmodel":
-      raise ValueError(
-          "a model compiled with AccumulatingKerasOptimizer around a "
-          "tf.keras.optimizers.Optimizer cannot be saved in the SavedModel "
-          "format with its optimizer: TensorFlow's loader does not bring the "
-          "window back. To resume, save a .keras file "
-          "(model.save('model.keras')) or save_weights/tf.train.Checkpoint, "
-          "which keep the window exactly; to serve, pass "
-          "include_optimizer=False.")
+    # A SavedModel's loader revives this kind as Keras's RestoredOptimizer,
+    # which cannot take slot variables back ("no attribute 'add_slot'"):
+    # while a SavedModel is saved, the window is not served as slots (and
+    # a model loaded from it refuses to train on: WrapperWindow).
+    self._window.saving_savedmodel = save_type == "savedmodel"
     return super()._trackable_children(save_type, **kwargs)
+
+  def get_slot_names(self):
+    """The window's slot names, none while a SavedModel is saved."""
+    if self._window.saving_savedmodel:
+      return []
+    return super().get_slot_names()
 
   def finalize_variable_values(self, var_list):
     """At the end of `fit`: the inner optimizer's (an EMA's averages

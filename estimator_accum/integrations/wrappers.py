@@ -136,6 +136,11 @@ class WrapperWindow:
     self._loss_scale_config = None
     # Values Keras's set_weights gave before the window was built.
     self.pending_weights = None
+    # Made by Keras's load_model from a SavedModel, whose window (and
+    # micro-batch count) it does not carry: training from here is refused.
+    self.revived_without_window = False
+    # Inside a SavedModel save (its window state is not served as slots).
+    self.saving_savedmodel = False
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k and the
@@ -210,6 +215,15 @@ class WrapperWindow:
     window and the optimizer's state, as name-based ones do. Its hooks
     `before_window(variables)` and `window_built()` run around the build.
     """
+    if self.revived_without_window:
+      raise ValueError(
+          "this AccumulatingKerasOptimizer was loaded from a SavedModel, "
+          "which does not hold its window or micro-batch count: training on "
+          "from here would not be the big batch's. Resume from a .keras file "
+          "(model.save('model.keras')) or a checkpoint (save_weights, "
+          "tf.train.Checkpoint), which keep the window exactly; or compile "
+          "the loaded model with a new AccumulatingKerasOptimizer to start "
+          "afresh.")
     in_function = _in_function()
     with (self.function_variables.building() if in_function else
           contextlib.nullcontext()):

@@ -262,3 +262,20 @@ def test_the_coordination_service_configured_in_a_fresh_process():
   done = subprocess.run([sys.executable, "-c", script], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)
   assert done.returncode == 0 and "configured" in done.stdout, done.stderr
+
+
+def test_in_keras_load_is_true_only_inside_load_model(tmp_path):
+  seen = []
+
+  class Probe(tf.keras.layers.Layer):
+    @classmethod
+    def from_config(cls, config):
+      seen.append(tf_private.in_keras_load())
+      return cls(**config)
+
+  assert not tf_private.in_keras_load()
+  model = tf.keras.Sequential([tf.keras.Input((2,)), Probe()])
+  model.save(str(tmp_path / "m.h5"))
+  tf.keras.models.load_model(str(tmp_path / "m.h5"),
+                             custom_objects={"Probe": Probe})
+  assert seen == [True] and not tf_private.in_keras_load()
