@@ -13,7 +13,7 @@ _REFLECTION = {"getattr", "setattr", "hasattr", "delattr"}
 def private_accesses(tree):
   """(line, what) of each reach past a public name in `tree`: an attribute
   `x._name` of anything but `self`, `cls` or `super()`; getattr & co. with
-  a private name; a `tensorflow.python` or `tensorflow.tsl` import."""
+  a private name; a `tensorflow.python`, `tensorflow.tsl` or `keras.src` import."""
   for node in ast.walk(tree):
     if isinstance(node, ast.Attribute) and node.attr.startswith("_") and (
         not node.attr.startswith("__")) and node.attr not in PUBLIC:
@@ -34,7 +34,8 @@ def private_accesses(tree):
       names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
                [a.name for a in node.names])
       for name in names:
-        if name.startswith(("tensorflow.python", "tensorflow.tsl")):
+        if name.startswith(("tensorflow.python", "tensorflow.tsl",
+                            "keras.src")):
           yield node.lineno, f"import {name}"
 
 
