@@ -90,6 +90,15 @@ class Run:
       self.process.wait()
 
 
+def signal_all(pids, signum):
+  """Sends `signum` to each of `pids`, those already gone skipped."""
+  for pid in pids:
+    try:
+      os.kill(pid, signum)
+    except ProcessLookupError:
+      pass
+
+
 def host_pids(bed, index):
   result = subprocess.run(["ip", "netns", "pids", bed.host(index)],
                           capture_output=True, text=True, check=True)

@@ -54,17 +54,12 @@ def test_a_frozen_peer_ends_a_task_stuck_in_a_step(tmp_path):
               if "--model_dir" in _cmdline(pid) and
               re.search(r'"index":\s*1\b', _environ(pid))]
     assert frozen
-    for pid in frozen:
-      os.kill(pid, signal.SIGSTOP)
+    hosts.signal_all(frozen, signal.SIGSTOP)
     stopped = time.monotonic()
     code = run.wait(60)
     took = time.monotonic() - stopped
   finally:
-    for pid in frozen:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+    hosts.signal_all(frozen, signal.SIGKILL)
     run.kill()
   output = run.output()
   assert code == health.PEER_LOST_EXIT, (code, output[-3000:])

@@ -36,6 +36,18 @@ def _trained(kind):
   return model, x
 
 
+def _in_a_fresh_process(script, tmp_path, x):
+  """What `script` prints after "RESULT ", run on tmp_path/model and `x`."""
+  np.save(tmp_path / "x.npy", x)
+  done = subprocess.run(
+      [sys.executable, "-c", script, str(tmp_path / "model"),
+       str(tmp_path / "x.npy")], capture_output=True, text=True,
+      timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return json.loads(next(li for li in done.stdout.splitlines()
+                         if li.startswith("RESULT "))[len("RESULT "):])
+
+
 _LOAD = """
 import json, sys
 import numpy as np, tensorflow as tf
@@ -54,14 +66,7 @@ def test_without_the_optimizer_it_loads_anywhere_and_serves(kind, tmp_path):
   model, x = _trained(kind)
   model.save(str(tmp_path / "model"), save_format="tf",
              include_optimizer=False)
-  np.save(tmp_path / "x.npy", x)
-  done = subprocess.run(
-      [sys.executable, "-c", _LOAD, str(tmp_path / "model"),
-       str(tmp_path / "x.npy")], capture_output=True, text=True,
-      timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
-  loaded = json.loads(next(li for li in done.stdout.splitlines()
-                           if li.startswith("RESULT "))[len("RESULT "):])
+  loaded = _in_a_fresh_process(_LOAD, tmp_path, x)
   assert not loaded["estimator_accum"]
   assert loaded["optimizer"] == "None"
   assert not [v for v in loaded["variables"] if "accum" in v or
@@ -94,14 +99,7 @@ def test_with_its_optimizer_it_loads_and_serves_and_refuses_to_train_on(
   # loader take one back): resumed training would not be the big batch's.
   model, x = _trained(kind)
   model.save(str(tmp_path / "model"), save_format="tf")
-  np.save(tmp_path / "x.npy", x)
-  done = subprocess.run(
-      [sys.executable, "-c", _RESUME, str(tmp_path / "model"),
-       str(tmp_path / "x.npy")], capture_output=True, text=True,
-      timeout=300)
-  assert done.returncode == 0, done.stderr[-3000:]
-  loaded = json.loads(next(li for li in done.stdout.splitlines()
-                           if li.startswith("RESULT "))[len("RESULT "):])
+  loaded = _in_a_fresh_process(_RESUME, tmp_path, x)
   assert "AccumulatingKerasOptimizer" in loaded["optimizer"]
   np.testing.assert_allclose(loaded["predictions"], model.predict(
       x, verbose=0), rtol=0, atol=1e-6)

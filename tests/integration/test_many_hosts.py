@@ -205,15 +205,10 @@ def test_frozen_worker_ends_the_job(make_bed, tmp_path):
     hosts.wait_for_step(tmp_path, 5, [run.process])
     frozen = hosts.host_pids(bed, 1)
     assert frozen
-    for pid in frozen:
-      os.kill(pid, signal.SIGSTOP)
+    hosts.signal_all(frozen, signal.SIGSTOP)
     _assert_exits_naming(run, "worker:1", time.monotonic())
   finally:
-    for pid in frozen:
-      try:
-        os.kill(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+    hosts.signal_all(frozen, signal.SIGKILL)
     run.kill()
   _rerun_and_check(bed, tmp_path, "restarted after a frozen worker")
 
