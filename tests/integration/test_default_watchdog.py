@@ -32,10 +32,10 @@ def _env(**values):
 
 
 def test_a_chief_working_on_after_the_others_left_is_not_failed(tmp_path):
-  # worker 1 leaves as soon as training ends; worker 0 works on for three
-  # times the watchdog's timeout, its peer silent all along.
+  # worker 1 leaves as soon as training ends; worker 0 works on for twice
+  # the watchdog's timeout, its peer silent all along.
   done = subprocess.run(
-      _command(tmp_path, "--chief_seconds_after", "12"), cwd=hosts.ROOT,
+      _command(tmp_path, "--chief_seconds_after", "8"), cwd=hosts.ROOT,
       capture_output=True, text=True, timeout=300, env=_env())
   output = done.stdout + done.stderr
   assert done.returncode == 0, output[-3000:]
