@@ -1,4 +1,4 @@
-"""The benchmarks' harness: arguments, timing, memory, clusters, result rows.
+"""The benchmarks' harness: arguments, step timing, result rows.
 
 A benchmark script is its measurement and nothing else:
 
@@ -9,35 +9,24 @@ A benchmark script is its measurement and nothing else:
     parser.add_argument(...)                 # its own flags
     args = parser.parse_args()
     rows = bench.Rows("accumulation overhead", args.json)
-    for name, build in VARIANTS.items():
-      seconds = bench.median_seconds(lambda: session.run(op), args.repeats)
-      rows.add(variant=name, ms=1e3 * seconds)
+    rows.add(variant=name, ms=...)           # one row per figure
     rows.print()                             # an aligned table
     return rows.exit_code()
 
-`StepTimer` times an Estimator's session runs; `PeakMemory` (from
-`harness.memory`) a block's resident peak; `launch` starts a TF_CONFIG
-cluster on loopback with the repository's launcher. Side by side in one
-run is the rule (these machines are shared and noisy): `Rows.ratio` gives
-a row's figure over another's of the same run.
+`StepTimer` times an Estimator's session runs; peak memory is
+`harness.memory`'s. Side by side in one run is the rule (these machines
+are shared and noisy).
 """
 
 import argparse
 import json
-import os
-import statistics
-import subprocess
 import sys
 import time
 
 import tensorflow as tf
 
-from harness.memory import MALLOC_ENV, PeakMemory, status_mb
+__all__ = ["Rows", "StepTimer", "parser"]
 
-__all__ = ["MALLOC_ENV", "PeakMemory", "Rows", "StepTimer", "launch",
-           "median_seconds", "parser", "status_mb"]
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parser(doc, repeats=5):
@@ -51,19 +40,6 @@ def parser(doc, repeats=5):
   made.add_argument("--repeats", type=int, default=repeats,
                     help=f"timed repeats per figure (default {repeats})")
   return made
-
-
-def median_seconds(call, repeats, warmup=1):
-  """The median wall time of `call()` over `repeats` calls, after `warmup`
-  untimed ones."""
-  for _ in range(warmup):
-    call()
-  times = []
-  for _ in range(repeats):
-    started = time.perf_counter()
-    call()
-    times.append(time.perf_counter() - started)
-  return statistics.median(times)
 
 
 class StepTimer(tf.estimator.SessionRunHook):
@@ -83,17 +59,6 @@ class StepTimer(tf.estimator.SessionRunHook):
     if self._path:
       with open(self._path, "w") as writer:
         json.dump(self.times, writer)
-
-
-def launch(workers, command, *, timeout=600, extra=(), env=None):
-  """Runs `command` (a list) as every task of a local TF_CONFIG cluster of
-  `workers` workers (loopback addresses), with `python -m tfconfig launch`;
-  returns the CompletedProcess (output captured as text)."""
-  arguments = [sys.executable, "-m", "tfconfig", "launch", "--workers",
-               str(workers), "--timeout", str(timeout), *extra, "--",
-               *command]
-  return subprocess.run(arguments, cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout + 60, env=env, check=False)
 
 
 class Rows:
@@ -116,14 +81,6 @@ class Rows:
     """Records a failed measurement: `exit_code` is then 1."""
     self.failed.append(what)
     print(f"FAILED: {what}", file=sys.stderr)
-
-  def ratio(self, column, row, over):
-    """`column` of the row whose first column is `row`, over that of the
-    row `over` (both of this run)."""
-    def value(name):
-      return next(r[column] for r in self.rows
-                  if next(iter(r.values())) == name)
-    return value(row) / value(over)
 
   def print(self, file=None):
     """Prints the rows as an aligned table under the title."""
