@@ -52,6 +52,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from harness import bench  # noqa: E402
 from harness.memory import (  # noqa: E402
   MALLOC_ENV,
   PeakMemory,
@@ -180,7 +181,8 @@ def build_graph(model_name, variant, k, optimizer_name="adam"):
       train_op = optimizer.apply_gradients(pairs)
       setup.append(lambda: capture)
     else:
-      window = k if variant == "accum" else 2**62
+      # The largest k a window takes (2**24): it never ends in this run.
+      window = k if variant == "accum" else 2**24
       train_op = estimator_accum.build_accumulating_train_op(
           loss, optimizer, window, summaries=False)
     trainable = sum(v.shape.num_elements() * v.dtype.size
@@ -279,26 +281,32 @@ def child_memory(model_name, variant, k, optimizer_name):
   return json.loads(output.stdout.strip().splitlines()[-1])
 
 
-def measure_memory(model_names, k, optimizer_name):
-  print("model | trainable MB | accumulators MB | peak MB fwd+bwd | "
-        "peak MB plain | peak MB accum | peak MB accumulate steps only | "
-        "accum - plain MB | (accum - plain)/trainable | "
-        "accum - plain - accumulators MB | "
-        "accum - fwd+bwd - accumulators MB | graph objects, accum - plain MB")
+def measure_memory(model_names, k, optimizer_name, json_path=None):
+  rows = bench.Rows("peak resident memory (glibc malloc, MB)", json_path,
+                    markdown=True, formats=dict.fromkeys(
+                        ("trainable MB", "accumulators MB"), ".1f") | {
+                            "(accum - plain)/trainable": ".2f"})
   for model_name in model_names:
     memory = {v: child_memory(model_name, v, k, optimizer_name)
               for v in MEMORY_VARIANTS}
-    peaks = {v: m["peak"] for v, m in memory.items()}
+    peaks = {v: round(m["peak"]) for v, m in memory.items()}
     trainable_mb = memory["accum"]["trainable"]
     accumulators_mb = memory["accum"]["accumulators"]
     extra = peaks["accum"] - peaks["plain"]
-    graph = memory["accum"]["graph"] - memory["plain"]["graph"]
-    print(f"{model_name} | {trainable_mb:.1f} | {accumulators_mb:.1f} | "
-          f"{peaks['fwd_bwd']:.0f} | {peaks['plain']:.0f} | "
-          f"{peaks['accum']:.0f} | {peaks['accum_step']:.0f} | {extra:.0f} | "
-          f"{extra / trainable_mb:.2f} | {extra - accumulators_mb:.0f} | "
-          f"{peaks['accum'] - peaks['fwd_bwd'] - accumulators_mb:.0f} | "
-          f"{graph:.0f}", flush=True)
+    rows.add(**{
+        "model": model_name, "trainable MB": trainable_mb,
+        "accumulators MB": accumulators_mb,
+        "peak MB fwd+bwd": peaks["fwd_bwd"], "peak MB plain": peaks["plain"],
+        "peak MB accum": peaks["accum"],
+        "peak MB accumulate steps only": peaks["accum_step"],
+        "accum - plain MB": extra,
+        "(accum - plain)/trainable": extra / trainable_mb,
+        "accum - plain - accumulators MB": round(extra - accumulators_mb),
+        "accum - fwd+bwd - accumulators MB": round(
+            peaks["accum"] - peaks["fwd_bwd"] - accumulators_mb),
+        "graph objects, accum - plain MB": round(
+            memory["accum"]["graph"] - memory["plain"]["graph"])})
+  return rows
 
 
 def _memory_of_one_variant(model_name, variant, k, optimizer_name):
@@ -325,7 +333,7 @@ def _memory_of_one_variant(model_name, variant, k, optimizer_name):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--models", nargs="+",
                       default=["mlp", "bert_small", "minilm"],
                       choices=list(MODELS))
@@ -348,32 +356,34 @@ def main():
   if args.peak_rss_of:
     _memory_of_one_variant(args.models[0], args.peak_rss_of, args.k,
                            args.optimizer)
-    return
+    return 0
   if args.memory:
-    measure_memory(args.models, args.k, args.optimizer)
-    return
-  print(f"machine: {platform.machine()}, {os.cpu_count()} cores, "
-        f"TensorFlow {tf.__version__}, optimizer {args.optimizer}")
-  header = ("model", "k", "ms fwd+bwd", "ms plain", "ms optimizer apply alone",
-            "ms accum", "accum/fwd+bwd", "accum/plain",
-            "accumulate step/fwd+bwd", "(accum - apply/k)/fwd+bwd",
-            "trainable MB", "accum MB", "accum/trainable")
-  print(" | ".join(header))
+    return measure_memory(args.models, args.k, args.optimizer,
+                          args.json).exit_code()
+  rows = bench.Rows(
+      f"machine: {platform.machine()}, {os.cpu_count()} cores, TensorFlow "
+      f"{tf.__version__}, optimizer {args.optimizer}", args.json,
+      markdown=True, formats=dict.fromkeys(
+          ("ms fwd+bwd", "ms plain", "ms optimizer apply alone", "ms accum",
+           "trainable MB", "accum MB"), ".1f"))
   for model_name in args.models:
     result = run(model_name, args.k, args.rounds, args.windows_per_round,
                  args.optimizer)
-    print(" | ".join([
-        result["model"], str(result["k"]),
-        f"{result['ms_fwd_bwd']:.1f}", f"{result['ms_plain']:.1f}",
-        f"{result['ms_opt_apply']:.1f}",
-        f"{result['ms_accum']:.1f}", f"{result['accum_over_fwd_bwd']:.3f}",
-        f"{result['accum_over_plain']:.3f}",
-        f"{result['step_over_fwd_bwd']:.3f}",
-        f"{result['own_over_fwd_bwd']:.3f}", f"{result['trainable_mb']:.1f}",
-        f"{result['accumulator_mb']:.1f}",
-        f"{result['accumulator_mb'] / result['trainable_mb']:.3f}"]),
-        flush=True)
+    rows.add(**{
+        "model": result["model"], "k": result["k"],
+        "ms fwd+bwd": result["ms_fwd_bwd"], "ms plain": result["ms_plain"],
+        "ms optimizer apply alone": result["ms_opt_apply"],
+        "ms accum": result["ms_accum"],
+        "accum/fwd+bwd": result["accum_over_fwd_bwd"],
+        "accum/plain": result["accum_over_plain"],
+        "accumulate step/fwd+bwd": result["step_over_fwd_bwd"],
+        "(accum - apply/k)/fwd+bwd": result["own_over_fwd_bwd"],
+        "trainable MB": result["trainable_mb"],
+        "accum MB": result["accumulator_mb"],
+        "accum/trainable": (result["accumulator_mb"] /
+                            result["trainable_mb"])})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -20,7 +20,6 @@ Tensor memory is the peak of TensorFlow's BFC allocator on CPU
 allocator does; on this machine it stands in for a GPU's memory.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -30,6 +29,8 @@ import time
 os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from harness import bench  # noqa: E402
 
 MODES = ("plain", "accumulate", "recompute")
 CONFIGS = {
@@ -125,7 +126,7 @@ def point(model, length, micro_batch, mode, steps=3):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--model", choices=sorted(CONFIGS), default="base")
   parser.add_argument("--length", type=int, default=128)
   parser.add_argument("--micro_batch", type=int, default=8)
@@ -134,9 +135,16 @@ def main():
   args = parser.parse_args()
   from absl import logging  # noqa: PLC0415
   logging.set_verbosity(logging.ERROR)
-  print(json.dumps(measure(args.model, args.length, args.micro_batch,
-                           args.mode, args.steps)))
+  point = measure(args.model, args.length, args.micro_batch, args.mode,
+                  args.steps)
+  # The one line printed is the JSON a parent reads (`point`); --json
+  # appends it as a row, with what it measured.
+  bench.Rows("BERT step memory", args.json).add(
+      model=args.model, length=args.length, micro_batch=args.micro_batch,
+      mode=args.mode, **point)
+  print(json.dumps(point))
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -19,7 +19,6 @@ measured, never typed figures. Reads the source
 only; imports nothing of it.
 """
 
-import argparse
 import ast
 import collections
 import pathlib
@@ -29,7 +28,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from harness import code_facts  # noqa: E402
+from harness import bench, code_facts  # noqa: E402
 
 # The window's parts: the classes that make one window's graph.
 WINDOW_PARTS = ("Window", "Accumulation", "Communication", "Finish",
@@ -190,8 +189,24 @@ def write(path, lines, root_label, block):
       re.sub(pattern, lambda _: block, text, flags=re.S))
 
 
+def _rows(shape, json_path):
+  """The headline figures as result rows (--json), the report being the
+  printed table."""
+  rows = bench.Rows("code shape", json_path)
+  for kind in ("classes", "functions"):
+    span, code, where = max(shape[kind])
+    rows.add(figure=f"largest of {kind}", where=where, lines=span)
+  for part, (module, span, attributes, methods) in shape["parts"].items():
+    rows.add(figure="window part", where=f"{module}:{part}", lines=span,
+             attributes=len(attributes), methods=len(methods))
+  rows.add(figure="modules touching private TensorFlow",
+           value=len(shape["private"]))
+  rows.add(figure="places listing 3 or more options",
+           value=len(shape["option_lists"]))
+
+
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--root", default=str(
       pathlib.Path(__file__).resolve().parent.parent))
   parser.add_argument("--write", metavar="FILE",
@@ -205,8 +220,11 @@ def main():
     print(f"code_shape: no estimator_accum/options.py under {root}",
           file=sys.stderr)
     return 1
-  lines = report(measure(root), root)
+  shape = measure(root)
+  lines = report(shape, root)
   print("\n".join(lines))
+  if arguments.json:
+    _rows(shape, arguments.json)
   if arguments.write:
     label = "this checkout"
     if (root / ".git").exists():

@@ -27,7 +27,7 @@ from models.bert import export, pretrained, tokenization  # noqa: E402
 
 
 def main():
-  parser = bench.parser(__doc__, repeats=1)
+  parser = bench.parser(__doc__)
   parser.add_argument("--task", default="rotten_tomatoes")
   parser.add_argument("--split", default="dev", choices=["dev", "train"])
   parser.add_argument("--max_seq_length", type=int, default=128)

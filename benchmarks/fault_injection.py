@@ -15,7 +15,6 @@ Exits non-zero unless every kill was resumed, the weights equal the
 uninterrupted job's, and the big batch's within rtol 1e-5, atol 1e-6.
 """
 
-import argparse
 import os
 import random
 import signal
@@ -29,7 +28,7 @@ sys.path.insert(0, ROOT)
 
 import numpy as np  # noqa: E402
 
-from harness import support  # noqa: E402
+from harness import bench, support  # noqa: E402
 from harness.multiworker_job import OPTIMIZERS  # noqa: E402
 
 WORKERS, K, MICRO_BATCH, UPDATES = 2, 2, 4, 30
@@ -60,7 +59,7 @@ def _worker_pids(model_dir):
 def _launch(model_dir):
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers",
              str(WORKERS), "--timeout", "300", "--", sys.executable,
-             os.path.join(ROOT, "tests", "multiworker_job.py"), "--model_dir",
+             os.path.join(ROOT, "harness", "multiworker_job.py"), "--model_dir",
              model_dir, "--optimizer", "adam", "--k", str(K), "--micro_batch",
              str(MICRO_BATCH), "--updates", str(UPDATES), "--save_every", "2",
              "--step_seconds", "0.05"]
@@ -85,7 +84,7 @@ def _kill_once(model_dir, rng):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--kills", type=int, default=4)
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
@@ -94,6 +93,8 @@ def main():
   expected = support.reference_train(OPTIMIZERS["adam"], data,
                                      WORKERS * K * MICRO_BATCH, UPDATES)
   runs = kills = resumes = 0
+  rows = bench.Rows("2 workers, MWMS, k=4, Adam: a worker killed (SIGKILL), "
+                    "the job launched again", args.json, markdown=True)
   with tempfile.TemporaryDirectory() as model_dir:
     while kills < args.kills:
       killed, resumed_at, code = _kill_once(model_dir, rng)
@@ -102,15 +103,17 @@ def main():
       if not killed:
         break
       kills += 1
-      print(f"run {runs}: from micro-batch {resumed_at}, worker killed "
-            f"(SIGKILL) after checkpoint {_latest_step(model_dir)}; launch "
-            f"exit code {code}", flush=True)
+      rows.add(run=runs, **{"from micro-batch": resumed_at,
+                            "worker killed after checkpoint":
+                                _latest_step(model_dir),
+                            "launch exit code": code})
     resumed_at = _latest_step(model_dir)
     final = _launch(model_dir).wait()
     runs += 1
     resumes += resumed_at > 0
-    print(f"run {runs}: from micro-batch {resumed_at} to the end; exit code "
-          f"{final}", flush=True)
+    rows.add(run=runs, **{"from micro-batch": resumed_at,
+                          "worker killed after checkpoint": "(to the end)",
+                          "launch exit code": final})
     killed_weights = _final_weights(model_dir)
   with tempfile.TemporaryDirectory() as model_dir:
     whole = _launch(model_dir).wait()
@@ -127,7 +130,10 @@ def main():
         f"difference from the uninterrupted 2-worker job: {from_whole:.1e}; "
         f"from plain big-batch training: {from_big:.1e} (within rtol 1e-5, "
         f"atol 1e-6: {close}) -> {'ok' if ok else 'FAILED'}", flush=True)
-  return 0 if ok else 1
+  if not ok:
+    rows.fail("the resumed job differs from the uninterrupted one, or a "
+              "launch failed")
+  return rows.exit_code()
 
 
 def _final_weights(model_dir):

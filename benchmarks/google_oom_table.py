@@ -23,7 +23,6 @@ table gives the arithmetic of moving the accumulators (4 bytes a
 parameter) off the device.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -31,6 +30,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import bert_memory  # noqa: E402
+from harness import bench  # noqa: E402
 
 GIB = 2**30
 # Google's README, "Out-of-memory issues": 12 GB Titan X, Adam, TF 1.11.
@@ -107,7 +107,7 @@ def table(points, models, lengths, budgets):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--models", nargs="+", default=["base", "large"],
                       choices=sorted(bert_memory.CONFIGS))
   parser.add_argument("--lengths", nargs="+", type=int,
@@ -120,6 +120,10 @@ def main():
                       "google-table markers is replaced by the table")
   args = parser.parse_args()
   points = load_points(args.points)
+  # The points measured in this run (the rest are read from --points).
+  rows = bench.Rows("measured now (BFC allocator on CPU, as a GPU holds "
+                    "tensors)", args.json, markdown=True,
+                    formats={"peak MB": ",.0f", "s per step": ".2f"})
   for model in args.models:
     for length in args.lengths:
       for mode in bert_memory.MODES:
@@ -134,9 +138,11 @@ def main():
           with open(args.points, "a") as writer:
             writer.write(json.dumps(point) + "\n")
           peak = point["peak_bytes"]
-          print(f"measured BERT-{model} {length} x {micro_batch} {mode}: "
-                f"{'out of memory' if peak is None else f'{peak / 2**20:,.0f} MB'}"
-                f", {point['step_seconds'] or 0:.2f} s", flush=True)
+          rows.add(model=f"BERT-{model}", length=length,
+                   **{"micro-batch": micro_batch, "mode": mode,
+                      "peak MB": ("out of memory" if peak is None else
+                                  peak / 2**20),
+                      "s per step": point["step_seconds"] or 0.0})
   text = table(points, args.models, args.lengths, args.budgets)
   print(text)
   if args.write:
@@ -148,7 +154,8 @@ def main():
     _, tail = rest.split(END, 1)
     with open(args.write, "w") as writer:
       writer.write(f"{head}{START}\n{text}\n{END}{tail}")
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

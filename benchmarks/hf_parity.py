@@ -15,7 +15,6 @@ runs the PyTorch model; this process converts the checkpoint
 `modeling.BertModel` on the same ids.
 """
 
-import argparse
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from harness import bench  # noqa: E402
 from harness.texts import SENTENCES  # noqa: E402
 from models.bert import modeling, pretrained, tokenization  # noqa: E402
 
@@ -53,7 +53,7 @@ np.savez(out, input_ids=batch["input_ids"].numpy(),
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--hf_python", required=True,
                       help="a python with torch and transformers")
   args = parser.parse_args()
@@ -90,14 +90,27 @@ def main():
                                       model.get_pooled_output()])
 
   real = reference["input_mask"].astype(bool)
-  print(f"token ids equal to transformers' tokenizer: {same_tokens}/"
-        f"{len(SENTENCES)} sentences")
-  print(f"sequence output (real tokens): max |ours - transformers| "
-        f"{np.abs(sequence - reference['sequence'])[real].max():.2e}, "
-        f"values up to {np.abs(reference['sequence'][real]).max():.2f}")
-  print(f"pooled output: max |ours - transformers| "
-        f"{np.abs(pooled - reference['pooled']).max():.2e}")
+  rows = bench.Rows(f"MiniLM against transformers, {len(SENTENCES)} "
+                    "sentences", args.json, markdown=True,
+                    formats={"max |ours - transformers|": ".2e",
+                             "largest value": ".2f"})
+  rows.add(**{"figure": "token ids equal to transformers' tokenizer",
+              "max |ours - transformers|": "",
+              "largest value": f"{same_tokens}/{len(SENTENCES)} sentences"})
+  rows.add(**{"figure": "sequence output (real tokens)",
+              "max |ours - transformers|": float(np.abs(
+                  sequence - reference["sequence"])[real].max()),
+              "largest value": float(np.abs(
+                  reference["sequence"][real]).max())})
+  rows.add(**{"figure": "pooled output",
+              "max |ours - transformers|": float(np.abs(
+                  pooled - reference["pooled"]).max()),
+              "largest value": float(np.abs(reference["pooled"]).max())})
+  if same_tokens != len(SENTENCES):
+    rows.fail(f"{len(SENTENCES) - same_tokens} sentences tokenize "
+              "differently")
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from harness import bench  # noqa: E402
 from harness.memory import MALLOC_ENV, PeakMemory  # noqa: E402
 
 ROWS, DIM, K = 1_000_000, 64, 4
@@ -82,20 +83,21 @@ def measure(variant, ids_per_micro_batch, rounds):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = bench.parser(__doc__)
   parser.add_argument("--ids", type=int, nargs="+", default=[256, 4096, 65536])
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.one:
     print(json.dumps(measure(args.one[0], int(args.one[1]), args.rounds)))
-    return
-  print(f"# {platform.machine()}, {os.cpu_count()} cores; table {ROWS:,} x "
-        f"{DIM} ({ROWS * DIM * 4 / 2**20:.0f} MB float32), k={K}, SGD, one "
-        "thread; state after k-1 micro-batches")
-  print("| ids per micro-batch | variant | rows in the window | accumulator "
-        "MB | bytes per row | peak MB above resident | ms per micro-batch |")
-  print("| --- | --- | --- | --- | --- | --- | --- |")
+    return 0
+  rows = bench.Rows(
+      f"{platform.machine()}, {os.cpu_count()} cores; table {ROWS:,} x "
+      f"{DIM} ({ROWS * DIM * 4 / 2**20:.0f} MB float32), k={K}, SGD, one "
+      "thread; state after k-1 micro-batches", args.json, markdown=True,
+      formats={"accumulator MB": ".1f", "bytes per row": ",.0f",
+               "peak MB above resident": ".0f", "ms per micro-batch": ".1f",
+               "ids per micro-batch": ",", "rows in the window": ","})
   for count in args.ids:
     for variant in VARIANTS:
       result = subprocess.run(
@@ -104,11 +106,16 @@ def main():
           capture_output=True, text=True, check=True,
           env=dict(os.environ, **MALLOC_ENV))
       figures = json.loads(result.stdout.strip().splitlines()[-1])
-      per_row = figures["state_mb"] * 2**20 / max(figures["rows"], 1)
-      print(f"| {count:,} | {variant} | {figures['rows']:,} | "
-            f"{figures['state_mb']:.1f} | {per_row:,.0f} | "
-            f"{figures['peak_mb']:.0f} | {figures['ms']:.1f} |", flush=True)
+      rows.add(**{
+          "ids per micro-batch": count, "variant": variant,
+          "rows in the window": figures["rows"],
+          "accumulator MB": figures["state_mb"],
+          "bytes per row": (figures["state_mb"] * 2**20 /
+                            max(figures["rows"], 1)),
+          "peak MB above resident": figures["peak_mb"],
+          "ms per micro-batch": figures["ms"]})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

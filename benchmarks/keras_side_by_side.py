@@ -17,7 +17,6 @@ steps after the first window, measured by a callback around each step.
 gradient-accumulator is installed by setup.sh (requirements-benchmarks.txt).
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -31,6 +30,7 @@ sys.path.insert(0, ROOT)
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from harness import bench  # noqa: E402
 from harness import keras_exactness as kx  # noqa: E402
 
 K, MICRO_BATCH, UPDATES = 4, 8, 6
@@ -114,7 +114,7 @@ VARIANTS = ("estimator_accum", "gradient-accumulator optimizer",
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--rounds", type=int, default=1,
                       help="each variant this many times; the medians")
   parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
@@ -123,13 +123,14 @@ def main():
   warnings.simplefilter("ignore")
   tf.get_logger().setLevel("ERROR")
   data = kx.make_data(K * MICRO_BATCH * UPDATES)
-  print(f"k={K} micro-batches of {MICRO_BATCH} against one batch of "
-        f"{K * MICRO_BATCH}, {UPDATES} updates, one device; times: medians "
-        f"over {args.rounds} round(s)")
-  print("| optimizer | variant | max relative difference from the big "
-        "batch | inner optimizer steps | ms per step (a micro-batch; the "
-        "big batch's: k of them) |")
-  print("| --- | --- | --- | --- | --- |")
+  difference, steps = ("max relative difference from the big batch",
+                       "inner optimizer steps")
+  milliseconds = ("ms per step (a micro-batch; the big batch's: k of them)")
+  table = bench.Rows(
+      f"k={K} micro-batches of {MICRO_BATCH} against one batch of "
+      f"{K * MICRO_BATCH}, {UPDATES} updates, one device; times: medians "
+      f"over {args.rounds} round(s)", args.json, markdown=True,
+      formats={difference: ".1e", milliseconds: ".1f"})
   for optimizer_name in args.optimizers.split(","):
     rows = {}
     for _ in range(args.rounds):
@@ -143,11 +144,11 @@ def main():
         rows.setdefault(variant, []).append(
             (kx.relative_difference(weights, big), updates, seconds))
     for variant, results in rows.items():
-      difference = results[-1][0]
-      seconds = statistics.median(r[2] for r in results)
-      print(f"| {optimizer_name} | {variant} | {difference:.1e} | "
-            f"{results[-1][1]} | {seconds * 1e3:.1f} |", flush=True)
-  return 0
+      table.add(**{
+          "optimizer": optimizer_name, "variant": variant,
+          difference: float(results[-1][0]), steps: results[-1][1],
+          milliseconds: statistics.median(r[2] for r in results) * 1e3})
+  return table.exit_code()
 
 
 if __name__ == "__main__":

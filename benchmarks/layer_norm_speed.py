@@ -20,7 +20,6 @@ moments formulation in the same mode.
   python benchmarks/layer_norm_speed.py [--batch 8] [--seq 128] [--rounds 15]
 """
 
-import argparse
 import os
 import statistics
 import sys
@@ -33,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
+from harness import bench  # noqa: E402
 from models.bert import modeling  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
@@ -99,7 +99,7 @@ class Variant:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--batch", type=int, default=8)
   parser.add_argument("--seq", type=int, default=128)
   parser.add_argument("--rounds", type=int, default=15)
@@ -118,19 +118,21 @@ def main():
     for variant in variants:
       for _ in range(args.steps_per_round):
         variant.step()
-  print(f"MiniLM shape, batch {args.batch} x {args.seq} tokens, "
-        f"{args.rounds} rounds x {args.steps_per_round} steps, interleaved; "
-        f"{tf.__version__}, oneDNN "
-        f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default (on)')}")
-  print(f"{'variant':44s} {'median ms':>10s} {'vs moments':>11s}")
+  rows = bench.Rows(
+      f"MiniLM shape, batch {args.batch} x {args.seq} tokens, "
+      f"{args.rounds} rounds x {args.steps_per_round} steps, interleaved; "
+      f"{tf.__version__}, oneDNN "
+      f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'default (on)')}",
+      args.json, formats={"median ms": ".1f"})
   baseline = {}
   for variant in variants:
     median = statistics.median(variant.times) * 1e3
     mode = variant.name.split()[0]
     baseline.setdefault(mode, median)
-    print(f"{variant.name:44s} {median:10.1f} "
-          f"{median / baseline[mode]:10.3f}x")
-  return 0
+    rows.add(**{"variant": variant.name, "median ms": median,
+                "vs moments": f"{median / baseline[mode]:.3f}x"})
+  rows.print()
+  return rows.exit_code()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import bert_small_loss  # noqa: E402
+from harness import bench  # noqa: E402
 from harness.memory import MALLOC_ENV, status_mb  # noqa: E402
 
 MICRO_BATCH = 8
@@ -89,7 +90,7 @@ def plot(rows, output):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = bench.parser(__doc__)
   parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 4, 8, 16])
   parser.add_argument("--output", default="memory_vs_k.png")
   parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
@@ -99,13 +100,14 @@ def main():
     print(json.dumps({"mode": args.one[0], "k": int(args.one[1]),
                       "peak_mb": peak, "seconds": seconds,
                       "trainable_mb": trainable}))
-    return
-  print(f"# {platform.machine()}, {os.cpu_count()} cores, TensorFlow "
-        f"{tf.__version__}; BERT-Small seq 128, Adam, micro-batch "
-        f"{MICRO_BATCH}")
-  print("| k | accumulate: peak MB | big batch: peak MB | accumulate: s per "
-        "update | big batch: s per update |")
-  print("| --- | --- | --- | --- | --- |")
+    return 0
+  table = bench.Rows(
+      f"{platform.machine()}, {os.cpu_count()} cores, TensorFlow "
+      f"{tf.__version__}; BERT-Small seq 128, Adam, micro-batch "
+      f"{MICRO_BATCH}", args.json, markdown=True,
+      formats={"accumulate: peak MB": ".0f", "big batch: peak MB": ".0f",
+               "accumulate: s per update": ".2f",
+               "big batch: s per update": ".2f"})
   rows = []
   for k in args.ks:
     pair = {}
@@ -115,10 +117,11 @@ def main():
                               check=True, env=dict(os.environ, **MALLOC_ENV))
       pair[mode] = json.loads(result.stdout.strip().splitlines()[-1])
       rows.append(pair[mode])
-    print(f"| {k} | {pair['accumulate']['peak_mb']:.0f} | "
-          f"{pair['big_batch']['peak_mb']:.0f} | "
-          f"{pair['accumulate']['seconds']:.2f} | "
-          f"{pair['big_batch']['seconds']:.2f} |", flush=True)
+    table.add(**{"k": k,
+                 "accumulate: peak MB": pair["accumulate"]["peak_mb"],
+                 "big batch: peak MB": pair["big_batch"]["peak_mb"],
+                 "accumulate: s per update": pair["accumulate"]["seconds"],
+                 "big batch: s per update": pair["big_batch"]["seconds"]})
   base = next(r for r in rows if r["mode"] == "big_batch" and r["k"] == 1)
   top = max((r for r in rows if r["mode"] == "accumulate"),
             key=lambda r: r["k"])
@@ -127,7 +130,8 @@ def main():
         f"goal k=1 + variables = {goal:.0f} MB (+10%: {1.1 * goal:.0f} MB)")
   plot(rows, args.output)
   print(f"wrote {args.output}")
+  return table.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -50,6 +50,7 @@ import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.multiworker_window import MODEL_CHOICES, fetch_all  # noqa: E402
 from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
+from harness import bench  # noqa: E402
 
 
 class _InterleavedTimer(tf.estimator.SessionRunHook):
@@ -150,7 +151,7 @@ def window_ratios(times, k):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--model", choices=sorted(MODEL_CHOICES), default="mlp")
   parser.add_argument("--micro_batch", type=int, default=None,
                       help="default: 64 for the MLP, 8 for BERT-Small")
@@ -165,7 +166,7 @@ def main():
     args.micro_batch = default_micro_batch
   if args.task:
     run_task(args)
-    return
+    return 0
   with tempfile.TemporaryDirectory() as directory:
     output = os.path.join(directory, "times_{index}.json")
     subprocess.run(
@@ -178,29 +179,35 @@ def main():
         check=True, capture_output=True, text=True)
     workers = [json.load(open(output.format(index=i))) for i in range(2)]
   per_worker = [window_ratios(times, args.k) for times in workers]
-  print(f"# {os.cpu_count()} cores; {description}, micro-batch "
-        f"{args.micro_batch}, Adam, k={args.k}, 2 workers "
-        "(MultiWorkerMirroredStrategy), one thread per task; the pass and "
-        "the all-reduce timed between the window's steps in the same "
-        f"processes; {args.windows} windows after one warm-up")
-  print("| worker | window ms | 8 x pass + all-reduce ms | window / reference "
-        "(per window) | accumulate step / pass | apply step / (pass + "
-        "all-reduce) |".replace("8 x", f"{args.k} x"))
-  print("| --- | --- | --- | --- | --- | --- |")
+  reference = f"{args.k} x pass + all-reduce ms"
+  rows = bench.Rows(
+      f"{os.cpu_count()} cores; {description}, micro-batch "
+      f"{args.micro_batch}, Adam, k={args.k}, 2 workers "
+      "(MultiWorkerMirroredStrategy), one thread per task; the pass and "
+      "the all-reduce timed between the window's steps in the same "
+      f"processes; {args.windows} windows after one warm-up", args.json,
+      markdown=True, formats={"window ms": ".1f", reference: ".1f"})
   everything = []
   for index, windows in enumerate(per_worker):
     everything += windows
     ratios = sorted(w / r for w, r, _, _ in windows)
-    print(f"| {index} | {statistics.median(w for w, _, _, _ in windows) * 1e3:.1f}"
-          f" | {statistics.median(r for _, r, _, _ in windows) * 1e3:.1f} | "
-          f"{statistics.median(ratios):.3f} ({ratios[0]:.3f}-{ratios[-1]:.3f})"
-          f" | {statistics.median(a for _, _, a, _ in windows):.3f} | "
-          f"{statistics.median(a for _, _, _, a in windows):.3f} |")
+    rows.add(**{
+        "worker": index,
+        "window ms": statistics.median(w for w, _, _, _ in windows) * 1e3,
+        reference: statistics.median(r for _, r, _, _ in windows) * 1e3,
+        "window / reference (per window)":
+            f"{statistics.median(ratios):.3f} ({ratios[0]:.3f}-"
+            f"{ratios[-1]:.3f})",
+        "accumulate step / pass":
+            statistics.median(a for _, _, a, _ in windows),
+        "apply step / (pass + all-reduce)":
+            statistics.median(a for _, _, _, a in windows)})
   ratios = [w / r for w, r, _, _ in everything]
   print(f"window / ({args.k} x pass + all-reduce) = "
         f"{statistics.median(ratios):.3f}, median over {len(ratios)} windows "
         f"of both workers (goal: at most 1.10)")
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -181,7 +181,7 @@ def _launch(args, mode, workers, directory, cluster=False):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = bench.parser(__doc__)
   parser.add_argument("--k", type=int, default=8)
   parser.add_argument("--windows", type=int, default=8)
   parser.add_argument("--rounds", type=int, default=1,
@@ -209,7 +209,7 @@ def main():
           index=json.loads(os.environ["TF_CONFIG"])["task"]["index"])
     run_task(args.task, args.model_dir, output, args.k, args.steps,
              args.micro_batch, args.bytes_per_pack, args.model)
-    return
+    return 0
   k = args.k
   rounds = []
   for number in range(args.rounds):
@@ -222,22 +222,22 @@ def main():
   figures = {name: statistics.median(r[name] for r in rounds)
              for name in rounds[0]}
   over = f"the median of {args.rounds} rounds of " if args.rounds > 1 else ""
-  print(f"# {os.cpu_count()} cores; {description}, micro-batch "
-        f"{args.micro_batch}, "
-        f"Adam, k={k}, 2 workers (MultiWorkerMirroredStrategy), one thread "
-        f"per task; {over}medians over {args.windows} windows after one "
-        "warm-up")
-  print("| figure | ms |")
-  print("| --- | --- |")
+  rows = bench.Rows(
+      f"{os.cpu_count()} cores; {description}, micro-batch "
+      f"{args.micro_batch}, Adam, k={k}, 2 workers "
+      "(MultiWorkerMirroredStrategy), one thread per task; "
+      f"{over}medians over {args.windows} windows after one warm-up",
+      args.json, markdown=True, formats={"ms": ".1f"})
   for name, label in FIGURES:
-    print(f"| {label.format(k=k, pack=BYTES_PER_PACK // 2**20)} | "
-          f"{1000 * figures[name]:.1f} |")
+    rows.add(figure=label.format(k=k, pack=BYTES_PER_PACK // 2**20),
+             ms=1000 * figures[name])
   ratios = [dict(_ratios(r, k)) for r in rounds]
   for name in ratios[0]:
     values = sorted(r[name] for r in ratios)
     spread = (f" (rounds: {', '.join(f'{v:.3f}' for v in values)})"
               if len(values) > 1 else "")
     print(f"{name} = {statistics.median(values):.3f}{spread}")
+  return rows.exit_code()
 
 
 # Figure name -> its label in the printed table.
@@ -305,5 +305,6 @@ def _ratios(figures, k):
               figures["window_loss_across"] / figures["window"]))
   return out
 
+
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

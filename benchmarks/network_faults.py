@@ -29,7 +29,6 @@ Root only. Exits non-zero when a restarted job does not end within 1e-5 of
 the uninterrupted one.
 """
 
-import argparse
 import os
 import re
 import shutil
@@ -46,8 +45,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 
-from harness import hosts as hosts  # noqa: E402
-from harness import support  # noqa: E402
+from harness import bench, hosts, support  # noqa: E402
 from tfconfig import testbed  # noqa: E402
 
 UPDATES = 30
@@ -164,7 +162,7 @@ def measure(fault, peer_timeout, cap, reference):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--peer_timeout", type=float, default=60,
                       help="the job's tfconfig.health timeout; 0: none")
   parser.add_argument("--cap", type=float, default=150,
@@ -181,20 +179,22 @@ def main():
     seconds = _run_to_end(bed, work, args.peer_timeout)
     reference = _final(work)
     shutil.rmtree(work, ignore_errors=True)
-  print(f"2 workers on 2 hosts, MWMS, k=2, Adam; peer timeout "
-        f"{args.peer_timeout:g} s (0: no watchdog); uninterrupted job "
-        f"{seconds:.0f} s")
-  print("| fault | outcome | fault to last exit | exit code | line | "
-        "restarted vs uninterrupted (max rel.) |")
-  print("| --- | --- | --- | --- | --- | --- |")
-  failed = False
+  difference = "restarted vs uninterrupted (max rel.)"
+  rows = bench.Rows(
+      f"2 workers on 2 hosts, MWMS, k=2, Adam; peer timeout "
+      f"{args.peer_timeout:g} s (0: no watchdog); uninterrupted job "
+      f"{seconds:.0f} s", args.json, markdown=True,
+      formats={difference: ".1e"})
   for fault in args.faults:
     row = measure(fault, args.peer_timeout, args.cap, reference)
-    failed |= not row["difference"] <= 1e-5
-    print(f"| {row['fault']} | {row['exit']} | {row['seconds']} | "
-          f"{row['code']} | {row['line']} | {row['difference']:.1e} |",
-          flush=True)
-  return 1 if failed else 0
+    rows.add(**{"fault": row["fault"], "outcome": row["exit"],
+                "fault to last exit": row["seconds"],
+                "exit code": row["code"], "line": row["line"],
+                difference: row["difference"]})
+    if not row["difference"] <= 1e-5:
+      rows.fail(f"{fault}: the restarted job differs by "
+                f"{row['difference']}")
+  return rows.exit_code()
 
 
 if __name__ == "__main__":

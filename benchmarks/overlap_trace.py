@@ -28,7 +28,6 @@ Chrome trace (--chrome_trace DIR, for chrome://tracing or Perfetto).
 Needs root and iproute2 for the test bed (not with --loopback).
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -46,6 +45,7 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.window_across_hosts import train_on_workers  # noqa: E402
+from harness import bench  # noqa: E402
 from tfconfig import health, testbed  # noqa: E402
 
 MODES = {"overlap": True, "no_overlap": False}
@@ -215,7 +215,7 @@ def figure(traces, path, title):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--task", choices=sorted(MODES))
   parser.add_argument("--model", default="minilm",
                       choices=["minilm", "bert_small", "mlp"])
@@ -254,11 +254,11 @@ def main():
   link = "loopback" if args.loopback else (rate or "unshaped")
   title = (f"{args.model}, 2 workers ({link}), micro-batch "
            f"{args.micro_batch}, k={args.k}: the window's last micro-batch")
-  print(title + f"; medians over {args.windows - 1} traced windows, ms from "
-        "the step's first op, worker 0")
-  print("| mode | backward ends | first pack starts | last pack ends | "
-        "step | packs |")
-  print("| --- | --- | --- | --- | --- | --- |")
+  rows = bench.Rows(
+      title + f"; medians over {args.windows - 1} traced windows, ms from "
+      "the step's first op, worker 0", args.json, markdown=True,
+      formats=dict.fromkeys(("backward ends", "first pack starts",
+                             "last pack ends", "step", "packs"), ".0f"))
   traces, steps = {}, {}
   try:
     with tempfile.TemporaryDirectory(prefix="overlap_") as directory:
@@ -269,9 +269,10 @@ def main():
                   for key in marks[0]}
         steps[mode] = median["step"]
         traces[mode] = traced[-1]
-        print(f"| {mode} | {median['backward ends']:.0f} | "
-              f"{median['first pack']:.0f} | {median['last pack ends']:.0f} "
-              f"| {median['step']:.0f} | {median['packs']:.0f} |", flush=True)
+        rows.add(**{"mode": mode, "backward ends": median["backward ends"],
+                    "first pack starts": median["first pack"],
+                    "last pack ends": median["last pack ends"],
+                    "step": median["step"], "packs": median["packs"]})
   finally:
     if bed is not None:
       bed.down()
@@ -285,7 +286,7 @@ def main():
     for mode, ops in traces.items():
       chrome_trace(ops, os.path.join(args.chrome_trace, f"{mode}.json"))
     print(f"chrome traces: {args.chrome_trace}")
-  return 0
+  return rows.exit_code()
 
 
 if __name__ == "__main__":

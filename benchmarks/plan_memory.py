@@ -21,7 +21,6 @@ tolerance used (at most 1 passes). The big batch's own time per update is
 printed first.
 """
 
-import argparse
 import os
 import sys
 import time
@@ -36,6 +35,7 @@ from absl import logging  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from data import bert_features, classification  # noqa: E402
+from harness import bench  # noqa: E402
 from models import console  # noqa: E402
 from models.bert import (  # noqa: E402
   classifier,
@@ -149,21 +149,25 @@ def _difference(weights, reference):
   return absolute, ratio
 
 
-def run_model(name, budgets, updates, checkpoint, features):
+def run_model(name, budgets, updates, checkpoint, features, json_path):
   setup = Setup(name, checkpoint, features)
   big_seconds, big_weights = setup.train(setup.plain_step, EFFECTIVE, 1,
                                          updates)
-  print(f"\n{name}: effective batch {EFFECTIVE}, {SEQ_LENGTH} tokens; plain "
-        f"Adam on the big batch: {big_seconds:.2f} s/update", flush=True)
-  print("| budget MB | chosen | peak MB (every candidate measured) | "
-        "planning s | s/update | max abs weight diff | of tolerance |")
-  print("|---|---|---|---|---|---|---|")
+  peak = "peak MB (every candidate measured)"
+  rows = bench.Rows(
+      f"\n{name}: effective batch {EFFECTIVE}, {SEQ_LENGTH} tokens; plain "
+      f"Adam on the big batch: {big_seconds:.2f} s/update (BFC allocator "
+      "on CPU, as a GPU holds tensors)", json_path, markdown=True,
+      formats={"planning s": ".1f", "s/update": ".2f",
+               "max abs weight diff": ".1e", "of tolerance": ".2f"})
   for budget in budgets:
     try:
       plan = estimator_accum.plan_micro_batch(
           setup.accumulating_step, EFFECTIVE, memory_budget_mb=budget)
     except ValueError as error:
-      print(f"| {budget} | none: {error} | | | | | |", flush=True)
+      rows.add(**{"budget MB": budget, "chosen": f"none: {error}", peak: "",
+                  "planning s": "", "s/update": "",
+                  "max abs weight diff": "", "of tolerance": ""})
       continue
     chosen = next(m for m in plan.measurements
                   if m.micro_batch == plan.micro_batch)
@@ -173,14 +177,19 @@ def run_model(name, budgets, updates, checkpoint, features):
         f"{m.micro_batch}: {'OOM' if m.peak_bytes is None else round(m.peak_bytes / 2**20)}"
         for m in plan.measurements)
     absolute, ratio = _difference(weights, big_weights)
-    print(f"| {budget} | {plan.micro_batch} x k={plan.k} | "
-          f"{chosen.peak_bytes / 2**20:.0f} ({measured}) | "
-          f"{plan.planning_seconds:.1f} | {seconds:.2f} | {absolute:.1e} | "
-          f"{ratio:.2f} |", flush=True)
+    rows.add(**{"budget MB": budget,
+                "chosen": f"{plan.micro_batch} x k={plan.k}",
+                peak: f"{chosen.peak_bytes / 2**20:.0f} ({measured})",
+                "planning s": plan.planning_seconds, "s/update": seconds,
+                "max abs weight diff": absolute, "of tolerance": ratio})
+    if ratio > 1:
+      rows.fail(f"{name} at {budget} MB: weights {ratio:.2f} of the "
+                "tolerance from the big batch's")
+  return rows
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--models", nargs="+", default=["minilm", "bert_small"],
                       choices=sorted(DEFAULT_BUDGETS))
   parser.add_argument("--budgets", nargs="+", type=float, default=None,
@@ -194,10 +203,13 @@ def main():
   checkpoint = pretrained.minilm_checkpoint()
   os.makedirs(args.workdir, exist_ok=True)
   features = _features(checkpoint, args.workdir)
+  failed = 0
   for name in args.models:
-    run_model(name, args.budgets or DEFAULT_BUDGETS[name], args.updates,
-              checkpoint, features)
+    failed |= run_model(name, args.budgets or DEFAULT_BUDGETS[name],
+                        args.updates, checkpoint, features,
+                        args.json).exit_code()
+  return failed
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

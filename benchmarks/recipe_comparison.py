@@ -10,7 +10,6 @@ both pay the tracing).
   python benchmarks/recipe_comparison.py            # k=4, micro-batch 16
 """
 
-import argparse
 import json
 import os
 import platform
@@ -23,6 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import recipe_model  # noqa: E402
+from harness import bench  # noqa: E402
 
 WORKERS = 2
 
@@ -56,7 +56,7 @@ def run_variant(variant, args, root):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = bench.parser(__doc__)
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--micro_batch", type=int, default=16)
   parser.add_argument("--updates", type=int, default=6)
@@ -65,23 +65,28 @@ def main():
                                 args.updates)
   expected = recipe_model.reference_weights(
       data, WORKERS * args.k * args.micro_batch, args.updates)
-  print(f"# {platform.machine()}, {os.cpu_count()} cores; {WORKERS} workers "
-        f"(MultiWorkerMirroredStrategy, control flow v1), k={args.k}, "
-        f"micro-batch {args.micro_batch}, {args.updates} windows; model: "
-        f"embedding {recipe_model.VOCAB}x{recipe_model.EMBED} + dense, "
-        f"Momentum")
-  print("| variant | weight error vs big batch | micro-batches per window "
-        "whose gradients cross workers | MB through collectives per window "
-        "| ms per window |")
-  print("| --- | --- | --- | --- | --- |")
+  error, rounds, megabytes = (
+      "weight error vs big batch",
+      "micro-batches per window whose gradients cross workers",
+      "MB through collectives per window")
+  rows = bench.Rows(
+      f"{platform.machine()}, {os.cpu_count()} cores; {WORKERS} workers "
+      f"(MultiWorkerMirroredStrategy, control flow v1), k={args.k}, "
+      f"micro-batch {args.micro_batch}, {args.updates} windows; model: "
+      f"embedding {recipe_model.VOCAB}x{recipe_model.EMBED} + dense, "
+      "Momentum", args.json, markdown=True,
+      formats={error: ".1e", rounds: ".2f", megabytes: ".1f",
+               "ms per window": ".0f"})
   with tempfile.TemporaryDirectory() as root:
     for variant in ("recipe", "library"):
       got = run_variant(variant, args, root)
-      error = recipe_model.relative_error(got["weights"], expected)
-      print(f"| {variant} | {error:.1e} | {got['rounds']:.2f} | "
-            f"{got['megabytes']:.1f} | {1000 * got['seconds']:.0f} |",
-            flush=True)
+      rows.add(**{"variant": variant,
+                  error: recipe_model.relative_error(got["weights"],
+                                                     expected),
+                  rounds: got["rounds"], megabytes: got["megabytes"],
+                  "ms per window": 1000 * got["seconds"]})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -37,6 +37,8 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness import bench  # noqa: E402
+
 VARIANTS = ("plain", "tf.recompute_grad", "estimator_accum.recompute")
 BLOCKS, WIDTH, INNER, BATCH = 12, 1024, 4096, 512
 
@@ -193,7 +195,7 @@ def _run_child(task, args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--bert", default="base", choices=["base", "large"])
   parser.add_argument("--length", type=int, default=384)
   parser.add_argument("--batch", type=int, default=8)
@@ -203,64 +205,83 @@ def main():
   if args.child:
     print(json.dumps(_run_child(args.child, rest)))
     return 0
-  import numpy as np  # noqa: PLC0415
-
-  failed = []
   print("Tensor memory: the peak of TensorFlow's BFC allocator on CPU "
         "(TF_CPU_ALLOCATOR_USE_BFC=true), as a GPU holds tensors.")
-  if not args.skip_mlp:
-    print(f"\nresidual MLP, {BLOCKS} blocks {WIDTH}->{INNER}->{WIDTH}, "
-          f"dropout 0.1, micro-batch {BATCH}, SGD")
-    print("| variant | peak MB | s/step | gradient error, dropout off | "
-          "dropout gradient error (largest true entry) |")
-    print("| --- | --- | --- | --- | --- |")
-    reference = [np.array(g) for g in _child("mlp_gradients", "plain")]
-    rows = {}
-    for variant in VARIANTS:
-      memory = _child("mlp_memory", variant)
-      gradients = [np.array(g) for g in _child("mlp_gradients", variant)]
-      error = max(float(np.abs(a - b).max() / np.abs(b).max())
-                  for a, b in zip(gradients, reference))
-      dropout = _child("dropout", variant)
-      rows[variant] = (memory, error, dropout)
-      print(f"| {variant} | {memory['peak_bytes'] / 2**20:,.0f} | "
-            f"{memory['step_seconds']:.2f} | {error:.1e} | "
-            f"{dropout['error']:.2g} ({dropout['largest']:.2g}) |",
-            flush=True)
-    ours, plain = rows["estimator_accum.recompute"], rows["plain"]
-    print(f"estimator_accum.recompute: peak {ours[0]['peak_bytes'] / plain[0]['peak_bytes']:.2f}x, "
-          f"time {ours[0]['step_seconds'] / plain[0]['step_seconds']:.2f}x "
-          "of plain")
-    if ours[1] > 1e-6 or ours[2]["error"] > 1e-4 * ours[2]["largest"]:
-      failed.append("the MLP's recomputed gradient is off")
-    if ours[0]["peak_bytes"] >= plain[0]["peak_bytes"]:
-      failed.append("recomputation did not lower the MLP's peak")
-  print(f"\nBERT-Base's layer stack (transformer_model, 12 x 768), "
-        f"{args.length} tokens, micro-batch {args.batch}, SGD, dropout 0.1")
+  tables = [] if args.skip_mlp else [_mlp_table(args.json)]
+  tables.append(_stack_table(args))
+  tables.append(_bert_table(args))
+  return max(table.exit_code() for table in tables)
+
+
+def _mlp_table(json_path):
+  import numpy as np  # noqa: PLC0415
+  gradient, dropout_error = ("gradient error, dropout off",
+                             "dropout gradient error (largest true entry)")
+  table = bench.Rows(
+      f"\nresidual MLP, {BLOCKS} blocks {WIDTH}->{INNER}->{WIDTH}, "
+      f"dropout 0.1, micro-batch {BATCH}, SGD", json_path, markdown=True,
+      formats={"peak MB": ",.0f", "s/step": ".2f", gradient: ".1e"})
+  reference = [np.array(g) for g in _child("mlp_gradients", "plain")]
+  rows = {}
+  for variant in VARIANTS:
+    memory = _child("mlp_memory", variant)
+    gradients = [np.array(g) for g in _child("mlp_gradients", variant)]
+    error = max(float(np.abs(a - b).max() / np.abs(b).max())
+                for a, b in zip(gradients, reference))
+    dropout = _child("dropout", variant)
+    rows[variant] = (memory, error, dropout)
+    table.add(**{"variant": variant,
+                 "peak MB": memory["peak_bytes"] / 2**20,
+                 "s/step": memory["step_seconds"], gradient: error,
+                 dropout_error: f"{dropout['error']:.2g} "
+                                f"({dropout['largest']:.2g})"})
+  ours, plain = rows["estimator_accum.recompute"], rows["plain"]
+  print(f"estimator_accum.recompute: peak "
+        f"{ours[0]['peak_bytes'] / plain[0]['peak_bytes']:.2f}x, time "
+        f"{ours[0]['step_seconds'] / plain[0]['step_seconds']:.2f}x of plain")
+  if ours[1] > 1e-6 or ours[2]["error"] > 1e-4 * ours[2]["largest"]:
+    table.fail("the MLP's recomputed gradient is off")
+  if ours[0]["peak_bytes"] >= plain[0]["peak_bytes"]:
+    table.fail("recomputation did not lower the MLP's peak")
+  return table
+
+
+def _stack_table(args):
+  table = bench.Rows(
+      f"\nBERT-Base's layer stack (transformer_model, 12 x 768), "
+      f"{args.length} tokens, micro-batch {args.batch}, SGD, dropout 0.1",
+      args.json, markdown=True,
+      formats={"peak MB": ",.0f", "s per step": ".2f"})
   stack = {mode: _child("stack", mode, str(args.length), str(args.batch))
            for mode in ("plain", "recompute")}
   for mode, result in stack.items():
-    print(f"  {mode:>10}: peak {result['peak_bytes'] / 2**20:,.0f} MB, "
-          f"{result['step_seconds']:.2f} s per step", flush=True)
+    table.add(mode=mode, **{"peak MB": result["peak_bytes"] / 2**20,
+                            "s per step": result["step_seconds"]})
   peak = stack["recompute"]["peak_bytes"] / stack["plain"]["peak_bytes"]
   time_ratio = stack["recompute"]["step_seconds"] / stack["plain"][
       "step_seconds"]
-  print(f"  recompute: peak {peak:.2f}x ({1 - peak:.0%} lower), time "
+  print(f"recompute: peak {peak:.2f}x ({1 - peak:.0%} lower), time "
         f"{time_ratio:.2f}x")
   if peak >= 1:
-    failed.append("recomputation did not lower the layer stack's peak")
-  print(f"\nthe BERT-{args.bert.capitalize()} training step at 128 tokens, "
-        f"micro-batch {args.batch}, AdamWeightDecay, the window of k=2")
-  results = {mode: _child("bert", args.bert, "128", str(args.batch), mode)
-             for mode in ("accumulate", "recompute")}
-  for mode, result in results.items():
-    print(f"  {mode:>10}: a micro-batch that adds peaks at "
-          f"{result['micro_batch_peak_bytes'] / 2**20:,.0f} MB, one that "
-          f"ends the window at {result['window_end_peak_bytes'] / 2**20:,.0f}"
-          f" MB; {result['step_seconds']:.2f} s per micro-batch", flush=True)
-  for line in failed:
-    print(f"FAILED: {line}")
-  return 1 if failed else 0
+    table.fail("recomputation did not lower the layer stack's peak")
+  return table
+
+
+def _bert_table(args):
+  adds, ends = ("peak MB, a micro-batch that adds",
+                "peak MB, one that ends the window")
+  table = bench.Rows(
+      f"\nthe BERT-{args.bert.capitalize()} training step at 128 tokens, "
+      f"micro-batch {args.batch}, AdamWeightDecay, the window of k=2",
+      args.json, markdown=True,
+      formats={adds: ",.0f", ends: ",.0f", "s per micro-batch": ".2f"})
+  for mode in ("accumulate", "recompute"):
+    result = _child("bert", args.bert, "128", str(args.batch), mode)
+    table.add(mode=mode, **{
+        adds: result["micro_batch_peak_bytes"] / 2**20,
+        ends: result["window_end_peak_bytes"] / 2**20,
+        "s per micro-batch": result["step_seconds"]})
+  return table
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ if anything kept the old graphs reachable, it grows by a graph per call.
   python benchmarks/repeated_train.py --plain      # the same without accumulation
 """
 
-import argparse
 import gc
 import os
 import sys
@@ -22,6 +21,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
+from harness import bench  # noqa: E402
 from harness.memory import MALLOC_ENV, status_mb  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def main():
     # freed tensor goes back to the system and the figures repeat.
     os.execve(sys.executable, [sys.executable] + sys.argv,
               dict(os.environ, **MALLOC_ENV))
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--model", default="bert_small", choices=sorted(MODELS))
   parser.add_argument("--calls", type=int, default=6)
   parser.add_argument("--k", type=int, default=2)
@@ -60,19 +60,20 @@ def main():
                                     log_step_count_steps=1_000_000)
     estimator = tf.estimator.Estimator(model_fn, config=config)
     what = "plain training" if args.plain else "accumulation"
-    print(f"# {args.model}, Adam, {what}, {args.k} micro-batches per "
-          "train() call")
-    print("| train() calls | resident MB | MB since the first call |")
-    print("| --- | --- | --- |")
+    rows = bench.Rows(f"{args.model}, Adam, {what}, {args.k} micro-batches "
+                      "per train() call", args.json, markdown=True,
+                      formats={"resident MB": ".0f",
+                               "MB since the first call": "+.0f"})
     first = None
     for call in range(1, args.calls + 1):
       estimator.train(input_fn, max_steps=args.k * call)
       gc.collect()
       resident = status_mb("VmRSS")
       first = resident if first is None else first
-      print(f"| {call} | {resident:.0f} | {resident - first:+.0f} |",
-            flush=True)
+      rows.add(**{"train() calls": call, "resident MB": resident,
+                  "MB since the first call": resident - first})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

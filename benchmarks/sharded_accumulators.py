@@ -25,6 +25,8 @@ os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from harness import bench  # noqa: E402
+
 REPLICAS = 2
 
 
@@ -78,7 +80,7 @@ def measure(model, placement, k, micro_batch, windows=3):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--model", default="bert_small")
   parser.add_argument("--k", type=int, default=4)
   parser.add_argument("--micro_batch", type=int, default=4)
@@ -90,14 +92,12 @@ def main():
     print(json.dumps(measure(args.model, args.child, args.k,
                              args.micro_batch)))
     return 0
-  print(f"{args.model}, MirroredStrategy x{REPLICAS} (logical CPUs), "
-        f"micro-batch {args.micro_batch} per replica, k={args.k}, Adam. "
-        "Peak: the BFC allocator on CPU (TF_CPU_ALLOCATOR_USE_BFC=true), "
-        "both replicas' tensors, as a GPU holds tensors.")
-  print("| placement | accumulators per replica | all-reduced each "
-        "micro-batch | at the window's end | peak (both replicas) | s per "
-        "micro-batch |")
-  print("| --- | --- | --- | --- | --- | --- |")
+  table = bench.Rows(
+      f"{args.model}, MirroredStrategy x{REPLICAS} (logical CPUs), "
+      f"micro-batch {args.micro_batch} per replica, k={args.k}, Adam. "
+      "Peak: the BFC allocator on CPU (TF_CPU_ALLOCATOR_USE_BFC=true), "
+      "both replicas' tensors, as a GPU holds tensors.", args.json,
+      markdown=True, formats={"s per micro-batch": ".3f"})
   rows = {}
   for placement in ("device", "sharded"):
     result = subprocess.run(
@@ -106,22 +106,27 @@ def main():
          "--child", placement], capture_output=True, text=True, check=False)
     if result.returncode != 0:
       print(result.stderr[-3000:])
-      return 1
+      table.fail(f"the {placement} child failed")
+      return table.exit_code()
     row = rows[placement] = json.loads(result.stdout.strip().splitlines()[-1])
     model_bytes = row["parameters"] * 4
     sliced = row["sliced_bytes"]
     end = (f"all-reduce {model_bytes / 2**20:,.1f} MB" if not sliced else
            f"all-gather {sliced / REPLICAS / 2**20:,.1f} MB a replica, "
            f"all-reduce {(model_bytes - sliced) / 2**20:,.1f} MB")
-    print(f"| {placement} | {row['accumulator_bytes_per_replica'] / 2**20:,.1f}"
-          f" MB | {sliced / 2**20:,.1f} MB | {end} | "
-          f"{row['peak_bytes'] / 2**20:,.0f} MB | "
-          f"{row['seconds_per_micro_batch']:.3f} |", flush=True)
+    table.add(**{
+        "placement": placement,
+        "accumulators per replica":
+            f"{row['accumulator_bytes_per_replica'] / 2**20:,.1f} MB",
+        "all-reduced each micro-batch": f"{sliced / 2**20:,.1f} MB",
+        "at the window's end": end,
+        "peak (both replicas)": f"{row['peak_bytes'] / 2**20:,.0f} MB",
+        "s per micro-batch": row["seconds_per_micro_batch"]})
   saved = rows["device"]["peak_bytes"] - rows["sharded"]["peak_bytes"]
   print(f"sharded: {saved / 2**20:,.0f} MB less peak, "
         f"{rows['sharded']['seconds_per_micro_batch'] / rows['device']['seconds_per_micro_batch']:.2f}x "
         "the time per micro-batch")
-  return 0
+  return table.exit_code()
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
+from harness import bench  # noqa: E402
 from harness.memory import MALLOC_ENV, PeakMemory  # noqa: E402
 
 VOCAB, DIM, BATCH, IDS, K = 100_000, 128, 32, 64, 4
@@ -67,7 +68,7 @@ def seconds_per_micro_batch(session, train_op, count):
 
 
 def main():
-  parser = argparse.ArgumentParser()
+  parser = bench.parser(__doc__)
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--peak-rss-of", choices=VARIANTS,
                       help=argparse.SUPPRESS)
@@ -78,7 +79,7 @@ def main():
     with PeakMemory() as peak:
       seconds_per_micro_batch(session, train_op, 4 * K)
     print(peak.mb)
-    return
+    return 0
   built = {variant: build(variant) for variant in VARIANTS}
   for session, train_op in built.values():
     seconds_per_micro_batch(session, train_op, K)
@@ -92,18 +93,20 @@ def main():
                              variant], capture_output=True, text=True,
                             check=True, env=dict(os.environ, **MALLOC_ENV))
     peaks[variant] = float(result.stdout.strip().splitlines()[-1])
-  print(f"# {platform.machine()}, {os.cpu_count()} cores; embedding "
-        f"{VOCAB}x{DIM} ({VOCAB * DIM * 4 / 2**20:.1f} MB), micro-batch "
-        f"{BATCH} x {IDS} ids, k={K}, Momentum")
-  print("| variant | ms per micro-batch | / forward+backward | peak MB "
-        "while training, above the resident memory before |")
-  print("| --- | --- | --- | --- |")
+  peak = "peak MB while training, above the resident memory before"
+  rows = bench.Rows(
+      f"{platform.machine()}, {os.cpu_count()} cores; embedding "
+      f"{VOCAB}x{DIM} ({VOCAB * DIM * 4 / 2**20:.1f} MB), micro-batch "
+      f"{BATCH} x {IDS} ids, k={K}, Momentum", args.json, markdown=True,
+      formats={"ms per micro-batch": ".2f", "/ forward+backward": ".2f",
+               peak: ".0f"})
   base = statistics.median(times["forward_backward"])
   for variant in VARIANTS:
     median = statistics.median(times[variant])
-    print(f"| {variant} | {1000 * median:.2f} | {median / base:.2f} | "
-          f"{peaks[variant]:.0f} |")
+    rows.add(**{"variant": variant, "ms per micro-batch": 1000 * median,
+                "/ forward+backward": median / base, peak: peaks[variant]})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -10,7 +10,6 @@ the end-of-input race). Prints one line per failed run and a summary:
     python benchmarks/stress_end_of_input.py --runs 30
 """
 
-import argparse
 import os
 import subprocess
 import sys
@@ -18,6 +17,10 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from harness import bench  # noqa: E402
+
 TIMINGS = (None, 0, 1)
 
 
@@ -25,7 +28,7 @@ def run_once(timing, timeout):
   with tempfile.TemporaryDirectory() as model_dir:
     command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
                "--timeout", str(timeout), "--", sys.executable,
-               os.path.join(ROOT, "tests", "multiworker_job.py"),
+               os.path.join(ROOT, "harness", "multiworker_job.py"),
                "--model_dir", model_dir, "--optimizer", "adam", "--k", "2",
                "--updates", "3", "--until_input_ends"]
     if timing is not None:
@@ -37,11 +40,13 @@ def run_once(timing, timeout):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--runs", type=int, default=30)
   parser.add_argument("--timeout", type=float, default=300)
   args = parser.parse_args()
   failures = 0
+  rows = bench.Rows("runs that failed (the rest ended with their final "
+                    "weights saved)", args.json, markdown=True)
   started = time.monotonic()
   for run in range(args.runs):
     timing = TIMINGS[run % len(TIMINGS)]
@@ -49,11 +54,13 @@ def main():
     if code != 0 or not saved:
       failures += 1
       errors = [line for line in output.splitlines() if "Error" in line]
-      print(f"run {run + 1} (slow: {timing}): exit code {code}; "
-            f"{errors[-1] if errors else 'no final weights'}", flush=True)
+      rows.add(run=run + 1, slow=timing, **{
+          "exit code": code,
+          "last error": errors[-1] if errors else "no final weights"})
+      rows.fail(f"run {run + 1}")
   print(f"{args.runs} runs, {failures} failed ({time.monotonic() - started:.0f}"
         " s; slowed worker cycling none/chief/worker 1)", flush=True)
-  return 1 if failures else 0
+  return rows.exit_code()
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from benchmarks.accumulation_overhead import (  # noqa: E402
     OPTIMIZERS,
     build_graph,
 )
+from harness import bench  # noqa: E402
 
 VARIANTS = ("plain", "accum")
 
@@ -97,7 +98,7 @@ def measure(model_name, variant, k=4, optimizer_name="adam",
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--models", nargs="+", default=["mlp", "bert_small"],
                       choices=list(MODELS))
   parser.add_argument("--k", type=int, default=4)
@@ -112,14 +113,13 @@ def main():
   if args.variant:
     print(json.dumps(measure_one(args.models[0], args.variant, args.k,
                                  args.optimizer)))
-    return
-  print(f"# peak tensor memory (BFC allocator, bytes in use after every op), "
-        f"k={args.k}, {args.optimizer}, two traced windows after a warm-up; "
-        f"highest peak / median of the micro-batches' peaks")
-  print("| model | trainable MB | accumulators MB | plain MB | "
-        "accumulation MB | accumulation - plain MB | "
-        "(accumulation - plain) / accumulators |")
-  print("| --- | --- | --- | --- | --- | --- | --- |")
+    return 0
+  rows = bench.Rows(
+      f"peak tensor memory (BFC allocator on CPU, as a GPU holds tensors; "
+      f"bytes in use after every op), k={args.k}, {args.optimizer}, two "
+      "traced windows after a warm-up; highest peak / median of the "
+      "micro-batches' peaks", args.json, markdown=True,
+      formats={"trainable MB": ".1f", "accumulators MB": ".1f"})
   for model_name in args.models:
     runs = {v: measure(model_name, v, args.k, args.optimizer,
                        args.control_flow_v1) for v in VARIANTS}
@@ -128,17 +128,21 @@ def main():
     typical = {v: statistics.median(runs[v]["steps"]) for v in VARIANTS}
     extra = [figures["accum"] - figures["plain"]
              for figures in (highest, typical)]
-    print(f"| {model_name} | {runs['accum']['trainable']:.1f} | "
-          f"{accumulators:.1f} | {highest['plain']:.0f} / "
-          f"{typical['plain']:.0f} | {highest['accum']:.0f} / "
-          f"{typical['accum']:.0f} | {extra[0]:.0f} / {extra[1]:.0f} | "
-          f"{extra[0] / accumulators:.2f} / {extra[1] / accumulators:.2f} |",
-          flush=True)
+    rows.add(**{
+        "model": model_name, "trainable MB": runs["accum"]["trainable"],
+        "accumulators MB": accumulators,
+        "plain MB": f"{highest['plain']:.0f} / {typical['plain']:.0f}",
+        "accumulation MB": f"{highest['accum']:.0f} / {typical['accum']:.0f}",
+        "accumulation - plain MB": f"{extra[0]:.0f} / {extra[1]:.0f}",
+        "(accumulation - plain) / accumulators":
+            f"{extra[0] / accumulators:.2f} / {extra[1] / accumulators:.2f}"})
     print(f"#   peak per micro-batch, plain: "
           f"{' '.join(f'{b:.0f}' for b in runs['plain']['steps'])}; "
           f"accumulation: "
           f"{' '.join(f'{b:.0f}' for b in runs['accum']['steps'])}",
           flush=True)
+  return rows.exit_code()
+
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -32,7 +32,6 @@ beyond a micro-batch of the others (the all-reduce and the apply). Needs
 root, iproute2 (`ip`, `tc`), as the test bed does.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -156,7 +155,7 @@ def summarize(times, k):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--task", choices=MODES)
   parser.add_argument("--model", default="minilm",
                       choices=["minilm", "bert_small"])
@@ -180,12 +179,12 @@ def main():
     print(f"window_across_hosts: error: {reason}", file=sys.stderr)
     return 1
   modes = args.modes.split(",")
-  print(f"{args.model}, {args.workers} workers (one per host), micro-batch "
-        f"{args.micro_batch}, k={args.k}; medians over {args.windows - 1} "
-        "windows after a warm-up one")
-  print("| link | mode | window (s) | micro-batches/s per worker | "
-        "last step beyond a micro-batch | vs window |")
-  print("| --- | --- | --- | --- | --- | --- |")
+  rows = bench.Rows(
+      f"{args.model}, {args.workers} workers (one per host), micro-batch "
+      f"{args.micro_batch}, k={args.k}; medians over {args.windows - 1} "
+      "windows after a warm-up one", args.json, markdown=True,
+      formats={"window (s)": ".2f", "micro-batches/s per worker": ".2f",
+               "last step beyond a micro-batch": ".0%"})
   for rate in args.rates.split(","):
     rate = None if rate == "none" else rate
     bed = testbed.TestBed(args.workers, name=f"{testbed.PREFIX}b{os.getpid()}",
@@ -202,12 +201,14 @@ def main():
         for mode in modes:
           window, share = results[mode]
           ratio = f"{base / window:.2f}x" if base else "-"
-          print(f"| {rate or 'unshaped'} | {mode} | {window:.2f} | "
-                f"{args.k / window:.2f} | {share:.0%} | {ratio} |",
-                flush=True)
+          rows.add(**{"link": rate or "unshaped", "mode": mode,
+                      "window (s)": window,
+                      "micro-batches/s per worker": args.k / window,
+                      "last step beyond a micro-batch": share,
+                      "vs window": ratio})
     finally:
       bed.down()
-  return 0
+  return rows.exit_code()
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ them.
       [--optimizers adam sgd] [--windows 3]
 """
 
-import argparse
 import os
 import re
 import statistics
@@ -44,6 +43,7 @@ from benchmarks.accumulation_overhead import (  # noqa: E402
   OPTIMIZERS,
   build,
 )
+from harness import bench  # noqa: E402
 
 SCOPE = "gradient_accumulation/"
 
@@ -99,7 +99,7 @@ def measure(model_name, optimizer_name, k, windows):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--models", nargs="+", default=["bert_small", "mlp"],
                       choices=list(MODELS))
   parser.add_argument("--optimizers", nargs="+", default=["adam", "sgd"],
@@ -108,24 +108,31 @@ def main():
   parser.add_argument("--windows", type=int, default=3)
   args = parser.parse_args()
   k = args.k
-  print(f"# {os.cpu_count()} cores, one thread; k={k}; op times of traced "
-        f"micro-batches, medians over {args.windows} windows after one "
-        "warm-up")
-  print("| model, optimizer | ms pass | ms window ops, accumulate step | "
-        "ms window ops, apply step | ms optimizer, apply step | window ops "
-        "per micro-batch / pass |")
-  print("| --- | --- | --- | --- | --- | --- |")
+  rows = bench.Rows(
+      f"{os.cpu_count()} cores, one thread; k={k}; op times of traced "
+      f"micro-batches, medians over {args.windows} windows after one "
+      "warm-up", args.json, markdown=True,
+      formats={"ms pass": ".1f", "ms window ops, accumulate step": ".2f",
+               "ms window ops, apply step": ".2f",
+               "ms optimizer, apply step": ".1f",
+               "window ops per micro-batch / pass": ".4f"})
   for model_name in args.models:
     for optimizer_name in args.optimizers:
       parts = measure(model_name, optimizer_name, k, args.windows)
       if parts["accumulate_optimizer"]:
-        raise RuntimeError("the optimizer ran on an accumulate step")
+        rows.fail(f"{model_name}, {optimizer_name}: the optimizer ran on an "
+                  "accumulate step")
       own = ((k - 1) * parts["accumulate_window"] + parts["apply_window"]) / k
-      print(f"| {model_name}, {optimizer_name} | {parts['pass']:.1f} | "
-            f"{parts['accumulate_window']:.2f} | {parts['apply_window']:.2f} "
-            f"| {parts['apply_optimizer']:.1f} | "
-            f"{1 + own / parts['pass']:.4f} |", flush=True)
+      rows.add(**{"model, optimizer": f"{model_name}, {optimizer_name}",
+                  "ms pass": parts["pass"],
+                  "ms window ops, accumulate step":
+                      parts["accumulate_window"],
+                  "ms window ops, apply step": parts["apply_window"],
+                  "ms optimizer, apply step": parts["apply_optimizer"],
+                  "window ops per micro-batch / pass":
+                      1 + own / parts["pass"]})
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

@@ -128,6 +128,8 @@ class WrapperWindow:
                                             self._settings.loss_scale)
     _checks.check_optimizer(inner)
     self.optimizer = optimizer
+    # Unwrapped once: every learning-rate read and write goes to it.
+    self._inner = inner
     self.checkpoints = object_checkpoints.WrapperCheckpoints()
     # The state of windows built inside tf.functions (TensorFlow 2).
     self.function_variables = FunctionVariables()
@@ -156,8 +158,7 @@ class WrapperWindow:
   def inner_optimizer(self):
     """The optimizer applied once per window (a loss-scale optimizer given
     as the optimizer unwrapped)."""
-    inner, _ = _loss_scale.unwrap_optimizer(self.optimizer, None)
-    return inner
+    return self._inner
 
   def loss_scale_config(self, tensor=None):
     """The window's `LossScaleConfig`, or None: the option, or the

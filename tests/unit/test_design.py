@@ -259,6 +259,30 @@ def test_tests_and_benchmarks_never_import_each_other(folder, other):
   assert not found, found
 
 
+# Benchmark scripts another script starts, which print no figures of their
+# own (their parent does).
+BENCHMARK_JOBS = {"recipe_worker.py"}
+
+
+def test_every_benchmark_script_runs_on_the_one_harness():
+  # Its command line from bench.parser (--json for every script), its
+  # figures through bench.Rows (one table form, JSON rows, an exit code).
+  scripts = {p.name: p.read_text() for p in (ROOT / "benchmarks").glob("*.py")
+             if "__main__" in p.read_text()}
+  assert len(scripts) > 20 and BENCHMARK_JOBS <= set(scripts)
+  own_parser = sorted(name for name, text in scripts.items()
+                      if "ArgumentParser(" in text and
+                      name not in BENCHMARK_JOBS)
+  assert not own_parser, f"parse their own arguments: {own_parser}"
+  off_harness = sorted(
+      name for name, text in scripts.items() if name not in BENCHMARK_JOBS
+      and not ("bench.parser(" in text and "bench.Rows(" in text))
+  assert not off_harness, f"not on harness.bench: {off_harness}"
+  started = "\n".join(scripts.values())
+  assert all(job in started.replace(f"benchmarks/{job}", job)
+             for job in BENCHMARK_JOBS)
+
+
 def test_the_tests_mirror_the_code():
   # Unit tests per package of the library, whole jobs under integration/,
   # the scripts tests start under jobs/, no test module at the top.
