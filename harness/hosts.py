@@ -99,6 +99,39 @@ def signal_all(pids, signum):
       pass
 
 
+def task_pids(launcher_pid, index, task_type="worker"):
+  """The pids of the task `task_type`:`index` a launcher started (found by
+  the TF_CONFIG in each descendant's environment)."""
+  kind, number = rf'"type":\s*"{task_type}"', rf'"index":\s*{index}\b'
+  pattern = re.compile(rf"{kind},\s*{number}|{number},\s*{kind}")
+  found = []
+  for pid in _descendants(launcher_pid):
+    try:
+      with open(f"/proc/{pid}/environ") as reader:
+        environ = reader.read()
+      with open(f"/proc/{pid}/cmdline") as reader:
+        command = reader.read()
+    except OSError:
+      continue
+    if "--model_dir" in command and pattern.search(environ):
+      found.append(pid)
+  return found
+
+
+def _descendants(root):
+  found, frontier = [], [root]
+  while frontier:
+    pid = frontier.pop()
+    try:
+      with open(f"/proc/{pid}/task/{pid}/children") as reader:
+        children = [int(c) for c in reader.read().split()]
+    except OSError:
+      continue
+    found += children
+    frontier += children
+  return found
+
+
 def host_pids(bed, index):
   result = subprocess.run(["ip", "netns", "pids", bed.host(index)],
                           capture_output=True, text=True, check=True)

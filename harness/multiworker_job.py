@@ -139,6 +139,13 @@ def main():
                       "this one exits (tfconfig.health); 0: no watchdog")
   parser.add_argument("--peer_interval", type=float,
                       default=health.DEFAULT_INTERVAL)
+  parser.add_argument("--strategy", default="multi_worker",
+                      choices=["multi_worker", "mirrored", "none"],
+                      help="mirrored (two replicas on two logical CPUs) and "
+                      "none run in one process, without TF_CONFIG")
+  parser.add_argument("--ballast_mb", type=int, default=0,
+                      help="a variable of this many MB (zeros, not trained) "
+                      "beside the model: each save takes seconds")
   parser.add_argument("--chief_seconds_after", type=float, default=0,
                       help="worker 0 works this long after training before "
                       "it finishes (as a chief that evaluates)")
@@ -153,10 +160,21 @@ def main():
   if args.clip_norm is not None and args.clip_norm <= 0:
     args.clip_norm = None
 
-  workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-  data = support.make_data(workers * args.micro_batch * (
+  if args.strategy == "multi_worker":
+    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  else:
+    workers, task, strategy = 1, {"type": "worker", "index": 0}, None
+    if args.strategy == "mirrored":
+      cpu = tf.config.list_physical_devices("CPU")[0]
+      tf.config.set_logical_device_configuration(
+          cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+      strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  # Each replica reads its own micro-batch.
+  replicas = workers * (2 if args.strategy == "mirrored" else 1)
+  data = support.make_data(replicas * args.micro_batch * (
       args.k * args.updates + args.extra_micro_batches))
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
 
   # A restarted job goes on from its checkpoint's step: skip the
   # micro-batches it already trained on (the pipeline is not checkpointed).
@@ -173,10 +191,11 @@ def main():
     if input_context is not None:
       dataset = dataset.shard(input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
-    dataset = dataset.batch(args.micro_batch).skip(done)
+    # Each step takes one micro-batch per replica of this worker.
+    dataset = dataset.batch(args.micro_batch).skip(done * (replicas //
+                                                           workers))
     return dataset if args.until_input_ends else dataset.repeat()
 
-  task = json.loads(os.environ["TF_CONFIG"])["task"]
   counter = None
   dier = None
   marker = os.path.join(args.model_dir, "worker_1_died")
@@ -198,8 +217,15 @@ def main():
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
       save_checkpoints_steps=args.save_every, log_step_count_steps=10_000,
       save_summary_steps=1 if args.record_losses else 100)
+  def model_fn(features, labels, mode, params):
+    if args.ballast_mb:
+      tf.compat.v1.get_variable(
+          "ballast", [args.ballast_mb, 1024, 256], trainable=False,
+          initializer=tf.compat.v1.zeros_initializer())
+    return support.accumulating_model_fn(features, labels, mode, params)
+
   estimator = tf.estimator.Estimator(
-      support.accumulating_model_fn, config=config,
+      model_fn, config=config,
       params=dict(optimizer_fn=OPTIMIZERS[args.optimizer], k=args.k,
                   clip_norm=args.clip_norm, bytes_per_pack=args.bytes_per_pack,
                   table_all_reduce=args.table_all_reduce,
@@ -217,6 +243,9 @@ def main():
   total = args.k * args.updates
 
   def train(max_steps=None, hooks=None):
+    if args.strategy != "multi_worker":
+      estimator.train(input_fn, max_steps=max_steps, hooks=hooks)
+      return
     # Under TF_CONFIG, Estimator trains with a strategy only through
     # train_and_evaluate.
     tf.estimator.train_and_evaluate(

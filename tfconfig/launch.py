@@ -22,8 +22,9 @@ exec HOST` for the one-namespace-per-task test bed (tfconfig/testbed.py).
 
 Stopping: SIGINT (Ctrl-C), SIGTERM (a batch system, `timeout`) and SIGHUP
 (a closed terminal) sent to the launcher stop every task it started (SIGTERM
-to each task's process group, then SIGKILL after a grace period, at once on
-a second signal), and the launcher exits with 128 + the signal's number. A
+to each task's process group, which saves its open window and exits; SIGKILL
+after a grace period, 25 s by default, at once on a second signal), and the
+launcher exits with 128 + the signal's number. A
 launcher killed outright (SIGKILL) takes its tasks with it too: each task is
 started with the kernel's parent-death signal set (Linux).
 """
@@ -43,7 +44,11 @@ import time
 from tfconfig import config as tfc
 from tfconfig import health
 
-STOP_GRACE_SECONDS = 10
+# A task stopped by SIGTERM saves its open window and exits with 143 (an
+# accumulating train op does, estimator_accum.distribution.preemption),
+# within its 20 s by default: SIGKILL only after that, and before the 30 s
+# that Kubernetes and Slurm give the launcher itself.
+STOP_GRACE_SECONDS = 25
 # A local launch runs every task on this machine: more than this is a typo
 # (and would exhaust open files reserving ports).
 MAX_LOCAL_TASKS = 256
@@ -160,6 +165,7 @@ def describe_exit(status):
   meaning = {
       health.PEER_LOST_EXIT: " (it lost a peer)",
       health.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
+      128 + int(signal.SIGTERM): " (it was stopped by SIGTERM)",
   }.get(status, "")
   if status > 128 and not meaning:
     try:

@@ -91,6 +91,15 @@ def sum_in_replica(values, options):
       tf.distribute.ReduceOp.SUM, list(values), options=options)
 
 
+def sum_flags(values):
+  """From replica context: the scalars `values` summed over every replica
+  and worker in one small all-reduce (as given with one replica)."""
+  if num_replicas() == 1:
+    return list(values)
+  return sum_in_replica(values, one_pack(
+      tf.distribute.experimental.CommunicationOptions()))
+
+
 def one_pack(options):
   """`options` with every tensor in one pack: for tensors whose sizes are
   known only at run time (packs of a given size need static sizes)."""

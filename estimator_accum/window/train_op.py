@@ -37,7 +37,7 @@ from estimator_accum.checkpoints.state_variables import (
   StateVariables,
   variable_base_name,
 )
-from estimator_accum.distribution import replicas, watchdog
+from estimator_accum.distribution import preemption, replicas, watchdog
 from estimator_accum.distribution.placement import between_graph_worker_device
 from estimator_accum.options import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
@@ -160,6 +160,9 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
                                       unscales=batch.loss is not None)
     trained = batch.gradients(scaler, dict(settings.gradient_options))
     _checks.check_ref_variables(trained, optimizer)
+    # Told to stop (SIGTERM): every replica and worker agrees on this
+    # micro-batch, which then changes nothing, and Estimator saves.
+    trained = preemption.gate(trained, global_step, replicas.sum_flags)
     plan = make_plan(settings, trained, reduction,
                      between_graph_worker_device(batch.source, global_step),
                      outer_scope)

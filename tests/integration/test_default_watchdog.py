@@ -50,9 +50,7 @@ def test_a_frozen_peer_ends_a_task_stuck_in_a_step(tmp_path):
   frozen = []
   try:
     hosts.wait_for_step(tmp_path, 3, [run.process])
-    frozen = [pid for pid in _task_pids(run.process.pid)
-              if "--model_dir" in _cmdline(pid) and
-              re.search(r'"index":\s*1\b', _environ(pid))]
+    frozen = hosts.task_pids(run.process.pid, 1)
     assert frozen
     hosts.signal_all(frozen, signal.SIGSTOP)
     stopped = time.monotonic()
@@ -74,32 +72,3 @@ def test_it_is_off_when_asked(tmp_path):
       timeout=300, env=_env(ESTIMATOR_ACCUM_PEER_WATCHDOG="0"))
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
   assert "watching this task's peers" not in done.stdout + done.stderr
-
-
-def _task_pids(root):
-  """Every descendant of process `root`."""
-  found, frontier = [], [root]
-  while frontier:
-    pid = frontier.pop()
-    try:
-      children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    except OSError:
-      continue
-    for child in map(int, children):
-      found.append(child)
-      frontier.append(child)
-  return found
-
-
-def _cmdline(pid):
-  try:
-    return open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
-  except OSError:
-    return ""
-
-
-def _environ(pid):
-  try:
-    return open(f"/proc/{pid}/environ").read()
-  except OSError:
-    return ""

@@ -1,0 +1,360 @@
+"""A task told to stop saves its open window and exits, by default.
+
+Kubernetes deleting a pod, Slurm cancelling a job and a spot VM being
+reclaimed all send SIGTERM, then SIGKILL after a grace period (30 s by
+default). A process that builds an accumulating train op in a graph
+(Estimator, tf.compat.v1) answers SIGTERM so:
+
+1. It asks to stop, in one line. A second SIGTERM, or SIGINT, now ends
+   the process at once, wherever it waits (the signals are read from
+   `signal.set_wakeup_fd`'s pipe by a thread of this module: Python runs
+   a handler in the main thread only between bytecodes, never while that
+   thread waits in session.run).
+2. Every replica, and under MultiWorkerMirroredStrategy every worker,
+   agrees on one micro-batch to stop before: each micro-batch starts by
+   all-reducing a stop flag (a scalar sum, beside the window's own
+   collectives), and the micro-batch that finds it set changes nothing:
+   every state update of the window waits for that check, which raises
+   OutOfRangeError. Estimator ends as at the end of its input, and its
+   checkpoint saver saves the state after the last micro-batch that ran,
+   open window included (the ordered saves of `checkpoints.ordered_saves`
+   keep every worker's save consistent). A worker that was not signalled
+   stops at the same micro-batch.
+3. Once that checkpoint is complete (the Saver's checkpoint state names
+   it), the process says so in one line and exits with 143 (128 +
+   SIGTERM). If no checkpoint is complete `ESTIMATOR_ACCUM_STOP_SECONDS`
+   (default 20) after the stop began (checkpoints turned off, a save that
+   cannot finish), it exits with 143 then: the newest complete checkpoint
+   is the one restored, never a half-written one.
+
+Why by default, and no call to add: the signal has to reach the window,
+and only the window knows the micro-batch it is in. The handler is taken
+when the first train op is built, after the strategy: TensorFlow's
+coordination service (on for MultiWorkerMirroredStrategy) installs its own
+SIGTERM handler, which only records the signal, when the strategy is made.
+`signal.signal` can be called from the main thread only, and Estimator
+builds a MultiWorkerMirroredStrategy graph in a replica thread, so the
+build asks the main thread to take it (a real-time signal this module
+handles, installed when it is imported from the main thread).
+
+ESTIMATOR_ACCUM_STOP_ON_SIGTERM=0 turns this off. Not inside a
+tf.function (TensorFlow 2 Keras has its own BackupAndRestore).
+"""
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
+SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
+DEFAULT_SECONDS = 20.0
+STOPPED_EXIT = 128 + int(signal.SIGTERM)
+# The main thread's errand: take SIGTERM (signal.signal needs that thread).
+_ERRAND = signal.SIGRTMAX - 3
+_POLL_SECONDS = 0.05
+
+
+def _say(line):
+  sys.stderr.write(f"[estimator_accum] {line}\n")
+  sys.stderr.flush()
+
+
+class _Stop:
+  """This process's stop: asked (by SIGTERM, or a peer), agreed (the
+  micro-batch that found it), saved and exited. Thread safe."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.asked_at = None      # time.monotonic() of the SIGTERM or agreement
+    self.signalled = False    # this process got the SIGTERM
+    self.stopped_step = None  # the micro-batch counter when agreed
+    self.graph = None         # the graph whose train op stopped
+    self.exiting = False
+    self.handler_taken = False
+    self.armed = False
+    self.watching = False     # a thread reads the signals' pipe
+    self.sigterms = 0
+    self.began = None         # when the last micro-batch began
+    self.interval = 0.0       # between the last two
+
+  def ask(self, signalled):
+    """Records the stop; True the first time."""
+    with self.lock:
+      self.signalled |= signalled
+      if self.asked_at is not None:
+        return False
+      self.asked_at = time.monotonic()
+      return True
+
+
+_STOP = _Stop()
+
+
+def enabled():
+  return os.environ.get(ENABLED_ENV, "1") != "0"
+
+
+def _seconds():
+  value = os.environ.get(SECONDS_ENV)
+  if value is None:
+    return DEFAULT_SECONDS
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = -1.0
+  if not seconds > 0:
+    raise ValueError(f"{SECONDS_ENV} must be a number of seconds > 0, got "
+                     f"{value!r}.")
+  return seconds
+
+
+# The signal side. Python runs a signal's handler in the main thread, and
+# only between two bytecodes: never while that thread waits in session.run
+# (a save, a step). The signal's number is also written to a pipe at once
+# (signal.set_wakeup_fd), which a thread of this module reads: it acts
+# within milliseconds wherever the main thread is.
+
+def _arrived(signum):
+  """A signal's number read from the pipe (or a handler, without one)."""
+  if signum == signal.SIGTERM:
+    with _STOP.lock:
+      _STOP.sigterms += 1
+      sigterms = _STOP.sigterms
+    if sigterms > 1:
+      _say(f"a second SIGTERM: exiting now with {STOPPED_EXIT}; the newest "
+           "complete checkpoint is the one restored")
+      _exit()
+    if _STOP.ask(signalled=True):
+      _say("SIGTERM: stopping before the next micro-batch; the open "
+           f"window is saved, then this process exits with {STOPPED_EXIT} "
+           "(a second SIGTERM or SIGINT ends it at once)")
+      _start_exit()
+    else:
+      # A peer's stop is under way here already (the launcher stopping
+      # the others after a task's exit): it goes on.
+      _say("SIGTERM: already stopping (a peer task was told to stop)")
+  elif signum == signal.SIGINT and _STOP.asked_at is not None:
+    _say(f"SIGINT while stopping: exiting now with {STOPPED_EXIT}")
+    _exit()
+
+
+def _on_sigterm(signum, frame):
+  del frame
+  if not _STOP.watching:
+    _arrived(signum)
+
+
+def _on_sigint(signum, frame):
+  if not _STOP.watching:
+    _arrived(signum)
+  if _STOP.asked_at is None:
+    signal.default_int_handler(signum, frame)
+
+
+def _watch(reader):
+  while True:
+    for signum in os.read(reader, 64):
+      _arrived(signum)
+
+
+def _take_sigterm(*_):
+  """In the main thread: SIGTERM is this module's from now on."""
+  if _STOP.handler_taken or not enabled():
+    return
+  _STOP.handler_taken = True
+  signal.signal(signal.SIGTERM, _on_sigterm)
+  signal.siginterrupt(signal.SIGTERM, False)
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _on_sigint)
+  reader, writer = os.pipe()
+  os.set_blocking(writer, False)
+  previous = signal.set_wakeup_fd(writer, warn_on_full_buffer=False)
+  if previous != -1:
+    # The program reads its own wakeup pipe (asyncio's loop): keep it; the
+    # handlers act when the main thread next runs Python.
+    signal.set_wakeup_fd(previous)
+    os.close(reader)
+    os.close(writer)
+    return
+  _STOP.watching = True
+  threading.Thread(target=_watch, args=(reader,), daemon=True,
+                   name="estimator_accum_signals").start()
+
+
+def _install_errand():
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(_ERRAND, _take_sigterm)
+    signal.siginterrupt(_ERRAND, False)
+
+
+_install_errand()
+
+
+def _ask_main_thread_to_take_sigterm():
+  if threading.current_thread() is threading.main_thread():
+    _take_sigterm()
+  elif signal.getsignal(_ERRAND) is _take_sigterm:
+    signal.pthread_kill(threading.main_thread().ident, _ERRAND)
+
+
+# The graph side (the session's threads).
+
+def _flag():
+  now = time.monotonic()
+  if _STOP.began is not None:
+    _STOP.interval = now - _STOP.began
+  _STOP.began = now
+  return np.float32(_STOP.asked_at is not None)
+
+
+def _training():
+  """Whether a micro-batch began lately: within 5 s, or 3 of the last
+  intervals between two (not after train() returned, nor in evaluation)."""
+  began = _STOP.began
+  return began is not None and (
+      time.monotonic() - began < max(5.0, 3 * _STOP.interval))
+
+
+def _check(agreed, step, graph):
+  """Raises StopIteration (OutOfRangeError) when a stop is agreed."""
+  if agreed <= 0:
+    return np.int64(0)
+  with _STOP.lock:
+    first = _STOP.stopped_step is None
+    if first:
+      _STOP.stopped_step, _STOP.graph = int(step), graph
+  if first:
+    cause = ("a peer task was told to stop" if _STOP.ask(signalled=False)
+             else "SIGTERM")
+    _say(f"stopping ({cause}) at global step {int(step)}: every task stops "
+         "here; saving the state, open window included")
+    _start_exit()
+  raise StopIteration(f"stopped before micro-batch {int(step)} (SIGTERM)")
+
+
+def gate(trained, global_step, sum_over_replicas):
+  """`trained` ([(gradient, variable)]), each gradient read only once this
+  micro-batch's stop check passed: the check all-reduces the stop flag with
+  `sum_over_replicas` (a callable, list -> list) and raises OutOfRangeError
+  when any replica or worker was told to stop, before any of the window's
+  state changes. As it is when turned off or in a tf.function."""
+  if not enabled() or tf.compat.v1.get_default_graph().building_function:
+    return trained
+  _arm_once()
+  graph = tf.compat.v1.get_default_graph()
+  flag = tf.numpy_function(_flag, [], tf.float32, stateful=True,
+                           name="stop_flag")
+  flag.set_shape([])
+  agreed = sum_over_replicas([flag])[0]
+  check = tf.numpy_function(
+      lambda a, s: _check(a, s, graph),
+      [agreed, tf.cast(global_step.read_value(), tf.int64)], tf.int64,
+      stateful=True, name="stop_check")
+  return [(_after(g, check), v) for g, v in trained]
+
+
+def _after(gradient, check):
+  if gradient is None:
+    return None
+  with tf.control_dependencies([check]):
+    if isinstance(gradient, tf.IndexedSlices):
+      return tf.IndexedSlices(tf.identity(gradient.values),
+                              tf.identity(gradient.indices),
+                              gradient.dense_shape)
+    return tf.identity(gradient)
+
+
+def _arm_once():
+  with _STOP.lock:
+    if _STOP.armed:
+      return
+    _STOP.armed = True
+  _ask_main_thread_to_take_sigterm()
+  atexit.register(_exit_if_stopped)
+
+
+# The exit.
+
+def _start_exit():
+  threading.Thread(target=_exit_when_saved, name="estimator_accum_stop",
+                   daemon=True).start()
+
+
+def _exit_if_stopped():
+  # The main thread ends (train() returned, the script ran out) before the
+  # exit thread saw the save: it waits here instead.
+  if _STOP.asked_at is not None:
+    _exit_when_saved(first=False)
+
+
+def _exit_when_saved(first=True):
+  """Exits with 143 once the checkpoint of the stopped step is complete,
+  or when the stop's time is up."""
+  if first:
+    with _STOP.lock:
+      if _STOP.exiting:
+        return
+      _STOP.exiting = True
+  deadline = _STOP.asked_at + _seconds()
+  while time.monotonic() < deadline:
+    saved = _saved_checkpoint()
+    if saved:
+      _say(f"stopped: global step {_STOP.stopped_step} saved in {saved}, "
+           f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
+           f"exiting with {STOPPED_EXIT}")
+      _exit()
+    if _STOP.stopped_step is not None and not _savers():
+      _say(f"stopped at global step {_STOP.stopped_step}; this graph "
+           f"saves no checkpoint; exiting with {STOPPED_EXIT}")
+      _exit()
+    if _STOP.stopped_step is None and not _training():
+      _say(f"SIGTERM while not training (no micro-batch is running); "
+           f"exiting with {STOPPED_EXIT}")
+      _exit()
+    time.sleep(_POLL_SECONDS)
+  _say(f"stopped: no checkpoint of the stop completed within {_seconds():g} "
+       f"s ({SECONDS_ENV}); the newest complete one is restored; exiting "
+       f"with {STOPPED_EXIT}")
+  _exit()
+
+
+def _savers():
+  graph = _STOP.graph
+  return [] if graph is None else graph.get_collection(
+      tf.compat.v1.GraphKeys.SAVERS)
+
+
+def _saved_checkpoint():
+  """The path of a complete checkpoint at or after the stopped step (the
+  Saver's checkpoint state names it), or None."""
+  step = _STOP.stopped_step
+  if step is None:
+    return None
+  for saver in _savers():
+    for path in saver.last_checkpoints:
+      try:
+        saved_step = int(path.rsplit("-", 1)[1])
+      except (IndexError, ValueError):
+        continue
+      if saved_step < step:
+        continue
+      state = tf.train.get_checkpoint_state(os.path.dirname(path))
+      if state is not None and (os.path.abspath(state.model_checkpoint_path)
+                                == os.path.abspath(path)):
+        return path
+  return None
+
+
+def _exit():
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):
+      pass
+  os._exit(STOPPED_EXIT)

@@ -1,0 +1,138 @@
+"""SIGTERM to a running harness/multiworker_job.py, for real: the cases of
+tests/integration/test_preemption.py and benchmarks/preemption.py (2
+MultiWorkerMirroredStrategy workers on loopback through `tfconfig launch`,
+or one process without a strategy). Each case returns what happened: the
+exit code, the seconds from the signal to the exit, the step each task
+agreed to stop at and the step of the newest complete checkpoint."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from harness import hosts, support
+
+STOPPED = 128 + int(signal.SIGTERM)
+CASES = ("all_tasks", "one_task", "during_all_reduce", "during_save",
+         "one_process")
+
+
+def job(model_dir, updates, *extra, strategy="multi_worker"):
+  """The command of the job: through the launcher for 2 workers."""
+  flags = hosts.job_flags(model_dir, updates, "--strategy", strategy, *extra,
+                          peer_timeout=0)
+  if strategy != "multi_worker":
+    return flags
+  return [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+          "--timeout", "600", "--", *flags]
+
+
+def environment(**values):
+  return dict(os.environ, ESTIMATOR_ACCUM_PEER_TIMEOUT="8", **values)
+
+
+def final_weights(model_dir):
+  saved = np.load(os.path.join(model_dir, "final_weights.npz"))
+  return {n: saved[n.replace("/", "__")]
+          for n in support.weight_names() + ["global_step"]}
+
+
+def run_to_end(model_dir, updates, strategy="multi_worker", env=None):
+  """Runs the job to its end; returns its output (asserting exit 0)."""
+  done = subprocess.run(job(model_dir, updates, strategy=strategy),
+                        cwd=hosts.ROOT, capture_output=True, text=True,
+                        timeout=600, env=env or environment())
+  output = done.stdout + done.stderr
+  assert done.returncode == 0, output[-3000:]
+  return output
+
+
+def stop_steps(output):
+  """[the global step each stopped task agreed on]."""
+  return [int(s) for s in re.findall(
+      r"stopping \([^)]*\) at global step (\d+)", output)]
+
+
+def _wait_for_output(run, text, seconds=60):
+  deadline = time.monotonic() + seconds
+  while text not in run.output():
+    assert run.process.poll() is None and time.monotonic() < deadline, (
+        run.output()[-3000:])
+    time.sleep(0.02)
+
+
+def _exit(run, started, seconds):
+  try:
+    code = run.wait(seconds)
+  except subprocess.TimeoutExpired:
+    code = None  # still running: a row of the "before" table
+  return code, time.monotonic() - started
+
+
+def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
+             step_seconds=0.05):
+  """Runs the job in `model_dir`, stops it as `case` says, and returns
+  {code, seconds, stop_steps, checkpoint_step, output}; the job's
+  processes are gone when it returns (code None: it had not exited
+  within `wait` s)."""
+  strategy = "none" if case in ("during_save", "one_process") else (
+      "multi_worker")
+  extra = ["--step_seconds", str(step_seconds)]
+  if case == "during_save":
+    # A 1 GB variable beside the model: a save takes seconds (2.3 s here);
+    # no periodic save after step 0's, so that the stop's save is one.
+    extra += ["--save_every", "100000", "--ballast_mb", "1024"]
+  run = hosts.Run(job(model_dir, updates, *extra, strategy=strategy),
+                  tmp_path, case, env=env or environment())
+  frozen = []
+  try:
+    hosts.wait_for_step(model_dir, 0, [run.process])
+    time.sleep(2.0)
+    started = time.monotonic()
+    if case in ("all_tasks", "one_process"):
+      run.process.send_signal(signal.SIGTERM)
+    elif case == "one_task":
+      hosts.signal_all(hosts.task_pids(run.process.pid, 1), signal.SIGTERM)
+    elif case == "during_all_reduce":
+      # Worker 1 frozen: worker 0 waits inside a step's collective when
+      # SIGTERM reaches both; worker 1 goes on, the collective completes.
+      frozen = hosts.task_pids(run.process.pid, 1)
+      hosts.signal_all(frozen, signal.SIGSTOP)
+      time.sleep(1.0)
+      started = time.monotonic()
+      hosts.signal_all(frozen + hosts.task_pids(run.process.pid, 0),
+                       signal.SIGTERM)
+      time.sleep(0.5)
+      hosts.signal_all(frozen, signal.SIGCONT)
+    elif case == "during_save":
+      # The second SIGTERM lands inside the stop's save.
+      run.process.send_signal(signal.SIGTERM)
+      if env is None or env.get("ESTIMATOR_ACCUM_STOP_ON_SIGTERM") != "0":
+        _wait_for_output(run, "at global step", 30)
+        time.sleep(0.3)
+      run.process.send_signal(signal.SIGTERM)
+    code, seconds = _exit(run, started, wait)
+  finally:
+    hosts.signal_all(frozen, signal.SIGCONT)
+    run.kill()
+  output = run.output()
+  return dict(code=code, seconds=seconds, stop_steps=stop_steps(output),
+              checkpoint_step=hosts.latest_step(model_dir), output=output,
+              strategy=strategy)
+
+
+def resume(model_dir, updates, strategy="multi_worker", env=None):
+  """Starts the job again on `model_dir`: (the micro-batch it went on
+  from, its final weights)."""
+  output = run_to_end(model_dir, updates, strategy, env)
+  started = re.search(r"starting at micro-batch (\d+)", output)
+  return int(started.group(1)), final_weights(model_dir)
+
+
+def largest_difference(weights, reference):
+  return max(float(np.max(np.abs(weights[n] - reference[n])))
+             for n in reference)

@@ -1,0 +1,107 @@
+"""SIGTERM to a training job (estimator_accum/distribution/preemption.py),
+for real (harness/preemption_cases.py): 2 MultiWorkerMirroredStrategy
+workers on loopback started by `tfconfig launch`, and one process without
+a strategy, running harness/multiworker_job.py (k=2, Adam, no
+tfconfig.health.watch of its own, as a user's script). Each stopped job
+exits 143 within the grace period with its newest checkpoint at the step
+every task agreed on (or, after a second SIGTERM inside that save, the one
+before), and the job started again ends with the weights of the
+uninterrupted job at 1e-6. No process is left behind (the cases kill what
+is still running)."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+from harness import hosts
+from harness import preemption_cases as cases
+
+pytestmark = pytest.mark.slow
+
+UPDATES = 30
+# What this project promises within Kubernetes' and Slurm's 30 s.
+STOP_SECONDS = 20
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  """{strategy: the final weights of the job run to its end}."""
+  made = {}
+  for strategy in ("multi_worker", "none"):
+    model_dir = tmp_path_factory.mktemp(f"uninterrupted_{strategy}")
+    cases.run_to_end(model_dir, UPDATES, strategy)
+    made[strategy] = cases.final_weights(model_dir)
+  return made
+
+
+def _stopped(case, tmp_path, uninterrupted, tasks):
+  """Runs `case`; asserts the stop and the exact resume; returns what
+  happened."""
+  got = cases.run_case(case, tmp_path, tmp_path, UPDATES)
+  output = got["output"]
+  assert got["code"] == cases.STOPPED, (got["code"], output[-3000:])
+  assert got["seconds"] < STOP_SECONDS, (got["seconds"], output[-3000:])
+  steps = got["stop_steps"]
+  assert len(steps) == tasks and len(set(steps)) == 1, output[-3000:]
+  if case != "during_save":
+    assert len(re.findall(r"stopped: global step \d+ saved in .*exiting "
+                          r"with 143", output)) == tasks, output[-3000:]
+    assert got["checkpoint_step"] == steps[0] > 0
+  went_on_from, weights = cases.resume(tmp_path, UPDATES, got["strategy"])
+  assert went_on_from == got["checkpoint_step"]
+  for name, value in weights.items():
+    np.testing.assert_allclose(value, uninterrupted[got["strategy"]][name],
+                               rtol=1e-6, atol=1e-7, err_msg=name)
+  return got
+
+
+def test_sigterm_to_every_task_saves_the_agreed_step_and_resumes_exactly(
+    tmp_path, uninterrupted):
+  _stopped("all_tasks", tmp_path, uninterrupted, tasks=2)
+
+
+def test_sigterm_to_one_task_stops_its_peer_at_the_same_step(
+    tmp_path, uninterrupted):
+  output = _stopped("one_task", tmp_path, uninterrupted, tasks=2)["output"]
+  # The launcher then stops worker 0, which is saving that step already.
+  assert re.search(r"\[worker:0\].*stopping \(a peer task was told to "
+                   r"stop\) at global step", output), output[-3000:]
+
+
+def test_sigterm_during_the_window_all_reduce(tmp_path, uninterrupted):
+  _stopped("during_all_reduce", tmp_path, uninterrupted, tasks=2)
+
+
+def test_a_second_sigterm_during_the_save_ends_it_at_once(
+    tmp_path, uninterrupted):
+  got = _stopped("during_save", tmp_path, uninterrupted, tasks=1)
+  assert "a second SIGTERM: exiting now" in got["output"]
+  assert "saved in" not in got["output"]
+  # The stop's save never completed: step 0's is the newest complete one.
+  assert got["checkpoint_step"] == 0 < got["stop_steps"][0]
+
+
+def test_one_process_without_a_strategy(tmp_path, uninterrupted):
+  _stopped("one_process", tmp_path, uninterrupted, tasks=1)
+
+
+def test_sigterm_while_not_training_exits_at_once(tmp_path):
+  # After training (the chief evaluating, say): no micro-batch runs,
+  # nothing to save, exit 143 within seconds.
+  run = hosts.Run(cases.job(tmp_path, UPDATES, "--chief_seconds_after",
+                            "60", strategy="none"),
+                  tmp_path, "job", env=cases.environment())
+  try:
+    deadline = time.monotonic() + 120
+    while "saved final weights" not in run.output():
+      assert run.process.poll() is None and time.monotonic() < deadline
+      time.sleep(0.2)
+    started = time.monotonic()
+    run.process.terminate()
+    code = run.wait(30)
+  finally:
+    run.kill()
+  assert code == cases.STOPPED and time.monotonic() - started < 10
+  assert "while not training" in run.output()

@@ -1,0 +1,125 @@
+"""The stop on SIGTERM (estimator_accum/distribution/preemption.py) in one
+graph: the micro-batch after the signal changes no state and ends the run
+as the end of input does (OutOfRangeError), a second SIGTERM ends the
+process at once, and it is off when asked. The
+signals are real, sent to a fresh process (the stop exits its process)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import tensorflow as tf
+
+import estimator_accum
+from harness import support
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+_SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import numpy as np
+    import tensorflow as tf
+    import estimator_accum
+    from estimator_accum.distribution import preemption
+    tf.compat.v1.disable_eager_execution()
+    x = tf.compat.v1.get_variable("w", initializer=np.ones([3], np.float32))
+    loss = tf.reduce_sum(tf.square(x * tf.random.uniform([3])))
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, tf.compat.v1.train.AdamOptimizer(0.1), 4, summaries=False)
+    # A Saver in the graph, as Estimator's: the exit waits for its save.
+    tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS,
+                                   tf.compat.v1.train.Saver())
+    state = [v for v in tf.compat.v1.global_variables()]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(6):
+        session.run(train_op)
+      before = session.run(state)
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(0.5)
+      try:
+        session.run(train_op)
+        raised = None
+      except tf.errors.OutOfRangeError as error:
+        raised = error.message
+      after = session.run(state)
+      same = all(np.array_equal(a, b) for a, b in zip(before, after))
+      print("RESULT " + json.dumps(dict(raised=raised, same=same,
+                                        state=len(state))), flush=True)
+      if len(sys.argv) > 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+      os._exit(0)
+""")
+
+
+def _run(*argv, **env):
+  return subprocess.run([sys.executable, "-c", _SCRIPT, *argv], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120,
+                        env=dict(os.environ, ESTIMATOR_ACCUM_STOP_SECONDS="60",
+                                 **env))
+
+
+def _result(done):
+  line = next((li for li in done.stdout.splitlines()
+               if li.startswith("RESULT ")), None)
+  assert line, done.stdout[-2000:] + done.stderr[-3000:]
+  return json.loads(line[len("RESULT "):])
+
+
+def test_the_micro_batch_after_sigterm_changes_nothing_and_ends_the_run():
+  done = _run()
+  result = _result(done)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert "stopped before micro-batch 6" in result["raised"]
+  assert result["same"] and result["state"] > 3
+  assert ("SIGTERM: stopping before the next micro-batch" in done.stderr)
+  assert "stopping (SIGTERM) at global step 6" in done.stderr
+
+
+def test_a_second_sigterm_ends_the_process_at_once():
+  done = _run("again")
+  assert _result(done)["raised"]
+  assert done.returncode == 128 + signal.SIGTERM, done.stderr[-3000:]
+  assert "a second SIGTERM: exiting now" in done.stderr
+
+
+def test_off_when_asked():
+  done = _run(ESTIMATOR_ACCUM_STOP_ON_SIGTERM="0")
+  # TensorFlow's own handling: SIGTERM ends the process.
+  assert done.returncode == -signal.SIGTERM
+  assert "RESULT" not in done.stdout
+
+
+def _train_op_ops(build):
+  with tf.Graph().as_default() as graph:
+    build()
+    return {op.type for op in graph.get_operations()}, graph
+
+
+def _build_graph_op():
+  w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+  estimator_accum.build_accumulating_train_op(
+      tf.reduce_sum(w * w), tf.compat.v1.train.GradientDescentOptimizer(0.1),
+      2, summaries=False)
+
+
+def test_every_gradient_waits_for_the_stop_check(monkeypatch):
+  monkeypatch.setenv("ESTIMATOR_ACCUM_STOP_ON_SIGTERM", "1")
+  _, graph = _train_op_ops(_build_graph_op)
+  check = [op for op in graph.get_operations()
+           if op.name.endswith("stop_check")]
+  assert len(check) == 1
+  adds = [op for op in graph.get_operations()
+          if op.type in ("AssignAddVariableOp", "AssignAdd")]
+  assert adds and all(support.depends_on(op, check) for op in adds)
+
+
+def test_no_check_when_off(monkeypatch):
+  monkeypatch.setenv("ESTIMATOR_ACCUM_STOP_ON_SIGTERM", "0")
+  _, graph = _train_op_ops(_build_graph_op)
+  assert not [op for op in graph.get_operations() if "stop_" in op.name]
