@@ -6,9 +6,9 @@ with ESTIMATOR_ACCUM_STOP_ON_SIGTERM=0, as every earlier release behaved).
 
 For each case of harness/preemption_cases.py (SIGTERM to every task, to
 one task, during the window's all-reduce with a peer frozen, a second
-SIGTERM during the stop's save, one process without a strategy), on 2
-MultiWorkerMirroredStrategy workers on loopback through `tfconfig launch`
-(25 s grace) or one process: the seconds from the signal to the last exit,
+SIGTERM during the stop's save in one process without a strategy, one
+process of MirroredStrategy's two replicas), on 2 MultiWorkerMirroredStrategy
+workers on loopback through `tfconfig launch` (25 s grace) or one process: the seconds from the signal to the last exit,
 the exit code, the step every task agreed on, the newest complete
 checkpoint's step, and the job started again against the uninterrupted
 job (largest absolute weight difference). k=2, Adam, micro-batches slowed
@@ -44,7 +44,7 @@ def main():
                               "restarted vs uninterrupted": ".1e"})
   with tempfile.TemporaryDirectory(prefix="preemption_") as work:
     reference = {}
-    for strategy in ("multi_worker", "none"):
+    for strategy in cases.STRATEGIES:
       model_dir = os.path.join(work, f"reference_{strategy}")
       cases.run_to_end(model_dir, args.updates, strategy)
       reference[strategy] = cases.final_weights(model_dir)

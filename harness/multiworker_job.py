@@ -216,7 +216,10 @@ def main():
   config = tf.estimator.RunConfig(
       model_dir=args.model_dir, train_distribute=strategy, tf_random_seed=0,
       save_checkpoints_steps=args.save_every, log_step_count_steps=10_000,
-      save_summary_steps=1 if args.record_losses else 100)
+      save_summary_steps=1 if args.record_losses else 100,
+      # Graph sessions see one CPU unless told (the second replica's).
+      session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}) if
+      args.strategy == "mirrored" else None)
   def model_fn(features, labels, mode, params):
     if args.ballast_mb:
       tf.compat.v1.get_variable(

@@ -1,7 +1,7 @@
 """SIGTERM to a running harness/multiworker_job.py, for real: the cases of
 tests/integration/test_preemption.py and benchmarks/preemption.py (2
 MultiWorkerMirroredStrategy workers on loopback through `tfconfig launch`,
-or one process without a strategy). Each case returns what happened: the
+or one process: MirroredStrategy's two replicas, or no strategy). Each case returns what happened: the
 exit code, the seconds from the signal to the exit, the step each task
 agreed to stop at and the step of the newest complete checkpoint."""
 
@@ -17,8 +17,11 @@ import numpy as np
 from harness import hosts, support
 
 STOPPED = 128 + int(signal.SIGTERM)
+# one_process: MirroredStrategy, two replicas on two logical CPUs;
+# during_save: one process without a strategy.
 CASES = ("all_tasks", "one_task", "during_all_reduce", "during_save",
          "one_process")
+STRATEGIES = ("multi_worker", "mirrored", "none")
 
 
 def job(model_dir, updates, *extra, strategy="multi_worker"):
@@ -79,8 +82,8 @@ def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
   {code, seconds, stop_steps, checkpoint_step, output}; the job's
   processes are gone when it returns (code None: it had not exited
   within `wait` s)."""
-  strategy = "none" if case in ("during_save", "one_process") else (
-      "multi_worker")
+  strategy = {"during_save": "none", "one_process": "mirrored"}.get(
+      case, "multi_worker")
   extra = ["--step_seconds", str(step_seconds)]
   if case == "during_save":
     # A 1 GB variable beside the model: a save takes seconds (2.3 s here);

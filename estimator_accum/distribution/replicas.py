@@ -96,8 +96,12 @@ def sum_flags(values):
   and worker in one small all-reduce (as given with one replica)."""
   if num_replicas() == 1:
     return list(values)
-  return sum_in_replica(values, one_pack(
-      tf.distribute.experimental.CommunicationOptions()))
+  # Through merge_call, as the window's own sums: ReplicaContext.all_reduce
+  # in a graph registers a custom gradient for good, which keeps the graph
+  # alive after its last user dropped it.
+  options = one_pack(tf.distribute.experimental.CommunicationOptions())
+  return merge(lambda cross_replica, flat: list(cross_replica.sum(
+      flat, options)), list(values))
 
 
 def one_pack(options):

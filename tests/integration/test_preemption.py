@@ -1,7 +1,7 @@
 """SIGTERM to a training job (estimator_accum/distribution/preemption.py),
 for real (harness/preemption_cases.py): 2 MultiWorkerMirroredStrategy
-workers on loopback started by `tfconfig launch`, and one process without
-a strategy, running harness/multiworker_job.py (k=2, Adam, no
+workers on loopback started by `tfconfig launch`, and one process
+(MirroredStrategy's two replicas; no strategy), running harness/multiworker_job.py (k=2, Adam, no
 tfconfig.health.watch of its own, as a user's script). Each stopped job
 exits 143 within the grace period with its newest checkpoint at the step
 every task agreed on (or, after a second SIGTERM inside that save, the one
@@ -29,7 +29,7 @@ STOP_SECONDS = 20
 def uninterrupted(tmp_path_factory):
   """{strategy: the final weights of the job run to its end}."""
   made = {}
-  for strategy in ("multi_worker", "none"):
+  for strategy in cases.STRATEGIES:
     model_dir = tmp_path_factory.mktemp(f"uninterrupted_{strategy}")
     cases.run_to_end(model_dir, UPDATES, strategy)
     made[strategy] = cases.final_weights(model_dir)
@@ -83,7 +83,9 @@ def test_a_second_sigterm_during_the_save_ends_it_at_once(
   assert got["checkpoint_step"] == 0 < got["stop_steps"][0]
 
 
-def test_one_process_without_a_strategy(tmp_path, uninterrupted):
+def test_one_process_of_two_replicas(tmp_path, uninterrupted):
+  # MirroredStrategy: both replicas agree (an all-reduce in the process),
+  # and the one process says so once.
   _stopped("one_process", tmp_path, uninterrupted, tasks=1)
 
 

@@ -2,8 +2,9 @@
 (tests/helpers/slurm_cluster.py, started for this module, stopped after)
 runs the launcher's `tfconfig slurm` through srun and sbatch: training
 equal to the big batch, the sbatch script of docs/distributed.md to a
-finished job, scancel leaving no task behind, and a requeued job resuming
-exactly. `.ci/run` installs the packages; without them these tests skip,
+finished job, scancel stopping every task saved within seconds, and the
+preemptible script of docs/operations.md, warned by SIGTERM, requeueing
+itself and resuming exactly. `.ci/run` installs the packages; without them these tests skip,
 naming what is missing."""
 
 import os
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "docs" / "distributed.md").read_text()
+OPERATIONS = (ROOT / "docs" / "operations.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,9 @@ def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags):
   return submitted.stdout.strip().split(";")[0]
 
 
-def test_scancel_leaves_no_task_behind(cluster, tmp_path):
+def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
+  # Slurm's SIGTERM to each task: both save the step they agree on and
+  # exit 143 at once, long before KillWait's SIGKILL.
   model_dir = tmp_path / "run"
   job = _submit(cluster, tmp_path, model_dir, 200)
   hosts.wait_for_step(model_dir, 3, [], seconds=180)
@@ -125,22 +129,49 @@ def test_scancel_leaves_no_task_behind(cluster, tmp_path):
   while _tasks_of(model_dir):
     assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
     time.sleep(0.2)
+  took = time.monotonic() - cancelled
   assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+  log = (tmp_path / "job.out").read_text()
+  steps = set(re.findall(r"stopped: global step (\d+) saved in", log))
+  assert len(re.findall(r"stopped: global step \d+ saved in", log)) == 2, (
+      took, log[-3000:])
+  assert len(steps) == 1 and hosts.latest_step(model_dir) == int(
+      steps.pop()), log[-3000:]
+  assert took < 10, (took, log[-3000:])
 
 
-def test_a_requeued_job_resumes_exactly(cluster, tmp_path):
-  model_dir = tmp_path / "run"
-  updates = 30
-  job = _submit(cluster, tmp_path, model_dir, updates, "--requeue")
-  hosts.wait_for_step(model_dir, 7, [], seconds=180)
-  cluster.run(["scontrol", "requeue", job])
+def test_the_documented_preemptible_script_requeues_and_resumes_exactly(
+    cluster, tmp_path):
+  block = re.search(r"<!-- sbatch-preempt:start -->\n```bash\n(.*?)```",
+                    OPERATIONS, re.S)
+  assert block, "docs/operations.md has no sbatch-preempt block"
+  model_dir, updates = tmp_path / "run", 30
+  # The documented script with the test job in place of its srun command
+  # (one node here: the command line's resources over the script's).
+  command = " ".join(_job_command(model_dir, updates, "--step_seconds",
+                                  "0.1", "--save_every", "1000",
+                                  port_base=_port_base()))
+  script = re.sub(r"srun python .*?&\n", f"srun {command} &\n",
+                  block.group(1), flags=re.S)
+  assert f"srun {command} &" in script
+  (tmp_path / "job.sbatch").write_text(script)
+  submitted = cluster.run(
+      ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2",
+       "--open-mode=append", f"--output={tmp_path}/job.out",
+       f"--chdir={ROOT}", str(tmp_path / "job.sbatch")])
+  job = submitted.stdout.strip().split(";")[0]
+  hosts.wait_for_step(model_dir, 0, [], seconds=180)
+  time.sleep(2)
+  # What --signal=B:TERM@60 does at its time: SIGTERM to the script only.
+  cluster.run(["scancel", "--batch", "--signal=TERM", job])
   state = cluster.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED"},
                                400)
   log = (tmp_path / "job.out").read_text()
   assert state == "COMPLETED", log[-3000:]
-  starts = [int(s) for s in re.findall(
-      r"\[worker:0\] starting at micro-batch (\d+)|starting at micro-batch "
-      r"(\d+)", log) for s in s if s]
-  assert 0 in starts and any(s > 0 for s in starts), log[-3000:]
-  hosts.assert_final_weights(model_dir, 2, updates, "requeued by Slurm")
+  stopped = set(re.findall(r"stopped: global step (\d+) saved in", log))
+  assert len(stopped) == 1, log[-3000:]
+  starts = [int(s) for s in re.findall(r"starting at micro-batch (\d+)",
+                                       log)]
+  assert 0 in starts and int(stopped.pop()) in starts, log[-3000:]
+  hosts.assert_final_weights(model_dir, 2, updates, "stopped and requeued")
   assert not _tasks_of(model_dir)
