@@ -9,11 +9,14 @@ session.run by a hook, medians over windows after a warm-up window:
   window       2 workers, build_accumulating_train_op(k=8): the sum of the
                8 micro-batch steps of each window (the 8th applies), the
                loss given to Estimator as reportable_loss(loss) (each
-               worker reports its own: nothing crosses workers between
-               window ends)
+               worker reports its own: between window ends only the stop
+               flag, one float32 scalar per micro-batch, crosses workers)
   window, loss across workers
                the same with reportable_loss(loss, across_workers=True):
                Estimator all-reduces the reported loss at every micro-batch
+  window, no stop flag
+               the same with ESTIMATOR_ACCUM_STOP_ON_SIGTERM=0: no stop flag
+               all-reduced at every micro-batch (docs/operations.md)
   fwd+bwd      one worker alone, no strategy: a step that computes the
                gradients and nothing else; also with two such processes at
                once, as the two workers share this machine; and on the 2
@@ -51,8 +54,8 @@ from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
 from harness import bench  # noqa: E402
 
-MODES = ("window", "window_loss_across", "forward_backward", "all_reduce",
-         "all_reduce_packed")
+MODES = ("window", "window_loss_across", "window_no_stop_flag",
+         "forward_backward", "all_reduce", "all_reduce_packed")
 # Model -> (description, default micro-batch).
 MODEL_CHOICES = {
     "mlp": ("MLP 3.2M parameters", 64),
@@ -176,7 +179,9 @@ def _launch(args, mode, workers, directory, cluster=False):
          str(workers), "--timeout", "600", "--", *task, "--model_dir",
          os.path.join(directory, mode), "--output",
          os.path.join(directory, f"{mode}_{workers}_{{index}}.json")],
-        check=True, capture_output=True, text=True)
+        check=True, capture_output=True, text=True,
+        env=dict(os.environ, ESTIMATOR_ACCUM_STOP_ON_SIGTERM="0") if
+        mode == "window_no_stop_flag" else None)
   return [json.load(open(path)) for path in outputs]
 
 
@@ -245,6 +250,8 @@ FIGURES = (
     ("window", "window (2 workers, k={k})"),
     ("window_loss_across", "window, the reported loss all-reduced every "
                            "micro-batch (2 workers, k={k})"),
+    ("window_no_stop_flag", "window without the stop flag's all-reduce "
+                            "every micro-batch (2 workers, k={k})"),
     ("accumulate", "accumulate-only micro-batch (2 workers)"),
     ("apply", "apply micro-batch, all-reduce included (2 workers)"),
     ("fb_alone", "fwd+bwd per micro-batch, one worker alone"),
@@ -263,6 +270,7 @@ def _measure_round(args, directory):
   k = args.k
   windows = _launch(args, "window", 2, directory)
   across = _launch(args, "window_loss_across", 2, directory)
+  no_stop = _launch(args, "window_no_stop_flag", 2, directory)
   reduce_steps = _launch(args, "all_reduce", 2, directory)
   packed_steps = _launch(args, "all_reduce_packed", 2, directory)
   alone = _launch(args, "forward_backward", 1, directory)
@@ -281,6 +289,7 @@ def _measure_round(args, directory):
   return {
       "window": statistics.median(window_times(windows)),
       "window_loss_across": statistics.median(window_times(across)),
+      "window_no_stop_flag": statistics.median(window_times(no_stop)),
       "accumulate": statistics.median(accumulate_steps),
       "apply": statistics.median(apply_steps),
       "fb_alone": statistics.median(alone[0][k:]),
@@ -303,6 +312,8 @@ def _ratios(figures, k):
                   figures["window"] / (k * figures[fb] + figures[reduce])))
   out.append(("window, loss across workers / window",
               figures["window_loss_across"] / figures["window"]))
+  out.append(("window / window without the stop flag",
+              figures["window"] / figures["window_no_stop_flag"]))
   return out
 
 

@@ -16,9 +16,11 @@ to 0.1 s so that a job takes about 30 s.
 """
 
 import os
+import pathlib
 import sys
 import tempfile
 
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from harness import bench  # noqa: E402
@@ -45,13 +47,14 @@ def main():
   with tempfile.TemporaryDirectory(prefix="preemption_") as work:
     reference = {}
     for strategy in cases.STRATEGIES:
-      model_dir = os.path.join(work, f"reference_{strategy}")
+      model_dir = pathlib.Path(work, f"reference_{strategy}")
       cases.run_to_end(model_dir, args.updates, strategy)
       reference[strategy] = cases.final_weights(model_dir)
     for case in args.cases:
       for when, env in (("before", cases.environment(
           ESTIMATOR_ACCUM_STOP_ON_SIGTERM="0")), ("after", None)):
-        model_dir = os.path.join(work, f"{case}_{when}")
+        model_dir = pathlib.Path(work, f"{case}_{when}")
+        model_dir.mkdir()
         got = cases.run_case(case, model_dir, model_dir, args.updates,
                              env=env, step_seconds=0.1)
         went_on_from, weights = cases.resume(model_dir, args.updates,

@@ -175,6 +175,38 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
                              "restarted after a cut link")
 
 
+def test_sigterm_across_hosts_saves_the_agreed_step_and_resumes(
+    make_bed, tmp_path):
+  """SIGTERM to the launcher (estimator_accum/distribution/preemption.py):
+  both workers agree on one step over the links, save it and exit 143 in
+  seconds; the job started again goes on from that step to the big batch."""
+  bed = make_bed(2)
+  run = hosts.Run(hosts.launch_command(
+      bed, 2, tmp_path, UPDATES, "--step_seconds", "0.1",
+      launch_flags=("--grace", "20")), tmp_path, "launch")
+  try:
+    hosts.wait_for_step(tmp_path, 0, [run.process])
+    time.sleep(2)
+    signalled = time.monotonic()
+    run.process.send_signal(signal.SIGTERM)
+    code = run.wait(60)
+    took = time.monotonic() - signalled
+  finally:
+    run.kill()
+  output = run.output()
+  assert code == 128 + signal.SIGTERM and took < 20, (code, took,
+                                                      output[-3000:])
+  stopped = re.findall(r"stopped: global step (\d+) saved in", output)
+  assert len(stopped) == 2 and len(set(stopped)) == 1, output[-3000:]
+  assert hosts.latest_step(tmp_path) == int(stopped[0]) > 0
+  result = subprocess.run(
+      hosts.launch_command(bed, 2, tmp_path, UPDATES), cwd=ROOT,
+      capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+  assert f"[worker:0] starting at micro-batch {stopped[0]}" in result.stdout
+  hosts.assert_final_weights(tmp_path, 2, UPDATES, "stopped by SIGTERM")
+
+
 @pytest.mark.parametrize("host, moment", [(0, "training"), (1, "save")],
                          ids=["chief_host_cut", "cut_during_a_save"])
 def test_a_cut_link_ends_every_task(host, moment, make_bed, tmp_path):
