@@ -11,11 +11,12 @@ default). A process that builds an accumulating train op in a graph
    a handler in the main thread only between bytecodes, never while that
    thread waits in session.run).
 2. Every replica, and under MultiWorkerMirroredStrategy every worker,
-   agrees on one micro-batch to stop before: each micro-batch starts by
-   all-reducing a stop flag (a scalar sum, beside the window's own
-   collectives), and the micro-batch that finds it set changes nothing:
-   every state update of the window waits for that check, which raises
-   OutOfRangeError. Estimator ends as at the end of its input, and its
+   agrees on one micro-batch to stop before: each micro-batch all-reduces
+   a stop flag (a scalar sum, beside the window's own collectives), and
+   the micro-batch after the one that found it set raises OutOfRangeError
+   in its first op, a check every state update, the loss and every
+   collective of it wait for: it changes nothing and leaves no collective
+   half done. Estimator ends as at the end of its input, and its
    checkpoint saver saves the state after the last micro-batch that ran,
    open window included (the ordered saves of `checkpoints.ordered_saves`
    keep every worker's save consistent). A worker that was not signalled
@@ -51,6 +52,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from estimator_accum import tf_private
+
 ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
 SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
 DEFAULT_SECONDS = 20.0
@@ -80,6 +83,7 @@ class _Stop:
     self.armed = False
     self.watching = False     # a thread reads the signals' pipe
     self.sigterms = 0
+    self.agreed = False       # every replica and worker agreed to stop
     self.began = None         # when the last micro-batch began
     self.interval = 0.0       # between the last two
 
@@ -201,9 +205,21 @@ def _ask_main_thread_to_take_sigterm():
     _take_sigterm()
   elif signal.getsignal(_ERRAND) is _take_sigterm:
     signal.pthread_kill(threading.main_thread().ident, _ERRAND)
+  else:
+    _say("SIGTERM is not answered in this process (estimator_accum was "
+         "first imported outside the main thread): a stop saves nothing; "
+         "import it from the main thread")
 
 
-# The graph side (the session's threads).
+# The graph side (the session's threads). A micro-batch first checks the
+# agreement of the one before (a host op reading this module's state): if
+# a stop was agreed, it raises there, before it has started any collective
+# (its loss, its gradients and its flag all wait for the check), as a job
+# whose input ends fails in its input. A micro-batch that raised with a
+# collective under way would abort the collectives of its worker, and a
+# peer still reading from them would fail (`Delete called on non-empty
+# BufRendezvous`): measured, one stop in three under Slurm. Then it
+# all-reduces its own flag, and the agreement is kept for the next one.
 
 def _flag():
   now = time.monotonic()
@@ -221,42 +237,64 @@ def _training():
       time.monotonic() - began < max(5.0, 3 * _STOP.interval))
 
 
-def _check(agreed, step, graph):
-  """Raises StopIteration (OutOfRangeError) when a stop is agreed."""
-  if agreed <= 0:
+def _agree(agreed):
+  """Keeps a stop every replica and worker agreed on, for the next
+  micro-batch's check."""
+  if agreed > 0 and not _STOP.agreed:
+    _STOP.ask(signalled=False)
+    _STOP.agreed = True
+  return np.int64(0)
+
+
+def _check(step, graph):
+  """Raises StopIteration (OutOfRangeError) once a stop was agreed."""
+  if not _STOP.agreed:
     return np.int64(0)
   with _STOP.lock:
     first = _STOP.stopped_step is None
     if first:
       _STOP.stopped_step, _STOP.graph = int(step), graph
   if first:
-    cause = ("a peer task was told to stop" if _STOP.ask(signalled=False)
-             else "SIGTERM")
+    cause = "SIGTERM" if _STOP.signalled else "a peer task was told to stop"
     _say(f"stopping ({cause}) at global step {int(step)}: every task stops "
          "here; saving the state, open window included")
     _start_exit()
   raise StopIteration(f"stopped before micro-batch {int(step)} (SIGTERM)")
 
 
-def gate(trained, global_step, sum_over_replicas):
-  """`trained` ([(gradient, variable)]), each gradient read only once this
-  micro-batch's stop check passed: the check all-reduces the stop flag with
-  `sum_over_replicas` (a callable, list -> list) and raises OutOfRangeError
-  when any replica or worker was told to stop, before any of the window's
-  state changes. As it is when turned off or in a tf.function."""
+def gate(loss, trained, global_step, sum_over_replicas):
+  """`trained` ([(gradient, variable)]) with each gradient waiting for this
+  micro-batch's stop check, and the op that all-reduces the stop flag
+  (`sum_over_replicas`: a callable, list -> list) for the next one, to run
+  with the train op; `loss` (a tensor or None), the flag and so every
+  collective of the micro-batch wait for the check too. As it is, and
+  None, when turned off or in a tf.function."""
   if not enabled() or tf.compat.v1.get_default_graph().building_function:
-    return trained
+    return trained, None
   _arm_once()
   graph = tf.compat.v1.get_default_graph()
-  flag = tf.numpy_function(_flag, [], tf.float32, stateful=True,
-                           name="stop_flag")
-  flag.set_shape([])
-  agreed = sum_over_replicas([flag])[0]
   check = tf.numpy_function(
-      lambda a, s: _check(a, s, graph),
-      [agreed, tf.cast(global_step.read_value(), tf.int64)], tf.int64,
+      lambda step: _check(step, graph),
+      [tf.cast(global_step.read_value(), tf.int64)], tf.int64,
       stateful=True, name="stop_check")
-  return [(_after(g, check), v) for g, v in trained]
+  if loss is not None:
+    # Estimator all-reduces the loss it is given under a multi-worker
+    # strategy: that collective waits too.
+    tf_private.add_control_inputs(loss.op, [check.op])
+  with tf.control_dependencies([check]):
+    flag = tf.numpy_function(_flag, [], tf.float32, stateful=True,
+                             name="stop_flag")
+  flag.set_shape([])
+  agreed = tf.numpy_function(_agree, sum_over_replicas([flag]), tf.int64,
+                             stateful=True, name="stop_agreed")
+  return [(_after(g, check), v) for g, v in trained], agreed
+
+
+def join(train_op, agreed):
+  """`train_op`, also running `agreed` (from `gate`), if any."""
+  if agreed is None:
+    return train_op
+  return tf.group(train_op, agreed, name="train_op_stoppable")
 
 
 def _after(gradient, check):

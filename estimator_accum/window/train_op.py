@@ -160,9 +160,10 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
                                       unscales=batch.loss is not None)
     trained = batch.gradients(scaler, dict(settings.gradient_options))
     _checks.check_ref_variables(trained, optimizer)
-    # Told to stop (SIGTERM): every replica and worker agrees on this
+    # Told to stop (SIGTERM): every replica and worker agrees on one
     # micro-batch, which then changes nothing, and Estimator saves.
-    trained = preemption.gate(trained, global_step, replicas.sum_flags)
+    trained, stop_agreed = preemption.gate(batch.loss, trained, global_step,
+                                           replicas.sum_flags)
     plan = make_plan(settings, trained, reduction,
                      between_graph_worker_device(batch.source, global_step),
                      outer_scope)
@@ -177,9 +178,9 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
     loss = batch.loss
     accumulated = window.accumulate_micro_batch(
         None if loss is None or window_reports.is_reported(loss) else loss)
-    train_op = replicas.merge(
+    train_op = preemption.join(replicas.merge(
         window.end_micro_batch, accumulated,
-        *((examples,) if examples is not None else ()))
+        *((examples,) if examples is not None else ())), stop_agreed)
   # In a multi-task cluster: a lost peer ends this task in bounded time.
   train_op = watchdog.arm(train_op)
   _replace_train_ops(train_ops_before, train_op)

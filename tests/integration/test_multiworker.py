@@ -164,14 +164,19 @@ def test_two_workers_moving_average_after_update(tmp_path):
 # in a window that straddles a resume with another k or number of
 # replicas); Estimator all-reduces the loss every step.
 WINDOW_TENSORS = 7
+# Every micro-batch also all-reduces the stop flag, one float32 scalar
+# (estimator_accum/distribution/preemption.py): what lets every worker stop
+# at one micro-batch on SIGTERM.
+STOP_FLAG = 1
 
 
 @pytest.mark.parametrize("k, pack, collectives_at_window_end", [
-    (3, None, 1 + 1), (1, None, 1 + 1), (3, 1, WINDOW_TENSORS + 1)])
+    (3, None, 1 + 1 + STOP_FLAG), (1, None, 1 + 1 + STOP_FLAG),
+    (3, 1, WINDOW_TENSORS + 1 + STOP_FLAG)])
 def test_gradients_cross_workers_only_when_a_window_ends(
     k, pack, collectives_at_window_end, tmp_path):
   """Traced collectives per micro-batch: between window ends only the
-  scalars Estimator reports (the loss) cross workers; the gradients travel
+  scalars Estimator reports (the loss) and the stop flag cross workers; the gradients travel
   once per window (one round, also with a tf.compat.v1 optimizer, which
   would all-reduce them again itself), and with k=1 on every micro-batch.
   The test model's 10 KB make one pack by default; bytes_per_pack=1 makes
@@ -218,9 +223,9 @@ def _summaries(model_dir, tag):
 def test_reportable_loss_leaves_the_workers_alone_between_windows(
     reported, tmp_path):
   """Given reportable_loss, Estimator reports each worker's own micro-batch
-  loss (the chief's in its summaries) and nothing crosses workers between
-  window ends; with across_workers=True, the mean over both workers, at one
-  scalar all-reduce per micro-batch."""
+  loss (the chief's in its summaries) and nothing but the stop flag
+  crosses workers between window ends; with across_workers=True, the mean
+  over both workers, at one more scalar all-reduce per micro-batch."""
   k, updates = 3, 2
   command = [
       sys.executable, "-m", "tfconfig", "launch", "--workers", str(WORKERS),
@@ -244,7 +249,7 @@ def test_reportable_loss_leaves_the_workers_alone_between_windows(
     expected = (losses[0][step - 1] if reported == "this_worker"
                 else np.mean([worker[step - 1] for worker in losses]))
     assert value == pytest.approx(expected, rel=1e-6), (step, losses)
-  between_windows = 0 if reported == "this_worker" else 1
+  between_windows = STOP_FLAG + (0 if reported == "this_worker" else 1)
   for worker in range(WORKERS):
     steps = json.loads((tmp_path / f"collectives_{worker}.json").read_text())
     for step, (count, size, _) in enumerate(steps):

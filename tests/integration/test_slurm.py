@@ -164,10 +164,23 @@ def test_the_documented_preemptible_script_requeues_and_resumes_exactly(
   time.sleep(2)
   # What --signal=B:TERM@60 does at its time: SIGTERM to the script only.
   cluster.run(["scancel", "--batch", "--signal=TERM", job])
-  # Requeued, Slurm holds the job two minutes before it may start again;
-  # the test lets it start at once.
-  cluster.wait_for_job(job, {"PENDING"}, 60)
-  cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+  # Requeued (Restarts=1), Slurm holds the job two minutes before it may
+  # start again; the test lets it start at once. Its first run's end may
+  # still show (FAILED, exit 143) until the second run has begun.
+  deadline = time.monotonic() + 60
+  while True:
+    shown = cluster.run(["scontrol", "show", "job", job], check=False).stdout
+    if "Restarts=1" in shown and "JobState=PENDING" in shown and (
+        cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
+                    check=False).returncode == 0):
+      break
+    assert time.monotonic() < deadline, (shown, cluster.logs())
+    time.sleep(0.2)
+  deadline = time.monotonic() + 120
+  while not re.search(r"starting at micro-batch [1-9]",
+                      (tmp_path / "job.out").read_text()):
+    assert time.monotonic() < deadline, (tmp_path / "job.out").read_text()
+    time.sleep(0.5)
   state = cluster.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED"},
                                300)
   log = (tmp_path / "job.out").read_text()
