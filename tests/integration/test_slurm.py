@@ -73,6 +73,21 @@ def _tasks_of(model_dir):
   return found
 
 
+def _batch_steps(job):
+  """The processes of job `job`'s batch step (its slurmstepd, the script)."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      line = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
+      environ = open(f"/proc/{pid}/environ").read()
+    except OSError:
+      continue
+    if f"[{job}.batch]" in line or f"SLURM_JOB_ID={job}\0" in environ and (
+        "slurm_script" in line):
+      found.append(int(pid))
+  return found
+
+
 def test_srun_trains_equal_to_the_big_batch(cluster, tmp_path):
   started = time.monotonic()
   done = cluster.run(["srun", "-n", "2", *_job_command(
@@ -167,19 +182,25 @@ def test_the_documented_preemptible_script_requeues_and_resumes_exactly(
   # Requeued (Restarts=1), Slurm holds the job two minutes before it may
   # start again; the test lets it start at once. Its first run's end may
   # still show (FAILED, exit 143) until the second run has begun.
+  # (Once the first run's batch script has ended: the script requeues the
+  # job before it exits, and Slurm's hold is what lets it end; a second run
+  # started before that is failed by the first one's exit code.)
   deadline = time.monotonic() + 60
   while True:
     shown = cluster.run(["scontrol", "show", "job", job], check=False).stdout
-    if "Restarts=1" in shown and "JobState=PENDING" in shown and (
-        cluster.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
-                    check=False).returncode == 0):
+    if ("Restarts=1" in shown and "JobState=PENDING" in shown and
+        not _batch_steps(job) and not _tasks_of(model_dir) and cluster.run(
+            ["scontrol", "update", f"JobId={job}", "StartTime=now"],
+            check=False).returncode == 0):
       break
     assert time.monotonic() < deadline, (shown, cluster.logs())
     time.sleep(0.2)
   deadline = time.monotonic() + 120
   while not re.search(r"starting at micro-batch [1-9]",
                       (tmp_path / "job.out").read_text()):
-    assert time.monotonic() < deadline, (tmp_path / "job.out").read_text()
+    assert time.monotonic() < deadline, re.findall(
+        r"(?:JobState|Reason|StartTime|Restarts|EndTime)=\S+",
+        cluster.run(["scontrol", "show", "job", job], check=False).stdout)
     time.sleep(0.5)
   state = cluster.wait_for_job(job, {"COMPLETED", "FAILED", "CANCELLED"},
                                300)
