@@ -53,6 +53,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_accum import tf_private
+from estimator_accum.distribution import watchdog
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
 SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
@@ -105,17 +106,7 @@ def enabled():
 
 
 def _seconds():
-  value = os.environ.get(SECONDS_ENV)
-  if value is None:
-    return DEFAULT_SECONDS
-  try:
-    seconds = float(value)
-  except ValueError:
-    seconds = -1.0
-  if not seconds > 0:
-    raise ValueError(f"{SECONDS_ENV} must be a number of seconds > 0, got "
-                     f"{value!r}.")
-  return seconds
+  return watchdog.seconds_from_environment(SECONDS_ENV, DEFAULT_SECONDS)
 
 
 # The signal side. Python runs a signal's handler in the main thread, and
@@ -309,6 +300,7 @@ def _after(gradient, check):
 
 
 def _arm_once():
+  _seconds()  # a bad ESTIMATOR_ACCUM_STOP_SECONDS is refused at the build
   with _STOP.lock:
     if _STOP.armed:
       return

@@ -88,18 +88,27 @@ def _cluster():
   return config if len(training) >= 2 else None
 
 
-def _timeout():
-  value = os.environ.get(TIMEOUT_ENV)
+def seconds_from_environment(name, default):
+  """The environment variable `name` as seconds > 0, or `default` unset.
+
+  Raises:
+    ValueError: it is set to anything but a number > 0 (named, with it).
+  """
+  value = os.environ.get(name)
   if value is None:
-    return health.DEFAULT_TIMEOUT
+    return default
   try:
     seconds = float(value)
   except ValueError:
     seconds = -1.0
   if not seconds > 0:
-    raise ValueError(f"{TIMEOUT_ENV} must be a number of seconds > 0, got "
+    raise ValueError(f"{name} must be a number of seconds > 0, got "
                      f"{value!r}.")
   return seconds
+
+
+def _timeout():
+  return seconds_from_environment(TIMEOUT_ENV, health.DEFAULT_TIMEOUT)
 
 
 def _start_once(config):

@@ -132,3 +132,14 @@ def test_no_check_when_off(monkeypatch):
   monkeypatch.setenv("ESTIMATOR_ACCUM_STOP_ON_SIGTERM", "0")
   _, graph = _train_op_ops(_build_graph_op)
   assert not [op for op in graph.get_operations() if "stop_" in op.name]
+
+
+def test_a_bad_stop_seconds_is_refused_at_the_build(monkeypatch):
+  monkeypatch.setenv("ESTIMATOR_ACCUM_STOP_SECONDS", "soon")
+  try:
+    _train_op_ops(_build_graph_op)
+  except ValueError as error:
+    assert "ESTIMATOR_ACCUM_STOP_SECONDS" in str(error) and "soon" in str(
+        error)
+  else:
+    raise AssertionError("ESTIMATOR_ACCUM_STOP_SECONDS=soon was accepted")
