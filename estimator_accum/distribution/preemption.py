@@ -126,9 +126,10 @@ def _arrived(signum):
            "complete checkpoint is the one restored")
       _exit()
     if _STOP.ask(signalled=True):
-      _say("SIGTERM: stopping before the next micro-batch; the open "
-           f"window is saved, then this process exits with {STOPPED_EXIT} "
-           "(a second SIGTERM or SIGINT ends it at once)")
+      _say("SIGTERM: stopping at the micro-batch every task agrees on "
+           "(the next but one); the open window is saved, then this "
+           f"process exits with {STOPPED_EXIT} (a second SIGTERM or SIGINT "
+           "ends it at once)")
       _start_exit()
     else:
       # A peer's stop is under way here already (the launcher stopping
