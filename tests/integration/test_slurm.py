@@ -56,36 +56,30 @@ def _port_base():
       return port
 
 
-def _tasks_of(model_dir):
-  """The processes still running with `model_dir` on their command line."""
-  found = []
-  for pid in os.listdir("/proc"):
-    if not pid.isdigit():
-      continue
-    try:
-      line = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
-    except OSError:
-      continue
-    if str(model_dir) in line and any(
-        job in line for job in ("multiworker_job", "models.mnist", "srun",
-                                "tfconfig slurm")):
-      found.append((int(pid), line[:200]))
-  return found
-
-
-def _batch_steps(job):
-  """The processes of job `job`'s batch step (its slurmstepd, the script)."""
-  found = []
+def _processes():
+  """(pid, command line, environment) of every process still running."""
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       line = open(f"/proc/{pid}/cmdline").read().replace("\0", " ")
       environ = open(f"/proc/{pid}/environ").read()
     except OSError:
       continue
-    if f"[{job}.batch]" in line or f"SLURM_JOB_ID={job}\0" in environ and (
-        "slurm_script" in line):
-      found.append(int(pid))
-  return found
+    yield int(pid), line, environ
+
+
+def _tasks_of(model_dir):
+  """The processes still running with `model_dir` on their command line."""
+  return [(pid, line[:200]) for pid, line, _ in _processes()
+          if str(model_dir) in line and any(
+              job in line for job in ("multiworker_job", "models.mnist",
+                                      "srun", "tfconfig slurm"))]
+
+
+def _batch_steps(job):
+  """The processes of job `job`'s batch step (its slurmstepd, the script)."""
+  return [pid for pid, line, environ in _processes()
+          if f"[{job}.batch]" in line or f"SLURM_JOB_ID={job}\0" in environ
+          and "slurm_script" in line]
 
 
 def test_srun_trains_equal_to_the_big_batch(cluster, tmp_path):
