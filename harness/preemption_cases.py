@@ -60,7 +60,8 @@ def stop_steps(output):
       r"stopping \([^)]*\) at global step (\d+)", output)]
 
 
-def _wait_for_output(run, text, seconds=60):
+def wait_for_output(run, text, seconds=60):
+  """Waits until a `hosts.Run`'s output shows `text` (asserting it runs)."""
   deadline = time.monotonic() + seconds
   while text not in run.output():
     assert run.process.poll() is None and time.monotonic() < deadline, (
@@ -115,7 +116,7 @@ def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
       # The second SIGTERM lands inside the stop's save.
       run.process.send_signal(signal.SIGTERM)
       if env is None or env.get("ESTIMATOR_ACCUM_STOP_ON_SIGTERM") != "0":
-        _wait_for_output(run, "at global step", 30)
+        wait_for_output(run, "at global step", 30)
         time.sleep(0.3)
       run.process.send_signal(signal.SIGTERM)
     code, seconds = _exit(run, started, wait)

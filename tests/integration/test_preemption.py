@@ -96,10 +96,7 @@ def test_sigterm_while_not_training_exits_at_once(tmp_path):
                             "60", strategy="none"),
                   tmp_path, "job", env=cases.environment())
   try:
-    deadline = time.monotonic() + 120
-    while "saved final weights" not in run.output():
-      assert run.process.poll() is None and time.monotonic() < deadline
-      time.sleep(0.2)
+    cases.wait_for_output(run, "saved final weights", 120)
     started = time.monotonic()
     run.process.terminate()
     code = run.wait(30)
