@@ -176,14 +176,18 @@ def test_the_documented_preemptible_script_requeues_and_resumes_exactly(
   # Requeued (Restarts=1), Slurm holds the job two minutes before it may
   # start again; the test lets it start at once. Its first run's end may
   # still show (FAILED, exit 143) until the second run has begun.
-  # (Once the first run's batch script has ended: the script requeues the
-  # job before it exits, and Slurm's hold is what lets it end; a second run
-  # started before that is failed by the first one's exit code.)
+  # (Once the first run's batch script has ended, and 10 s more for
+  # slurmctld to record its end: the script requeues the job before it
+  # exits, and Slurm's hold is what lets it end; a second run started
+  # before that is failed by the first one's exit code: 1 CI run in 2
+  # without the 10 s. A heuristic: no state of Slurm's was found to wait
+  # for.)
   deadline = time.monotonic() + 60
   while True:
     shown = cluster.run(["scontrol", "show", "job", job], check=False).stdout
     if ("Restarts=1" in shown and "JobState=PENDING" in shown and
-        not _batch_steps(job) and not _tasks_of(model_dir) and cluster.run(
+        not _batch_steps(job) and not _tasks_of(model_dir) and
+        not time.sleep(10) and cluster.run(
             ["scontrol", "update", f"JobId={job}", "StartTime=now"],
             check=False).returncode == 0):
       break
