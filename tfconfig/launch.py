@@ -5,7 +5,9 @@ ports on 127.0.0.1, starts one process per task with its own TF_CONFIG,
 prefixes each output line with the task (`[worker:1] ...`) on stdout, writes
 its own lines (`[tfconfig] ...`) on stderr, and returns 0 when every training
 task (chief and workers) has exited 0. If a task fails, the others are
-stopped and the return code is non-zero, with a line that names the task.
+stopped and the return code is non-zero, with a line that names the task;
+a task that exited 143 (stopped by SIGTERM, its window saved) first gives
+the other training tasks the grace period to stop with it by themselves.
 Parameter servers never finish on their own: they are stopped once training
 is done. So is the evaluator, unless `evaluator_wait` gives it time to
 finish its last evaluation (train_and_evaluate's evaluator exits by itself
@@ -49,6 +51,7 @@ from tfconfig import health
 # within its 20 s by default: SIGKILL only after that, and before the 30 s
 # that Kubernetes and Slurm give the launcher itself.
 STOP_GRACE_SECONDS = 25
+STOPPED = 128 + int(signal.SIGTERM)
 # A local launch runs every task on this machine: more than this is a typo
 # (and would exhaust open files reserving ports).
 MAX_LOCAL_TASKS = 256
@@ -194,6 +197,7 @@ class _Tasks:
     self.lock = threading.Lock()
     self.processes = {}
     self._pumps = []
+    self.stopping_since = None  # a task exited 143: the others follow
 
   def report(self, message):
     with self.lock:
@@ -229,6 +233,11 @@ class _Tasks:
     """Names of the running tasks (of `task_type`, if given)."""
     return [name for name, (kind, process) in self.processes.items()
             if process.poll() is None and task_type in (None, kind)]
+
+  def failures(self):
+    """The non-zero exit statuses of the tasks that have exited."""
+    return [status for _, process in self.processes.values()
+            if (status := process.poll()) not in (None, 0)]
 
   def first_failure(self):
     """(name, exit status) of a task that exited non-zero, or None."""
@@ -336,7 +345,7 @@ def _supervise(tasks, signals, deadline, evaluator_wait, timeout):
                    "every task")
       return 128 + signals.received
     failed = tasks.first_failure()
-    if failed:
+    if failed and not _stopping_together(tasks, failed):
       name, status = failed
       tasks.report(f"task {name} {describe_exit(status)}; stopping the "
                    "other tasks")
@@ -361,6 +370,26 @@ def _supervise(tasks, signals, deadline, evaluator_wait, timeout):
       tasks.report(f"timed out after {timeout} s; stopping every task")
       return TIMED_OUT
     time.sleep(0.1)
+
+
+def _stopping_together(tasks, failed):
+  """Whether the launch waits for the other training tasks to finish a
+  stop on their own: `failed` (name, status) exited 143, the stop on
+  SIGTERM (a pod deleted, a parameter server told to stop), and its
+  peers stop at the step it stopped at, the chief after its save. A
+  SIGTERM from the launcher now would be their second, which ends a
+  task at once: a parameter server's, while the chief still saves. For
+  at most the grace period; any other failure ends the wait."""
+  if any(status != STOPPED for status in tasks.failures()):
+    return False
+  if not tasks.training_running():
+    return False
+  if tasks.stopping_since is None:
+    tasks.stopping_since = time.monotonic()
+    tasks.report(f"task {failed[0]} {describe_exit(failed[1])}; waiting up "
+                 f"to {tasks.grace:g} s for the other training tasks to "
+                 "stop with it")
+  return time.monotonic() - tasks.stopping_since < tasks.grace
 
 
 def _signal_group(process, signum):

@@ -161,6 +161,41 @@ def test_failing_task_stops_the_others_and_is_named():
   assert time.monotonic() - started < 60, "the sleeping tasks were not stopped"
 
 
+# Worker 1 exits 143 (stopped by SIGTERM, its window saved); the others
+# note a SIGTERM of the launcher's, then exit 143 after `STOP_AFTER` s by
+# themselves (or never, when it is "never").
+STOPPING_TASK = """
+import json, os, signal, sys, time
+t = json.loads(os.environ["TF_CONFIG"])["task"]
+signal.signal(signal.SIGTERM, lambda *_: print("SIGTERM", flush=True))
+if (t["type"], t["index"]) == ("worker", 1):
+  sys.exit(143)
+after = os.environ["STOP_AFTER"]
+time.sleep(300 if after == "never" else float(after))
+sys.exit(143 if t["type"] != "ps" else 0)
+"""
+
+
+@pytest.mark.parametrize("after", ["1", "never"])
+def test_a_task_stopped_by_sigterm_lets_the_others_stop_by_themselves(
+    after):
+  started = time.monotonic()
+  result = _tfconfig("launch", "--workers", "2", "--chief", "--grace", "4",
+                     "--", sys.executable, "-c", STOPPING_TASK,
+                     env=dict(os.environ, STOP_AFTER=after))
+  assert result.returncode == 143, result.stderr
+  assert ("[tfconfig] task worker:1 failed with exit code 143 (it was "
+          "stopped by SIGTERM); waiting up to 4 s for the other training "
+          "tasks to stop with it") in result.stderr, result.stderr
+  if after == "never":
+    # After the grace period they are stopped (SIGTERM, then SIGKILL).
+    assert result.stdout.count("SIGTERM") == 2, result.stdout
+    assert time.monotonic() - started < 60
+  else:
+    # Stopping by themselves, they get no second SIGTERM from it.
+    assert "SIGTERM\n" not in result.stdout, result.stdout
+
+
 def test_a_command_that_cannot_start_is_one_line():
   result = _tfconfig("launch", "--workers", "2", "--",
                      "no-such-command-for-tfconfig", "--flag")
