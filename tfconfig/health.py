@@ -399,7 +399,7 @@ def _outlive_peers(peers, seconds=None):
   tasks have gone (their servers stop answering), for at most `seconds`
   (default OUTLIVE_SECONDS): a task whose service is gone while it still
   shuts down logs "failed to connect to all addresses", although the job
-  succeeded."""
+  succeeded. Returns whether every one has gone."""
   deadline = time.monotonic() + (OUTLIVE_SECONDS if seconds is None
                                  else seconds)
   alive = [p for p in peers if p.task_type in tfc.TRAINING_TYPES]
@@ -407,6 +407,21 @@ def _outlive_peers(peers, seconds=None):
     alive = [p for p in alive if p.probe(1.0) is None]
     if alive:
       time.sleep(0.2)
+  return not alive
+
+
+def wait_until_training_tasks_end(config, seconds):
+  """Waits until no training task (chief, worker) of `config` but this one
+  answers (each has exited), for at most `seconds`; whether none does.
+  A parameter server told to stop serves the variables until then."""
+  task = config[tfc.TASK]
+  me = (task[tfc.TYPE], int(task[tfc.INDEX]))
+  now = time.monotonic()
+  peers = [_Peer(task_type, index, config[tfc.CLUSTER][task_type][index],
+                 now)
+           for task_type, index in tfc.tasks(config)
+           if task_type in tfc.TRAINING_TYPES and (task_type, index) != me]
+  return _outlive_peers(peers, seconds)
 
 
 # The watchdogs started in this process (`running` reads it).

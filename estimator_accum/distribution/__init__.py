@@ -15,4 +15,8 @@ itself (`tests/test_design.py` checks):
 - `workers.py`: worker identity (`training_tasks`) and the loss each worker
   reports on its own; the one import of a private `tensorflow.python`
   module (`values.Mirrored`).
+- `watchdog.py`: a lost peer ends a multi-task job in bounded time.
+- `preemption.py`: SIGTERM saves the open window and exits 143;
+  `stop_requests.py` carries the stop between a parameter-server job's
+  tasks (a counter on ps task 0).
 """

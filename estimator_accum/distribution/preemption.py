@@ -20,7 +20,12 @@ default). A process that builds an accumulating train op in a graph
    checkpoint saver saves the state after the last micro-batch that ran,
    open window included (the ordered saves of `checkpoints.ordered_saves`
    keep every worker's save consistent). A worker that was not signalled
-   stops at the same micro-batch.
+   stops at the same micro-batch. A parameter-server job has no collective
+   every task runs, and trains asynchronously: the request goes through
+   the ps (`stop_requests`), each training task stops at its next
+   micro-batch, the chief saves, a worker (whose window is its own, never
+   in the checkpoint) exits at once, and a parameter server told to stop
+   serves the variables until the training tasks have exited.
 3. Once that checkpoint is complete (the Saver's checkpoint state names
    it), the process says so in one line and exits with 143 (128 +
    SIGTERM). If no checkpoint is complete `ESTIMATOR_ACCUM_STOP_SECONDS`
@@ -53,11 +58,14 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_accum import tf_private
-from estimator_accum.distribution import watchdog
+from estimator_accum.distribution import stop_requests, watchdog
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
 SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
 DEFAULT_SECONDS = 20.0
+# A parameter server told to stop serves the variables this much longer
+# than a training task waits for its save.
+SERVING_MARGIN_SECONDS = 3.0
 STOPPED_EXIT = 128 + int(signal.SIGTERM)
 # The main thread's errand: take SIGTERM (signal.signal needs that thread).
 _ERRAND = signal.SIGRTMAX - 3
@@ -87,6 +95,9 @@ class _Stop:
     self.agreed = False       # every replica and worker agreed to stop
     self.began = None         # when the last micro-batch began
     self.interval = 0.0       # between the last two
+    self.requests = None      # the parameter-server job's stop requests
+                              # read first (stop_requests)
+    self.serving = None       # TF_CONFIG, on a parameter server
 
   def ask(self, signalled):
     """Records the stop; True the first time."""
@@ -126,11 +137,18 @@ def _arrived(signum):
            "complete checkpoint is the one restored")
       _exit()
     if _STOP.ask(signalled=True):
-      _say("SIGTERM: stopping at the micro-batch every task agrees on "
-           "(the next but one); the open window is saved, then this "
-           f"process exits with {STOPPED_EXIT} (a second SIGTERM or SIGINT "
-           "ends it at once)")
+      if _STOP.serving is not None:
+        _start_serving_until_saved()
+        return
+      parameter_server_job = stop_requests.training_config()
+      _say("SIGTERM: " + (
+          "stopping at this task's next micro-batch and asking the other "
+          "tasks to stop; the chief saves" if parameter_server_job else
+          "stopping at the micro-batch every task agrees on (the next but "
+          "one); the open window is saved") + ", then this process exits "
+           f"with {STOPPED_EXIT} (a second SIGTERM or SIGINT ends it at once)")
       _start_exit()
+      _start_posting(parameter_server_job)
     else:
       # A peer's stop is under way here already (the launcher stopping
       # the others after a task's exit): it goes on.
@@ -187,6 +205,11 @@ def _install_errand():
   if threading.current_thread() is threading.main_thread():
     signal.signal(_ERRAND, _take_sigterm)
     signal.siginterrupt(_ERRAND, False)
+    # A parameter server builds no train op: it takes SIGTERM now.
+    serving = stop_requests.serving_config() if enabled() else None
+    if serving is not None:
+      _STOP.serving = serving
+      _take_sigterm()
 
 
 _install_errand()
@@ -213,11 +236,20 @@ def _ask_main_thread_to_take_sigterm():
 # BufRendezvous`): measured, one stop in three under Slurm. Then it
 # all-reduces its own flag, and the agreement is kept for the next one.
 
-def _flag():
+def _flag(requests):
+  """This process's stop flag; `requests`: a parameter-server job's stop
+  requests (0 in any other job), past the first value read is a stop."""
   now = time.monotonic()
   if _STOP.began is not None:
     _STOP.interval = now - _STOP.began
   _STOP.began = now
+  with _STOP.lock:
+    if _STOP.requests is None:
+      _STOP.requests = int(requests)
+    asked_elsewhere = int(requests) > _STOP.requests
+  if asked_elsewhere and _STOP.ask(signalled=False):
+    _say("another task of this parameter-server job was told to stop: "
+         "stopping too")
   return np.float32(_STOP.asked_at is not None)
 
 
@@ -248,8 +280,11 @@ def _check(step, graph):
       _STOP.stopped_step, _STOP.graph = int(step), graph
   if first:
     cause = "SIGTERM" if _STOP.signalled else "a peer task was told to stop"
-    _say(f"stopping ({cause}) at global step {int(step)}: every task stops "
-         "here; saving the state, open window included")
+    _say(f"stopping ({cause}) at global step {int(step)}: " + (
+        "every task stops here; saving the state, open window included"
+        if stop_requests.training_config() is None else
+        "saving the shared state (this task's own open window is dropped)"
+        if stop_requests.saves_checkpoints() else "the chief saves"))
     _start_exit()
   raise StopIteration(f"stopped before micro-batch {int(step)} (SIGTERM)")
 
@@ -273,8 +308,12 @@ def gate(loss, trained, global_step, sum_over_replicas):
     # Estimator all-reduces the loss it is given under a multi-worker
     # strategy: that collective waits too.
     tf_private.add_control_inputs(loss.op, [check.op])
+  # A parameter-server job has no collective every task runs: a stop
+  # asked elsewhere arrives through the ps (stop_requests).
+  requests = (stop_requests.read() if stop_requests.training_config()
+              else tf.constant(0, tf.int64))
   with tf.control_dependencies([check]):
-    flag = tf.numpy_function(_flag, [], tf.float32, stateful=True,
+    flag = tf.numpy_function(_flag, [requests], tf.float32, stateful=True,
                              name="stop_flag")
   flag.set_shape([])
   agreed = tf.numpy_function(_agree, sum_over_replicas([flag]), tf.int64,
@@ -344,6 +383,11 @@ def _exit_when_saved(first=True):
       _say(f"stopped at global step {_STOP.stopped_step}; this graph "
            f"saves no checkpoint; exiting with {STOPPED_EXIT}")
       _exit()
+    if _STOP.stopped_step is not None and not stop_requests.saves_checkpoints():
+      _say(f"stopped at global step {_STOP.stopped_step}; the chief saves "
+           "(a parameter-server worker's open window is its own, and is "
+           f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
+      _exit()
     if _STOP.stopped_step is None and not _training():
       _say(f"SIGTERM while not training (no micro-batch is running); "
            f"exiting with {STOPPED_EXIT}")
@@ -353,6 +397,51 @@ def _exit_when_saved(first=True):
        f"s ({SECONDS_ENV}); the newest complete one is restored; exiting "
        f"with {STOPPED_EXIT}")
   _exit()
+
+
+def _start_posting(config):
+  """Asks the other tasks of a parameter-server job to stop (a thread:
+  it waits for the ps); nothing in any other job."""
+  if config is None:
+    return
+
+  def post():
+    error = stop_requests.post(config)
+    if error:
+      _say(f"could not ask the other tasks to stop ({error}); they go on "
+           "until told themselves")
+
+  threading.Thread(target=post, daemon=True,
+                   name="estimator_accum_stop_request").start()
+
+
+def _start_serving_until_saved():
+  """A parameter server told to stop: asks every training task to stop,
+  serves the variables until they have (the chief's save needs them),
+  then exits with 143."""
+  config = _STOP.serving
+  seconds = _seconds() + SERVING_MARGIN_SECONDS
+  _say("SIGTERM on a parameter server: asking every training task to stop "
+       "and save; serving the variables until they have exited (at most "
+       f"{seconds:g} s), then exiting with {STOPPED_EXIT} (a second SIGTERM "
+       "or SIGINT ends it at once)")
+
+  def serve():
+    error = stop_requests.post(config)
+    if error:
+      _say(f"could not ask the training tasks to stop ({error})")
+    left = _STOP.asked_at + seconds - time.monotonic()
+    if stop_requests.wait_for_training_to_end(config, max(left, 0.0)):
+      _say(f"stopped: every training task has exited, "
+           f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
+           f"exiting with {STOPPED_EXIT}")
+    else:
+      _say(f"stopped: training tasks still answer after {seconds:g} s; "
+           f"exiting with {STOPPED_EXIT}")
+    _exit()
+
+  threading.Thread(target=serve, daemon=True,
+                   name="estimator_accum_stop").start()
 
 
 def _savers():

@@ -7,13 +7,16 @@ signals are real, sent to a fresh process (the stop exits its process)."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum.distribution import stop_requests
 from harness import support
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -143,3 +146,69 @@ def test_a_bad_stop_seconds_is_refused_at_the_build(monkeypatch):
         error)
   else:
     raise AssertionError("ESTIMATOR_ACCUM_STOP_SECONDS=soon was accepted")
+
+
+# A parameter-server job's stop requests (stop_requests.py), through real
+# servers in this process: a chief and a ps on loopback.
+
+def _free_port():
+  with socket.socket() as sock:
+    sock.bind(("127.0.0.1", 0))
+    return sock.getsockname()[1]
+
+
+def _tf_config(cluster, task_type):
+  return {"cluster": cluster, "task": {"type": task_type, "index": 0}}
+
+
+def test_stop_requests_go_through_ps_task_0(monkeypatch):
+  cluster = {"chief": [f"127.0.0.1:{_free_port()}"],
+             "ps": [f"127.0.0.1:{_free_port()}"]}
+  servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster),
+                                  job_name=job, task_index=0)
+             for job in ("chief", "ps")]
+  monkeypatch.setenv("TF_CONFIG", json.dumps(_tf_config(cluster, "chief")))
+  chief = stop_requests.training_config()
+  assert chief is not None and stop_requests.serving_config() is None
+  assert stop_requests.saves_checkpoints()
+  with tf.Graph().as_default():
+    requests = stop_requests.read()
+    assert requests.device == "/job:ps/task:0"
+    with tf.compat.v1.Session(servers[0].target) as session:
+      assert session.run(requests) == 0  # nobody asked yet
+      assert stop_requests.post(chief) is None
+      assert session.run(requests) == 1
+      # A parameter server asks through its own server.
+      ps = _tf_config(cluster, "ps")
+      assert stop_requests.post(ps) is None
+      assert session.run(requests) == 2
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      _tf_config(dict(cluster, worker=["127.0.0.1:3"]), "worker")))
+  assert not stop_requests.saves_checkpoints()  # the chief saves
+  monkeypatch.setenv("TF_CONFIG", json.dumps(_tf_config(cluster, "ps")))
+  assert stop_requests.serving_config() is not None
+  assert stop_requests.training_config() is None
+
+
+def test_a_stop_request_to_a_gone_ps_is_one_line_in_bounded_time():
+  cluster = {"chief": [f"127.0.0.1:{_free_port()}"],
+             "ps": [f"127.0.0.1:{_free_port()}"]}  # nothing listens
+  tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="chief",
+                       task_index=0)
+  started = time.monotonic()
+  error = stop_requests.post(_tf_config(cluster, "chief"),
+                             timeout_seconds=2)
+  assert error and "\n" not in error, error
+  assert time.monotonic() - started < 30
+
+
+def test_no_stop_requests_outside_a_parameter_server_job(monkeypatch):
+  monkeypatch.setenv("TF_CONFIG", json.dumps(_tf_config(
+      {"worker": ["127.0.0.1:1", "127.0.0.1:2"]}, "worker")))
+  assert stop_requests.training_config() is None
+  assert stop_requests.saves_checkpoints()
+  monkeypatch.delenv("TF_CONFIG")
+  assert stop_requests.training_config() is None
+  _, graph = _train_op_ops(_build_graph_op)
+  assert not [op for op in graph.get_operations()
+              if "stop_requests" in op.name]
