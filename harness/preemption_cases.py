@@ -3,8 +3,12 @@ tests/integration/test_preemption.py and benchmarks/preemption.py (2
 MultiWorkerMirroredStrategy workers on loopback through `tfconfig launch`,
 or one process: MirroredStrategy's two replicas, or no strategy). Each case returns what happened: the
 exit code, the seconds from the signal to the exit, the step each task
-agreed to stop at and the step of the newest complete checkpoint."""
+agreed to stop at and the step of the newest complete checkpoint.
 
+The parameter-server cases (`PS_CASES`) run harness/ps_job.py instead: a
+chief, a worker and a ps, SIGTERM to every task or to the ps alone."""
+
+import json
 import os
 import re
 import signal
@@ -22,6 +26,10 @@ STOPPED = 128 + int(signal.SIGTERM)
 CASES = ("all_tasks", "one_task", "during_all_reduce", "during_save",
          "one_process")
 STRATEGIES = ("multi_worker", "mirrored", "none")
+# SIGTERM to every task of a parameter-server job; to its ps alone.
+PS_CASES = ("parameter_server", "parameter_server_ps_alone")
+PS_TASKS = ("chief:0", "worker:0")
+PS_REPEAT = 40
 
 
 def job(model_dir, updates, *extra, strategy="multi_worker"):
@@ -140,3 +148,75 @@ def resume(model_dir, updates, strategy="multi_worker", env=None):
 def largest_difference(weights, reference):
   return max(float(np.max(np.abs(weights[n] - reference[n])))
              for n in reference)
+
+
+# The parameter-server job: harness/ps_job.py (chief 1, worker 10: each
+# window a task completes subtracts its constant from the shared w).
+
+def ps_job(model_dir, run, step_seconds=0.0):
+  return [sys.executable, "-m", "tfconfig", "launch", "--chief", "--workers",
+          "1", "--ps", "1", "--timeout", "300", "--", sys.executable,
+          "harness/ps_job.py", "--model_dir", str(model_dir), "--repeat",
+          str(PS_REPEAT), "--run", run, "--step_seconds", str(step_seconds)]
+
+
+def ps_progress(model_dir, task):
+  """The micro-batches `task` has completed (its progress file)."""
+  try:
+    with open(os.path.join(model_dir, f"progress_{task}.json")) as reader:
+      return json.load(reader)["micro_batches"]
+  except (OSError, ValueError):
+    return 0
+
+
+def checkpoint_value(model_dir, name):
+  import tensorflow as tf
+
+  return tf.train.load_checkpoint(str(model_dir)).get_tensor(name)
+
+
+def ps_windows(table):
+  """{task: the windows of it that `table` (ps_job's) holds}: each task's
+  window moves its own row by its constant."""
+  from harness.ps_job import PLAN, ROWS
+
+  return {t: float(-table[ROWS[t]][0] / PLAN[t][0]) for t in PS_TASKS}
+
+
+def run_ps_case(case, model_dir, tmp_path, env=None, wait=60,
+                step_seconds=0.05):
+  """Runs the parameter-server job, stops it as `case` says; returns
+  {code, seconds, stop_steps, checkpoint_step, counts (the micro-batches
+  each training task completed), output}."""
+  run = hosts.Run(ps_job(model_dir, "a", step_seconds), tmp_path, case,
+                  env=env or environment())
+  try:
+    deadline = time.monotonic() + 120
+    while min(ps_progress(model_dir, t) for t in PS_TASKS) < 10:
+      assert run.process.poll() is None and time.monotonic() < deadline, (
+          run.output()[-3000:])
+      time.sleep(0.05)
+    started = time.monotonic()
+    if case == "parameter_server":
+      run.process.send_signal(signal.SIGTERM)
+    else:
+      hosts.signal_all(hosts.task_pids(run.process.pid, 0, "ps"),
+                       signal.SIGTERM)
+    code, seconds = _exit(run, started, wait)
+  finally:
+    run.kill()
+  output = run.output()
+  return dict(code=code, seconds=seconds, stop_steps=stop_steps(output),
+              checkpoint_step=hosts.latest_step(model_dir), output=output,
+              counts={t: ps_progress(model_dir, t) for t in PS_TASKS})
+
+
+def resume_ps(model_dir):
+  """Starts the job again on `model_dir`, to its end: its final.json."""
+  os.remove(os.path.join(model_dir, "chief_ready"))
+  done = subprocess.run(ps_job(model_dir, "b"), cwd=hosts.ROOT,
+                        capture_output=True, text=True, timeout=300,
+                        env=environment())
+  assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+  with open(os.path.join(model_dir, "final.json")) as reader:
+    return json.load(reader)

@@ -1,7 +1,7 @@
 """One task of a parameter-server Estimator job (for the tests).
 
 Run by `python -m tfconfig launch --chief --workers 2 --ps 1 -- python
-tests/jobs/ps_job.py --model_dir D [--parameter_server_strategy]`: Estimator's
+harness/ps_job.py --model_dir D [--parameter_server_strategy]`: Estimator's
 own between-graph placement, or a
 `tf.compat.v1.distribute.experimental.ParameterServerStrategy` as its
 `train_distribute`. The model is one scalar w with loss
@@ -17,6 +17,13 @@ the pattern's: after the 9 windows, mean = target * (1 - 2**-9).
 
 Each worker writes D/done_<task>.json (its micro-batch count) when it stops;
 the chief then waits for them and writes D/final.json from the shared state.
+
+For the stop tests (SIGTERM, tests/integration/test_preemption.py):
+`--repeat M` trains M times each task's count, `--step_seconds S` sleeps
+after each micro-batch, `--run NAME` suffixes the done files (a job started
+again on the same directory), and every task keeps its micro-batch count in
+D/progress_<task>.json after each one. A task told to stop writes no done
+file, and its chief gathers nothing.
 """
 
 import json
@@ -25,11 +32,12 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
+from estimator_accum.distribution import preemption  # noqa: E402
 from estimator_accum.window.batch_norm import window_statistics  # noqa: E402
 from tfconfig import health  # noqa: E402
 
@@ -41,11 +49,19 @@ BATCH_NORM_MOMENTUM = 0.5
 PATTERN = [[1.0, 2.0], [3.0, 5.0], [0.0, 1.0], [4.0, 0.0]]
 
 
-class _Record(tf.estimator.SessionRunHook):
-  """Counts this task's micro-batches; the chief gathers the final state."""
+def _flag_value(name, default):
+  return (type(default)(sys.argv[sys.argv.index(name) + 1])
+          if name in sys.argv else default)
 
-  def __init__(self, model_dir, task):
+
+class _Record(tf.estimator.SessionRunHook):
+  """Counts this task's micro-batches; the chief gathers the final state
+  from the tasks `others` (names)."""
+
+  def __init__(self, model_dir, task, others, run="", step_seconds=0.0):
     self._model_dir, self._task, self._runs = model_dir, task, 0
+    self._others, self._run = others, run
+    self._step_seconds = step_seconds
 
   def after_create_session(self, session, coord):
     if self._task == "chief:0":
@@ -55,8 +71,15 @@ class _Record(tf.estimator.SessionRunHook):
 
   def after_run(self, run_context, run_values):
     self._runs += 1
+    if self._step_seconds:
+      with open(os.path.join(self._model_dir,
+                             f"progress_{self._task}.json"), "w") as writer:
+        json.dump({"micro_batches": self._runs}, writer)
+      time.sleep(self._step_seconds)
 
   def end(self, session):
+    if preemption._STOP.asked_at is not None:
+      return  # told to stop: the chief saves, nothing to gather
     state = estimator_accum.get_accumulation_state()
     devices = sorted({v.device for a in state.accumulators
                       for v in a.state_variables()})
@@ -66,16 +89,15 @@ class _Record(tf.estimator.SessionRunHook):
             v.device for v in tf.compat.v1.local_variables() +
             tf.compat.v1.global_variables() if "last_finite_loss" in v.name})
     assert len(window_devices) == 1, window_devices
-    path = os.path.join(self._model_dir, f"done_{self._task}.json")
+    path = os.path.join(self._model_dir, f"done_{self._task}{self._run}.json")
     with open(path, "w") as writer:
       json.dump({"micro_batches": self._runs, "accumulator_devices": devices,
                  "worker_state_devices": window_devices}, writer)
     if self._task != "chief:0":
       return
     deadline = time.time() + 120
-    others = [t for t in PLAN if t != "chief:0"]
     while not all(os.path.exists(os.path.join(
-        self._model_dir, f"done_{t}.json")) for t in others):
+        self._model_dir, f"done_{t}{self._run}.json")) for t in self._others):
       if time.time() > deadline:
         raise RuntimeError("workers did not finish")
       time.sleep(0.2)
@@ -98,9 +120,14 @@ def main():
   # In main, not at import: the test imports this module for its constants.
   tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.INFO)
   model_dir = sys.argv[sys.argv.index("--model_dir") + 1]
-  task = json.loads(os.environ["TF_CONFIG"])["task"]
+  tf_config = json.loads(os.environ["TF_CONFIG"])
+  task = tf_config["task"]
   name = f"{task['type']}:{task['index']}"
+  others = [f"worker:{i}" for i in range(len(tf_config["cluster"]["worker"]))]
   constant, micro_batches = PLAN.get(name, (0.0, 0))
+  micro_batches *= _flag_value("--repeat", 1)
+  record = _Record(model_dir, name, others, _flag_value("--run", ""),
+                   _flag_value("--step_seconds", 0.0))
   # Every task, the ps included: a lost peer ends it in bounded time, and
   # the ps ends by itself once every training task is done.
   watchdog = health.watch(model_dir, timeout=30, interval=1)
@@ -120,7 +147,7 @@ def main():
         sparse_accumulation=[table])
     return tf.estimator.EstimatorSpec(
         mode, loss=estimator_accum.reportable_loss(loss), train_op=train_op,
-        training_hooks=[_Record(model_dir, name),
+        training_hooks=[record,
                         estimator_accum.AccumulationLoggingHook(2)])
 
   def input_fn():

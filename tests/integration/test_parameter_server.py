@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.jobs.ps_job import (
+from harness.ps_job import (
   BATCH_NORM_MOMENTUM,
   PATTERN,
   PLAN,
@@ -27,10 +27,10 @@ pytestmark = pytest.mark.slow
 
 
 def ps_job_command(model_dir, placement="estimator", launch_flags=()):
-  """The launch of tests/jobs/ps_job.py: chief, 2 workers, 1 ps."""
+  """The launch of harness/ps_job.py: chief, 2 workers, 1 ps."""
   command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
              "--workers", "2", "--ps", "1", "--timeout", "240",
-             *launch_flags, "--", sys.executable, "tests/jobs/ps_job.py",
+             *launch_flags, "--", sys.executable, "harness/ps_job.py",
              "--model_dir", str(model_dir)]
   if placement == "strategy":
     command.append("--parameter_server_strategy")

@@ -7,7 +7,12 @@ exits 143 within the grace period with its newest checkpoint at the step
 every task agreed on (or, after a second SIGTERM inside that save, the one
 before), and the job started again ends with the weights of the
 uninterrupted job at 1e-6. No process is left behind (the cases kill what
-is still running)."""
+is still running).
+
+A parameter-server job (harness/ps_job.py: chief, worker, ps) told to
+stop, every task or its ps alone: every task exits 143, the ps once the
+chief has saved; the checkpoint holds every window the chief completed and
+whole windows of the worker; started again, the job goes on from it."""
 
 import re
 import time
@@ -17,6 +22,7 @@ import pytest
 
 from harness import hosts
 from harness import preemption_cases as cases
+from harness.ps_job import PLAN, K
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +71,8 @@ def test_sigterm_to_every_task_saves_the_agreed_step_and_resumes_exactly(
 def test_sigterm_to_one_task_stops_its_peer_at_the_same_step(
     tmp_path, uninterrupted):
   output = _stopped("one_task", tmp_path, uninterrupted, tasks=2)["output"]
-  # The launcher then stops worker 0, which is saving that step already.
+  # Worker 0 was told by the stop flag, not by a signal (the launcher
+  # waits for it to stop with worker 1).
   assert re.search(r"\[worker:0\].*stopping \(a peer task was told to "
                    r"stop\) at global step", output), output[-3000:]
 
@@ -104,3 +111,48 @@ def test_sigterm_while_not_training_exits_at_once(tmp_path):
     run.kill()
   assert code == cases.STOPPED and time.monotonic() - started < 10
   assert "while not training" in run.output()
+
+
+@pytest.mark.parametrize("case", cases.PS_CASES)
+def test_a_parameter_server_job_stops_saved(case, tmp_path):
+  got = cases.run_ps_case(case, tmp_path, tmp_path)
+  output = got["output"]
+  assert got["code"] == cases.STOPPED, (got["code"], output[-3000:])
+  assert got["seconds"] < STOP_SECONDS, (got["seconds"], output[-3000:])
+  saved = re.search(r"\[chief:0\].*stopped: global step (\d+) saved in .*"
+                    r"exiting with 143", output)
+  assert saved, output[-3000:]
+  assert re.search(r"\[worker:0\].*the chief saves.*exiting with 143",
+                   output), output[-3000:]
+  assert re.search(r"\[ps:0\].*stopped: every training task has exited",
+                   output), output[-3000:]
+  if case == "parameter_server_ps_alone":
+    # Neither training task was signalled: the ps's request stopped both.
+    assert "SIGTERM: stopping" not in output
+    assert len(re.findall(r"another task of this parameter-server job was "
+                          r"told to stop", output)) == 2, output[-3000:]
+  assert got["checkpoint_step"] >= int(saved.group(1)) > 0
+  # Every window the chief completed is in the checkpoint, and whole
+  # windows of the worker (which may apply one more after the save:
+  # asynchronous, as any parameter-server job). Each task's window moves
+  # its own row of the table by its constant.
+  table = cases.checkpoint_value(tmp_path, "table")
+  windows = cases.ps_windows(table)
+  assert windows["chief:0"] == got["counts"]["chief:0"] // K, (
+      windows, got["counts"])
+  assert windows["worker:0"] == int(windows["worker:0"]), windows
+  assert 0 <= windows["worker:0"] <= got["counts"]["worker:0"] // K, (
+      windows, got["counts"])
+  if case != "parameter_server":
+    return
+  # Started again: it goes on from the saved state, each task training its
+  # whole input again (a parameter-server job's input is not checkpointed).
+  w = cases.checkpoint_value(tmp_path, "w")
+  step = cases.checkpoint_value(tmp_path, "global_step")
+  final = cases.resume_ps(tmp_path)
+  micro_batches = {t: PLAN[t][1] * cases.PS_REPEAT for t in cases.PS_TASKS}
+  again = {t: micro_batches[t] // K for t in cases.PS_TASKS}
+  assert final["w"] == w - sum(PLAN[t][0] * again[t] for t in again)
+  assert cases.ps_windows(final["table"]) == {
+      t: windows[t] + again[t] for t in again}
+  assert final["global_step"] == step + sum(micro_batches.values())
