@@ -30,9 +30,11 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from harness import bench  # noqa: E402
+from harness import (
+  bench,  # noqa: E402
+  ps_job,  # noqa: E402
+)
 from harness import preemption_cases as cases  # noqa: E402
-from harness import ps_job  # noqa: E402
 
 
 def _exit(code):

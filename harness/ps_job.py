@@ -78,7 +78,7 @@ class _Record(tf.estimator.SessionRunHook):
       time.sleep(self._step_seconds)
 
   def end(self, session):
-    if preemption._STOP.asked_at is not None:
+    if preemption.stopping():
       return  # told to stop: the chief saves, nothing to gather
     state = estimator_accum.get_accumulation_state()
     devices = sorted({v.device for a in state.accumulators

@@ -116,6 +116,12 @@ def enabled():
   return os.environ.get(ENABLED_ENV, "1") != "0"
 
 
+def stopping():
+  """Whether this process is stopping: told to stop by SIGTERM, or by a
+  peer task (a hook's `end` may then skip work the save waits behind)."""
+  return _STOP.asked_at is not None
+
+
 def _seconds():
   return watchdog.seconds_from_environment(SECONDS_ENV, DEFAULT_SECONDS)
 
