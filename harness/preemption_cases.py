@@ -29,7 +29,7 @@ STRATEGIES = ("multi_worker", "mirrored", "none")
 # SIGTERM to every task of a parameter-server job; to its ps alone.
 PS_CASES = ("parameter_server", "parameter_server_ps_alone")
 PS_TASKS = ("chief:0", "worker:0")
-PS_REPEAT = 40
+PS_REPEAT = 20
 
 
 def job(model_dir, updates, *extra, strategy="multi_worker"):

@@ -7,11 +7,9 @@ signals are real, sent to a fresh process (the stop exits its process)."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
-import time
 
 import tensorflow as tf
 
@@ -149,57 +147,79 @@ def test_a_bad_stop_seconds_is_refused_at_the_build(monkeypatch):
 
 
 # A parameter-server job's stop requests (stop_requests.py), through real
-# servers in this process: a chief and a ps on loopback.
+# servers: a chief and a ps on loopback, in a process of their own (a
+# TensorFlow server cannot be stopped; it goes with its process).
+_REQUESTS_SCRIPT = textwrap.dedent("""
+    import json, os, socket, sys, time
+    import tensorflow as tf
+    from estimator_accum.distribution import stop_requests
 
-def _free_port():
-  with socket.socket() as sock:
-    sock.bind(("127.0.0.1", 0))
-    return sock.getsockname()[1]
+    def free_port():
+      with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+    def config(cluster, task_type):
+      return {"cluster": cluster, "task": {"type": task_type, "index": 0}}
+
+    cluster = {"chief": [f"127.0.0.1:{free_port()}"],
+               "ps": [f"127.0.0.1:{free_port()}"]}
+    servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster),
+                                    job_name=job, task_index=0)
+               for job in ("chief", "ps")]
+    result = {}
+    with tf.Graph().as_default():
+      requests = stop_requests.read()
+      result["device"] = requests.device
+      with tf.compat.v1.Session(servers[0].target) as session:
+        result["before"] = int(session.run(requests))
+        result["chief_posts"] = stop_requests.post(config(cluster, "chief"))
+        result["after_chief"] = int(session.run(requests))
+        # A parameter server asks through its own server.
+        result["ps_posts"] = stop_requests.post(config(cluster, "ps"))
+        result["after_ps"] = int(session.run(requests))
+    # Nothing listens on the ps of this one: an error line, in bounded time.
+    gone = {"chief": [f"127.0.0.1:{free_port()}"],
+            "ps": [f"127.0.0.1:{free_port()}"]}
+    tf.distribute.Server(tf.train.ClusterSpec(gone), job_name="chief",
+                         task_index=0)
+    started = time.monotonic()
+    result["gone"] = stop_requests.post(config(gone, "chief"),
+                                        timeout_seconds=2)
+    result["gone_seconds"] = time.monotonic() - started
+    print("RESULT " + json.dumps(result), flush=True)
+    os._exit(0)
+""")
+
+
+def test_stop_requests_go_through_ps_task_0():
+  done = subprocess.run([sys.executable, "-c", _REQUESTS_SCRIPT], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  result = _result(done)
+  assert result["device"] == "/job:ps/task:0"
+  assert result["before"] == 0  # nobody asked yet
+  assert result["chief_posts"] is None and result["after_chief"] == 1
+  assert result["ps_posts"] is None and result["after_ps"] == 2
+  assert result["gone"] and "\n" not in result["gone"], result["gone"]
+  assert result["gone_seconds"] < 30
 
 
 def _tf_config(cluster, task_type):
   return {"cluster": cluster, "task": {"type": task_type, "index": 0}}
 
 
-def test_stop_requests_go_through_ps_task_0(monkeypatch):
-  cluster = {"chief": [f"127.0.0.1:{_free_port()}"],
-             "ps": [f"127.0.0.1:{_free_port()}"]}
-  servers = [tf.distribute.Server(tf.train.ClusterSpec(cluster),
-                                  job_name=job, task_index=0)
-             for job in ("chief", "ps")]
+def test_which_tasks_of_a_parameter_server_job_save_and_serve(monkeypatch):
+  cluster = {"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}
   monkeypatch.setenv("TF_CONFIG", json.dumps(_tf_config(cluster, "chief")))
-  chief = stop_requests.training_config()
-  assert chief is not None and stop_requests.serving_config() is None
+  assert stop_requests.training_config() is not None
+  assert stop_requests.serving_config() is None
   assert stop_requests.saves_checkpoints()
-  with tf.Graph().as_default():
-    requests = stop_requests.read()
-    assert requests.device == "/job:ps/task:0"
-    with tf.compat.v1.Session(servers[0].target) as session:
-      assert session.run(requests) == 0  # nobody asked yet
-      assert stop_requests.post(chief) is None
-      assert session.run(requests) == 1
-      # A parameter server asks through its own server.
-      ps = _tf_config(cluster, "ps")
-      assert stop_requests.post(ps) is None
-      assert session.run(requests) == 2
   monkeypatch.setenv("TF_CONFIG", json.dumps(
       _tf_config(dict(cluster, worker=["127.0.0.1:3"]), "worker")))
   assert not stop_requests.saves_checkpoints()  # the chief saves
   monkeypatch.setenv("TF_CONFIG", json.dumps(_tf_config(cluster, "ps")))
   assert stop_requests.serving_config() is not None
   assert stop_requests.training_config() is None
-
-
-def test_a_stop_request_to_a_gone_ps_is_one_line_in_bounded_time():
-  cluster = {"chief": [f"127.0.0.1:{_free_port()}"],
-             "ps": [f"127.0.0.1:{_free_port()}"]}  # nothing listens
-  tf.distribute.Server(tf.train.ClusterSpec(cluster), job_name="chief",
-                       task_index=0)
-  started = time.monotonic()
-  error = stop_requests.post(_tf_config(cluster, "chief"),
-                             timeout_seconds=2)
-  assert error and "\n" not in error, error
-  assert time.monotonic() - started < 30
 
 
 def test_no_stop_requests_outside_a_parameter_server_job(monkeypatch):

@@ -176,7 +176,7 @@ sys.exit(143 if t["type"] != "ps" else 0)
 """
 
 
-@pytest.mark.parametrize("after", ["1", "never"])
+@pytest.mark.parametrize("after", ["0.5", "never"])
 def test_a_task_stopped_by_sigterm_lets_the_others_stop_by_themselves(
     after):
   started = time.monotonic()
