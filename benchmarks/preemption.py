@@ -109,7 +109,7 @@ def _parameter_server_cases(args, chosen):
   rows = bench.Rows(
       "SIGTERM to a parameter-server job (chief, worker, ps on loopback); "
       "k=2, SGD, micro-batches of 0.1 s", args.json, markdown=True,
-      formats={"s to exit": ".1f"})
+      formats={"s to exit": ".1f", "restarted: w - expected": "g"})
   with tempfile.TemporaryDirectory(prefix="preemption_ps_") as work:
     for case in chosen:
       for when, env in _before_and_after():

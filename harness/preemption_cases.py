@@ -180,7 +180,7 @@ def ps_windows(table):
   window moves its own row by its constant."""
   from harness.ps_job import PLAN, ROWS
 
-  return {t: float(-table[ROWS[t]][0] / PLAN[t][0]) for t in PS_TASKS}
+  return {t: float(-table[ROWS[t]][0] / PLAN[t][0]) + 0.0 for t in PS_TASKS}
 
 
 def run_ps_case(case, model_dir, tmp_path, env=None, wait=60,
