@@ -149,7 +149,8 @@ def _tfjob(args):
       args.name, args.image, _command(args), args.workers, chief=args.chief,
       ps=args.ps, evaluator=args.evaluator, namespace=args.namespace,
       restart_policy=args.restart_policy, backoff_limit=args.backoff_limit,
-      pvc=args.pvc, mount_path=args.mount_path)
+      pvc=args.pvc, mount_path=args.mount_path,
+      grace_seconds=args.grace_seconds)
   print(yaml.safe_dump(manifest, sort_keys=False), end="")
   return 0
 
@@ -290,6 +291,11 @@ def _add_tfjob(commands):
   tfjob.add_argument("--pvc", help="a ReadWriteMany claim holding the "
                      "shared model_dir")
   tfjob.add_argument("--mount_path", help="where --pvc is mounted")
+  tfjob.add_argument("--grace_seconds", type=int,
+                     default=engines.DEFAULT_GRACE_SECONDS,
+                     help="every pod's terminationGracePeriodSeconds; a pod "
+                     "told to stop saves its window within all but "
+                     f"{engines.GRACE_MARGIN_SECONDS} s of it")
   tfjob.add_argument("command", nargs=argparse.REMAINDER)
 
 

@@ -7,8 +7,9 @@ the cluster, `"environment": "cloud"`). `tfjob_manifest` writes the TFJob:
 a container named `tensorflow` in every replica, port 2222, the restart
 policy `ExitCode` by default (Kubeflow retries exit codes 128..255, so a
 task that lost a peer, exit 150, or was killed is restarted, and a bad flag
-or a diverged run, 1..127, is not), and the job's shared storage mounted
-in every pod.
+or a diverged run, 1..127, is not), the job's shared storage mounted
+in every pod, and the pods' grace period with the stop's bound inside it
+(a pod told to stop saves its open window and exits 143; docs/operations.md).
 
 Slurm sets no TF_CONFIG; `slurm_tf_config` computes it from the `SLURM_*`
 variables of one `srun` task with TensorFlow's own `SlurmClusterResolver`
@@ -26,6 +27,13 @@ TFJOB_PORT = 2222
 REPLICA_TYPES = {tfc.CHIEF: "Chief", tfc.WORKER: "Worker", tfc.PS: "PS",
                  tfc.EVALUATOR: "Evaluator"}
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
+# A pod's grace period (Kubernetes' default), and how much of it the stop
+# on SIGTERM leaves for the rest: a parameter server serves 3 s past the
+# stop's bound, and a process takes a moment to exit.
+DEFAULT_GRACE_SECONDS = 30
+GRACE_MARGIN_SECONDS = 10
+MIN_GRACE_SECONDS = 15
+STOP_SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 
 
@@ -40,7 +48,8 @@ def _check_name(what, value):
 def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
                    evaluator=False, namespace="default",
                    restart_policy="ExitCode", backoff_limit=3,
-                   pvc=None, mount_path=None):
+                   pvc=None, mount_path=None,
+                   grace_seconds=DEFAULT_GRACE_SECONDS):
   """A `kubeflow.org/v1` TFJob, as a dict ready for yaml.safe_dump.
 
   Args:
@@ -54,6 +63,9 @@ def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
     backoff_limit: restarts of the job before it fails.
     pvc: optional name of a ReadWriteMany PersistentVolumeClaim mounted at
       `mount_path` in every pod (the shared model_dir).
+    grace_seconds: int, every pod's `terminationGracePeriodSeconds`; the
+      stop on SIGTERM gets all but `GRACE_MARGIN_SECONDS` of it
+      (`ESTIMATOR_ACCUM_STOP_SECONDS` in every container).
   """
   _check_name("--name", name)
   _check_name("--namespace", namespace)
@@ -63,6 +75,12 @@ def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
   if restart_policy not in RESTART_POLICIES:
     raise tfc.TFConfigError(f"--restart_policy {restart_policy!r} is not one "
                             f"of {', '.join(RESTART_POLICIES)}")
+  if (isinstance(grace_seconds, bool) or not isinstance(grace_seconds, int)
+      or grace_seconds < MIN_GRACE_SECONDS):
+    raise tfc.TFConfigError(
+        f"--grace_seconds must be a whole number of seconds >= "
+        f"{MIN_GRACE_SECONDS} (a micro-batch and the save, with "
+        f"{GRACE_MARGIN_SECONDS} s to spare), got {grace_seconds!r}")
   if bool(pvc) != bool(mount_path):
     raise tfc.TFConfigError("--pvc and --mount_path go together (the shared "
                             "model_dir's claim and where it is mounted)")
@@ -73,8 +91,11 @@ def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
   container = {"name": TFJOB_CONTAINER, "image": image,
                "command": list(command),
                "ports": [{"name": "tfjob-port",
-                          "containerPort": TFJOB_PORT}]}
-  pod = {"containers": [container]}
+                          "containerPort": TFJOB_PORT}],
+               "env": [{"name": STOP_SECONDS_ENV, "value": str(
+                   grace_seconds - GRACE_MARGIN_SECONDS)}]}
+  pod = {"terminationGracePeriodSeconds": grace_seconds,
+         "containers": [container]}
   if pvc:
     container["volumeMounts"] = [{"name": "model-dir",
                                   "mountPath": mount_path}]

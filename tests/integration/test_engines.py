@@ -16,6 +16,7 @@ from kubeflow.training.api_client import ApiClient
 from kubeflow.training.models import KubeflowOrgV1TFJob
 
 import tfconfig
+from estimator_accum.distribution import watchdog
 from tfconfig import engines
 
 # Whole jobs, processes or clusters: not the fast tier.
@@ -245,7 +246,29 @@ def test_tfjob_with_every_replica_type():
     assert "evaluator" not in tfconfig.tensorflow_form(config)["cluster"]
 
 
+@pytest.mark.parametrize("grace", [None, 90])
+def test_tfjob_pods_stop_within_their_grace_period(grace, monkeypatch):
+  """Every pod's terminationGracePeriodSeconds, and the stop's bound 10 s
+  inside it in every container, read by the SDK's models (the pod spec is
+  Kubernetes' V1PodSpec) and by the library as it reads it."""
+  flags = ["--grace_seconds", str(grace)] if grace else []
+  manifest = _tfjob("--name", "ps-job", "--image", "img", "--chief",
+                    "--workers", "2", "--ps", "1", *flags, "--", "python",
+                    "train.py")
+  job = ApiClient().deserialize(_Response(manifest), "KubeflowOrgV1TFJob")
+  expected = grace or 30
+  for replica_type, spec in job.spec.tf_replica_specs.items():
+    pod = spec.template.spec
+    assert pod.termination_grace_period_seconds == expected, replica_type
+    (env,) = [e for e in pod.containers[0].env
+              if e.name == "ESTIMATOR_ACCUM_STOP_SECONDS"]
+    monkeypatch.setenv(env.name, env.value)
+    assert watchdog.seconds_from_environment(env.name, None) == expected - 10
+
+
 @pytest.mark.parametrize("flags, message", [
+    (["--name", "j", "--image", "i", "--grace_seconds", "14", "--", "x"],
+     "--grace_seconds must be a whole number of seconds >= 15"),
     (["--name", "Bert_Job", "--image", "i", "--", "x"],
      "--name 'Bert_Job' is not a DNS-1035 label"),
     (["--name", "j", "--image", "", "--", "x"], "--image is required"),
