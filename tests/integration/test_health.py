@@ -70,10 +70,12 @@ def servers():
     process.wait()
 
 
-def _watchdog(cluster, index, exits, model_dir=None, timeout=2.0):
+def _watchdog(cluster, index, exits, model_dir=None, timeout=2.0,
+              startup_timeout=30):
   config = dict(cluster, task={"type": "worker", "index": index})
   return health.Watchdog(config, model_dir=model_dir, timeout=timeout,
-                         interval=0.3, startup_timeout=30, exit=exits)
+                         interval=0.3, startup_timeout=startup_timeout,
+                         exit=exits)
 
 
 @pytest.mark.parametrize("fault, reason", [
@@ -103,7 +105,10 @@ def test_a_lost_peer_ends_this_task_in_bounded_time(fault, reason, servers,
 def test_a_peer_that_finished_is_not_lost(servers, tmp_path):
   cluster, processes = servers(2)
   exits = [_Exits(), _Exits()]
-  watchdogs = [_watchdog(cluster, i, exits[i], str(tmp_path)).start()
+  # Worker 1's finish waits for worker 0 to finish too (the training
+  # tasks leave together), up to its startup timeout: 3 s here.
+  watchdogs = [_watchdog(cluster, i, exits[i], str(tmp_path),
+                         startup_timeout=30 if i == 0 else 3).start()
                for i in range(2)]
   try:
     time.sleep(1.5)
