@@ -426,7 +426,12 @@ def _start_serving_until_saved():
   serves the variables until they have (the chief's save needs them),
   then exits with 143."""
   config = _STOP.serving
-  seconds = _seconds() + SERVING_MARGIN_SECONDS
+  try:
+    seconds = _seconds() + SERVING_MARGIN_SECONDS
+  except ValueError as error:
+    # The training tasks refused it when they built their train ops.
+    _say(f"{error} Serving up to {DEFAULT_SECONDS:g} s.")
+    seconds = DEFAULT_SECONDS + SERVING_MARGIN_SECONDS
   _say("SIGTERM on a parameter server: asking every training task to stop "
        "and save; serving the variables until they have exited (at most "
        f"{seconds:g} s), then exiting with {STOPPED_EXIT} (a second SIGTERM "
