@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import tensorflow as tf
 
 import estimator_accum
@@ -232,3 +233,51 @@ def test_no_stop_requests_outside_a_parameter_server_job(monkeypatch):
   _, graph = _train_op_ops(_build_graph_op)
   assert not [op for op in graph.get_operations()
               if "stop_requests" in op.name]
+
+
+# A parameter server takes SIGTERM when estimator_accum is imported there.
+_PS_SCRIPT = textwrap.dedent("""
+    import json, os, socket, sys, time
+
+    def free_port():
+      with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+    # The chief's address answers nothing: it has exited.
+    cluster = {"chief": [f"127.0.0.1:{free_port()}"],
+               "ps": [f"127.0.0.1:{free_port()}"]}
+    os.environ["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": "ps", "index": 0}})
+    import tensorflow as tf
+    import estimator_accum  # noqa: F401 (takes SIGTERM on a ps)
+    server = tf.distribute.Server(tf.train.ClusterSpec(cluster),
+                                  job_name="ps", task_index=0)
+    print("SERVING", flush=True)
+    server.join()
+""")
+
+
+@pytest.mark.parametrize("seconds", [None, "soon"])
+def test_a_parameter_server_told_to_stop_exits_once_training_is_gone(
+    seconds):
+  env = dict(os.environ)
+  env.pop("ESTIMATOR_ACCUM_STOP_SECONDS", None)
+  if seconds:
+    env["ESTIMATOR_ACCUM_STOP_SECONDS"] = seconds
+  process = subprocess.Popen([sys.executable, "-c", _PS_SCRIPT], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=env)
+  try:
+    assert process.stdout.readline().strip() == "SERVING"
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(timeout=30)
+    err = process.stderr.read()
+  finally:
+    process.kill()
+    process.wait()
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert "SIGTERM on a parameter server" in err, err[-3000:]
+  assert "stopped: every training task has exited" in err, err[-3000:]
+  if seconds:
+    assert "ESTIMATOR_ACCUM_STOP_SECONDS must be a number of seconds" in err
