@@ -216,6 +216,18 @@ def from_environment(require_chief=False):
   return config
 
 
+def task_of(types):
+  """This process's TF_CONFIG (as `from_environment`) when its task is of
+  one of `types`; None when it is not, or TF_CONFIG is unset or invalid
+  (for defaults that apply only in a cluster, and stay off otherwise)."""
+  try:
+    config = from_environment()
+  except TFConfigError:
+    return None
+  task = config.get(TASK) or {}
+  return config if task.get(TYPE) in types else None
+
+
 def tensorflow_form(config):
   """What TensorFlow's Estimator and strategies read: "cluster" without the
   evaluator (TensorFlow keeps it out of the training cluster) and "task";

@@ -33,14 +33,10 @@ POST_TIMEOUT_SECONDS = 5.0
 def _config_of(types):
   """This process's TF_CONFIG when the cluster has ps tasks and this task
   is of one of `types`; else None (no TF_CONFIG, a bad one, no ps)."""
-  try:
-    config = tfc.from_environment()
-  except tfc.TFConfigError:
+  config = tfc.task_of(types)
+  if config is None or tfc.PS not in config.get(tfc.CLUSTER, {}):
     return None
-  task = (config or {}).get(tfc.TASK) or {}
-  if tfc.PS not in (config or {}).get(tfc.CLUSTER, {}):
-    return None
-  return config if task.get(tfc.TYPE) in types else None
+  return config
 
 
 def training_config():

@@ -77,12 +77,8 @@ _ARMED = []
 def _cluster():
   """This task's TF_CONFIG when it is a training task of a cluster of two
   or more training tasks, else None."""
-  try:
-    config = tfc.from_environment()
-  except tfc.TFConfigError:
-    return None
-  task = (config or {}).get(tfc.TASK) or {}
-  if task.get(tfc.TYPE) not in tfc.TRAINING_TYPES:
+  config = tfc.task_of(tfc.TRAINING_TYPES)
+  if config is None:
     return None
   training = [t for t, _ in tfc.tasks(config) if t in tfc.TRAINING_TYPES]
   return config if len(training) >= 2 else None
