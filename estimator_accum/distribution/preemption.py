@@ -378,6 +378,7 @@ def _exit_when_saved(first=True):
         return
       _STOP.exiting = True
   deadline = _STOP.asked_at + _seconds()
+  saves = stop_requests.saves_checkpoints()  # read TF_CONFIG once
   while time.monotonic() < deadline:
     saved = _saved_checkpoint()
     if saved:
@@ -389,7 +390,7 @@ def _exit_when_saved(first=True):
       _say(f"stopped at global step {_STOP.stopped_step}; this graph "
            f"saves no checkpoint; exiting with {STOPPED_EXIT}")
       _exit()
-    if _STOP.stopped_step is not None and not stop_requests.saves_checkpoints():
+    if _STOP.stopped_step is not None and not saves:
       _say(f"stopped at global step {_STOP.stopped_step}; the chief saves "
            "(a parameter-server worker's open window is its own, and is "
            f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
