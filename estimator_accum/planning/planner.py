@@ -276,6 +276,24 @@ def _check_margin(margin):
   return float(margin)
 
 
+def check_memory_statistics(device):
+  """ValueError in one line when `device`'s allocator keeps no statistics
+  to measure with: TensorFlow's plain CPU allocator (the one it uses with
+  oneDNN off, the default on CPUs without AVX-512) keeps none; the BFC
+  allocator does, when TF_CPU_ALLOCATOR_USE_BFC=true was set before
+  TensorFlow started."""
+  try:
+    tf.config.experimental.get_memory_info(device)
+  except ValueError as error:
+    if "not available" not in str(error):
+      raise ValueError(f"device={device!r}: {error}") from None
+    raise ValueError(
+        f"device={device!r}: its allocator keeps no memory statistics to "
+        "measure with; set TF_CPU_ALLOCATOR_USE_BFC=true in the environment "
+        "before TensorFlow starts (the BFC allocator, as a GPU's, keeps "
+        "them)") from None
+
+
 def measure_peak(build, micro_batch, k, device=None,
                  micro_batches=_MEASURED_MICRO_BATCHES, **memory_options):
   """Builds `build(micro_batch, k, **memory_options)` in a fresh graph, runs
@@ -284,6 +302,7 @@ def measure_peak(build, micro_batch, k, device=None,
   of the micro-batches' mean time after the first. `memory_options`:
   `recompute` and `accumulator_placement`, for a `build` that takes them."""
   device = device or default_device()
+  check_memory_statistics(device)
   started = time.perf_counter()
   graph = tf.Graph()
   with graph.as_default():
@@ -391,6 +410,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   margin = _check_margin(margin)
   device = device or default_device()
   budget = _budget(memory_budget_mb, device)
+  check_memory_statistics(device)
   plan = MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
                         budget, margin, device)
   candidates = candidate_micro_batches(share, uneven)

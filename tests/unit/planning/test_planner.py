@@ -2,6 +2,9 @@
 choice trains the same weights as the big batch."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +14,9 @@ import estimator_accum
 from estimator_accum.planning import planner
 from harness import support
 from tests.helpers import planner_support
+
+# Peaks read from the allocator: CI runs these under both oneDNN paths.
+pytestmark = pytest.mark.memory
 
 EFFECTIVE = 32
 UPDATES = 3
@@ -138,6 +144,28 @@ def test_bad_arguments_are_one_line(kwargs, message):
   with pytest.raises(ValueError, match=message):
     estimator_accum.plan_micro_batch(lambda m, k: None, EFFECTIVE,
                                      device="CPU:0", **kwargs)
+
+
+def test_an_allocator_without_statistics_is_one_line_naming_the_fix():
+  # TensorFlow's plain CPU allocator (oneDNN off, without the BFC one) keeps
+  # no statistics: in a process of its own, whatever this CPU's default.
+  script = (
+      "import estimator_accum\n"
+      "try:\n"
+      "  estimator_accum.plan_micro_batch(lambda m, k: None, 32, "
+      "device='CPU:0', memory_budget_mb=10)\n"
+      "except ValueError as error:\n"
+      "  print('refused:', error)\n")
+  env = {name: value for name, value in os.environ.items()
+         if name != "TF_CPU_ALLOCATOR_USE_BFC"}
+  env.update(TF_ENABLE_ONEDNN_OPTS="0", TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run([sys.executable, "-c", script], env=env,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.startswith(
+      "refused: device='CPU:0': its allocator keeps no memory statistics "
+      "to measure with; set TF_CPU_ALLOCATOR_USE_BFC=true"), result.stdout
+  assert "Traceback" not in result.stderr
 
 
 def test_bad_effective_batch_names_it():
