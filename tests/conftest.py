@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+# Memory is measured from the allocator's statistics. TensorFlow's plain CPU
+# allocator (oneDNN off: the default on CPUs without AVX-512) keeps none;
+# the BFC allocator keeps them on every CPU, and holds tensors as a GPU
+# does. It is chosen when TensorFlow starts, so here, before the import.
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
