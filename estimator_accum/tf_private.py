@@ -294,6 +294,17 @@ def local_devices():
   return device_lib.list_local_devices()
 
 
+def onednn_enabled():
+  """Whether this process runs TensorFlow's oneDNN CPU kernels
+  (`tensorflow.python.util._pywrap_util_port.IsMklEnabled`): TensorFlow
+  2.15 turns them on by default only on CPUs with AVX-512-class features,
+  else as TF_ENABLE_ONEDNN_OPTS says; no public API tells which path runs,
+  and memory and speed differ between them."""
+  from tensorflow.python.util import _pywrap_util_port  # noqa: PLC0415
+
+  return bool(_pywrap_util_port.IsMklEnabled())
+
+
 # Coordination service -----------------------------------------------------
 
 

@@ -1,11 +1,13 @@
 """Each function of estimator_accum.tf_private against the installed
 TensorFlow: an upgrade that moves a private name fails here."""
 
+import os
 import pathlib
 import subprocess
 import sys
 import textwrap
 
+import pytest
 import tensorflow as tf
 
 from estimator_accum import tf_private
@@ -245,6 +247,17 @@ def test_restored_checkpoint_of_a_position(tmp_path):
 
 def test_local_devices_include_the_cpu():
   assert any(d.device_type == "CPU" for d in tf_private.local_devices())
+
+
+@pytest.mark.parametrize("setting", ["0", "1"])
+def test_onednn_enabled_follows_tf_enable_onednn_opts(setting):
+  script = ("from estimator_accum import tf_private\n"
+            "print(tf_private.onednn_enabled())\n")
+  env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting,
+             TF_CPP_MIN_LOG_LEVEL="3")
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT, env=env)
+  assert done.stdout.split() == [str(setting == "1")], done.stderr[-2000:]
 
 
 def test_the_coordination_service_configured_in_a_fresh_process():
