@@ -203,11 +203,28 @@ class _Block:
     # variable's handle read again to make an argument) gets only its own
     # part here; the outer gradient adds the rest.
     inputs = self._args + self.external
-    gradients = tf.gradients(recomputed, inputs, grad_ys=output_gradients,
-                             stop_gradients=inputs)
+    gradients = _grouped(tf.gradients(
+        recomputed, inputs, grad_ys=output_gradients, stop_gradients=inputs))
     if variables is None:
       return gradients
     return gradients, [None] * len(variables)
+
+
+def _grouped(gradients):
+  """`gradients`, each available only once all of them are.
+
+  The block's backward ends as one step: the gradient of its inputs, which
+  the previous block's recomputation waits for, comes after every weight
+  gradient of the block, so that nothing of this block's backward (a weight
+  gradient's MatMul reads the block's largest intermediates) is left for an
+  executor to run after the previous block has been recomputed. Without
+  it the order is the executor's choice, and a one-thread executor may keep
+  every block's intermediates alive at once."""
+  present = [g for g in gradients if g is not None]
+  if len(present) < 2:
+    return gradients
+  grouped = iter(tf.tuple(present, name="block_gradients"))
+  return [None if g is None else next(grouped) for g in gradients]
 
 
 def _ops_between(outputs, made):
