@@ -59,7 +59,7 @@ def test_fit_equals_the_big_batch(optimizer, strategy):
   _assert_close(accumulated, big, f"{optimizer} {strategy}")
 
 
-@pytest.mark.parametrize("strategy", ["one", "mirrored"])
+@pytest.mark.parametrize("strategy", ["one", pytest.param("mirrored", marks=pytest.mark.slow)])
 def test_mixed_float16_is_as_close_to_float32_as_keras_own(strategy):
   """In mixed_float16 the window and Keras's big batch round to float16 in
   different places; the window is no further from float32 training than
@@ -106,7 +106,8 @@ def _custom_step_weights(optimizer, batch, policy, strategy):
   return {w.name: w.numpy() for w in model.weights}, model
 
 
-@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("policy", [
+    "float32", pytest.param("mixed_float16", marks=pytest.mark.slow)])
 def test_the_questions_custom_train_step_under_mirrored_strategy(policy):
   """A custom train_step calling apply_gradients, mixed_float16 (Keras
   wraps the plain optimizer in its LossScaleOptimizer; the accumulating one
@@ -229,7 +230,7 @@ def test_gradients_cross_replicas_only_at_the_windows_end(policy):
              for name in _collectives(models["plain"]))
 
 
-@pytest.mark.parametrize("strategy", ["one", "mirrored"])
+@pytest.mark.parametrize("strategy", ["one", pytest.param("mirrored", marks=pytest.mark.slow)])
 def test_a_short_last_micro_batch_weighs_its_examples(strategy):
   """An epoch of 50 examples in micro-batches of 4 per replica ends with a
   short one, inside a window: that window equals one batch of its
@@ -282,6 +283,7 @@ def _weights(model):
   return {w.name: w.numpy() for w in model.weights}
 
 
+@pytest.mark.slow  # trains, saves and trains on again
 def test_a_checkpoint_mid_window_resumes_exactly(tmp_path):
   """tf.train.Checkpoint of the model and its optimizer one micro-batch
   into a window, restored into a new model that trains on: the weights of
@@ -300,6 +302,7 @@ def test_a_checkpoint_mid_window_resumes_exactly(tmp_path):
   _assert_close(_weights(resumed), _weights(whole), "resumed")
 
 
+@pytest.mark.slow  # trains, saves and trains on again
 def test_a_keras_file_keeps_the_window(tmp_path):
   """model.save to a .keras file one micro-batch into a window, loaded with
   load_model (no custom_objects), trained on: the weights of training
@@ -332,6 +335,7 @@ class _StopAtEpoch(tf.keras.callbacks.Callback):
       raise RuntimeError("stopped")
 
 
+@pytest.mark.slow  # trains, saves and trains on again
 def test_backup_and_restore_at_epochs_resumes_exactly(tmp_path):
   """BackupAndRestore (backups at each epoch's end, its default): a job
   stopped in epoch 2 of 3, whose epochs end inside windows, fit again

@@ -116,6 +116,7 @@ def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
       "gradient_accumulation/updates_applied") == UPDATES
 
 
+@pytest.mark.slow  # a two-process cluster
 @pytest.mark.parametrize("api, optimizer_name", [
     ("keras", "sgd"), ("v1", "sgd"), ("keras", "adam")])
 def test_canned_estimator_on_two_workers(api, optimizer_name, tmp_path):

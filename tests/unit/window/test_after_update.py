@@ -30,7 +30,9 @@ def _trained(estimator):
              for n in names}}
 
 
-@pytest.mark.parametrize("replicas", [1, REPLICAS], ids=["one", "mirrored"])
+@pytest.mark.parametrize("replicas", [
+    pytest.param(1, id="one"),
+    pytest.param(REPLICAS, id="mirrored", marks=pytest.mark.slow)])
 def test_moving_average_equals_the_big_batch_recipe(replicas, control_flow,
                                                     tmp_path):
   optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731

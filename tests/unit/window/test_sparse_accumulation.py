@@ -146,6 +146,7 @@ def _train_huge_table(sparse_accumulation, windows=2):
       return session.run(table), held
 
 
+@pytest.mark.slow  # a table of a million rows, trained twice
 def test_huge_table_compact_equals_dense_and_holds_rows_touched():
   compact, held = _train_huge_table(True)
   dense, _ = _train_huge_table(False)
