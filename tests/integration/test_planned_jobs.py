@@ -13,7 +13,7 @@ from harness import support
 from tests.helpers import planner_support
 
 # Whole jobs, processes or clusters: not the fast tier.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.memory]
 
 EFFECTIVE = 32
 UPDATES = 4
