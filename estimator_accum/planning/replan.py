@@ -9,6 +9,7 @@ position in a seeded input. This is exact only at a window boundary, where
 no window is partly accumulated; `halve_checkpoint` refuses any other.
 """
 
+import gc
 import os
 import re
 
@@ -68,23 +69,29 @@ def _read(prefix):
 
 def _write(values, prefix, step):
   """Saves `values` as a name-based checkpoint `prefix`-`step`, the
-  directory's latest; returns its path."""
+  directory's latest; returns its path.
+
+  One SaveV2 of the fed values, with no variables: it runs right after
+  training ran out of memory, so it holds the values once, not twice (a
+  Saver of variables initialized from them held both and waited on the
+  allocator for memory that the limit did not have)."""
+  path = f"{prefix}-{step}"
+  names = sorted(values)
   graph = tf.Graph()
   with graph.as_default():
-    feeds, variables = {}, {}
-    for name, value in values.items():
-      value = np.asarray(value)
+    feeds = {}
+    for name in names:
+      value = np.asarray(values[name])
       dtype = tf.string if value.dtype == object else tf.as_dtype(value.dtype)
-      holder = tf.compat.v1.placeholder(dtype, value.shape)
-      variables[name] = tf.compat.v1.Variable(holder, name=f"v{len(feeds)}",
-                                              trainable=False)
-      feeds[holder] = value
-    saver = tf.compat.v1.train.Saver(variables, max_to_keep=None)
-    init = tf.compat.v1.global_variables_initializer()
+      feeds[tf.compat.v1.placeholder(dtype, value.shape)] = value
+    save = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
+                             shape_and_slices=[""] * len(names),
+                             tensors=list(feeds))
   with tf.compat.v1.Session(graph=graph) as session:
-    session.run(init, feed_dict=feeds)
-    return saver.save(session, prefix, global_step=step,
-                      write_meta_graph=False)
+    session.run(save, feed_dict=feeds)
+  tf.compat.v1.train.update_checkpoint_state(
+      os.path.dirname(path), path, all_model_checkpoint_paths=[path])
+  return path
 
 
 class OutOfMemory(RuntimeError):
@@ -103,11 +110,16 @@ def train_halving_on_oom(train, plan, model_dir, log=print):
     except tf.errors.ResourceExhaustedError as error:
       if not is_out_of_memory(error):
         raise
-      try:
-        smaller, before, after = halve_checkpoint(model_dir, plan)
-      except ValueError as reason:
-        raise OutOfMemory(f"out of memory at micro-batch {plan.micro_batch} "
-                          f"x k={plan.k}, and {reason}") from None
+    # Outside the except block: its traceback holds the failed run's frames,
+    # its session among them, and with it the memory that ran out. Kept, it
+    # left the halved checkpoint's own session waiting for memory (BFC's
+    # allocator retries) for minutes.
+    gc.collect()
+    try:
+      smaller, before, after = halve_checkpoint(model_dir, plan)
+    except ValueError as reason:
+      raise OutOfMemory(f"out of memory at micro-batch {plan.micro_batch} "
+                        f"x k={plan.k}, and {reason}") from None
     log(f"out of memory at micro-batch {plan.micro_batch} x k={plan.k}: "
         f"going on with micro-batch {smaller.micro_batch} x k={smaller.k} "
         f"from the checkpoint at micro-batch {before} (micro-batch {after} "
