@@ -35,9 +35,7 @@ def tiny_model(tmp_path_factory):
   return root / "ckpt"
 
 
-@pytest.fixture
-def sst2(tmp_path):
-  data = tmp_path / "data"
+def _write_sst2(data):
   data.mkdir()
   rows = [(t, 1) for t in POSITIVE] + [(t, 0) for t in NEGATIVE]
   body = "".join(f"{text}\t{label}\n" for text, label in rows)
@@ -46,6 +44,24 @@ def sst2(tmp_path):
   (data / "test.tsv").write_text("index\tsentence\n" + "".join(
       f"{i}\t{text}\n" for i, (text, _) in enumerate(rows)))
   return data
+
+
+@pytest.fixture
+def sst2(tmp_path):
+  return _write_sst2(tmp_path / "data")
+
+
+@pytest.fixture(scope="module")
+def main_run(tiny_model, tmp_path_factory):
+  """(result, output_dir) of one train + eval + predict run with k=2, with
+  google-research/bert's TPU flags off as its README's GPU commands pass
+  them: the tests that only read a whole run's output share it."""
+  root = tmp_path_factory.mktemp("main_run")
+  output_dir = root / "run"
+  result = _run(_flags(tiny_model, _write_sst2(root / "data"), output_dir,
+                       do_predict=True, use_tpu=False,
+                       iterations_per_loop=1000, master="local"))
+  return result, output_dir
 
 
 def _write_mrpc(data):
@@ -76,13 +92,8 @@ def _run(args, timeout=TIMEOUT, env=None):
                         env=env)
 
 
-def test_train_eval_predict_with_accumulation(tiny_model, sst2, tmp_path):
-  output_dir = tmp_path / "run"
-  # With google-research/bert's TPU flags off, as its README's GPU commands
-  # pass them.
-  result = _run(_flags(tiny_model, sst2, output_dir, do_predict=True,
-                       use_tpu=False, iterations_per_loop=1000,
-                       master="local"))
+def test_train_eval_predict_with_accumulation(tiny_model, main_run):
+  result, output_dir = main_run
   assert result.returncode == 0, result.stderr[-3000:]
   assert ("--master, --iterations_per_loop: TPU flags, not used without "
           "--use_tpu") in result.stderr
@@ -252,8 +263,9 @@ def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
 def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
                                                      tiny_model, sst2,
                                                      tmp_path):
+  # 6 micro-batches: 3 windows, each skipped.
   result = _run(_flags(tiny_model, sst2, tmp_path / "run",
-                       learning_rate=1e30, clip_norm=0,
+                       learning_rate=1e30, clip_norm=0, num_train_epochs=0.6,
                        max_consecutive_skipped_windows=stop_after))
   assert result.returncode == 3, result.stderr[-3000:]
   assert "Traceback" not in result.stderr, result.stderr[-3000:]
@@ -288,7 +300,9 @@ def _no_dropout_model(tiny_model, tmp_path):
 def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
     tiny_model, sst2, tmp_path):
   model = _no_dropout_model(tiny_model, tmp_path)
-  args = dict(num_train_epochs=20, save_checkpoints_steps=6, do_eval=False,
+  # 60 micro-batches, a checkpoint every 6: killed once the one at 6 is
+  # written, with most of the run ahead.
+  args = dict(num_train_epochs=6, save_checkpoints_steps=6, do_eval=False,
               classifier_dropout=0)
   whole = _run(_flags(model, sst2, tmp_path / "whole", **args))
   assert whole.returncode == 0, whole.stderr[-3000:]
@@ -307,14 +321,14 @@ def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
   process.wait()
   killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
       "global_step")
-  assert killed_at < 200, "the run was not killed mid-training"
+  assert killed_at < 60, "the run was not killed mid-training"
 
   resumed = _run(_flags(model, sst2, output_dir, **args))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert f"at micro-batch {killed_at}" in resumed.stdout
   expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
   actual = tf.train.load_checkpoint(str(output_dir))
-  assert actual.get_tensor("global_step") == 200
+  assert actual.get_tensor("global_step") == 60
   for name in expected.get_variable_to_shape_map():
     if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
       np.testing.assert_allclose(actual.get_tensor(name),
@@ -379,9 +393,8 @@ def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
 
 
 def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
-    tiny_model, sst2, tmp_path):
-  quiet = _run(_flags(tiny_model, sst2, tmp_path / "quiet",
-                      num_train_epochs=0.2))
+    tiny_model, main_run, sst2, tmp_path):
+  quiet, _ = main_run  # train, eval and predict
   assert quiet.returncode == 0, quiet.stderr[-3000:]
   output = quiet.stdout + quiet.stderr
   for chatter in ("is deprecated", "Instructions for updating",
@@ -389,11 +402,12 @@ def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
     assert chatter not in output, chatter
   assert re.search(r"micro-batch (\d+)/\1 \(100%\)", quiet.stderr)
   verbose = _run(_flags(tiny_model, sst2, tmp_path / "verbose",
-                        num_train_epochs=0.2, verbose=True))
+                        num_train_epochs=0.2, do_eval=False, verbose=True))
   assert verbose.returncode == 0
   assert "Calling model_fn" in verbose.stdout + verbose.stderr
 
 
+@pytest.mark.memory
 def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
                                                         tmp_path):
   output_dir = tmp_path / "run"
