@@ -16,7 +16,8 @@ from harness import support
 from tests.helpers import planner_support
 
 # Peaks read from the allocator: CI runs these under both oneDNN paths.
-pytestmark = pytest.mark.memory
+# Each measures several builds: not the fast tier.
+pytestmark = [pytest.mark.memory, pytest.mark.slow]
 
 EFFECTIVE = 32
 UPDATES = 3

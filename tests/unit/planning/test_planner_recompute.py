@@ -9,6 +9,10 @@ import tensorflow as tf
 import estimator_accum
 from estimator_accum.planning import planner
 
+# Peaks read from the allocator: CI runs these under both oneDNN paths.
+# Each measures several builds: not the fast tier.
+pytestmark = [pytest.mark.memory, pytest.mark.slow]
+
 BLOCKS, TOKENS, WIDTH, INNER = 6, 64, 32, 2048
 EFFECTIVE = 8
 MB = 2**20
