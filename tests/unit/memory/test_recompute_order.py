@@ -42,6 +42,19 @@ def _config(one_thread, grappler):
   return config
 
 
+def _run_peak_mb(fetch, one_thread, grappler):
+  """The allocator's peak (MB) over two runs of `fetch` in the default
+  graph, in a session of that configuration."""
+  with tf.compat.v1.Session(config=_config(one_thread, grappler)) as session:
+    session.run(tf.compat.v1.global_variables_initializer())
+    peaks = []
+    for _ in range(2):
+      tf.config.experimental.reset_memory_stats("CPU:0")
+      session.run(fetch)
+      peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
+  return max(peaks) / 2**20
+
+
 def _peak_mb(recompute, one_thread, grappler, use):
   with tf.Graph().as_default():
     if use == "tf.gradients":
@@ -51,14 +64,7 @@ def _peak_mb(recompute, one_thread, grappler, use):
       with tf.GradientTape() as tape:
         loss = _stack(recompute)
       fetch = tape.gradient(loss, tf.compat.v1.trainable_variables())
-    with tf.compat.v1.Session(config=_config(one_thread, grappler)) as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      peaks = []
-      for _ in range(2):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        session.run(fetch)
-        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-  return max(peaks) / 2**20
+    return _run_peak_mb(fetch, one_thread, grappler)
 
 
 @pytest.mark.parametrize("use", ["tf.gradients", "GradientTape"])
@@ -82,14 +88,7 @@ def _bert_stack_peak_mb(recompute, one_thread, grappler):
         num_attention_heads=4, intermediate_size=256, recompute=recompute)
     loss = tf.reduce_mean(tf.square(output))
     fetch = tf.gradients(loss, tf.compat.v1.trainable_variables())
-    with tf.compat.v1.Session(config=_config(one_thread, grappler)) as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      peaks = []
-      for _ in range(2):
-        tf.config.experimental.reset_memory_stats("CPU:0")
-        session.run(fetch)
-        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"])
-  return max(peaks) / 2**20
+    return _run_peak_mb(fetch, one_thread, grappler)
 
 
 @pytest.mark.parametrize("grappler", [True, False], ids=["grappler", "plain"])
