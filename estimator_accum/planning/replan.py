@@ -111,9 +111,9 @@ def train_halving_on_oom(train, plan, model_dir, log=print):
       if not is_out_of_memory(error):
         raise
     # Outside the except block: its traceback holds the failed run's frames,
-    # its session among them, and with it the memory that ran out. Kept, it
-    # left the halved checkpoint's own session waiting for memory (BFC's
-    # allocator retries) for minutes.
+    # its session among them, and whatever memory they keep is memory the
+    # halved checkpoint's write needs (with too little, that write waits on
+    # the BFC allocator's retries).
     gc.collect()
     try:
       smaller, before, after = halve_checkpoint(model_dir, plan)
