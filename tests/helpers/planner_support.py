@@ -12,6 +12,8 @@ any batching gives the same examples. `reference_train` is plain
 TensorFlow on the big batch, from the same initial weights.
 """
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
@@ -138,3 +140,13 @@ def reference_train(data, batch_size, steps=None):
     for _ in range(steps):
       session.run(train)
     return session.run({name: variables[name] for name in WEIGHT_NAMES})
+
+
+def refused_plan_peaks_mb(result):
+  """{micro-batch: peak MB} of the plain candidates a script's planner
+  printed ("measured micro-batch M (k=K): P MB") before refusing a budget
+  none of them fits (`result`: its CompletedProcess)."""
+  assert result.returncode != 0
+  assert "even micro-batch 1 needs" in result.stderr, result.stderr[-2000:]
+  return {int(m): float(mb) for m, mb in re.findall(
+      r"measured micro-batch (\d+) \(k=\d+\): ([\d.]+) MB", result.stdout)}

@@ -17,6 +17,7 @@ from PIL import Image
 from data import mnist
 from models import plot_runs
 from models.mnist.model import weight_names
+from tests.helpers import planner_support
 
 # Whole jobs, processes or clusters: not the fast tier.
 pytestmark = pytest.mark.slow
@@ -160,15 +161,10 @@ def test_single_worker_variants_and_their_loss_plot(tmp_path):
 def _measured_peaks_mb(effective_batch, tmp_path):
   """{micro-batch: peak MB} as the script measures them here: a budget no
   candidate fits makes it measure every one, print each, and refuse."""
-  result = _mnist("--model_dir", str(tmp_path / "measure"),
-                  "--effective_batch_size", str(effective_batch),
-                  "--micro_batch_size", "auto", "--memory_budget_mb",
-                  "0.001", "--train_size", "800")
-  assert result.returncode != 0
-  assert "even micro-batch 1 needs" in result.stderr, result.stderr[-2000:]
-  return {int(m): float(mb) for m, mb in re.findall(
-      r"measured micro-batch (\d+) \(k=\d+\): ([\d.]+) MB",
-      result.stdout + result.stderr)}
+  return planner_support.refused_plan_peaks_mb(_mnist(
+      "--model_dir", str(tmp_path / "measure"), "--effective_batch_size",
+      str(effective_batch), "--micro_batch_size", "auto",
+      "--memory_budget_mb", "0.001", "--train_size", "800"))
 
 
 @pytest.mark.memory
