@@ -203,9 +203,10 @@ def test_running_out_of_memory_halves_the_plan_and_trains_it(tmp_path):
       str(planned / "micro_batch_plan.json"))
   result = _run(common + [f"--output_dir={planned}"])
   assert result.returncode == 0, result.stderr[-3000:]
-  # The planner's points (2 and 8) give about 60% of the growth the whole
-  # run's peak shows from 8 to 16 (0.9 to 1.25 GB with oneDNN): twelve
-  # examples' worth lands between them, and leaves the halving the room it
+  # The planner's points (2 and 8) gave 22 MB per example here, less than
+  # the whole run's growth from 8 to 16 (0.9 to 1.25 GB with oneDNN, as
+  # this test's fixed limit was set from): twelve examples' worth lands
+  # between them, and leaves the halving the room it
   # needs to write its checkpoint after the failed step (with eight, the
   # write waited on the BFC allocator past the timeout once in three runs
   # with oneDNN off).
