@@ -316,6 +316,17 @@ def coordination_service_configured():
   return context.context().coordination_service is not None
 
 
+def wait_for_coordination_service_value(key):
+  """The value of `key` in this job's coordination service, once a task
+  has set it: blocks until then (without the GIL), or raises when the
+  service ends (`tensorflow.python.eager.context`'s get_config_key_value,
+  not exported; how TensorFlow's own PreemptionWatcher waits for a
+  preemption notice)."""
+  from tensorflow.python.eager import context  # noqa: PLC0415
+
+  return context.context().get_config_key_value(key)
+
+
 def configure_coordination_service(leader, heartbeat_timeout_ms, jobs):
   """Configures this process's coordination service, as a multi-worker
   strategy does, with `heartbeat_timeout_ms`: TensorFlow 2.15 has no

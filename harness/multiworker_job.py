@@ -74,6 +74,32 @@ class _DieAfter(tf.estimator.SessionRunHook):
       os._exit(3)
 
 
+# The moments of a job's start a test can stop it at (--pause_at).
+PHASES = ("imported", "strategy_made", "building_train_op", "session_made",
+          "trained_one")
+
+
+class _Phases(tf.estimator.SessionRunHook):
+  """Says "phase <name>" at each moment of the start, and sleeps at the
+  one it was asked to (a SIGTERM sent on seeing it lands there)."""
+
+  def __init__(self, pause_at, seconds):
+    self._pause_at, self._seconds, self._runs = pause_at, seconds, 0
+
+  def __call__(self, name):
+    print(f"phase {name}", flush=True)
+    if name == self._pause_at:
+      time.sleep(self._seconds)
+
+  def after_create_session(self, session, coord):
+    self("session_made")
+
+  def after_run(self, run_context, run_values):
+    self._runs += 1
+    if self._runs == 1:
+      self("trained_one")
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--model_dir", required=True)
@@ -149,7 +175,15 @@ def main():
   parser.add_argument("--chief_seconds_after", type=float, default=0,
                       help="worker 0 works this long after training before "
                       "it finishes (as a chief that evaluates)")
+  parser.add_argument("--pause_at", choices=PHASES, default=None,
+                      help="say each phase of the start, and sleep "
+                      "--pause_seconds at this one")
+  parser.add_argument("--pause_seconds", type=float, default=5.0)
   args = parser.parse_args()
+  phases = None
+  if args.pause_at:
+    phases = _Phases(args.pause_at, args.pause_seconds)
+    phases("imported")
   watchdog = None
   if args.peer_timeout > 0:
     watchdog = health.watch(args.model_dir, timeout=args.peer_timeout,
@@ -164,6 +198,8 @@ def main():
     workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     task = json.loads(os.environ["TF_CONFIG"])["task"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if phases:
+      phases("strategy_made")
   else:
     workers, task, strategy = 1, {"type": "worker", "index": 0}, None
     if args.strategy == "mirrored":
@@ -221,6 +257,8 @@ def main():
       session_config=tf.compat.v1.ConfigProto(device_count={"CPU": 2}) if
       args.strategy == "mirrored" else None)
   def model_fn(features, labels, mode, params):
+    if phases and mode == tf.estimator.ModeKeys.TRAIN:
+      phases("building_train_op")
     if args.ballast_mb:
       tf.compat.v1.get_variable(
           "ballast", [args.ballast_mb, 1024, 256], trainable=False,
@@ -240,7 +278,7 @@ def main():
                   recompute=args.recompute,
                   accumulator_placement=args.accumulator_placement,
                   training_hooks=[h for h in (
-                      counter, dier, recorder, slow,
+                      counter, dier, recorder, slow, phases,
                       args.step_seconds and _SlowEveryStep(args.step_seconds))
                                   if h]))
   total = args.k * args.updates

@@ -137,6 +137,45 @@ def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
               strategy=strategy)
 
 
+def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
+                     wait=60):
+  """Starts the job, SIGTERMs every task (not the launcher: as Slurm's
+  scancel and Kubernetes do) once each says it reached `phase` of its
+  start (harness/multiworker_job.py PHASES; it sleeps there), and returns
+  {code, seconds, codes: [each task's exit code], output}. `phase`
+  "ps_imported" runs the parameter-server job instead."""
+  if phase == "ps_imported":
+    command = ps_job(model_dir, "a") + ["--pause_at_start", "10"]
+    tasks = [("chief", 0), ("worker", 0), ("ps", 0)]
+    phase = "imported"
+  else:
+    command = job(model_dir, 4, "--pause_at", phase, "--pause_seconds",
+                  "10", "--step_seconds", "0.05", strategy=strategy)
+    tasks = [("worker", 0), ("worker", 1)] if strategy == "multi_worker" \
+        else []
+  run = hosts.Run(command, tmp_path, phase, env=environment())
+  try:
+    deadline = time.monotonic() + 120
+    while run.output().count(f"phase {phase}\n") < max(len(tasks), 1):
+      assert run.process.poll() is None and time.monotonic() < deadline, (
+          run.output()[-3000:])
+      time.sleep(0.02)
+    started = time.monotonic()
+    if tasks:
+      pids = [p for kind, index in tasks
+              for p in hosts.task_pids(run.process.pid, index, kind)]
+      assert len(pids) == len(tasks), pids
+      hosts.signal_all(pids, signal.SIGTERM)
+    else:
+      run.process.send_signal(signal.SIGTERM)
+    code, seconds = _exit(run, started, wait)
+  finally:
+    run.kill()
+  output = run.output()
+  return dict(code=code, seconds=seconds, output=output,
+              checkpoint_step=hosts.latest_step(model_dir))
+
+
 def resume(model_dir, updates, strategy="multi_worker", env=None):
   """Starts the job again on `model_dir`: (the micro-batch it went on
   from, its final weights)."""

@@ -124,6 +124,11 @@ def main():
   task = tf_config["task"]
   name = f"{task['type']}:{task['index']}"
   others = [f"worker:{i}" for i in range(len(tf_config["cluster"]["worker"]))]
+  pause = _flag_value("--pause_at_start", 0.0)
+  if pause:
+    # A stop before training (tests/integration/test_preemption.py).
+    print("phase imported", flush=True)
+    time.sleep(pause)
   constant, micro_batches = PLAN.get(name, (0.0, 0))
   micro_batches *= _flag_value("--repeat", 1)
   record = _Record(model_dir, name, others, _flag_value("--run", ""),

@@ -35,19 +35,26 @@ default). A process that builds an accumulating train op in a graph
 
 Why by default, and no call to add: the signal has to reach the window,
 and only the window knows the micro-batch it is in. The handler is taken
-when the first train op is built, after the strategy: TensorFlow's
-coordination service (on for MultiWorkerMirroredStrategy) installs its own
-SIGTERM handler, which only records the signal, when the strategy is made.
-`signal.signal` can be called from the main thread only, and Estimator
-builds a MultiWorkerMirroredStrategy graph in a replica thread, so the
-build asks the main thread to take it (a real-time signal this module
-handles, installed when it is imported from the main thread).
+when this module is imported from the main thread (unless the program has
+a SIGTERM handler of its own by then), so a stop before training begins
+(the strategy being made, the graph built, the session initialised) exits
+with 143 at once: there is nothing to save yet. TensorFlow's coordination
+service (on for MultiWorkerMirroredStrategy) installs its own SIGTERM
+handler when the strategy is made, which only records the signal: a
+thread of this module sees the process's handler displaced (sigaction)
+within milliseconds and puts Python's back, and a signal TensorFlow's
+handler recorded in between is not lost: TensorFlow writes it to the
+coordination service (TF_DEFAULT_PREEMPTION_NOTICE_KEY), where this
+module waits for it. Building the first train op takes it again (from the
+main thread, or by asking it: a real-time signal this module handles;
+Estimator builds a MultiWorkerMirroredStrategy graph in a replica thread).
 
 ESTIMATOR_ACCUM_STOP_ON_SIGTERM=0 turns this off. Not inside a
 tf.function (TensorFlow 2 Keras has its own BackupAndRestore).
 """
 
 import atexit
+import ctypes
 import os
 import signal
 import sys
@@ -70,6 +77,12 @@ STOPPED_EXIT = 128 + int(signal.SIGTERM)
 # The main thread's errand: take SIGTERM (signal.signal needs that thread).
 _ERRAND = signal.SIGRTMAX - 3
 _POLL_SECONDS = 0.05
+# How often the process's SIGTERM handler is checked (a sigaction call).
+_DISPLACED_POLL_SECONDS = 0.02
+# Where TensorFlow's coordination service keeps a SIGTERM its handler
+# recorded (tensorflow/core/common_runtime/eager/context_distributed_manager.cc,
+# read by tf.distribute.experimental.PreemptionWatcher too): the task's name.
+_NOTICE_KEY = "TF_DEFAULT_PREEMPTION_NOTICE_KEY"
 
 
 def _say(line):
@@ -94,10 +107,14 @@ class _Stop:
     self.sigterms = 0
     self.agreed = False       # every replica and worker agreed to stop
     self.began = None         # when the last micro-batch began
-    self.interval = 0.0       # between the last two
+    self.started_step = None  # the global step the last micro-batch began at
+    self.ended_step = None    # ... and the last one that ended
+    self.last_graph = None    # the graph of the last micro-batch
     self.requests = None      # the parameter-server job's stop requests
                               # read first (stop_requests)
     self.serving = None       # TF_CONFIG, on a parameter server
+    self.action = None        # the C-level SIGTERM action Python installed
+    self.notice_watched = False
 
   def ask(self, signalled):
     """Records the stop; True the first time."""
@@ -146,6 +163,10 @@ def _arrived(signum):
       if _STOP.serving is not None:
         _start_serving_until_saved()
         return
+      if _STOP.began is None:
+        _say(f"SIGTERM before training began (no micro-batch has run in "
+             f"this process): nothing to save; exiting with {STOPPED_EXIT}")
+        _exit()
       parameter_server_job = stop_requests.training_config()
       _say("SIGTERM: " + (
           "stopping at this task's next micro-batch and asking the other "
@@ -180,16 +201,103 @@ def _on_sigint(signum, frame):
 def _watch(reader):
   while True:
     for signum in os.read(reader, 64):
-      _arrived(signum)
+      # A handler the program installed after this module's owns it.
+      if signum != signal.SIGTERM or _ours():
+        _arrived(signum)
+
+
+def _ours():
+  return signal.getsignal(signal.SIGTERM) is _on_sigterm
+
+
+# The C side: TensorFlow's coordination service agent installs a SIGTERM
+# handler of its own (std::signal, which only records the signal) when a
+# MultiWorkerMirroredStrategy is made. Python still believes its handler is
+# installed (signal.getsignal); sigaction tells.
+
+class _Sigaction(ctypes.Structure):
+  """glibc's struct sigaction on x86-64 and aarch64 Linux."""
+  _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+              ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+
+
+def _libc():
+  try:
+    return ctypes.CDLL(None, use_errno=True)
+  except OSError:
+    return None
+
+
+_LIBC = _libc() if sys.platform.startswith("linux") else None
+
+
+def _current_action():
+  action = _Sigaction()
+  if _LIBC is None or _LIBC.sigaction(int(signal.SIGTERM), None,
+                                      ctypes.byref(action)) != 0:
+    return None
+  return action
+
+
+def _keep_sigterm():
+  """Puts Python's SIGTERM handler back whenever native code displaced it,
+  and then waits for a signal the displacing handler recorded."""
+  while True:
+    time.sleep(_DISPLACED_POLL_SECONDS)
+    if _displaced():
+      # Watch TensorFlow's record first, then take the signal back: a
+      # SIGTERM in between is in one of the two.
+      _watch_notice()
+      _LIBC.sigaction(int(signal.SIGTERM), ctypes.byref(_STOP.action), None)
+
+
+def _displaced():
+  """Whether native code replaced Python's SIGTERM handler while Python
+  believes this module's is installed."""
+  if _STOP.action is None or not _ours():
+    return False
+  action = _current_action()
+  return action is not None and action.handler != _STOP.action.handler
+
+
+def _watch_notice():
+  """Waits, in a thread, for a SIGTERM TensorFlow's coordination service
+  recorded (on this task or a peer) and stops as for one of ours."""
+  if _STOP.notice_watched:
+    return
+  if not tf_private.coordination_service_configured():
+    return
+  _STOP.notice_watched = True
+
+  def wait():
+    try:
+      task = tf_private.wait_for_coordination_service_value(_NOTICE_KEY)
+    except tf.errors.OpError:
+      return  # the service ended with the job
+    _say(f"SIGTERM recorded by TensorFlow's coordination service (on "
+         f"{task}) before this process took the signal back: acting on it")
+    _arrived(signal.SIGTERM)
+
+  threading.Thread(target=wait, daemon=True,
+                   name="estimator_accum_sigterm_notice").start()
 
 
 def _take_sigterm(*_):
-  """In the main thread: SIGTERM is this module's from now on."""
-  if _STOP.handler_taken or not enabled():
+  """In the main thread: SIGTERM is this module's from now on (again, if
+  the program or native code installed a handler since)."""
+  if not enabled():
     return
-  _STOP.handler_taken = True
+  if _displaced():
+    _watch_notice()
   signal.signal(signal.SIGTERM, _on_sigterm)
   signal.siginterrupt(signal.SIGTERM, False)
+  if _STOP.handler_taken:
+    return
+  _STOP.handler_taken = True
+  _STOP.action = _current_action()
+  if _STOP.action is not None:
+    threading.Thread(target=_keep_sigterm, daemon=True,
+                     name="estimator_accum_sigterm_keeper").start()
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
     signal.signal(signal.SIGINT, _on_sigint)
   reader, writer = os.pipe()
@@ -211,10 +319,12 @@ def _install_errand():
   if threading.current_thread() is threading.main_thread():
     signal.signal(_ERRAND, _take_sigterm)
     signal.siginterrupt(_ERRAND, False)
-    # A parameter server builds no train op: it takes SIGTERM now.
-    serving = stop_requests.serving_config() if enabled() else None
-    if serving is not None:
-      _STOP.serving = serving
+    if not enabled():
+      return
+    # A parameter server builds no train op: it serves until told.
+    _STOP.serving = stop_requests.serving_config()
+    if (_STOP.serving is not None
+        or signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
       _take_sigterm()
 
 
@@ -245,10 +355,7 @@ def _ask_main_thread_to_take_sigterm():
 def _flag(requests):
   """This process's stop flag; `requests`: a parameter-server job's stop
   requests (0 in any other job), past the first value read is a stop."""
-  now = time.monotonic()
-  if _STOP.began is not None:
-    _STOP.interval = now - _STOP.began
-  _STOP.began = now
+  _STOP.began = time.monotonic()
   with _STOP.lock:
     if _STOP.requests is None:
       _STOP.requests = int(requests)
@@ -259,12 +366,26 @@ def _flag(requests):
   return np.float32(_STOP.asked_at is not None)
 
 
-def _training():
-  """Whether a micro-batch began lately: within 5 s, or 3 of the last
-  intervals between two (not after train() returned, nor in evaluation)."""
-  began = _STOP.began
-  return began is not None and (
-      time.monotonic() - began < max(5.0, 3 * _STOP.interval))
+def _ended(step):
+  """A micro-batch's last op: it has run whole (its window's apply too)."""
+  _STOP.ended_step = int(step)
+  return np.int64(0)
+
+
+def _nothing_to_save():
+  """Whether stopping now loses nothing: no micro-batch is running (none
+  stops half applied) and the newest complete checkpoint of the last
+  training graph holds every micro-batch that ran (train() returned and
+  saved, the chief evaluates; or that graph saves none). By what ran, not
+  by how long ago: a micro-batch, or a hook between two, may take
+  minutes."""
+  step = _STOP.started_step
+  if step is None:
+    return True
+  if _STOP.ended_step != step:
+    return False
+  savers = _STOP.last_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+  return not savers or _newest_saved_step(savers) > step
 
 
 def _agree(agreed):
@@ -277,9 +398,11 @@ def _agree(agreed):
 
 
 def _check(step, graph):
-  """Raises StopIteration (OutOfRangeError) once a stop was agreed."""
+  """Raises StopIteration (OutOfRangeError) once a stop was agreed;
+  returns `step`."""
   if not _STOP.agreed:
-    return np.int64(0)
+    _STOP.last_graph, _STOP.started_step = graph, int(step)
+    return np.int64(step)
   with _STOP.lock:
     first = _STOP.stopped_step is None
     if first:
@@ -324,14 +447,19 @@ def gate(loss, trained, global_step, sum_over_replicas):
   flag.set_shape([])
   agreed = tf.numpy_function(_agree, sum_over_replicas([flag]), tf.int64,
                              stateful=True, name="stop_agreed")
-  return [(_after(g, check), v) for g, v in trained], agreed
+  return [(_after(g, check), v) for g, v in trained], (agreed, check)
 
 
-def join(train_op, agreed):
-  """`train_op`, also running `agreed` (from `gate`), if any."""
-  if agreed is None:
+def join(train_op, stop):
+  """`train_op`, also running what `gate` returned (`stop`), if any, and
+  then marking the micro-batch ended."""
+  if stop is None:
     return train_op
-  return tf.group(train_op, agreed, name="train_op_stoppable")
+  agreed, check = stop
+  with tf.control_dependencies([train_op, agreed]):
+    ended = tf.numpy_function(_ended, [check], tf.int64, stateful=True,
+                              name="stop_micro_batch_ended")
+  return tf.group(train_op, agreed, ended, name="train_op_stoppable")
 
 
 def _after(gradient, check):
@@ -395,9 +523,9 @@ def _exit_when_saved(first=True):
            "(a parameter-server worker's open window is its own, and is "
            f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
       _exit()
-    if _STOP.stopped_step is None and not _training():
-      _say(f"SIGTERM while not training (no micro-batch is running); "
-           f"exiting with {STOPPED_EXIT}")
+    if _STOP.stopped_step is None and _nothing_to_save():
+      _say(f"SIGTERM while not training (no micro-batch is running, and "
+           f"every one that ran is saved); exiting with {STOPPED_EXIT}")
       _exit()
     time.sleep(_POLL_SECONDS)
   _say(f"stopped: no checkpoint of the stop completed within {_seconds():g} "
@@ -468,19 +596,31 @@ def _saved_checkpoint():
   step = _STOP.stopped_step
   if step is None:
     return None
-  for saver in _savers():
+  for path, saved_step in _complete_checkpoints(_savers()):
+    if saved_step >= step:
+      return path
+  return None
+
+
+def _newest_saved_step(savers):
+  return max((s for _, s in _complete_checkpoints(savers)), default=-1)
+
+
+def _complete_checkpoints(savers):
+  """[(path, global step)] of the savers' checkpoints that are complete:
+  the newest one their directory's checkpoint state names."""
+  found = []
+  for saver in savers:
     for path in saver.last_checkpoints:
       try:
         saved_step = int(path.rsplit("-", 1)[1])
       except (IndexError, ValueError):
         continue
-      if saved_step < step:
-        continue
       state = tf.train.get_checkpoint_state(os.path.dirname(path))
       if state is not None and (os.path.abspath(state.model_checkpoint_path)
                                 == os.path.abspath(path)):
-        return path
-  return None
+        found.append((path, saved_step))
+  return found
 
 
 def _exit():

@@ -160,3 +160,36 @@ def test_a_parameter_server_job_stops_saved(case, tmp_path):
   assert cases.ps_windows(final["table"]) == {
       t: windows[t] + again[t] for t in again}
   assert final["global_step"] == step + sum(micro_batches.values())
+
+
+# SIGTERM at each moment of a job's start (issue 56): before training there
+# is nothing to save, and every task exits 143 at once; once training, the
+# stop saves the step every task agreed on. Before, a signal between the
+# strategy and the first train op went to the coordination service's
+# handler, which only records it: both workers trained on until SIGKILL.
+@pytest.mark.parametrize("phase", [
+    "imported", "strategy_made", "building_train_op", "session_made",
+    "trained_one", "one_process_building_train_op", "ps_imported"])
+def test_sigterm_at_any_moment_of_the_start_stops_the_job(phase, tmp_path):
+  strategy = "multi_worker"
+  if phase.startswith("one_process_"):
+    phase, strategy = phase[len("one_process_"):], "none"
+  got = cases.run_startup_case(phase, tmp_path, tmp_path, strategy)
+  output = got["output"]
+  assert got["code"] == cases.STOPPED, (got["code"], output[-3000:])
+  assert got["seconds"] < STOP_SECONDS, (got["seconds"], output[-3000:])
+  training_tasks = {"multi_worker": 2, "none": 1}[strategy]
+  if phase == "ps_imported":
+    training_tasks = 2
+    # The ps serves until the training tasks are gone, or the launcher's
+    # SIGTERM (sent once they are) comes first.
+    assert re.search(r"\[ps:0\].*(stopped: every training task has exited|"
+                     r"a second SIGTERM: exiting now)", output), output[-3000:]
+  if phase == "trained_one":
+    assert len(re.findall(r"stopped: global step \d+ saved in .*exiting "
+                          r"with 143", output)) == 2, output[-3000:]
+    assert got["checkpoint_step"] > 0
+  else:
+    assert output.count("SIGTERM before training began (no micro-batch has "
+                        "run in this process): nothing to save; exiting "
+                        "with 143") == training_tasks, output[-3000:]

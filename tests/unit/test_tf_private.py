@@ -292,3 +292,35 @@ def test_in_keras_load_is_true_only_inside_load_model(tmp_path):
   tf.keras.models.load_model(str(tmp_path / "m.h5"),
                              custom_objects={"Probe": Probe})
   assert seen == [True] and not tf_private.in_keras_load()
+
+
+def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
+  # A one-worker MultiWorkerMirroredStrategy starts the service; the value
+  # a thread waits for arrives when it is set (as TensorFlow's preemption
+  # notice does), and the main thread runs meanwhile (the GIL is free).
+  script = textwrap.dedent("""
+      import json, os, socket, threading, time
+      os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+      with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+      os.environ["TF_CONFIG"] = json.dumps({
+          "cluster": {"worker": [f"127.0.0.1:{port}"]},
+          "task": {"type": "worker", "index": 0}})
+      import tensorflow as tf
+      from tensorflow.python.eager import context
+      from estimator_accum import tf_private
+      tf.distribute.MultiWorkerMirroredStrategy()
+      got = []
+      waiter = threading.Thread(target=lambda: got.append(
+          tf_private.wait_for_coordination_service_value("probe")))
+      waiter.start()
+      time.sleep(0.5)
+      assert not got
+      context.context().set_config_key_value("probe", "here")
+      waiter.join(10)
+      print(got)
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
+  assert done.returncode == 0 and "['here']" in done.stdout, done.stderr

@@ -6,6 +6,7 @@ signals are real, sent to a fresh process (the stop exits its process)."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,87 @@ def test_off_when_asked():
   # TensorFlow's own handling: SIGTERM ends the process.
   assert done.returncode == -signal.SIGTERM
   assert "RESULT" not in done.stdout
+
+
+# SIGTERM before training: from `import estimator_accum` on, whatever
+# TensorFlow installs when a MultiWorkerMirroredStrategy is made (its
+# coordination service's handler, which only records the signal).
+_STARTUP = textwrap.dedent("""
+    import json, os, signal, socket, sys, time
+    case = sys.argv[1]
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    os.environ["TF_CONFIG"] = json.dumps({
+        "cluster": {"worker": [f"127.0.0.1:{port}"]},
+        "task": {"type": "worker", "index": 0}})
+    import tensorflow as tf
+    import estimator_accum
+    from estimator_accum.distribution import preemption
+    if case == "imported":
+      print("ready", flush=True)
+      time.sleep(30)
+    if case == "recorded":
+      # Nothing takes the signal back until the train op is built.
+      preemption._DISPLACED_POLL_SECONDS = 3600
+      time.sleep(0.2)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if case == "strategy":
+      time.sleep(1.0)  # 50 looks at the handler
+      os.kill(os.getpid(), signal.SIGTERM)
+      time.sleep(30)
+    os.kill(os.getpid(), signal.SIGTERM)  # TensorFlow's handler has it
+    time.sleep(1.5)
+    print("still running", flush=True)
+    with tf.Graph().as_default():
+      w = tf.compat.v1.get_variable("w", initializer=tf.ones([3]))
+      estimator_accum.build_accumulating_train_op(
+          tf.reduce_sum(w * w), tf.compat.v1.train.AdamOptimizer(0.1), 2,
+          summaries=False)
+    time.sleep(30)
+""")
+
+
+def _startup(case):
+  process = subprocess.Popen(
+      [sys.executable, "-c", _STARTUP, case], cwd=ROOT, text=True,
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1"))
+  try:
+    if case == "imported":
+      assert process.stdout.readline() == "ready\n"
+      process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+  finally:
+    process.kill()
+  return process.returncode, out, err
+
+
+def test_sigterm_after_the_import_exits_at_once():
+  code, _, err = _startup("imported")
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert "SIGTERM before training began (no micro-batch has run in this " \
+         "process): nothing to save; exiting with 143" in err
+
+
+def test_the_handler_a_strategy_displaces_is_taken_back():
+  # Before: the coordination service's handler recorded the signal and
+  # nothing else happened until SIGKILL.
+  code, _, err = _startup("strategy")
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert "SIGTERM before training began" in err
+  assert "SIGTERM caught" not in err  # TensorFlow's handler never ran
+
+
+def test_a_sigterm_tensorflows_handler_recorded_is_acted_on():
+  code, out, err = _startup("recorded")
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert "SIGTERM caught" in err  # TensorFlow's handler had it
+  assert "still running" in out
+  assert re.search(r"SIGTERM recorded by TensorFlow's coordination service "
+                   r"\(on /job:worker/task:0\) before this process took the "
+                   r"signal back: acting on it", err), err[-3000:]
+  assert "SIGTERM before training began" in err
 
 
 def _train_op_ops(build):
