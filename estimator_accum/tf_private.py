@@ -14,6 +14,7 @@ lists them, and the test checks each still exists on its base.
 """
 
 import contextlib
+import sys
 
 import tensorflow as tf
 
@@ -24,8 +25,9 @@ OVERRIDDEN_HOOKS = (
     (tf.compat.v1.train.Optimizer, "_create_or_restore_slot_variable"),
     (tf.compat.v1.train.Optimizer, "_lookup_dependency"),
     (tf.keras.optimizers.legacy.Optimizer, "_create_or_restore_slot_variable"),
-    # (how a SavedModel save of the new kind is told)
+    # (how a SavedModel save is told, either kind)
     (tf.keras.optimizers.Optimizer, "_trackable_children"),
+    (tf.keras.optimizers.legacy.Optimizer, "_trackable_children"),
 )
 
 # Graph surgery ------------------------------------------------------------
@@ -223,7 +225,37 @@ def in_keras_load():
   return bool(load_context.in_load_context())
 
 
+def keras_saved_model_being_loaded():
+  """The path of the SavedModel Keras's `load_model` is loading, or None
+  (also while it loads an .h5 file): the argument `path` of
+  `keras.src.saving.legacy.saved_model.load.load` (Keras 2.15), found up the
+  call stack. Keras compiles the loaded model with an optimizer made anew
+  from its config and tells it nothing of the file, whose state it would
+  take back."""
+  from keras.src.saving.legacy.saved_model import load  # noqa: PLC0415
+
+  frame = sys._getframe(1)  # noqa: SLF001
+  while frame is not None:
+    if frame.f_code is load.load.__code__:
+      return str(frame.f_locals["path"])
+    frame = frame.f_back
+  return None
+
+
 # Checkpoints --------------------------------------------------------------
+
+
+def checkpoint_object_graph(reader):
+  """The object graph of the checkpoint `reader` reads (a
+  `tf.train.load_checkpoint`), from its `_CHECKPOINTABLE_OBJECT_GRAPH` entry:
+  a `TrackableObjectGraph` proto (`tensorflow.core.protobuf`, not exported),
+  which says under which key each object's variables are stored."""
+  from tensorflow.core.protobuf import (  # noqa: PLC0415
+    trackable_object_graph_pb2,
+  )
+
+  return trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+      reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
 
 
 def saveable_factories(variable):

@@ -17,7 +17,7 @@ import contextlib
 import tensorflow as tf
 
 from estimator_accum import graph_state
-from estimator_accum.distribution import apply
+from estimator_accum.distribution import apply, replicas
 
 
 class FunctionVariables:
@@ -91,7 +91,7 @@ class FunctionVariables:
         raise ValueError(f"window state {name!r} is not saved, and cannot be "
                          "restored.")
       if name in self.made:
-        self.made[name].assign(value)
+        replicas.assign_saved(self.made[name], value)
       else:
         self._pending[name] = value
 

@@ -135,6 +135,31 @@ def replica_components(variable):
   return components, replicas == len(components)
 
 
+def assign_saved(variable, value):
+  """Sets into `variable`, in cross-replica context, a `value` as it was
+  saved: a per-replica variable as its replicas' sum (each replica gets its
+  share) or mean (each gets it), as `SyncOnReadCheckpoint` restores it;
+  any other as it is."""
+  if not is_sync_on_read(variable):
+    variable.assign(value)
+    return
+  components, _ = replica_components(variable)
+  if variable.aggregation == tf.VariableAggregation.SUM:
+    value = tf.cast(value / len(components), variable.dtype)
+  for component in components:
+    component.assign(value)
+
+
+def once_across_replicas(function):
+  """Runs `function()` once, in cross-replica context: from a replica's
+  context under a strategy, where every replica calls this at the same
+  point (a merge), else now."""
+  if in_a_replica_of_a_strategy():
+    tf.distribute.get_replica_context().merge_call(lambda _: function())
+  else:
+    function()
+
+
 def mark_loss_mean_over_replicas():
   """Tells Estimator that the train op takes the mean over replicas, as
   `optimizer.minimize` tells it (TensorFlow's own flag on the graph, which

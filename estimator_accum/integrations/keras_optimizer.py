@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from estimator_accum import _checks, tf_private
 from estimator_accum._autograph import as_written
+from estimator_accum.checkpoints import saved_model_state
 from estimator_accum.distribution import replicas
 from estimator_accum.integrations.keras_loss_scale import KerasLossScaling
 from estimator_accum.integrations.wrappers import (
@@ -59,7 +60,35 @@ def is_of_the_new_kind(optimizer):
 
 
 class _KerasConfig:
-  """How the wrapper is saved: its Keras config (both kinds)."""
+  """How the wrapper is saved: its Keras config, and its state in a
+  SavedModel (both kinds; each says `_state_by_key` and
+  `_take_saved_model_state`)."""
+
+  def _trackable_children(self, save_type="checkpoint", **kwargs):
+    # A SavedModel's loader revives an optimizer as Keras's
+    # RestoredOptimizer: the new kind's cannot take slot variables back
+    # ("no attribute 'add_slot'"), the legacy kind's makes each slot the
+    # shape of its variable. While one is saved, the window is not served
+    # as slots; its whole state is one child (saved_model_state.py).
+    self._window.saving_savedmodel = save_type == "savedmodel"
+    children = super()._trackable_children(save_type, **kwargs)
+    # (TensorFlow 2 only: a tf.compat.v1 graph's SavedModel holds no window,
+    # and its optimizer refuses to train on.)
+    if (save_type == "savedmodel" and
+        tf.compat.v1.executing_eagerly_outside_functions()):
+      children = dict(children)
+      children[saved_model_state.CHILD] = saved_model_state.holder(
+          self._state_by_key())
+    return children
+
+  def _take_state_of_the_savedmodel_being_loaded(self):
+    """Made by Keras's load_model: takes the state back from the SavedModel
+    it loads, if this version wrote it."""
+    path = tf_private.keras_saved_model_being_loaded()
+    state = saved_model_state.read(path) if path else None
+    if state is not None:
+      self._window.revived_without_window = False
+      self._take_saved_model_state(state)
 
   def get_config(self):
     """The wrapper's arguments, the inner optimizer serialized as Keras
@@ -192,11 +221,14 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     _checks.check_reduction(reduction)
     # Set first: Keras's constructor looks up checkpoint dependencies.
     self._window = WrapperWindow(optimizer, k, options)
-    # Made by Keras's load_model: a SavedModel brings no window back (an .h5
-    # file does, through set_weights, which clears this).
+    # Made by Keras's load_model: the window comes back from a SavedModel
+    # this version wrote (read here) or an .h5 file (through set_weights,
+    # which clears this); one of an older version holds none.
     self._window.revived_without_window = tf_private.in_keras_load()
     super().__init__(name=options.get("name") or DEFAULT_NAME,
                      **self._KERAS_ARGUMENTS)
+    if self._window.revived_without_window:
+      self._take_state_of_the_savedmodel_being_loaded()
 
   # What the class is called with: `__init__`'s arguments. (The metaclass
   # Keras's LossScaleOptimizer needs takes (*args, **kwargs), which
@@ -323,6 +355,28 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
     """As `weights`."""
     return self.weights
 
+  def _state_by_key(self):
+    """{position: a copy of the weight} (`weights`' order): TensorFlow
+    saves a slot variable only as its variable's slot, never as another
+    object's dependency. The copies live in host memory, made at the first
+    SavedModel save and set anew at each."""
+    weights = self.weights
+    copies = self._window.saved_model_copies
+    if [tuple(c.shape) for c in copies] != [tuple(w.shape) for w in weights]:
+      with tf.init_scope(), tf.device("/cpu:0"):
+        copies = [tf.Variable(w.read_value(), trainable=False,
+                              name=f"saved_weight_{i}")
+                  for i, w in enumerate(weights)]
+      self._window.saved_model_copies = copies
+    else:
+      with tf.init_scope():
+        for copy_, weight in zip(copies, weights):
+          copy_.assign(weight.read_value())
+    return {str(i): copy_ for i, copy_ in enumerate(copies)}
+
+  def _take_saved_model_state(self, state):
+    self.set_weights([state[str(i)] for i in range(len(state))])
+
   def set_weights(self, weights):
     """Sets the optimizer's state from `get_weights`' list. Before the window
     is built (Keras's `load_model` of an `.h5` file sets it right after
@@ -340,7 +394,7 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
 
   def window_built(self):
     """Sets the values `set_weights` kept, now that the window is built."""
-    pending, self._window.pending_weights = self._window.pending_weights, None
+    pending = self._window.pending_weights
     if pending is None:
       return
     weights = self.weights[len(self._weights):]
@@ -353,13 +407,28 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
           f"optimizer's weights there, now that its window is built, are "
           f"{len(weights)} of shapes {shapes}: they were saved by another "
           "optimizer or window.")
-    if replicas.in_a_replica_of_a_strategy():
+
+    def set_all():
+      # Now (TensorFlow 2 builds the window in the train step's
+      # tf.function: an assignment made there would run at every step).
+      self._window.pending_weights = None
+      with tf.init_scope():
+        if not tf.executing_eagerly():  # a tf.compat.v1 graph: run now
+          tf.keras.backend.batch_set_value(list(zip(weights, pending)))
+          return
+        for weight, value in zip(weights, pending):
+          replicas.assign_saved(weight, value)
+
+    if replicas.in_a_replica_of_a_strategy() and not (
+        tf.compat.v1.executing_eagerly_outside_functions()):
       raise ValueError(
           "optimizer weights set before the window was built (load_model of "
           "an .h5 file) cannot be set in a replica's context under a "
-          "distribution strategy: call set_weights after the first fit, or "
-          "save and load with save_weights/load_weights.")
-    tf.keras.backend.batch_set_value(list(zip(weights, pending)))
+          "distribution strategy in a tf.compat.v1 graph: call set_weights "
+          "after the first fit, or save and load with "
+          "save_weights/load_weights.")
+    # Once, in cross-replica context (each replica builds the window).
+    replicas.once_across_replicas(set_all)
 
   @as_written
   def get_updates(self, loss, params):

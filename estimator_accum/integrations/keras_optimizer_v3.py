@@ -17,6 +17,7 @@ import urllib.parse
 import numpy as np
 import tensorflow as tf
 
+from estimator_accum.distribution import replicas
 from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
   is_of_the_new_kind,
@@ -50,9 +51,37 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
   def before_window(self, var_list):
     """Builds the inner optimizer's slots where Keras builds an optimizer's,
     in the step's replica context: under the strategy the step runs
-    under (inside the window's branch, a replica's thread knows none)."""
+    under (inside the window's branch, a replica's thread knows none).
+    """
     with tf.init_scope():
       self.build(var_list)
+
+  def window_built(self):
+    """Sets the state a SavedModel held, once the window's and the inner
+    optimizer's state exist: once, in cross-replica context (every
+    replica's thread builds the window and reaches here)."""
+    state = self._window.saved_model_state
+    if state is None:
+      return
+
+    def load():
+      with tf.init_scope():
+        self.load_own_variables(state)
+      self._window.saved_model_state = None
+
+    replicas.once_across_replicas(load)
+
+  def _take_saved_model_state(self, state):
+    # Set in the first step, once the state is built (window_built).
+    self._window.saved_model_state = state
+
+  def _state_by_key(self):
+    """{key: variable}, keyed as in a `.keras` file."""
+    own = [self.iterations] + list(self._window.inner_optimizer().variables)
+    return {**{str(i): variable for i, variable in enumerate(own)},
+            **{_WINDOW_KEY + urllib.parse.quote(name, safe=""): variable
+               for name, variable
+               in self._window.function_variables.saved().items()}}
 
   def build(self, var_list):
     """Builds the inner optimizer's state for `var_list` (Keras builds an
@@ -69,12 +98,8 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
   def save_own_variables(self, store):
     """Writes the state into a `.keras` file's `store`: the count and the
     inner optimizer's by position, the window's by name."""
-    for i, variable in enumerate(
-        [self.iterations] + list(self._window.inner_optimizer().variables)):
-      store[str(i)] = variable.numpy()
-    for name, variable in self._window.function_variables.saved().items():
-      store[_WINDOW_KEY + urllib.parse.quote(name, safe="")] = (
-          variable.numpy())
+    for key, variable in self._state_by_key().items():
+      store[key] = variable.numpy()
 
   def load_own_variables(self, store):
     """Sets the state from a `.keras` file's `store`: the count and the
@@ -92,18 +117,10 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
           f"AccumulatingKerasOptimizer's inner optimizer and micro-batch "
           f"count take {len(own)}: it was saved with another optimizer.")
     for i, variable in enumerate(own):
-      variable.assign(store[str(i)])
+      replicas.assign_saved(variable, store[str(i)])
     self._window.function_variables.restore_later({
         urllib.parse.unquote(k[len(_WINDOW_KEY):]): np.asarray(store[k])
         for k in keys if k.startswith(_WINDOW_KEY)})
-
-  def _trackable_children(self, save_type="checkpoint", **kwargs):
-    # A SavedModel's loader revives this kind as Keras's RestoredOptimizer,
-    # which cannot take slot variables back ("no attribute 'add_slot'"):
-    # while a SavedModel is saved, the window is not served as slots (and
-    # a model loaded from it refuses to train on: WrapperWindow).
-    self._window.saving_savedmodel = save_type == "savedmodel"
-    return super()._trackable_children(save_type, **kwargs)
 
   def get_slot_names(self):
     """The window's slot names, none while a SavedModel is saved."""

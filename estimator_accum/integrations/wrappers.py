@@ -77,6 +77,11 @@ class Wrapper:
     (A Keras optimizer of the new kind saves its slots itself.)"""
     inner = (list(self._window.optimizer.get_slot_names())
              if _serves_slots(self._window.optimizer) else [])
+    if self._window.saving_savedmodel:
+      # TensorFlow's loader makes a slot the shape of its variable (a row
+      # mask's is not); the SavedModel keeps the window otherwise
+      # (checkpoints/saved_model_state.py).
+      return inner
     return inner + self._window.checkpoints.slot_names()
 
   def _create_or_restore_slot_variable(self, slot_variable_position,
@@ -141,8 +146,10 @@ class WrapperWindow:
     # Made by Keras's load_model from a SavedModel, whose window (and
     # micro-batch count) it does not carry: training from here is refused.
     self.revived_without_window = False
-    # Inside a SavedModel save (its window state is not served as slots).
-    self.saving_savedmodel = False
+    # Inside a SavedModel save; the state one held, set in the first step;
+    # the legacy kind's copies of its weights one saves.
+    self.saving_savedmodel, self.saved_model_state = False, None
+    self.saved_model_copies = []
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k and the

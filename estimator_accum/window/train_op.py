@@ -160,6 +160,7 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
                                       unscales=batch.loss is not None)
     trained = batch.gradients(scaler, dict(settings.gradient_options))
     _checks.check_ref_variables(trained, optimizer)
+    _checks.check_distinct_names(trained)
     # Told to stop (SIGTERM): every replica and worker agrees on one
     # micro-batch, which then changes nothing, and Estimator saves.
     trained, stop_agreed = preemption.gate(batch.loss, trained, global_step,

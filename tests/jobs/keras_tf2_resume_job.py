@@ -3,12 +3,16 @@
 own, as a job restarted after a failure does.
 
   python tests/jobs/keras_tf2_resume_job.py --phase whole|first|second
-      --directory D [--strategy one|mirrored]
+      --directory D [--strategy one|mirrored] [--kind new|legacy]
+      [--save weights|savedmodel|model_checkpoint]
 
 `whole` trains on every micro-batch; `first` on the first STOP ones, then
-saves the weights (`model.save_weights`, the optimizer's window with
-them); `second` builds the model anew, loads the weights and trains on the
-rest. Each writes its weights to D/<phase>.npz.
+saves: the weights (`model.save_weights`, the optimizer's window with
+them), the model as a SavedModel (`model.save(dir)`), or the model through
+`ModelCheckpoint(dir)` every STOP batches (a SavedModel too: no `.keras`
+ending); `second` builds the model anew and loads the weights, or loads
+the model (`tf.keras.models.load_model`, in the strategy's scope), and
+trains on the rest. Each writes its weights to D/<phase>.npz.
 """
 
 import argparse
@@ -35,6 +39,11 @@ def main():
   parser.add_argument("--directory", required=True)
   parser.add_argument("--strategy", choices=["one", "mirrored"],
                       default="one")
+  parser.add_argument("--kind", choices=["new", "legacy"], default="new",
+                      help="the inner optimizer: Keras's Adam or its legacy "
+                      "one")
+  parser.add_argument("--save", default="weights",
+                      choices=["weights", "savedmodel", "model_checkpoint"])
   args = parser.parse_args()
   if args.strategy == "mirrored":
     tf.config.set_logical_device_configuration(
@@ -46,17 +55,32 @@ def main():
   batch = strategy.num_replicas_in_sync * kx.MICRO_BATCH
   data = kx.make_data(batch * MICRO_BATCHES)
   dataset = tf.data.Dataset.from_tensor_slices(data).batch(batch)
-  model = kx._compiled(  # noqa: SLF001
-      lambda: ea.AccumulatingKerasOptimizer(tf.keras.optimizers.Adam(0.01),
-                                            k=K), strategy, True)
+  adam = (tf.keras.optimizers.Adam if args.kind == "new" else
+          tf.keras.optimizers.legacy.Adam)
   checkpoint = os.path.join(args.directory, "weights")
+  saved = os.path.join(args.directory, "model")
+  if args.phase == "second" and args.save != "weights":
+    with strategy.scope():
+      model = tf.keras.models.load_model(saved)
+  else:
+    model = kx._compiled(  # noqa: SLF001
+        lambda: ea.AccumulatingKerasOptimizer(adam(0.01), k=K), strategy,
+        True)
   if args.phase == "whole":
     model.fit(dataset, verbose=0)
   elif args.phase == "first":
-    model.fit(dataset.take(STOP), verbose=0)
-    model.save_weights(checkpoint)
+    callbacks = []
+    if args.save == "model_checkpoint":
+      callbacks = [tf.keras.callbacks.ModelCheckpoint(saved,
+                                                      save_freq=STOP)]
+    model.fit(dataset.take(STOP), verbose=0, callbacks=callbacks)
+    if args.save == "weights":
+      model.save_weights(checkpoint)
+    elif args.save == "savedmodel":
+      model.save(saved)
   else:
-    model.load_weights(checkpoint)
+    if args.save == "weights":
+      model.load_weights(checkpoint)
     model.fit(dataset.skip(STOP), verbose=0)
   np.savez(os.path.join(args.directory, f"{args.phase}.npz"),
            micro_batches=model.optimizer.iterations.numpy(),

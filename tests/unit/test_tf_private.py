@@ -324,3 +324,24 @@ def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
   done = subprocess.run([sys.executable, "-c", script], capture_output=True,
                         text=True, timeout=120, cwd=ROOT)
   assert done.returncode == 0 and "['here']" in done.stdout, done.stderr
+
+
+def test_the_savedmodel_keras_loads_and_a_checkpoints_object_graph(tmp_path):
+  model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
+  model.compile("sgd", "mse")
+  model.save(str(tmp_path / "model"), save_format="tf")
+  seen = []
+
+  class Probe(tf.keras.layers.Dense):
+    @classmethod
+    def from_config(cls, config):
+      seen.append(tf_private.keras_saved_model_being_loaded())
+      return super().from_config(config)
+
+  assert tf_private.keras_saved_model_being_loaded() is None
+  tf.keras.models.load_model(str(tmp_path / "model"),
+                             custom_objects={"Dense": Probe})
+  assert seen and seen[0] == str(tmp_path / "model")
+  graph = tf_private.checkpoint_object_graph(tf.train.load_checkpoint(
+      str(tmp_path / "model" / "variables" / "variables")))
+  assert "optimizer" in [c.local_name for c in graph.nodes[0].children]

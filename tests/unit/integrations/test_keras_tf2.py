@@ -472,3 +472,24 @@ def test_xla_is_refused_in_one_line():
   with pytest.raises(RuntimeError, match="compile with jit_compile=False"):
     model.fit(tf.data.Dataset.from_tensor_slices(kx.make_data(B)).batch(B),
               verbose=0)
+
+
+def test_two_trained_variables_of_one_name_are_refused():
+  # TensorFlow 2 variables need not have distinct names; the window keys
+  # each one's state by it. Before, these two shared one accumulator and
+  # trained silently wrong (Keras's load_model of a SavedModel inside a
+  # strategy's scope names a model's kernels so).
+  first = tf.Variable(tf.ones([2]), name="w")
+  second = tf.Variable(tf.ones([2]), name="w")
+  optimizer = ea.AccumulatingKerasOptimizer(tf.keras.optimizers.SGD(0.1), k=2)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(first) + 3.0 * tf.reduce_sum(second)
+    variables = [first, second]
+    optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+  with pytest.raises(ValueError, match=r"two trained variables are named "
+                     r"'w' \(shapes \(2,\) and \(2,\)\)"):
+    step()
