@@ -115,6 +115,11 @@ flags.DEFINE_bool("recompute", False, "Recompute each transformer layer's "
                   "activations in the backward pass (dropout replayed "
                   "exactly): far less activation memory for about a third "
                   "more time; the gradient is unchanged.")
+flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
+                  "each window (k micro-batches) by length before cutting "
+                  "them into micro-batches, each trimmed to its longest: the "
+                  "same update (the mean over the same examples), computed "
+                  "over less padding.")
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
 flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
                   "with dynamic loss scaling.")
@@ -424,6 +429,10 @@ class ClassifierRun:
             f"{num_train_updates} updates ({num_train_updates * plan.k} "
             f"micro-batches) over {num_train} examples, "
             f"{self.flags.num_train_epochs:g} epoch(s)", flush=True)
+      if self.flags.sort_windows_by_length and plan.k > 1:
+        print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
+              "by length into its micro-batches (--sort_windows_by_length)",
+              flush=True)
 
     def estimator_for(plan):
       return self._estimator(bert_config, self._training_config(
@@ -573,7 +582,8 @@ class ClassifierRun:
         train_file, self.flags.max_seq_length, plan.micro_batch,
         is_training=True, drop_remainder=True, seed=self.flags.seed,
         shard=self.distribution.trainer_shard() if between_graph else None,
-        skip_batches=0 if between_graph else self._resumed_at())
+        skip_batches=0 if between_graph else self._resumed_at(),
+        sort_window=plan.k if self.flags.sort_windows_by_length else None)
     max_steps = num_train_updates * plan.k
     if self.flags.distribution_strategy in ("multi_worker", "parameter_server"):
       tf.estimator.train_and_evaluate(

@@ -133,7 +133,7 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
                      drop_remainder, seed=None, shard=None, skip_batches=0,
-                     trim=True):
+                     trim=True, sort_window=None):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
@@ -145,21 +145,38 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   uninterrupted run would have trained on (the shuffle is seeded).
   `trim`: cut each batch to its longest example (else every batch is
   `seq_length` long, the most memory a batch can take).
+  `sort_window`: k, to sort the examples of each window of k batches by
+  length before they are cut into its k batches (training): the window's
+  update, the mean over the same k x batch_size examples, is the same,
+  and trimmed batches of like lengths compute less padding. Each input
+  pipeline (a worker) sorts its own; a resumed run skips sorted batches,
+  so it goes on with the very batches of the uninterrupted run.
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
   schema["label_ids"] = tf.io.FixedLenFeature([], tf.int64)
   schema["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
 
-  def decode(records):
+  def parse(records):
     parsed = tf.io.parse_example(records, schema)
-    parsed = {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+    return {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+
+  def sort_by_length(records):
+    parsed = parse(records)
+    order = tf.argsort(tf.reduce_sum(parsed["input_mask"], axis=1),
+                       stable=True)
+    return {name: tf.gather(value, order) for name, value in parsed.items()}
+
+  def trimmed(parsed):
     if not trim:
       return parsed
+    parsed = dict(parsed)
     length = tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1))
     for name in FEATURE_NAMES:
       parsed[name] = parsed[name][:, :length]
     return parsed
+
+  sorting = bool(sort_window and sort_window > 1 and is_training)
 
   def input_fn(params=None, input_context=None):
     del params
@@ -169,10 +186,18 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if is_training:
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if sorting:
+      dataset = dataset.batch(batch_size * sort_window, drop_remainder=True)
+      dataset = dataset.map(sort_by_length,
+                            num_parallel_calls=tf.data.AUTOTUNE).unbatch()
+      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    else:
+      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if skip_batches:
       dataset = dataset.skip(skip_batches)
-    return dataset.map(decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
+    if not sorting:
+      dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+    return dataset.map(trimmed, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
         tf.data.AUTOTUNE)
 
   return input_fn

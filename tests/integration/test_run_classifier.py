@@ -425,3 +425,29 @@ def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
     name = f"bert/encoder/layer_{layer}/intermediate/dense/kernel"
     assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
   assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
+
+
+def test_windows_sorted_by_length_train_to_the_same_weights(
+    tiny_model, sst2, tmp_path):
+  # Each window's 2 x 4 examples sorted by length into its micro-batches
+  # (the default), against the order the input gives them: with dropout
+  # off, the same update (tests/unit/models/test_classification_data.py
+  # shows the arrangement changes and the padding shrinks).
+  model = _no_dropout_model(tiny_model, tmp_path)
+  weights = {}
+  for sort in (True, False):
+    output_dir = tmp_path / f"sorted_{sort}"
+    result = _run(_flags(model, sst2, output_dir, do_eval=False,
+                         classifier_dropout=0, num_train_epochs=1,
+                         sort_windows_by_length=sort))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("examples sorted by length into its micro-batches" in
+            result.stdout) == sort
+    weights[sort] = tf.train.load_checkpoint(str(output_dir))
+  names = [n for n in weights[True].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  assert len(names) > 10
+  for name in names:
+    np.testing.assert_allclose(weights[True].get_tensor(name),
+                               weights[False].get_tensor(name), rtol=1e-5,
+                               atol=1e-6, err_msg=name)

@@ -146,3 +146,57 @@ def test_features_pack_pairs_and_the_input_fn_trims_padding(tmp_path,
   np.testing.assert_array_equal(first["input_ids"][1, :3],
                                 ids(["[CLS]", "dull", "[SEP]"]))
   np.testing.assert_array_equal(second["label_ids"], [1])
+
+
+def _varied_lengths_file(tmp_path, count=24, length=12):
+  """`count` examples of lengths 2..length (example i's ids all i + 1)."""
+  rng = np.random.RandomState(0)
+  lengths = rng.randint(2, length + 1, size=count)
+  mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
+  features = {"input_ids": mask * (np.arange(count)[:, None] + 1),
+              "input_mask": mask, "segment_ids": np.zeros_like(mask),
+              "label_ids": np.arange(count) % 2,
+              "is_real_example": np.ones(count, np.int64)}
+  path = str(tmp_path / "train.tf_record")
+  bert_features.write_tfrecord(features, path)
+  return path
+
+
+def _batches(path, count, **options):
+  input_fn = bert_features.input_fn_builder(
+      path, 12, 4, is_training=True, drop_remainder=True, seed=3, **options)
+  with tf.Graph().as_default():
+    batch = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+    with tf.compat.v1.Session() as session:
+      return [session.run(batch) for _ in range(count)]
+
+
+def _examples(batches):
+  """The example numbers of the batches, in order (each example's ids)."""
+  return [int(row[0]) for b in batches for row in b["input_ids"]]
+
+
+def test_a_window_sorted_by_length_holds_the_same_examples(tmp_path):
+  # k=3 micro-batches of 4: each window's 12 examples, in the order the
+  # shuffled input gives them, sorted by length and cut into 3 batches,
+  # each trimmed to its longest.
+  path = _varied_lengths_file(tmp_path)
+  plain = _batches(path, 6)
+  ordered = _batches(path, 6, sort_window=3)
+  for window in range(2):
+    mine = ordered[3 * window:3 * window + 3]
+    theirs = plain[3 * window:3 * window + 3]
+    assert sorted(_examples(mine)) == sorted(_examples(theirs))
+    lengths = [int(n) for b in mine for n in b["input_mask"].sum(1)]
+    assert lengths == sorted(lengths)
+    for batch in mine:
+      assert batch["input_ids"].shape[1] == batch["input_mask"].sum(1).max()
+      # Every feature moved with its example.
+      np.testing.assert_array_equal(batch["label_ids"],
+                                    (batch["input_ids"][:, 0] - 1) % 2)
+  padded = sum(b["input_ids"].size for b in ordered)
+  assert padded < sum(b["input_ids"].size for b in plain)
+  # A run resumed after 4 micro-batches (inside window 2) goes on with the
+  # very batches of the uninterrupted run.
+  resumed = _batches(path, 2, sort_window=3, skip_batches=4)
+  assert _examples(resumed) == _examples(ordered[4:6])
