@@ -60,6 +60,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -109,7 +110,8 @@ class _Stop:
     self.began = None         # when the last micro-batch began
     self.started_step = None  # the global step the last micro-batch began at
     self.ended_step = None    # ... and the last one that ended
-    self.last_graph = None    # the graph of the last micro-batch
+    self.last_graph = None    # the last micro-batch's graph (a weakref:
+                              # train() returned, it is gone)
     self.requests = None      # the parameter-server job's stop requests
                               # read first (stop_requests)
     self.serving = None       # TF_CONFIG, on a parameter server
@@ -384,7 +386,10 @@ def _nothing_to_save():
     return True
   if _STOP.ended_step != step:
     return False
-  savers = _STOP.last_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+  graph = _STOP.last_graph()
+  if graph is None:
+    return True  # train() returned and its graph is gone: it saved, or not
+  savers = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
   return not savers or _newest_saved_step(savers) > step
 
 
@@ -401,7 +406,7 @@ def _check(step, graph):
   """Raises StopIteration (OutOfRangeError) once a stop was agreed;
   returns `step`."""
   if not _STOP.agreed:
-    _STOP.last_graph, _STOP.started_step = graph, int(step)
+    _STOP.last_graph, _STOP.started_step = weakref.ref(graph), int(step)
     return np.int64(step)
   with _STOP.lock:
     first = _STOP.stopped_step is None

@@ -21,6 +21,7 @@ plan, so the peaks of every larger one are printed with it.
 """
 
 import dataclasses
+import functools
 import gc
 import inspect
 import json
@@ -295,12 +296,16 @@ def check_memory_statistics(device):
 
 
 def measure_peak(build, micro_batch, k, device=None,
-                 micro_batches=_MEASURED_MICRO_BATCHES, **memory_options):
+                 micro_batches=_MEASURED_MICRO_BATCHES, session_config=None,
+                 **memory_options):
   """Builds `build(micro_batch, k, **memory_options)` in a fresh graph, runs
   it `micro_batches` times after initializing, and returns a Measurement of
   the allocator's peak bytes on `device` (None if it ran out of memory) and
   of the micro-batches' mean time after the first. `memory_options`:
-  `recompute` and `accumulator_placement`, for a `build` that takes them."""
+  `recompute` and `accumulator_placement`, for a `build` that takes them.
+  `session_config`: the tf.compat.v1.ConfigProto the job runs with (its
+  threads decide the order ops run in, and so what is alive at once);
+  default TensorFlow's."""
   device = device or default_device()
   check_memory_statistics(device)
   started = time.perf_counter()
@@ -315,7 +320,10 @@ def measure_peak(build, micro_batch, k, device=None,
             tf.compat.v1.tables_initializer()]
   peak = step_seconds = None
   run_peaks = []
-  config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
+  config = tf.compat.v1.ConfigProto()
+  if session_config is not None:
+    config.CopyFrom(session_config)
+  config.allow_soft_placement = True
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
@@ -357,7 +365,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
                      memory_budget_mb=None, margin=DEFAULT_MARGIN, replicas=1,
                      uneven=False, device=None, log=None, model_fn=None,
                      input_fn=None, params=None, recompute="auto",
-                     accumulator_placement="auto"):
+                     accumulator_placement="auto", session_config=None):
   """Measures candidate micro-batches and returns the largest that fits, or
   with several memory options, the fastest plan that fits.
 
@@ -384,6 +392,10 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     device: where to read the allocator ('GPU:0', 'CPU:0'); default the
       first GPU, else the CPU.
     log: callable given a line per measured candidate (e.g. print).
+    session_config: the tf.compat.v1.ConfigProto the job's sessions run
+      with (Estimator's RunConfig.session_config): measured in it, since
+      its threads decide which tensors are alive at once. Default
+      TensorFlow's.
     model_fn, input_fn, params: instead of `build`, an Estimator's
       functions (`estimator_step(model_fn, input_fn, params)`).
     recompute: True, False, or "auto": weigh recomputing activations
@@ -416,15 +428,17 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   candidates = candidate_micro_batches(share, uneven)
   choices = _option_choices(build, recompute, accumulator_placement, device,
                             replicas)
+  # Every candidate measured in the job's session configuration.
+  measure_one = functools.partial(measure_peak, session_config=session_config)
   if len(choices) > 1:
     return _modelled_plan(build, plan, candidates, choices, log, started,
-                          memory_budget_mb)
+                          memory_budget_mb, measure_one)
   return _largest_down_plan(build, plan, candidates, choices[0], log,
-                            started, memory_budget_mb)
+                            started, memory_budget_mb, measure_one)
 
 
 def _largest_down_plan(build, plan, candidates, choice, log, started,
-                       memory_budget_mb):
+                       memory_budget_mb, measure_one):
   """`plan_micro_batch` for one (recompute, accumulator_placement) `choice`:
   the largest candidate that fits, measured from the largest down."""
   share, margin, device = plan.per_replica, plan.margin, plan.device
@@ -435,8 +449,8 @@ def _largest_down_plan(build, plan, candidates, choice, log, started,
   def fits(index):
     micro_batch = candidates[index]
     k = math.ceil(share / micro_batch)
-    measurement = measure_peak(build, micro_batch, min(k, _MEASURED_K),
-                               device, **options)
+    measurement = measure_one(build, micro_batch, min(k, _MEASURED_K),
+                              device, **options)
     measurement = dataclasses.replace(measurement, k=k)
     measured[micro_batch] = measurement
     if log:
@@ -515,7 +529,7 @@ def _build_options(build, recompute, placement):
 
 
 def _modelled_plan(build, plan, candidates, choices, log, started,
-                   memory_budget_mb):
+                   memory_budget_mb, measure_one):
   """plan_micro_batch over several memory options: two points measured
   per choice, the rest modelled, the choice checked."""
   share = plan.per_replica
@@ -524,7 +538,7 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
   def measure(choice, micro_batch):
     if (choice, micro_batch) not in measured:
       k = math.ceil(share / micro_batch)
-      measurement = dataclasses.replace(measure_peak(
+      measurement = dataclasses.replace(measure_one(
           build, micro_batch, min(k, _MEASURED_K), plan.device,
           **_build_options(build, *choice)), k=k)
       measured[choice, micro_batch] = measurement
