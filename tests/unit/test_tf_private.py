@@ -294,6 +294,7 @@ def test_in_keras_load_is_true_only_inside_load_model(tmp_path):
   assert seen == [True] and not tf_private.in_keras_load()
 
 
+@pytest.mark.slow  # a process making a MultiWorkerMirroredStrategy
 def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
   # A one-worker MultiWorkerMirroredStrategy starts the service; the value
   # a thread waits for arrives when it is set (as TensorFlow's preemption

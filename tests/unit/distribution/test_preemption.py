@@ -164,6 +164,7 @@ def test_sigterm_after_the_import_exits_at_once():
          "process): nothing to save; exiting with 143" in err
 
 
+@pytest.mark.slow  # a process making a MultiWorkerMirroredStrategy
 def test_the_handler_a_strategy_displaces_is_taken_back():
   # Before: the coordination service's handler recorded the signal and
   # nothing else happened until SIGKILL.
@@ -173,6 +174,7 @@ def test_the_handler_a_strategy_displaces_is_taken_back():
   assert "SIGTERM caught" not in err  # TensorFlow's handler never ran
 
 
+@pytest.mark.slow  # a process making a MultiWorkerMirroredStrategy
 def test_a_sigterm_tensorflows_handler_recorded_is_acted_on():
   code, out, err = _startup("recorded")
   assert code == 128 + signal.SIGTERM, err[-3000:]
