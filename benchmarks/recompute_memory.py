@@ -10,7 +10,10 @@ peak tensor memory, time per step and gradient error.
    one's largest gradient error against the plain graph (relative to the
    largest entry); with dropout 0.5 on one dense layer, each one's largest
    gradient error against the true gradient of the forward that ran (the
-   mask read off the forward's output).
+   mask read off the forward's output). Then the recomputed peak's parts:
+   the weights, every block's input, and one block's working set (a
+   one-block step's peak less its weights and input); it fails above 1.3x
+   of their sum.
 2. A BERT layer stack: Google's `transformer_model` in BERT-Base's shape
    (12 layers, 768 wide, dropout 0.1) at `--length` tokens (default 384),
    micro-batch `--batch` (default 8), plain SGD: peak and time per step
@@ -81,12 +84,12 @@ def _stack(variant, rate, batch, blocks=BLOCKS, width=WIDTH, inner=INNER):
   return tf.reduce_mean(tf.square(h))
 
 
-def mlp_memory(variant, steps=4):
+def mlp_memory(variant, steps=4, blocks=BLOCKS):
   """{peak_bytes, step_seconds} of an SGD step of the residual MLP."""
   import tensorflow as tf  # noqa: PLC0415
 
   with tf.Graph().as_default():
-    loss = _stack(variant, 0.1, BATCH)
+    loss = _stack(variant, 0.1, BATCH, blocks=blocks)
     train_op = tf.compat.v1.train.GradientDescentOptimizer(0.01).minimize(loss)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
@@ -182,7 +185,7 @@ def _run_child(task, args):
   from absl import logging  # noqa: PLC0415
   logging.set_verbosity(logging.ERROR)
   if task == "mlp_memory":
-    return mlp_memory(args[0])
+    return mlp_memory(args[0], blocks=int(args[1]) if args[1:] else BLOCKS)
   if task == "mlp_gradients":
     return mlp_gradients(args[0])
   if task == "dropout":
@@ -243,7 +246,30 @@ def _mlp_table(json_path):
     table.fail("the MLP's recomputed gradient is off")
   if ours[0]["peak_bytes"] >= plain[0]["peak_bytes"]:
     table.fail("recomputation did not lower the MLP's peak")
+  _mlp_peak_parts(table, ours[0]["peak_bytes"])
   return table
+
+
+def _mlp_peak_parts(table, recomputed_peak):
+  """What the recomputed peak holds, part by part: the state (every
+  block's weights), every block's input (kept for the recomputation), and
+  one block's working set: the peak of a one-block step less its weights
+  and its input. Fails above 1.3x of their sum."""
+  weights = BLOCKS * 2 * WIDTH * INNER * 4
+  block_input = BATCH * WIDTH * 4
+  one_block = _child("mlp_memory", "plain", "1")["peak_bytes"]
+  working = one_block - weights // BLOCKS - block_input
+  total = weights + BLOCKS * block_input + working
+  ratio = recomputed_peak / total
+  print(f"its peak's parts: weights {weights / 2**20:,.0f} MB + {BLOCKS} "
+        f"block inputs {BLOCKS * block_input / 2**20:,.0f} MB + one block's "
+        f"working set {working / 2**20:,.0f} MB (a one-block step's peak "
+        f"{one_block / 2**20:,.0f} MB less its weights and input) = "
+        f"{total / 2**20:,.0f} MB; the recomputed peak "
+        f"{recomputed_peak / 2**20:,.0f} MB is {ratio:.2f}x of it")
+  if ratio > 1.3:
+    table.fail(f"the recomputed peak is {ratio:.2f}x its parts' sum "
+               "(more than 1.3x)")
 
 
 def _stack_table(args):
