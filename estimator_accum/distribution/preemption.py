@@ -55,6 +55,7 @@ tf.function (TensorFlow 2 Keras has its own BackupAndRestore).
 
 import atexit
 import ctypes
+import gc
 import os
 import signal
 import sys
@@ -110,6 +111,7 @@ class _Stop:
     self.began = None         # when the last micro-batch began
     self.started_step = None  # the global step the last micro-batch began at
     self.ended_step = None    # ... and the last one that ended
+    self.longest = 0.0        # seconds, of the longest that ended
     self.last_graph = None    # the last micro-batch's graph (a weakref:
                               # train() returned, it is gone)
     self.requests = None      # the parameter-server job's stop requests
@@ -371,26 +373,38 @@ def _flag(requests):
 def _ended(step):
   """A micro-batch's last op: it has run whole (its window's apply too)."""
   _STOP.ended_step = int(step)
+  if _STOP.began is not None:
+    _STOP.longest = max(_STOP.longest, time.monotonic() - _STOP.began)
   return np.int64(0)
 
 
-def _nothing_to_save():
-  """Whether stopping now loses nothing: no micro-batch is running (none
-  stops half applied) and the newest complete checkpoint of the last
-  training graph holds every micro-batch that ran (train() returned and
-  saved, the chief evaluates; or that graph saves none). By what ran, not
-  by how long ago: a micro-batch, or a hook between two, may take
-  minutes."""
+def _why_nothing_is_left_to_save():
+  """Why stopping now loses nothing, or None (the stop waits for the next
+  micro-batch). Read from what ran, not from how long ago a micro-batch
+  began: between two micro-batches (a hook, a save at step 0, may take
+  minutes) the stop waits unless the newest complete checkpoint holds
+  every micro-batch that ran (train() returned and saved; the chief
+  evaluates) or that graph saves none. A micro-batch still running after
+  3 times the longest one that ended (5 s at least) waits on a lost peer:
+  neither it nor a save after it can end."""
   step = _STOP.started_step
   if step is None:
-    return True
+    return "no micro-batch has run"
   if _STOP.ended_step != step:
-    return False
+    running = time.monotonic() - _STOP.began
+    if running > max(5.0, 3 * _STOP.longest):
+      return (f"micro-batch {step} has run {running:.0f} s, 3 times the "
+              "longest before it: it waits on a peer, and cannot end")
+    return None
   graph = _STOP.last_graph()
   if graph is None:
-    return True  # train() returned and its graph is gone: it saved, or not
+    return "training ended, and its graph with it"
   savers = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-  return not savers or _newest_saved_step(savers) > step
+  if not savers:
+    return "its graph saves no checkpoint"
+  if _newest_saved_step(savers) > step:
+    return "no micro-batch is running, and every one that ran is saved"
+  return None
 
 
 def _agree(agreed):
@@ -510,6 +524,9 @@ def _exit_when_saved(first=True):
       if _STOP.exiting:
         return
       _STOP.exiting = True
+  # A graph train() was done with is unreferenced but kept by its cycles
+  # until a collection: gone, it says training ended.
+  gc.collect()
   deadline = _STOP.asked_at + _seconds()
   saves = stop_requests.saves_checkpoints()  # read TF_CONFIG once
   while time.monotonic() < deadline:
@@ -528,9 +545,11 @@ def _exit_when_saved(first=True):
            "(a parameter-server worker's open window is its own, and is "
            f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
       _exit()
-    if _STOP.stopped_step is None and _nothing_to_save():
-      _say(f"SIGTERM while not training (no micro-batch is running, and "
-           f"every one that ran is saved); exiting with {STOPPED_EXIT}")
+    why = None if _STOP.stopped_step is not None else (
+        _why_nothing_is_left_to_save())
+    if why is not None:
+      _say(f"SIGTERM while not training ({why}); exiting with "
+           f"{STOPPED_EXIT}")
       _exit()
     time.sleep(_POLL_SECONDS)
   _say(f"stopped: no checkpoint of the stop completed within {_seconds():g} "
