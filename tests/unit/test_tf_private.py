@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_accum import tf_private
+from tests.helpers import one_worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -300,14 +301,8 @@ def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
   # a thread waits for arrives when it is set (as TensorFlow's preemption
   # notice does), and the main thread runs meanwhile (the GIL is free).
   script = textwrap.dedent("""
-      import json, os, socket, threading, time
+      import os, threading, time
       os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-      with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-      os.environ["TF_CONFIG"] = json.dumps({
-          "cluster": {"worker": [f"127.0.0.1:{port}"]},
-          "task": {"type": "worker", "index": 0}})
       import tensorflow as tf
       from tensorflow.python.eager import context
       from estimator_accum import tf_private
@@ -322,8 +317,11 @@ def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
       waiter.join(10)
       print(got)
   """)
-  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
-                        text=True, timeout=120, cwd=ROOT)
+  done = subprocess.run(
+      [sys.executable, "-c", script], capture_output=True, text=True,
+      timeout=120, cwd=ROOT, env=dict(
+          os.environ,
+          TF_CONFIG=one_worker.tf_config()))
   assert done.returncode == 0 and "['here']" in done.stdout, done.stderr
 
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 import estimator_accum
 from estimator_accum.distribution import stop_requests
 from harness import support
+from tests.helpers import one_worker
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -107,14 +108,8 @@ def test_off_when_asked():
 # TensorFlow installs when a MultiWorkerMirroredStrategy is made (its
 # coordination service's handler, which only records the signal).
 _STARTUP = textwrap.dedent("""
-    import json, os, signal, socket, sys, time
+    import os, signal, sys, time
     case = sys.argv[1]
-    with socket.socket() as s:
-      s.bind(("127.0.0.1", 0))
-      port = s.getsockname()[1]
-    os.environ["TF_CONFIG"] = json.dumps({
-        "cluster": {"worker": [f"127.0.0.1:{port}"]},
-        "task": {"type": "worker", "index": 0}})
     import tensorflow as tf
     import estimator_accum
     from estimator_accum.distribution import preemption
@@ -146,7 +141,8 @@ def _startup(case):
   process = subprocess.Popen(
       [sys.executable, "-c", _STARTUP, case], cwd=ROOT, text=True,
       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1"))
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1",
+               TF_CONFIG=one_worker.tf_config()))
   try:
     if case == "imported":
       assert process.stdout.readline() == "ready\n"
