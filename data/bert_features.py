@@ -190,9 +190,7 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       dataset = dataset.batch(batch_size * sort_window, drop_remainder=True)
       dataset = dataset.map(sort_by_length,
                             num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    else:
-      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if skip_batches:
       dataset = dataset.skip(skip_batches)
     if not sorting:

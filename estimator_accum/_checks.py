@@ -14,7 +14,7 @@ import tensorflow as tf
 from absl import logging
 
 from estimator_accum import tf_private
-from estimator_accum.checkpoints import function_variables
+from estimator_accum.checkpoints import function_variables, state_variables
 from estimator_accum.distribution import replicas
 
 REDUCTIONS = ("mean", "sum", "running_mean")
@@ -401,7 +401,7 @@ def check_distinct_names(trained):
   names the variables without their layers: two `kernel`s)."""
   seen = {}
   for _, variable in trained:
-    name = variable.name.split(":")[0]
+    name = state_variables.variable_base_name(variable)
     if name in seen and seen[name] is not variable:
       raise ValueError(
           f"two trained variables are named {name!r} (shapes "

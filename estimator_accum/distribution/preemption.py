@@ -633,17 +633,20 @@ def _newest_saved_step(savers):
 def _complete_checkpoints(savers):
   """[(path, global step)] of the savers' checkpoints that are complete:
   the newest one their directory's checkpoint state names."""
-  found = []
+  found, newest = [], {}  # newest: directory -> its state's newest path
   for saver in savers:
     for path in saver.last_checkpoints:
+      directory = os.path.dirname(path)
+      if directory not in newest:  # read once per poll, not once per path
+        state = tf.train.get_checkpoint_state(directory)
+        newest[directory] = state and os.path.abspath(
+            state.model_checkpoint_path)
+      if newest[directory] != os.path.abspath(path):
+        continue
       try:
-        saved_step = int(path.rsplit("-", 1)[1])
+        found.append((path, int(path.rsplit("-", 1)[1])))
       except (IndexError, ValueError):
         continue
-      state = tf.train.get_checkpoint_state(os.path.dirname(path))
-      if state is not None and (os.path.abspath(state.model_checkpoint_path)
-                                == os.path.abspath(path)):
-        found.append((path, saved_step))
   return found
 
 

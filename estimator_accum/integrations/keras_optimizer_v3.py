@@ -51,8 +51,7 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
   def before_window(self, var_list):
     """Builds the inner optimizer's slots where Keras builds an optimizer's,
     in the step's replica context: under the strategy the step runs
-    under (inside the window's branch, a replica's thread knows none).
-    """
+    under (inside the window's branch, a replica's thread knows none)."""
     with tf.init_scope():
       self.build(var_list)
 
