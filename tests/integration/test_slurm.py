@@ -127,8 +127,9 @@ def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags):
 
 
 def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
-  # Slurm's SIGTERM to each task: both save the step they agree on and
-  # exit 143 at once, long before KillWait's SIGKILL.
+  # Slurm's SIGTERM to each task: both stop saved (the step they agree on,
+  # or nothing left to save) and exit 143 at once, long before KillWait's
+  # SIGKILL.
   model_dir = tmp_path / "run"
   job = _submit(cluster, tmp_path, model_dir, 200)
   hosts.wait_for_step(model_dir, 3, [], seconds=180)
@@ -141,11 +142,18 @@ def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
   took = time.monotonic() - cancelled
   assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
   log = (tmp_path / "job.out").read_text()
-  steps = set(re.findall(r"stopped: global step (\d+) saved in", log))
-  assert len(re.findall(r"stopped: global step \d+ saved in", log)) == 2, (
-      took, log[-3000:])
-  assert len(steps) == 1 and hosts.latest_step(model_dir) == int(
-      steps.pop()), log[-3000:]
+  # Each task either saves the step every task agreed on, or (signalled
+  # between two micro-batches, after a save of step 2n: --step_seconds
+  # makes that moment common) has nothing left to save.
+  saved = re.findall(r"stopped: global step (\d+) saved in", log)
+  # (A task whose peer left so mid-micro-batch finds that micro-batch
+  # stuck, and has nothing to save either.)
+  nothing = re.findall(r"SIGTERM while not training \((.*?)\); exiting",
+                       log)
+  assert len(saved) + len(nothing) == 2, (took, log[-3000:])
+  assert len(set(saved)) <= 1, log[-3000:]
+  if saved:
+    assert hosts.latest_step(model_dir) == int(saved[0]), log[-3000:]
   assert took < 10, (took, log[-3000:])
 
 
