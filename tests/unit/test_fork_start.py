@@ -1,0 +1,146 @@
+"""The suite's fork server (tests/helpers/fork_start.py) starts a child as
+exec would: its argv, working directory, environment, pipes, exit status,
+signals, session and, for the launcher's tasks, death with the launcher;
+and it leaves to exec what it cannot start so."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import fork_start
+
+pytestmark = pytest.mark.skipif(
+    not os.environ.get(fork_start.DIR_ENV) or
+    os.environ.get(fork_start.SWITCH_ENV) == "0",
+    reason="the session starts children with exec "
+    "(ESTIMATOR_ACCUM_TEST_FORK=0)")
+
+PROGRAM = textwrap.dedent("""\
+    import os, sys, time
+    print("argv", sys.argv)
+    print("cwd", os.getcwd())
+    print("env", os.environ.get("FORK_START_PROBE"))
+    print("name", __name__)
+    print("session", os.getsid(0) == os.getpid())
+    print("stdin", sys.stdin.read().strip())
+    print("numpy" in sys.modules and "tensorflow" in sys.modules)
+    sys.stderr.write("to stderr\\n")
+    if sys.argv[1] == "sleep":
+      time.sleep(60)
+    sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else 0)
+""")
+
+
+def _program(tmp_path):
+  path = tmp_path / "program.py"
+  path.write_text(PROGRAM)
+  return str(path)
+
+
+def test_a_child_is_forked_and_sees_what_exec_would_give_it(tmp_path):
+  assert subprocess.Popen is fork_start.ForkedPopen or (
+      subprocess.Popen.__name__ == "ForkedPopen")
+  done = subprocess.run(
+      [sys.executable, _program(tmp_path), "7", "two words"],
+      input="from stdin", capture_output=True, text=True, cwd=tmp_path,
+      env=dict(os.environ, FORK_START_PROBE="probe"),
+      start_new_session=True, timeout=60)
+  assert done.returncode == 7, done.stderr
+  lines = done.stdout.splitlines()
+  assert lines[0] == f"argv [{_program(tmp_path)!r}, '7', 'two words']"
+  assert lines[1:7] == [f"cwd {tmp_path}", "env probe", "name __main__",
+                        "session True", "stdin from stdin",
+                        # Forked: TensorFlow was there before it began.
+                        "True"]
+  assert done.stderr == "to stderr\n"
+
+
+def test_a_module_runs_as_main_and_a_traceback_exits_1(tmp_path):
+  (tmp_path / "probe_module.py").write_text(
+      "import sys\nprint(__name__, sys.argv[1:])\nraise ValueError('bad')\n")
+  done = subprocess.run([sys.executable, "-m", "probe_module", "x"],
+                        capture_output=True, text=True, cwd=tmp_path,
+                        timeout=60)
+  assert done.returncode == 1
+  assert done.stdout == "__main__ ['x']\n"
+  assert "ValueError: bad" in done.stderr
+
+
+def test_signals_reach_the_child_and_wait_times_out(tmp_path):
+  process = subprocess.Popen([sys.executable, _program(tmp_path), "sleep"],
+                             stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, start_new_session=True)
+  try:
+    assert process.stdout.readline().startswith(b"argv")
+    assert process.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+      process.wait(0.2)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(30) == -signal.SIGTERM
+  finally:
+    process.kill()
+    process.stdout.close()
+
+
+def test_the_launchers_tasks_die_with_it(tmp_path):
+  # The launcher (itself forked) starts its task with its die-with-parent
+  # preexec function: the forked task watches the launcher's pid instead.
+  pid_file = tmp_path / "task.pid"
+  task = tmp_path / "task.py"
+  task.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write("
+                  "str(os.getpid()))\ntime.sleep(120)\n")
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "1",
+       "--grace", "5", "--", sys.executable, str(task)],
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+          os.path.abspath(__file__)))),
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      start_new_session=True)
+  try:
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() or not pid_file.read_text():
+      assert time.monotonic() < deadline and launcher.poll() is None
+      time.sleep(0.05)
+    task_pid = int(pid_file.read_text())
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait(30)
+    deadline = time.monotonic() + 10
+    while _alive(task_pid):
+      assert time.monotonic() < deadline, "the task outlived its launcher"
+      time.sleep(0.05)
+  finally:
+    launcher.kill()
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as stat:
+      return stat.read().split(") ")[1][0] != "Z"
+  except OSError:
+    return False
+
+
+@pytest.mark.parametrize("command", [
+    ["-c", "import sys; print('exec' if 'tensorflow' not in sys.modules "
+     "else 'forked')"],
+    ["-u", "-c", "import sys; print('exec' if 'tensorflow' not in "
+     "sys.modules else 'forked')"],
+])
+def test_what_it_cannot_start_so_is_started_with_exec(command):
+  done = subprocess.run([sys.executable, *command], capture_output=True,
+                        text=True, timeout=60)
+  assert done.stdout == "exec\n"
+
+
+def test_a_child_switched_off_is_started_with_exec(tmp_path):
+  script = tmp_path / "probe.py"
+  script.write_text("import sys\nprint('tensorflow' in sys.modules)\n")
+  done = subprocess.run([sys.executable, str(script)], capture_output=True,
+                        text=True, timeout=60,
+                        env=dict(os.environ, **{fork_start.SWITCH_ENV: "0"}))
+  assert done.stdout == "False\n"
