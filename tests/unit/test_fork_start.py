@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import fork_start
+from tests.helpers import fork_start, processes
 
 pytestmark = pytest.mark.skipif(
     not os.environ.get(fork_start.DIR_ENV) or
@@ -109,20 +109,10 @@ def test_the_launchers_tasks_die_with_it(tmp_path):
     task_pid = int(pid_file.read_text())
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait(30)
-    deadline = time.monotonic() + 10
-    while _alive(task_pid):
-      assert time.monotonic() < deadline, "the task outlived its launcher"
-      time.sleep(0.05)
+    assert not processes.wait_gone([task_pid], 10), (
+        "the task outlived its launcher")
   finally:
     launcher.kill()
-
-
-def _alive(pid):
-  try:
-    with open(f"/proc/{pid}/stat") as stat:
-      return stat.read().split(") ")[1][0] != "Z"
-  except OSError:
-    return False
 
 
 @pytest.mark.parametrize("command", [

@@ -10,6 +10,7 @@ import time
 import pytest
 
 import tfconfig
+from tests.helpers import processes
 
 
 def _cluster(**cluster):
@@ -290,15 +291,6 @@ time.sleep(300)
 """
 
 
-def _alive(pid):
-  """Whether `pid` runs (a zombie counts as gone)."""
-  try:
-    with open(f"/proc/{pid}/stat") as f:
-      return f.read().split(")")[-1].split()[0] != "Z"
-  except FileNotFoundError:
-    return False
-
-
 def _start_sleeping_launch(tmp_path, *flags, env=None):
   """Starts a launch of 2 workers and a ps that sleep; returns (launcher,
   task pids) once every task has written its pid."""
@@ -314,15 +306,8 @@ def _start_sleeping_launch(tmp_path, *flags, env=None):
     assert launcher.poll() is None, launcher.communicate()
     time.sleep(0.05)
   pids = [int(p.read_text()) for p in tmp_path.glob("*.pid")]
-  assert all(_alive(pid) for pid in pids)
+  assert all(processes.alive(pid) for pid in pids)
   return launcher, pids
-
-
-def _wait_gone(pids, seconds):
-  deadline = time.monotonic() + seconds
-  while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
-    time.sleep(0.05)
-  return [pid for pid in pids if _alive(pid)]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP,
@@ -332,7 +317,7 @@ def test_a_stopped_launcher_stops_every_task(tmp_path, signum):
   os.kill(launcher.pid, signum)
   out, err = launcher.communicate(timeout=60)
   assert launcher.returncode == 128 + signum, (out, err)
-  assert not _wait_gone(pids, 5), "tasks left running after the launcher"
+  assert not processes.wait_gone(pids, 5), "tasks left running after the launcher"
   name = signal.Signals(signum).name
   assert f"[tfconfig] received {name}; stopping every task" in err, err
   assert f"[tfconfig] stopped every task; exiting with {128 + signum}" in err
@@ -347,7 +332,7 @@ def test_a_task_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
   os.kill(launcher.pid, signal.SIGTERM)
   launcher.communicate(timeout=60)
   assert launcher.returncode == 128 + signal.SIGTERM
-  assert not _wait_gone(pids, 5)
+  assert not processes.wait_gone(pids, 5)
   assert time.monotonic() - started < 30
 
 
@@ -360,14 +345,14 @@ def test_a_second_signal_kills_at_once(tmp_path):
   os.kill(launcher.pid, signal.SIGINT)
   launcher.communicate(timeout=60)
   assert launcher.returncode == 128 + signal.SIGINT
-  assert not _wait_gone(pids, 5)
+  assert not processes.wait_gone(pids, 5)
 
 
 def test_tasks_die_with_a_launcher_killed_outright(tmp_path):
   launcher, pids = _start_sleeping_launch(tmp_path)
   os.kill(launcher.pid, signal.SIGKILL)
   launcher.communicate(timeout=60)
-  assert not _wait_gone(pids, 10), "tasks outlived a SIGKILLed launcher"
+  assert not processes.wait_gone(pids, 10), "tasks outlived a SIGKILLed launcher"
 
 
 def test_launch_prints_what_the_network_exposure_is():
