@@ -205,8 +205,9 @@ def build(model_name, variant, k, optimizer_name="adam", threads=None):
       model_name, variant, k, optimizer_name)
   config = None
   if threads is not None:
-    config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=threads,
-                                      intra_op_parallelism_threads=threads)
+    config = estimator_accum.own_threads(tf.compat.v1.ConfigProto(
+        inter_op_parallelism_threads=threads,
+        intra_op_parallelism_threads=threads))
   session = tf.compat.v1.Session(graph=graph, config=config)
   for op in setup:
     session.run(op)
@@ -318,8 +319,8 @@ def _memory_of_one_variant(model_name, variant, k, optimizer_name):
   graph_mb = status_mb("VmRSS") - before
   # One thread: ops run in one order, so transients overlap the same way in
   # every run (with two threads the peak moved by up to 60 MB).
-  config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
-                                    intra_op_parallelism_threads=1)
+  config = estimator_accum.own_threads(tf.compat.v1.ConfigProto(
+      inter_op_parallelism_threads=1, intra_op_parallelism_threads=1))
   with tf.compat.v1.Session(graph=graph, config=config) as session:
     for op in setup:
       session.run(op)

@@ -62,8 +62,9 @@ def measure(variant, ids_per_micro_batch, rounds):
     rows_touched = (tf.size(accumulator.indices.read_value())
                     if accumulator.is_compact else
                     tf.math.count_nonzero(accumulator.rows.read_value()))
-    session = tf.compat.v1.Session(config=tf.compat.v1.ConfigProto(
-        intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+    session = tf.compat.v1.Session(config=estimator_accum.own_threads(
+        tf.compat.v1.ConfigProto(intra_op_parallelism_threads=1,
+                                 inter_op_parallelism_threads=1)))
     session.run(tf.compat.v1.global_variables_initializer())
     for _ in range(K):  # warm-up window
       session.run(train_op)

@@ -134,8 +134,8 @@ def run_task(mode, model_dir, output, k, steps, micro_batch,
       model_dir=model_dir, train_distribute=strategy, tf_random_seed=0,
       save_checkpoints_steps=1_000_000, save_summary_steps=1_000_000,
       log_step_count_steps=1_000_000,
-      session_config=tf.compat.v1.ConfigProto(
-          intra_op_parallelism_threads=1, inter_op_parallelism_threads=2))
+      session_config=estimator_accum.own_threads(tf.compat.v1.ConfigProto(
+          intra_op_parallelism_threads=1, inter_op_parallelism_threads=2)))
   estimator = tf.estimator.Estimator(
       model_fn, config=config, params=dict(mode=mode, k=k, output=output,
                                    micro_batch=micro_batch, model=model,

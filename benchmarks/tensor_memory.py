@@ -43,6 +43,7 @@ from benchmarks.accumulation_overhead import (  # noqa: E402
     OPTIMIZERS,
     build_graph,
 )
+from estimator_accum import own_threads  # noqa: E402
 from harness import bench  # noqa: E402
 
 VARIANTS = ("plain", "accum")
@@ -60,8 +61,8 @@ def measure_one(model_name, variant, k, optimizer_name):
   """In this process: the peak tensor bytes over two traced windows."""
   graph, train_op, trainable, accumulators, setup = build_graph(
       model_name, variant, k, optimizer_name)
-  config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
-                                    intra_op_parallelism_threads=1)
+  config = own_threads(tf.compat.v1.ConfigProto(
+      inter_op_parallelism_threads=1, intra_op_parallelism_threads=1))
   options = tf.compat.v1.RunOptions(
       trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
   with tf.compat.v1.Session(graph=graph, config=config) as session:

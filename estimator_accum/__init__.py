@@ -25,6 +25,7 @@ from estimator_accum.planning.planner import (
     MicroBatchPlan,
     estimator_step,
     measure_peak,
+    own_threads,
     plan_micro_batch,
     window_batches,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "estimator_step",
     "halve_checkpoint",
     "measure_peak",
+    "own_threads",
     "plan_micro_batch",
     "train_halving_on_oom",
     "window_batches",

@@ -353,9 +353,9 @@ def make_estimator(model_dir, params, save_checkpoints_steps=None,
       save_checkpoints_secs=None if save_checkpoints_steps else 10_000,
       keep_checkpoint_max=keep_checkpoint_max,
       log_step_count_steps=1_000_000,
-      session_config=tf.compat.v1.ConfigProto(
+      session_config=estimator_accum.own_threads(tf.compat.v1.ConfigProto(
           device_count=device_count, intra_op_parallelism_threads=1,
-          inter_op_parallelism_threads=1 if train_distribute is None else 0))
+          inter_op_parallelism_threads=1 if train_distribute is None else 0)))
   return tf.estimator.Estimator(accumulating_model_fn, config=config,
                                 params=params)
 

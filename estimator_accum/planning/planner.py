@@ -295,6 +295,26 @@ def check_memory_statistics(device):
         "them)") from None
 
 
+def own_threads(session_config):
+  """A copy of `session_config` (None: TensorFlow's defaults) whose session
+  runs its ops on the inter-op threads it asks for.
+
+  A graph session's inter-op pool is process-wide unless the config says
+  `use_per_session_threads`: the process's first session makes it with its
+  own `inter_op_parallelism_threads`, and every later session uses it,
+  whatever it asks. A measurement asked on one thread, in a process that
+  had run a default session before, ran on several, in an order (and so to
+  a peak) that differed from run to run. (The intra-op pool is process-wide
+  too; it splits one op's work and did not move the peaks measured.)"""
+  config = tf.compat.v1.ConfigProto()
+  if session_config is not None:
+    config.CopyFrom(session_config)
+  if (config.inter_op_parallelism_threads > 0 and
+      not config.session_inter_op_thread_pool):
+    config.use_per_session_threads = True
+  return config
+
+
 def measure_peak(build, micro_batch, k, device=None,
                  micro_batches=_MEASURED_MICRO_BATCHES, session_config=None,
                  **memory_options):
@@ -320,9 +340,7 @@ def measure_peak(build, micro_batch, k, device=None,
             tf.compat.v1.tables_initializer()]
   peak = step_seconds = None
   run_peaks = []
-  config = tf.compat.v1.ConfigProto()
-  if session_config is not None:
-    config.CopyFrom(session_config)
+  config = own_threads(session_config)
   config.allow_soft_placement = True
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
@@ -394,8 +412,10 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     log: callable given a line per measured candidate (e.g. print).
     session_config: the tf.compat.v1.ConfigProto the job's sessions run
       with (Estimator's RunConfig.session_config): measured in it, since
-      its threads decide which tensors are alive at once. Default
-      TensorFlow's.
+      its threads decide which tensors are alive at once (measured on
+      threads of its own: `own_threads`; give the job
+      `own_threads(config)` too, for it to run on the threads it asks for
+      in a process that ran a session before). Default TensorFlow's.
     model_fn, input_fn, params: instead of `build`, an Estimator's
       functions (`estimator_step(model_fn, input_fn, params)`).
     recompute: True, False, or "auto": weigh recomputing activations

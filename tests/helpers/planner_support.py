@@ -114,8 +114,8 @@ def estimator_train(model_dir, data, plan, uneven=False):
   params = dict(plan=plan, weight_by_examples=True) if uneven else {}
   config = tf.estimator.RunConfig(
       model_dir=str(model_dir), tf_random_seed=0, log_step_count_steps=10**6,
-      session_config=tf.compat.v1.ConfigProto(
-          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+      session_config=estimator_accum.own_threads(tf.compat.v1.ConfigProto(
+          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)))
   estimator = tf.estimator.Estimator(
       model_fn, config=config,
       params=dict(params, k=plan.k, batch_size=plan.micro_batch))

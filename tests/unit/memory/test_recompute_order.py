@@ -38,6 +38,8 @@ def _config(one_thread, grappler):
   if one_thread:
     config.inter_op_parallelism_threads = 1
     config.intra_op_parallelism_threads = 1
+    # Its own inter-op pool: else the worker's first session's size.
+    config.use_per_session_threads = True
   config.graph_options.rewrite_options.disable_meta_optimizer = not grappler
   return config
 

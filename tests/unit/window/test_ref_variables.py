@@ -85,8 +85,8 @@ def _train_and_compare(optimizer_fn, tmp_path):
                                      UPDATES)
   config = tf.estimator.RunConfig(
       model_dir=str(tmp_path), tf_random_seed=0,
-      session_config=tf.compat.v1.ConfigProto(
-          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1))
+      session_config=estimator_accum.own_threads(tf.compat.v1.ConfigProto(
+          intra_op_parallelism_threads=1, inter_op_parallelism_threads=1)))
   estimator = tf.estimator.Estimator(
       _ref_variable_model_fn, config=config,
       params=dict(optimizer_fn=optimizer_fn, k=K, batch_norm_momentum=0.5))
