@@ -328,7 +328,7 @@ class Watchdog(_Markers):
     self._write_marker("running")
     if self.task_type == tfc.PS and self.model_dir and all(
         peer.done for peer in self.peers
-        if peer.task_type in tfc.TRAINING_TYPES):
+        if peer.task_type in tfc.TRAINING_TYPES) and not _stop_serving():
       _say(f"{self.name}: every training task has finished; exiting")
       self._exit(0)
 
@@ -385,6 +385,14 @@ def coordination_heartbeat(seconds, config=None):
       [(job, len(cluster[job])) for job in tfc.TRAINING_TYPES
        if job in cluster])
   return True
+
+
+def _stop_serving():
+  """Whether a SIGTERM stop of estimator_accum serves the variables in this
+  process: its own thread ends the process, with 143, once the training
+  tasks have gone (the job was stopped, not finished)."""
+  preemption = sys.modules.get("estimator_accum.distribution.preemption")
+  return preemption is not None and preemption.stopping()
 
 
 def _hosts_coordination_service(task_type, index, peers):
