@@ -32,6 +32,7 @@ def test_public_api_is_pinned():
       "halve_checkpoint",
       "is_divergence",
       "measure_peak",
+      "own_threads",
       "plan_micro_batch",
       "recompute",
       "reportable_loss",
