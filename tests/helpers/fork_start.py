@@ -23,7 +23,9 @@ session. Anything else is started as before (exec): a shell, another
 program, `python -c`, interpreter options, file descriptors passed on, a
 preexec function (except the launcher's die-with-parent, which the child
 keeps by watching its requester's pid), a Slurm step (Slurm tracks its
-tasks' process tree), another network namespace than the session's.
+tasks' process tree), a requester in another network namespace than the
+session's. `ip netns exec NAME python ...` (tfconfig.testbed's hosts) is
+forked too: the child joins the namespace itself.
 ESTIMATOR_ACCUM_TEST_FORK=0 turns it off for a test, or for a run.
 
 The product never uses this: the project's own launcher and scripts start
@@ -85,7 +87,13 @@ def _is_die_with_parent(function):
 
 
 def _program(args, executable, shell, pass_fds, preexec_fn, others):
-  """(kind, target, argv) of a Python program a server can start, or None."""
+  """(kind, target, argv, netns) of a Python program a server can start,
+  or None. `ip netns exec NAME python ...` (tfconfig.testbed's hosts) is
+  one too: the child joins the namespace NAME itself (netns)."""
+  netns = None
+  if (len(args) > 4 and [os.fspath(a) for a in args[:3]] ==
+      ["ip", "netns", "exec"] and executable is None):
+    netns, args, executable = os.fspath(args[3]), args[4:], None
   if (shell or pass_fds or executable not in (None, args[0]) or
       (preexec_fn is not None and not _is_die_with_parent(preexec_fn)) or
       any(others) or len(args) < 2):
@@ -97,10 +105,11 @@ def _program(args, executable, shell, pass_fds, preexec_fn, others):
     return None
   first = os.fspath(args[1])
   if first == "-m" and len(args) >= 3:
-    return "module", os.fspath(args[2]), [os.fspath(a) for a in args[2:]]
+    return ("module", os.fspath(args[2]), [os.fspath(a) for a in args[2:]],
+            netns)
   if first.startswith("-") or not first.endswith(".py"):
     return None
-  return "path", first, [os.fspath(a) for a in args[1:]]
+  return "path", first, [os.fspath(a) for a in args[1:]], netns
 
 
 def _eligible(env):
@@ -146,9 +155,9 @@ class ForkedPopen(_ORIGINAL_POPEN):
           startupinfo, creationflags, shell, p2cread, p2cwrite, c2pread,
           c2pwrite, errread, errwrite, restore_signals, gid, gids, uid,
           umask, start_new_session, process_group)
-    kind, target, argv = program
+    kind, target, argv, netns = program
     request = dict(
-        kind=kind, target=target, argv=argv, env=child_env,
+        kind=kind, target=target, argv=argv, env=child_env, netns=netns,
         cwd=os.path.abspath(os.fspath(cwd)) if cwd is not None
         else os.getcwd(),
         new_session=bool(start_new_session), pgid=os.getpgid(0),
@@ -394,6 +403,8 @@ def _become(request, fds):
     os.dup2(fd, target)
   os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf")
                 else 65536)
+  if request.get("netns"):
+    _join_netns(request["netns"])
   os.environ.clear()
   os.environ.update(request["env"])
   os.chdir(request["cwd"])
@@ -407,6 +418,26 @@ def _become(request, fds):
   if "numpy" in sys.modules:
     sys.modules["numpy"].random.seed()
   os._exit(_run(request))
+
+
+def _join_netns(name):
+  """What `ip netns exec NAME` does for a program's network: setns(2) into
+  /run/netns/NAME (its remount of /sys and /etc/netns files aside, which
+  TensorFlow's gRPC does not read). Failing, exits 255 as ip does."""
+  import ctypes
+  libc = ctypes.CDLL(None, use_errno=True)
+  clone_newnet = 0x40000000
+  try:
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+  except OSError as error:
+    os.write(2, f"Cannot open network namespace \"{name}\": "
+                f"{error.strerror}\n".encode())
+    os._exit(255)
+  if libc.setns(fd, clone_newnet) != 0:
+    os.write(2, f"setting the network namespace \"{name}\" failed: "
+                f"{os.strerror(ctypes.get_errno())}\n".encode())
+    os._exit(255)
+  os.close(fd)
 
 
 def _new_stdio(unbuffered):

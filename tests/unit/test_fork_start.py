@@ -134,3 +134,37 @@ def test_a_child_switched_off_is_started_with_exec(tmp_path):
                         text=True, timeout=60,
                         env=dict(os.environ, **{fork_start.SWITCH_ENV: "0"}))
   assert done.stdout == "False\n"
+
+
+def test_a_child_behind_ip_netns_exec_is_forked_into_that_namespace(
+    tmp_path):
+  from tfconfig import testbed
+  reason = testbed.available()
+  if reason is not None:
+    if os.environ.get("CI"):
+      pytest.fail(f"CI runs as root with iproute2: {reason}")
+    pytest.skip(reason)
+  name = f"{testbed.PREFIX}{os.getpid()}fork"
+  subprocess.run(["ip", "netns", "add", name], check=True)
+  try:
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import os, sys, socket\n"
+        "print('tensorflow' in sys.modules, os.readlink('/proc/self/ns/net'))\n"
+        "print(sorted(n for _, n in socket.if_nameindex()))\n")
+    done = subprocess.run(["ip", "netns", "exec", name, sys.executable,
+                           str(script)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    expected = subprocess.run(
+        ["ip", "netns", "exec", name, "readlink", "/proc/self/ns/net"],
+        capture_output=True, text=True, check=True).stdout.strip()
+    assert done.stdout.splitlines() == [f"True {expected}", "['lo']"]
+    assert expected != os.readlink("/proc/self/ns/net")
+    missing = subprocess.run(["ip", "netns", "exec", name + "x",
+                              sys.executable, str(script)],
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 255 and (
+        "Cannot open network namespace" in missing.stderr), missing
+  finally:
+    subprocess.run(["ip", "netns", "delete", name], check=True)
