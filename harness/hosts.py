@@ -105,30 +105,48 @@ def task_pids(launcher_pid, index, task_type="worker"):
   kind, number = rf'"type":\s*"{task_type}"', rf'"index":\s*{index}\b'
   pattern = re.compile(rf"{kind},\s*{number}|{number},\s*{kind}")
   found = []
-  for pid in _descendants(launcher_pid):
-    try:
-      with open(f"/proc/{pid}/environ") as reader:
-        environ = reader.read()
-      with open(f"/proc/{pid}/cmdline") as reader:
-        command = reader.read()
-    except OSError:
-      continue
+  for pid, forked in _descendants(launcher_pid):
+    if forked is not None:
+      command = " ".join(forked["argv"])
+      environ = forked["TF_CONFIG"] or ""
+    else:
+      try:
+        with open(f"/proc/{pid}/environ") as reader:
+          environ = reader.read()
+        with open(f"/proc/{pid}/cmdline") as reader:
+          command = reader.read()
+      except OSError:
+        continue
     if "--model_dir" in command and pattern.search(environ):
       found.append(pid)
   return found
 
 
+def _forked_children(pid):
+  """Children the test suite's fork server started for `pid`
+  (tests/helpers/fork_start.py): /proc shows them as the server's, with
+  its environment and command line, so the server keeps a record of each."""
+  try:
+    from tests.helpers import fork_start  # noqa: PLC0415
+  except ImportError:  # benchmarks run from elsewhere: no fork server
+    return []
+  return fork_start.forked_children(pid)
+
+
 def _descendants(root):
+  """(pid, None) of each exec'd descendant of `root`, and (pid, record) of
+  each forked one."""
   found, frontier = [], [root]
   while frontier:
     pid = frontier.pop()
     try:
       with open(f"/proc/{pid}/task/{pid}/children") as reader:
-        children = [int(c) for c in reader.read().split()]
+        children = [(int(c), None) for c in reader.read().split()]
     except OSError:
       continue
+    children += [(child["pid"], child) for child in _forked_children(pid)]
     found += children
-    frontier += children
+    frontier += [child for child, _ in children]
   return found
 
 

@@ -51,17 +51,6 @@ tf.config.set_logical_device_configuration(
 # fast tier unless it does. CI runs both tiers, the fast one shuffled too.
 
 
-@pytest.fixture(scope="module")
-def exec_children():
-  """The module's children start with exec, not forked (tests that find a
-  launcher's tasks in its process tree, harness.hosts.task_pids: a forked
-  task is the fork server's child, with its command line and initial
-  environment). `pytestmark = pytest.mark.usefixtures("exec_children")`."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv(fork_start.SWITCH_ENV, "0")
-    yield
-
-
 @pytest.fixture(params=["cf_v2", "cf_v1"])
 def control_flow(request):
   """Runs the test under control flow v2 (TF 2 default) and v1."""

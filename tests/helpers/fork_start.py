@@ -161,7 +161,8 @@ class ForkedPopen(_ORIGINAL_POPEN):
         cwd=os.path.abspath(os.fspath(cwd)) if cwd is not None
         else os.getcwd(),
         new_session=bool(start_new_session), pgid=os.getpgid(0),
-        die_with=os.getpid() if preexec_fn is not None else None)
+        die_with=os.getpid() if preexec_fn is not None else None,
+        requester=os.getpid())
     fds = [p2cread if p2cread != -1 else 0,
            c2pwrite if c2pwrite != -1 else 1,
            errwrite if errwrite != -1 else 2]
@@ -297,6 +298,7 @@ def _start_server(directory, signature, env, path):
 # The server.
 
 def _serve(path):
+  os.environ[DIR_ENV] = os.path.dirname(path)  # where _record writes
   for name in PRELOAD:
     __import__(name)
   install()
@@ -345,6 +347,10 @@ def _reap(children):
     if pid == 0:
       return
     connection = children.pop(pid, None)
+    try:
+      os.unlink(os.path.join(_children_directory(), f"{pid}.json"))
+    except OSError:
+      pass
     if connection is not None:
       _reply(connection, f"status {status}")
       connection.close()
@@ -380,7 +386,48 @@ def _fork_one(connection, server_fds):
       os._exit(127)
   for fd in fds:
     os.close(fd)
+  _record(pid, request)
   return pid
+
+
+def _children_directory():
+  return os.path.join(os.environ[DIR_ENV], "children")
+
+
+def _record(pid, request):
+  """Notes who asked for child `pid`, its argv and TF_CONFIG: what a test
+  finds a launcher's tasks by (harness/hosts.py), which /proc shows of an
+  exec'd child (its parent, cmdline and environ) but not of a forked one."""
+  os.makedirs(_children_directory(), exist_ok=True)
+  path = os.path.join(_children_directory(), f"{pid}.json")
+  with open(path + ".new", "w") as record:
+    json.dump({"pid": pid, "requester": request.get("requester"),
+               "argv": request["argv"],
+               "TF_CONFIG": request["env"].get("TF_CONFIG")}, record)
+  os.rename(path + ".new", path)
+
+
+def forked_children(pid):
+  """The records ({"pid", "requester", "argv", "TF_CONFIG"}) of the running
+  children forked on the request of process `pid`, in this test session."""
+  if not os.environ.get(DIR_ENV):
+    return []
+  try:
+    names = os.listdir(_children_directory())
+  except OSError:
+    return []
+  found = []
+  for name in names:
+    if not name.endswith(".json"):
+      continue
+    try:
+      with open(os.path.join(_children_directory(), name)) as record:
+        child = json.load(record)
+    except (OSError, ValueError):
+      continue  # gone (reaped) meanwhile
+    if child["requester"] == pid:
+      found.append(child)
+  return found
 
 
 def _become(request, fds):
