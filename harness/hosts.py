@@ -122,15 +122,37 @@ def task_pids(launcher_pid, index, task_type="worker"):
   return found
 
 
+# The test suite's fork server (tests/helpers/fork_start.py, which harness
+# does not import) records each child it forks as
+# $ESTIMATOR_ACCUM_TEST_FORK_DIR/children/<pid>.json:
+# {"pid", "requester", "argv", "TF_CONFIG"}, removed once it is reaped.
+_FORK_DIR_ENV = "ESTIMATOR_ACCUM_TEST_FORK_DIR"
+
+
 def _forked_children(pid):
-  """Children the test suite's fork server started for `pid`
-  (tests/helpers/fork_start.py): /proc shows them as the server's, with
-  its environment and command line, so the server keeps a record of each."""
-  try:
-    from tests.helpers import fork_start  # noqa: PLC0415
-  except ImportError:  # benchmarks run from elsewhere: no fork server
+  """The records of the running children the test suite's fork server
+  started for `pid`: /proc shows them as the server's children, with its
+  environment and command line."""
+  directory = os.environ.get(_FORK_DIR_ENV)
+  if not directory:
     return []
-  return fork_start.forked_children(pid)
+  directory = os.path.join(directory, "children")
+  try:
+    names = os.listdir(directory)
+  except OSError:
+    return []
+  found = []
+  for name in names:
+    if not name.endswith(".json"):
+      continue
+    try:
+      with open(os.path.join(directory, name)) as record:
+        child = json.load(record)
+    except (OSError, ValueError):
+      continue  # reaped meanwhile
+    if child.get("requester") == pid:
+      found.append(child)
+  return found
 
 
 def _descendants(root):

@@ -396,8 +396,9 @@ def _children_directory():
 
 def _record(pid, request):
   """Notes who asked for child `pid`, its argv and TF_CONFIG: what a test
-  finds a launcher's tasks by (harness/hosts.py), which /proc shows of an
-  exec'd child (its parent, cmdline and environ) but not of a forked one."""
+  finds a launcher's tasks by (harness/hosts.py reads these records: keep
+  the two in step), which /proc shows of an exec'd child (its parent,
+  cmdline and environ) but not of a forked one."""
   os.makedirs(_children_directory(), exist_ok=True)
   path = os.path.join(_children_directory(), f"{pid}.json")
   with open(path + ".new", "w") as record:
@@ -405,29 +406,6 @@ def _record(pid, request):
                "argv": request["argv"],
                "TF_CONFIG": request["env"].get("TF_CONFIG")}, record)
   os.rename(path + ".new", path)
-
-
-def forked_children(pid):
-  """The records ({"pid", "requester", "argv", "TF_CONFIG"}) of the running
-  children forked on the request of process `pid`, in this test session."""
-  if not os.environ.get(DIR_ENV):
-    return []
-  try:
-    names = os.listdir(_children_directory())
-  except OSError:
-    return []
-  found = []
-  for name in names:
-    if not name.endswith(".json"):
-      continue
-    try:
-      with open(os.path.join(_children_directory(), name)) as record:
-        child = json.load(record)
-    except (OSError, ValueError):
-      continue  # gone (reaped) meanwhile
-    if child["requester"] == pid:
-      found.append(child)
-  return found
 
 
 def _become(request, fds):

@@ -168,3 +168,26 @@ def test_a_child_behind_ip_netns_exec_is_forked_into_that_namespace(
         "Cannot open network namespace" in missing.stderr), missing
   finally:
     subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+def test_harness_finds_a_forked_task_by_its_record(tmp_path):
+  """harness.hosts.task_pids reads the server's record of each child (its
+  requester, argv and TF_CONFIG), where /proc shows the server's."""
+  from harness import hosts
+  config = '{"cluster": {}, "task": {"type": "worker", "index": 1}}'
+  process = subprocess.Popen(
+      [sys.executable, _program(tmp_path), "sleep", "--model_dir", "x"],
+      stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+      env=dict(os.environ, TF_CONFIG=config))
+  try:
+    assert process.stdout.readline().startswith(b"argv")
+    assert hosts.task_pids(os.getpid(), 1) == [process.pid]
+    assert hosts.task_pids(os.getpid(), 0) == []
+  finally:
+    process.kill()
+    process.wait(30)
+  assert processes.wait_gone([process.pid], 10) == []
+  deadline = time.monotonic() + 10
+  while hosts.task_pids(os.getpid(), 1) and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert hosts.task_pids(os.getpid(), 1) == []
