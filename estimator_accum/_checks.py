@@ -393,12 +393,10 @@ def check_grads_and_vars(grads_and_vars):
 
 
 def check_distinct_names(trained):
-  """Refuses trained variables that share a name: the window keys each
-  one's state (accumulators, row masks) by its name, and two sharing one
-  would share their state, silently, or fail deep in TensorFlow. In a
-  tf.compat.v1 graph names are unique; in TensorFlow 2 they need not be
-  (Keras 2.15's `load_model` of a SavedModel inside a strategy's scope
-  names the variables without their layers: two `kernel`s)."""
+  """Refuses trained variables that share the name the window keys their
+  state by (accumulators, row masks): two sharing one would share their
+  state, silently, or fail deep in TensorFlow. `name_window_state` gives
+  each a name of its own first; this holds it to that."""
   seen = {}
   for _, variable in trained:
     name = state_variables.variable_base_name(variable)
@@ -406,10 +404,7 @@ def check_distinct_names(trained):
       raise ValueError(
           f"two trained variables are named {name!r} (shapes "
           f"{seen[name].shape} and {variable.shape}): the window keeps each "
-          "one's state under its name. Give the variables distinct names. "
-          "(Keras 2.15 loads a SavedModel inside a distribution strategy's "
-          "scope with its variables named without their layers: resume "
-          "there from a .keras file or save_weights instead.)")
+          "one's state under its name. Give the variables distinct names.")
     seen[name] = variable
 
 

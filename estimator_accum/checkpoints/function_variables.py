@@ -14,6 +14,7 @@ which, inside the wrapper's `building` scope, asks its `FunctionVariables`.
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from estimator_accum import graph_state
@@ -32,8 +33,10 @@ class FunctionVariables:
   def __init__(self):
     self.made = {}
     self.untracked = set()
-    # Values loaded (a `.keras` file) for state not made yet: {name: value}.
+    # Values loaded (a `.keras` file) for state not made yet: {name: value},
+    # and the names in the order the saving window made them (or None).
     self._pending = {}
+    self._pending_order = None
 
   @contextlib.contextmanager
   def building(self):
@@ -79,9 +82,10 @@ class FunctionVariables:
     return {name: variable for name, variable in self.made.items()
             if name not in self.untracked}
 
-  def restore_later(self, values):
+  def restore_later(self, values, order=None):
     """Sets {name: value} into the state: now where it is made, when it is
-    made for the rest.
+    made for the rest (`settle` sets or refuses what no name claimed).
+    `order`: the names in the order the saving window made its state.
 
     Raises:
       ValueError: a value for state that was made and is not saved.
@@ -94,6 +98,41 @@ class FunctionVariables:
         replicas.assign_saved(self.made[name], value)
       else:
         self._pending[name] = value
+    if order is not None:
+      self._pending_order = list(order)
+
+  def has_pending(self):
+    return bool(self._pending)
+
+  def settle(self):
+    """Once the window is built: sets the values no state of its name took,
+    by position (the saving window made its state in the same order; Keras
+    2.15 loads a SavedModel inside a strategy's scope with its variables
+    named without their layers, and so the window's state too).
+
+    Raises:
+      ValueError: values that match no state of this window, in name nor
+        in position and shape: the file was saved from another model.
+    """
+    if not self._pending:
+      return
+    saved = list(self.saved().items())
+    order = self._pending_order
+    if order is not None and len(order) == len(saved) and all(
+        tuple(saved[i][1].shape) == np.shape(self._pending[name])
+        for i, name in enumerate(order) if name in self._pending):
+      for index, name in enumerate(order):
+        if name in self._pending:
+          replicas.assign_saved(saved[index][1], self._pending.pop(name))
+    if self._pending:
+      left = sorted(self._pending)
+      self._pending = {}
+      raise ValueError(
+          f"the saved window state {left} matches no state of this window "
+          f"by name, nor by position and shape (this window's: "
+          f"{[name for name, _ in saved]}): it was saved from another model "
+          "or another optimizer.")
+    self._pending_order = None
 
 
 class _Building:

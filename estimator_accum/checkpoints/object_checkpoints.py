@@ -16,6 +16,7 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 import tensorflow as tf
 
 from estimator_accum import tf_private
+from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
 
 __all__ = ["SyncOnReadCheckpoint", "WINDOW_SLOT_PREFIX", "WrapperCheckpoints"]
@@ -174,8 +175,7 @@ class WrapperCheckpoints:
     tracking = self._tracking()
     if tracking is None or not isinstance(variable, tf.Variable):
       return None
-    return tracking.slots.get(
-        (variable.name.split(":")[0], slot_name))
+    return tracking.slots.get((variable_base_name(variable), slot_name))
 
 
   def restore_slot(self, position, slot_name, variable):
@@ -192,7 +192,7 @@ class WrapperCheckpoints:
     if state is not None:
       position.restore(state)
     else:
-      key = (variable.name.split(":")[0], slot_name)
+      key = (variable_base_name(variable), slot_name)
       self._deferred_slots.setdefault(key, []).append(position)
 
 

@@ -8,6 +8,8 @@ replicas. `state_variable` makes them with exactly the name asked for;
 the `Window` that made them lists them (`Window.state_variables`).
 """
 
+import weakref
+
 import tensorflow as tf
 
 from estimator_accum import graph_state
@@ -33,14 +35,59 @@ def unfolded_zeros(shape, dtype=tf.float32, partition_info=None):
   return tf.fill(shape, zero)
 
 
+# {id(trained variable): (a weak reference to it, the name the window keys
+# its state by)}, for variables whose own name another trained variable of
+# the same build has (name_window_state).
+_WINDOW_NAMES = {}
+
+
 def variable_base_name(var):
-  """Returns the strategy-wide name of `var` without the `:0` suffix.
+  """Returns the strategy-wide name of `var` without the `:0` suffix (or
+  the name `name_window_state` gave it, when its own is taken).
 
   Under a distribution strategy `var.op.name` is the per-replica component
   (`.../replica_1`), which names no variable in replica 0; `var.name` is the
   name every replica shares.
   """
+  given = _WINDOW_NAMES.get(id(var))
+  if given is not None and given[0]() is var:
+    return given[1]
   return var.name.split(":")[0]
+
+
+def name_window_state(trained):
+  """Gives each trained variable of `trained` ([(gradient, variable)]) a
+  name no other one has, which the window keys its state by: its own, or,
+  for a variable whose name one before it has, that name with `_<n>` (the
+  first free n). In a tf.compat.v1 graph names are unique; in TensorFlow 2
+  they need not be: Keras 2.15's `load_model` of a SavedModel inside a
+  distribution strategy's scope names the variables without their layers
+  (two `kernel`s). A SavedModel keeps the window's state by position, so
+  these names need only hold within the process. Returns {given name:
+  the variable's own}."""
+  own = [variable_base_name(v) for _, v in trained]
+  taken, given = set(own), {}
+  seen = set()
+  for (_, variable), name in zip(trained, own):
+    if name not in seen:
+      seen.add(name)
+      continue
+    number = 1
+    while f"{name}_{number}" in taken:
+      number += 1
+    alias = f"{name}_{number}"
+    taken.add(alias)
+    seen.add(alias)
+    given[alias] = name
+    for each in [variable, *getattr(variable, "values", ())]:
+      _forget_when_gone(each)
+      _WINDOW_NAMES[id(each)] = (weakref.ref(each), alias)
+  return given
+
+
+def _forget_when_gone(variable):
+  key = id(variable)
+  weakref.finalize(variable, _WINDOW_NAMES.pop, key, None)
 
 
 class _Created:

@@ -150,6 +150,20 @@ def assign_saved(variable, value):
     component.assign(value)
 
 
+def saved_value(variable):
+  """`variable`'s value as a checkpoint saves it (what `assign_saved` takes
+  back): a per-replica variable's sum over its replicas (SUM) or their
+  mean (MEAN), read from any context (outside its strategy's scope,
+  `read_value` gives one replica's own); any other's value."""
+  if not is_sync_on_read(variable):
+    return variable.read_value()
+  components, _ = replica_components(variable)
+  total = tf.add_n([c.read_value() for c in components])
+  if variable.aggregation == tf.VariableAggregation.SUM:
+    return total
+  return tf.cast(total / len(components), variable.dtype)
+
+
 def once_across_replicas(function):
   """Runs `function()` once, in cross-replica context: from a replica's
   context under a strategy, where every replica calls this at the same

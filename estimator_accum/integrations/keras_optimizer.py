@@ -364,14 +364,14 @@ class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
     copies = self._window.saved_model_copies
     if [tuple(c.shape) for c in copies] != [tuple(w.shape) for w in weights]:
       with tf.init_scope(), tf.device("/cpu:0"):
-        copies = [tf.Variable(w.read_value(), trainable=False,
+        copies = [tf.Variable(replicas.saved_value(w), trainable=False,
                               name=f"saved_weight_{i}")
                   for i, w in enumerate(weights)]
       self._window.saved_model_copies = copies
     else:
       with tf.init_scope():
         for copy_, weight in zip(copies, weights):
-          copy_.assign(weight.read_value())
+          copy_.assign(replicas.saved_value(weight))
     return {str(i): copy_ for i, copy_ in enumerate(copies)}
 
   def _take_saved_model_state(self, state):

@@ -60,13 +60,16 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
     optimizer's state exist: once, in cross-replica context (every
     replica's thread builds the window and reaches here)."""
     state = self._window.saved_model_state
-    if state is None:
+    store = self._window.function_variables
+    if state is None and not store.has_pending():
       return
 
     def load():
       with tf.init_scope():
-        self.load_own_variables(state)
-      self._window.saved_model_state = None
+        if state is not None:
+          self.load_own_variables(state)
+          self._window.saved_model_state = None
+        store.settle()
 
     replicas.once_across_replicas(load)
 
@@ -77,10 +80,12 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
   def _state_by_key(self):
     """{key: variable}, keyed as in a `.keras` file."""
     own = [self.iterations] + list(self._window.inner_optimizer().variables)
+    # The window's by its position and name ("window:<i>:<name>"): a
+    # SavedModel loaded inside a strategy's scope names the state anew.
     return {**{str(i): variable for i, variable in enumerate(own)},
-            **{_WINDOW_KEY + urllib.parse.quote(name, safe=""): variable
-               for name, variable
-               in self._window.function_variables.saved().items()}}
+            **{f"{_WINDOW_KEY}{i}:{urllib.parse.quote(name, safe='')}":
+               variable for i, (name, variable) in enumerate(
+                   self._window.function_variables.saved().items())}}
 
   def build(self, var_list):
     """Builds the inner optimizer's state for `var_list` (Keras builds an
@@ -117,9 +122,20 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
           f"count take {len(own)}: it was saved with another optimizer.")
     for i, variable in enumerate(own):
       replicas.assign_saved(variable, store[str(i)])
-    self._window.function_variables.restore_later({
-        urllib.parse.unquote(k[len(_WINDOW_KEY):]): np.asarray(store[k])
-        for k in keys if k.startswith(_WINDOW_KEY)})
+    window, order = {}, []
+    for key in keys:
+      if not key.startswith(_WINDOW_KEY):
+        continue
+      rest = key[len(_WINDOW_KEY):]
+      index, colon, quoted = rest.partition(":")
+      if colon and index.isdigit():
+        name = urllib.parse.unquote(quoted)
+        order.append((int(index), name))
+      else:  # a file of an earlier version: by name only
+        name = urllib.parse.unquote(rest)
+      window[name] = np.asarray(store[key])
+    self._window.function_variables.restore_later(
+        window, [name for _, name in sorted(order)] if order else None)
 
   def get_slot_names(self):
     """The window's slot names, none while a SavedModel is saved."""

@@ -35,6 +35,7 @@ from estimator_accum import _checks, graph_state
 from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints.state_variables import (
   StateVariables,
+  name_window_state,
   variable_base_name,
 )
 from estimator_accum.distribution import preemption, replicas, watchdog
@@ -160,6 +161,7 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
                                       unscales=batch.loss is not None)
     trained = batch.gradients(scaler, dict(settings.gradient_options))
     _checks.check_ref_variables(trained, optimizer)
+    name_window_state(trained)
     _checks.check_distinct_names(trained)
     # Told to stop (SIGTERM): every replica and worker agrees on one
     # micro-batch, which then changes nothing, and Estimator saves.

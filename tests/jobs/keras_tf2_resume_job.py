@@ -85,7 +85,9 @@ def main():
   np.savez(os.path.join(args.directory, f"{args.phase}.npz"),
            micro_batches=model.optimizer.iterations.numpy(),
            updates=model.optimizer.inner_optimizer.iterations.numpy(),
-           **{w.name: w.numpy() for w in model.weights})
+           # By position: a SavedModel loaded in a strategy's scope names
+           # its variables without their layers (two `kernel:0`s).
+           **{f"weight_{i}": w.numpy() for i, w in enumerate(model.weights)})
   print(f"{args.phase}: {int(model.optimizer.iterations.numpy())} "
         "micro-batches", flush=True)
 

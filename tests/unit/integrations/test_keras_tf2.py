@@ -8,11 +8,14 @@ order (harness/keras_exactness.py holds the model, the optimizers and the
 data; its table adds MultiWorkerMirroredStrategy, which
 tests/integration/test_keras_tf2_cluster.py runs)."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import estimator_accum as ea
+from estimator_accum.checkpoints import state_variables as estimator_accum_state
 from harness import keras_exactness as kx
 
 K, B = kx.K, kx.MICRO_BATCH
@@ -319,6 +322,53 @@ def test_a_keras_file_keeps_the_window(tmp_path):
   _assert_close(_weights(loaded), _weights(whole), "loaded")
 
 
+def _store_of(model, rename):
+  """A `.keras` file's optimizer store of `model`, its window keys
+  rewritten by `rename(key) -> key`."""
+  return {rename(key) if key.startswith("window:") else key: value.numpy()
+          for key, value in model.optimizer._state_by_key().items()}  # noqa: SLF001
+
+
+def _resumed_from(stopped, store):
+  """A new model with `stopped`'s weights and its optimizer state from
+  `store`, as Keras loads a `.keras` file."""
+  model = kx._compiled(lambda: ea.AccumulatingKerasOptimizer(  # noqa: SLF001
+      tf.keras.optimizers.Adam(0.01), k=K), tf.distribute.get_strategy(),
+      True)
+  model.set_weights(stopped.get_weights())
+  model.optimizer.build(model.trainable_variables)
+  model.optimizer.load_own_variables(store)
+  return model
+
+
+@pytest.mark.slow  # trains, and trains on again
+def test_window_state_of_an_earlier_file_format_loads_by_name():
+  """`.keras` files of earlier versions key the window's state by name
+  alone (`window:<name>`); this one adds its position
+  (`window:<i>:<name>`), by which a SavedModel loaded inside a strategy's
+  scope, whose state is named anew, finds it."""
+  whole, _ = _model_at(K * kx.WINDOWS)
+  stopped, dataset = _model_at(K + 1)
+  keys = [k for k in stopped.optimizer._state_by_key() if k.startswith(  # noqa: SLF001
+      "window:")]
+  assert keys and all(re.fullmatch(r"window:\d+:[^:]+", k) for k in keys)
+  resumed = _resumed_from(stopped, _store_of(
+      stopped, lambda key: "window:" + key.split(":", 2)[2]))
+  resumed.fit(dataset.skip(K + 1), verbose=0)
+  _assert_close(_weights(resumed), _weights(whole), "earlier format")
+
+
+def test_window_state_of_another_model_is_refused():
+  stopped, dataset = _model_at(K + 1)
+  # Names no state of this window has, and one value of the wrong shape.
+  store = _store_of(stopped, lambda key: key + "_elsewhere")
+  store["window:0:other%2Faccum_elsewhere"] = np.zeros([7, 7], np.float32)
+  resumed = _resumed_from(stopped, store)
+  with pytest.raises(ValueError, match=r"matches no state of this window by "
+                     r"name, nor by position and shape"):
+    resumed.fit(dataset.skip(K + 1), verbose=0)
+
+
 def _fit_epochs(epochs, callbacks):
   """A model with the wrapper fit for `epochs` epochs of 5 micro-batches
   (k=3: epochs end inside windows) with `callbacks`."""
@@ -474,22 +524,30 @@ def test_xla_is_refused_in_one_line():
               verbose=0)
 
 
-def test_two_trained_variables_of_one_name_are_refused():
-  # TensorFlow 2 variables need not have distinct names; the window keys
-  # each one's state by it. Before, these two shared one accumulator and
-  # trained silently wrong (Keras's load_model of a SavedModel inside a
-  # strategy's scope names a model's kernels so).
+def test_trained_variables_of_one_name_each_keep_their_own_window():
+  # TensorFlow 2 variables need not have distinct names, and the window
+  # keys each one's state by a name. Keras's load_model of a SavedModel
+  # inside a strategy's scope names a model's kernels so. Once these two
+  # shared one accumulator and trained silently wrong, then they were
+  # refused; now the second is keyed `w_2` (a third is named `w_1`).
   first = tf.Variable(tf.ones([2]), name="w")
   second = tf.Variable(tf.ones([2]), name="w")
+  third = tf.Variable(tf.ones([2]), name="w_1")
   optimizer = ea.AccumulatingKerasOptimizer(tf.keras.optimizers.SGD(0.1), k=2)
+  variables = [first, second, third]
 
   @tf.function
   def step():
     with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(first) + 3.0 * tf.reduce_sum(second)
-    variables = [first, second]
+      loss = (tf.reduce_sum(first) + 3.0 * tf.reduce_sum(second) +
+              5.0 * tf.reduce_sum(third))
     optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
-  with pytest.raises(ValueError, match=r"two trained variables are named "
-                     r"'w' \(shapes \(2,\) and \(2,\)\)"):
-    step()
+  step()
+  np.testing.assert_array_equal(first.numpy(), [1.0, 1.0])  # mid-window
+  step()
+  for variable, gradient in zip(variables, [1.0, 3.0, 5.0]):
+    np.testing.assert_allclose(variable.numpy(), [1.0 - 0.1 * gradient] * 2,
+                               rtol=1e-6)
+  names = [estimator_accum_state.variable_base_name(v) for v in variables]
+  assert names == ["w", "w_2", "w_1"]
