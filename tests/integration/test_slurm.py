@@ -113,10 +113,11 @@ def test_the_documented_sbatch_script_finishes(cluster, tmp_path):
   assert not _tasks_of(run_dir)
 
 
-def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags):
+def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags,
+            job_flags=()):
   script = tmp_path / "job.sbatch"
   command = " ".join(_job_command(model_dir, updates, "--step_seconds",
-                                  "0.2", "--save_every", "2",
+                                  "0.2", "--save_every", "2", *job_flags,
                                   port_base=_port_base()))
   script.write_text(f"#!/bin/bash\nsrun {command}\n")
   submitted = cluster.run(
@@ -154,6 +155,37 @@ def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
   assert len(set(saved)) <= 1, log[-3000:]
   if saved:
     assert hosts.latest_step(model_dir) == int(saved[0]), log[-3000:]
+  assert took < 10, (took, log[-3000:])
+
+
+def test_scancel_during_the_start_stops_every_task_at_once(cluster,
+                                                          tmp_path):
+  # Slurm's SIGTERM while both tasks are between the strategy (whose
+  # coordination service takes SIGTERM's handler and only records the
+  # signal) and their first train op (issue 56): each exits 143 at once,
+  # nothing to save; before, both trained on until KillWait's SIGKILL.
+  model_dir = tmp_path / "run"
+  job = _submit(cluster, tmp_path, model_dir, 200, job_flags=(
+      "--pause_at", "strategy_made", "--pause_seconds", "60"))
+  log_path = tmp_path / "job.out"
+  deadline = time.monotonic() + 180
+  while (not log_path.exists() or
+         log_path.read_text().count("phase strategy_made") < 2):
+    assert time.monotonic() < deadline, (
+        log_path.read_text()[-3000:] if log_path.exists() else "no log")
+    time.sleep(0.2)
+  cancelled = time.monotonic()
+  cluster.run(["scancel", job])
+  while _tasks_of(model_dir):
+    assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
+    time.sleep(0.2)
+  took = time.monotonic() - cancelled
+  assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+  log = log_path.read_text()
+  assert log.count("SIGTERM before training began (no micro-batch has run "
+                   "in this process): nothing to save; exiting with 143"
+                   ) == 2, (took, log[-3000:])
+  assert hosts.latest_step(model_dir) in (-1, 0), log[-3000:]
   assert took < 10, (took, log[-3000:])
 
 
