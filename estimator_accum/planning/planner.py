@@ -329,6 +329,10 @@ def measure_peak(build, micro_batch, k, device=None,
   device = device or default_device()
   check_memory_statistics(device)
   started = time.perf_counter()
+  # What earlier work left for the collector (an input pipeline's iterator
+  # in a reference cycle keeps its threads filling buffers): gone before
+  # the peak is read, not allocating during it.
+  gc.collect()
   graph = tf.Graph()
   with graph.as_default():
     fetch = build(micro_batch, k, **memory_options)
