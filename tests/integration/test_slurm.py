@@ -127,6 +127,19 @@ def _submit(cluster, tmp_path, model_dir, updates, *sbatch_flags,
   return submitted.stdout.strip().split(";")[0]
 
 
+def _scancel(cluster, job, model_dir):
+  """scancel `job`; waits (30 s at most) until no task of `model_dir`
+  runs and the job is CANCELLED; returns the seconds the tasks took."""
+  cancelled = time.monotonic()
+  cluster.run(["scancel", job])
+  while _tasks_of(model_dir):
+    assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
+    time.sleep(0.2)
+  took = time.monotonic() - cancelled
+  assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+  return took
+
+
 def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
   # Slurm's SIGTERM to each task: both stop saved (the step they agree on,
   # or nothing left to save) and exit 143 at once, long before KillWait's
@@ -135,13 +148,7 @@ def test_scancel_stops_every_task_saved_within_seconds(cluster, tmp_path):
   job = _submit(cluster, tmp_path, model_dir, 200)
   hosts.wait_for_step(model_dir, 3, [], seconds=180)
   assert _tasks_of(model_dir)
-  cancelled = time.monotonic()
-  cluster.run(["scancel", job])
-  while _tasks_of(model_dir):
-    assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
-    time.sleep(0.2)
-  took = time.monotonic() - cancelled
-  assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+  took = _scancel(cluster, job, model_dir)
   log = (tmp_path / "job.out").read_text()
   # Each task either saves the step every task agreed on, or (signalled
   # between two micro-batches, after a save of step 2n: --step_seconds
@@ -174,13 +181,7 @@ def test_scancel_during_the_start_stops_every_task_at_once(cluster,
     assert time.monotonic() < deadline, (
         log_path.read_text()[-3000:] if log_path.exists() else "no log")
     time.sleep(0.2)
-  cancelled = time.monotonic()
-  cluster.run(["scancel", job])
-  while _tasks_of(model_dir):
-    assert time.monotonic() - cancelled < 30, _tasks_of(model_dir)
-    time.sleep(0.2)
-  took = time.monotonic() - cancelled
-  assert cluster.wait_for_job(job, {"CANCELLED"}, 30) == "CANCELLED"
+  took = _scancel(cluster, job, model_dir)
   log = log_path.read_text()
   assert log.count("SIGTERM before training began (no micro-batch has run "
                    "in this process): nothing to save; exiting with 143"
