@@ -314,6 +314,24 @@ def restored_checkpoint(position):
   return coordinator.object_graph_proto, coordinator.save_path_string
 
 
+def keras_backup_resumes_at_an_epoch(position):
+  """Whether the checkpoint a CheckpointPosition restores from is read by
+  a Keras BackupAndRestore that backs up at epochs' ends and resumes at
+  the next epoch's start, whatever batch its backup recorded: the
+  restore's root (`_checkpoint.graph_view.root`) is the callback's
+  `tf.train.Checkpoint(model=...)`, whose model holds the callback's
+  training state (`model._training_state`, with `_save_freq` and
+  `_enable_save_before_preemption`) while it restores. Its batch hooks
+  record each batch even then, when another callback has batch hooks (a
+  progress bar), which Keras ignores for such a backup. False when that
+  cannot be told."""
+  graph_view = getattr(position._checkpoint, "graph_view", None)  # noqa: SLF001
+  root = getattr(graph_view, "root", None)
+  state = getattr(getattr(root, "model", None), "_training_state", None)
+  return (getattr(state, "_save_freq", None) == "epoch"
+          and not getattr(state, "_enable_save_before_preemption", True))
+
+
 # Devices ------------------------------------------------------------------
 
 

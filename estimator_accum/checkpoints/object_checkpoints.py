@@ -225,7 +225,12 @@ def _refuse_a_replaying_backup(position):
   middle of an epoch (`save_freq` in steps). Keras resumes such a backup by
   running the epoch's input from its start under the later step numbers:
   the window would add the batches it already holds a second time. (Read
-  from the restore's object graph, a TensorFlow-private structure.)"""
+  from the restore's object graph, a TensorFlow-private structure.) A
+  backup at an epoch's end records the epoch's last batch when another
+  callback has batch hooks; Keras resumes it at the next epoch, as the
+  callback's own `save_freq='epoch'` says."""
+  if tf_private.keras_backup_resumes_at_an_epoch(position):
+    return
   graph, path = tf_private.restored_checkpoint(position)
   for child in graph.nodes[0].children:
     if child.local_name != _BACKUP_BATCH:

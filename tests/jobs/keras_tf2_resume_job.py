@@ -4,7 +4,7 @@ own, as a job restarted after a failure does.
 
   python tests/jobs/keras_tf2_resume_job.py --phase whole|first|second
       --directory D [--strategy one|mirrored] [--kind new|legacy]
-      [--save weights|savedmodel|model_checkpoint]
+      [--save weights|savedmodel|model_checkpoint|backup]
 
 `whole` trains on every micro-batch; `first` on the first STOP ones, then
 saves: the weights (`model.save_weights`, the optimizer's window with
@@ -12,7 +12,11 @@ them), the model as a SavedModel (`model.save(dir)`), or the model through
 `ModelCheckpoint(dir)` every STOP batches (a SavedModel too: no `.keras`
 ending); `second` builds the model anew and loads the weights, or loads
 the model (`tf.keras.models.load_model`, in the strategy's scope), and
-trains on the rest. Each writes its weights to D/<phase>.npz.
+trains on the rest. With `backup` the job is EPOCHS epochs of STOP
+micro-batches (each epoch ends inside a window) under
+`BackupAndRestore(dir)`, `first` stopped by an error at the second epoch's
+start, `second` the same job fit again, which Keras restores from the
+backup. Each writes its weights to D/<phase>.npz.
 """
 
 import argparse
@@ -30,6 +34,21 @@ from harness import keras_exactness as kx  # noqa: E402
 
 # 4 windows of k=3; the first phase stops one micro-batch into window 2.
 K, MICRO_BATCHES, STOP = 3, 12, 4
+EPOCHS = MICRO_BATCHES // STOP
+
+
+class _Count(tf.keras.callbacks.Callback):
+  """The micro-batches this process trained on."""
+  ran = 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    _Count.ran += 1
+
+
+class _StopAtSecondEpoch(tf.keras.callbacks.Callback):
+  def on_epoch_begin(self, epoch, logs=None):
+    if epoch == 1:
+      raise RuntimeError("stopped")
 
 
 def main():
@@ -43,7 +62,8 @@ def main():
                       help="the inner optimizer: Keras's Adam or its legacy "
                       "one")
   parser.add_argument("--save", default="weights",
-                      choices=["weights", "savedmodel", "model_checkpoint"])
+                      choices=["weights", "savedmodel", "model_checkpoint",
+                               "backup"])
   args = parser.parse_args()
   if args.strategy == "mirrored":
     tf.config.set_logical_device_configuration(
@@ -59,21 +79,24 @@ def main():
           tf.keras.optimizers.legacy.Adam)
   checkpoint = os.path.join(args.directory, "weights")
   saved = os.path.join(args.directory, "model")
-  if args.phase == "second" and args.save != "weights":
+  if args.phase == "second" and args.save in ("savedmodel",
+                                             "model_checkpoint"):
     with strategy.scope():
       model = tf.keras.models.load_model(saved)
   else:
     model = kx._compiled(  # noqa: SLF001
         lambda: ea.AccumulatingKerasOptimizer(adam(0.01), k=K), strategy,
         True)
-  if args.phase == "whole":
-    model.fit(dataset, verbose=0)
+  if args.save == "backup":
+    _fit_with_backup(model, dataset.take(STOP), args)
+  elif args.phase == "whole":
+    model.fit(dataset, verbose=0, callbacks=[_Count()])
   elif args.phase == "first":
     callbacks = []
     if args.save == "model_checkpoint":
       callbacks = [tf.keras.callbacks.ModelCheckpoint(saved,
                                                       save_freq=STOP)]
-    model.fit(dataset.take(STOP), verbose=0, callbacks=callbacks)
+    model.fit(dataset.take(STOP), verbose=0, callbacks=[_Count(), *callbacks])
     if args.save == "weights":
       model.save_weights(checkpoint)
     elif args.save == "savedmodel":
@@ -81,15 +104,31 @@ def main():
   else:
     if args.save == "weights":
       model.load_weights(checkpoint)
-    model.fit(dataset.skip(STOP), verbose=0)
+    model.fit(dataset.skip(STOP), verbose=0, callbacks=[_Count()])
   np.savez(os.path.join(args.directory, f"{args.phase}.npz"),
            micro_batches=model.optimizer.iterations.numpy(),
            updates=model.optimizer.inner_optimizer.iterations.numpy(),
+           ran=_Count.ran,
            # By position: a SavedModel loaded in a strategy's scope names
            # its variables without their layers (two `kernel:0`s).
            **{f"weight_{i}": w.numpy() for i, w in enumerate(model.weights)})
   print(f"{args.phase}: {int(model.optimizer.iterations.numpy())} "
         "micro-batches", flush=True)
+
+
+def _fit_with_backup(model, epoch, args):
+  """EPOCHS epochs of `epoch`; `first` stops at the second one's start."""
+  callbacks = [_Count()]
+  if args.phase != "whole":
+    callbacks.append(tf.keras.callbacks.BackupAndRestore(
+        os.path.join(args.directory, "backup")))
+  if args.phase == "first":
+    callbacks.append(_StopAtSecondEpoch())
+  try:
+    model.fit(epoch, epochs=EPOCHS, verbose=0, callbacks=callbacks)
+  except RuntimeError as error:
+    if args.phase != "first" or "stopped" not in str(error):
+      raise
 
 
 if __name__ == "__main__":
