@@ -244,6 +244,35 @@ def test_restored_checkpoint_of_a_position(tmp_path):
   graph, where = tf_private.restored_checkpoint(positions[0])
   assert where == path
   assert any(c.local_name == "root" for c in graph.nodes[0].children)
+  # Not a Keras BackupAndRestore's restore.
+  assert not tf_private.keras_backup_resumes_at_an_epoch(positions[0])
+
+
+@pytest.mark.parametrize("save_freq", ["epoch", 2])
+def test_keras_backup_resumes_at_an_epoch_reads_the_callbacks_state(
+    tmp_path, save_freq):
+  """The training state Keras's BackupAndRestore makes (its own class)
+  backs a model up and restores it; a dependency the model restored into
+  lacks is kept as a position, which tells the callback's `save_freq`."""
+  from keras.src.distribute import worker_training_state  # noqa: PLC0415
+
+  def model(extra):
+    made = tf.keras.Sequential([tf.keras.Input((2,)),
+                                tf.keras.layers.Dense(1)])
+    if extra:
+      made.extra = tf.Variable(3.0)
+    return made
+
+  saved = model(extra=True)
+  worker_training_state.WorkerTrainingState(
+      saved, str(tmp_path), save_freq).back_up(epoch=0)
+  loaded = model(extra=False)
+  loaded._training_state = worker_training_state.WorkerTrainingState(  # noqa: SLF001
+      loaded, str(tmp_path), save_freq)
+  loaded._training_state.restore()  # noqa: SLF001
+  position = loaded._deferred_dependencies["extra"][0]  # noqa: SLF001
+  assert tf_private.keras_backup_resumes_at_an_epoch(position) == (
+      save_freq == "epoch")
 
 
 def test_local_devices_include_the_cpu():
