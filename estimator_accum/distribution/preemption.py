@@ -160,17 +160,15 @@ def _arrived(signum):
       _STOP.sigterms += 1
       sigterms = _STOP.sigterms
     if sigterms > 1:
-      _say(f"a second SIGTERM: exiting now with {STOPPED_EXIT}; the newest "
-           "complete checkpoint is the one restored")
-      _exit()
+      _exit(f"a second SIGTERM: exiting now with {STOPPED_EXIT}; the newest "
+            "complete checkpoint is the one restored")
     if _STOP.ask(signalled=True):
       if _STOP.serving is not None:
         _start_serving_until_saved()
         return
       if _STOP.began is None:
-        _say(f"SIGTERM before training began (no micro-batch has run in "
-             f"this process): nothing to save; exiting with {STOPPED_EXIT}")
-        _exit()
+        _exit(f"SIGTERM before training began (no micro-batch has run in "
+              f"this process): nothing to save; exiting with {STOPPED_EXIT}")
       parameter_server_job = stop_requests.training_config()
       _say("SIGTERM: " + (
           "stopping at this task's next micro-batch and asking the other "
@@ -185,8 +183,7 @@ def _arrived(signum):
       # the others after a task's exit): it goes on.
       _say("SIGTERM: already stopping (a peer task was told to stop)")
   elif signum == signal.SIGINT and _STOP.asked_at is not None:
-    _say(f"SIGINT while stopping: exiting now with {STOPPED_EXIT}")
-    _exit()
+    _exit(f"SIGINT while stopping: exiting now with {STOPPED_EXIT}")
 
 
 def _on_sigterm(signum, frame):
@@ -532,30 +529,25 @@ def _exit_when_saved(first=True):
   while time.monotonic() < deadline:
     saved = _saved_checkpoint()
     if saved:
-      _say(f"stopped: global step {_STOP.stopped_step} saved in {saved}, "
-           f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
-           f"exiting with {STOPPED_EXIT}")
-      _exit()
+      _exit(f"stopped: global step {_STOP.stopped_step} saved in {saved}, "
+            f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
+            f"exiting with {STOPPED_EXIT}")
     if _STOP.stopped_step is not None and not _savers():
-      _say(f"stopped at global step {_STOP.stopped_step}; this graph "
-           f"saves no checkpoint; exiting with {STOPPED_EXIT}")
-      _exit()
+      _exit(f"stopped at global step {_STOP.stopped_step}; this graph "
+            f"saves no checkpoint; exiting with {STOPPED_EXIT}")
     if _STOP.stopped_step is not None and not saves:
-      _say(f"stopped at global step {_STOP.stopped_step}; the chief saves "
-           "(a parameter-server worker's open window is its own, and is "
-           f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
-      _exit()
+      _exit(f"stopped at global step {_STOP.stopped_step}; the chief saves "
+            "(a parameter-server worker's open window is its own, and is "
+            f"dropped, as at any restart of it); exiting with {STOPPED_EXIT}")
     why = None if _STOP.stopped_step is not None else (
         _why_nothing_is_left_to_save())
     if why is not None:
-      _say(f"SIGTERM while not training ({why}); exiting with "
-           f"{STOPPED_EXIT}")
-      _exit()
+      _exit(f"SIGTERM while not training ({why}); exiting with "
+            f"{STOPPED_EXIT}")
     time.sleep(_POLL_SECONDS)
-  _say(f"stopped: no checkpoint of the stop completed within {_seconds():g} "
-       f"s ({SECONDS_ENV}); the newest complete one is restored; exiting "
-       f"with {STOPPED_EXIT}")
-  _exit()
+  _exit(f"stopped: no checkpoint of the stop completed within {_seconds():g} "
+        f"s ({SECONDS_ENV}); the newest complete one is restored; exiting "
+        f"with {STOPPED_EXIT}")
 
 
 def _start_posting(config):
@@ -596,13 +588,11 @@ def _start_serving_until_saved():
       _say(f"could not ask the training tasks to stop ({error})")
     left = _STOP.asked_at + seconds - time.monotonic()
     if stop_requests.wait_for_training_to_end(config, max(left, 0.0)):
-      _say(f"stopped: every training task has exited, "
-           f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
-           f"exiting with {STOPPED_EXIT}")
-    else:
-      _say(f"stopped: training tasks still answer after {seconds:g} s; "
-           f"exiting with {STOPPED_EXIT}")
-    _exit()
+      _exit(f"stopped: every training task has exited, "
+            f"{time.monotonic() - _STOP.asked_at:.1f} s after the stop; "
+            f"exiting with {STOPPED_EXIT}")
+    _exit(f"stopped: training tasks still answer after {seconds:g} s; "
+          f"exiting with {STOPPED_EXIT}")
 
   threading.Thread(target=serve, daemon=True,
                    name="estimator_accum_stop").start()
@@ -650,10 +640,22 @@ def _complete_checkpoints(savers):
   return found
 
 
-def _exit():
+# Held from a process's last line to its exit: the stop's thread and the
+# main thread (at its end) can both find the save done, and each said so
+# (a line twice, 1 stop of 3 with forked tasks). Reentrant: a second
+# SIGTERM's handler can interrupt the thread that holds it.
+_LAST_WORDS = threading.RLock()
+
+
+def _exit(line=None):
+  """Says `line`, the process's last, and exits with 143; a second caller
+  waits here for the first one's exit."""
+  _LAST_WORDS.acquire()  # never released: os._exit follows
+  if line is not None:
+    _say(line)
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
-    except (OSError, ValueError):
+    except (OSError, ValueError, RuntimeError):  # (reentrant in a handler)
       pass
   os._exit(STOPPED_EXIT)

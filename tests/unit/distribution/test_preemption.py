@@ -160,6 +160,38 @@ def test_sigterm_after_the_import_exits_at_once():
          "process): nothing to save; exiting with 143" in err
 
 
+def test_two_threads_that_find_the_stop_done_say_so_once():
+  """The stop's thread and the main thread (at its end) can both find the
+  stop's save complete: one last line, one exit. Each caller here takes
+  0.5 s over its line; before, both lines came out (a task's last line
+  twice, seen with forked test tasks)."""
+  script = textwrap.dedent("""
+      import threading, time
+      from estimator_accum.distribution import preemption
+      say = preemption._say
+      def slow_say(line):
+          say(line)
+          time.sleep(0.5)
+      preemption._say = slow_say
+      start = threading.Barrier(2)
+      def finish(name):
+          start.wait()
+          preemption._exit(f"stopped: {name}")
+      threads = [threading.Thread(target=finish, args=(name,))
+                 for name in ("the stop's thread", "the main thread")]
+      for thread in threads:
+          thread.start()
+      for thread in threads:
+          thread.join()
+      """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=60, cwd=ROOT,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert done.returncode == 143, done.stderr[-2000:]
+  assert len(re.findall(r"\[estimator_accum\] stopped: ", done.stderr)) == 1, (
+      done.stderr[-2000:])
+
+
 @pytest.mark.slow  # a process making a MultiWorkerMirroredStrategy
 def test_the_handler_a_strategy_displaces_is_taken_back():
   # Before: the coordination service's handler recorded the signal and
