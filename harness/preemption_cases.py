@@ -124,7 +124,9 @@ def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
       # The second SIGTERM lands inside the stop's save.
       run.process.send_signal(signal.SIGTERM)
       if env is None or env.get("ESTIMATOR_ACCUM_STOP_ON_SIGTERM") != "0":
-        wait_for_output(run, "at global step", 30)
+        # (Not "at global step": TensorFlow's "...that global step has not
+        # been increased" warning matched it, before the stop's line.)
+        wait_for_output(run, "stopping (SIGTERM) at global step", 30)
         time.sleep(0.3)
       run.process.send_signal(signal.SIGTERM)
     code, seconds = _exit(run, started, wait)

@@ -51,19 +51,6 @@ tf.config.set_logical_device_configuration(
 # fast tier unless it does. CI runs both tiers, the fast one shuffled too.
 
 
-@pytest.fixture(scope="module")
-def exec_children():
-  """The module's children start with exec, not forked: the stop tests
-  count each task's lines, and once (1 run of 3 with the tasks forked) a
-  forked task's last stderr line came out twice (not understood yet: the
-  server's stdio objects, which forked children keep, are buffered where
-  `python -u`'s are not). `pytestmark = pytest.mark.usefixtures(
-  "exec_children")`."""
-  with pytest.MonkeyPatch.context() as patch:
-    patch.setenv(fork_start.SWITCH_ENV, "0")
-    yield
-
-
 @pytest.fixture(params=["cf_v2", "cf_v1"])
 def control_flow(request):
   """Runs the test under control flow v2 (TF 2 default) and v1."""

@@ -16,7 +16,7 @@ import pytest
 from harness import hosts
 from tfconfig import health
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("exec_children")]
+pytestmark = pytest.mark.slow
 
 UPDATES = 6
 

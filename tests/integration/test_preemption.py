@@ -24,7 +24,7 @@ from harness import hosts
 from harness import preemption_cases as cases
 from harness.ps_job import PLAN, K
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("exec_children")]
+pytestmark = pytest.mark.slow
 
 UPDATES = 30
 # What this project promises within Kubernetes' and Slurm's 30 s.
