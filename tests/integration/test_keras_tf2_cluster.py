@@ -3,6 +3,7 @@ worker processes configured by TF_CONFIG (`python -m tfconfig launch`),
 and a job stopped in the middle of a window that goes on in a new process
 from `model.save_weights`."""
 
+import shutil
 import subprocess
 import sys
 
@@ -58,6 +59,25 @@ def uninterrupted(tmp_path_factory):
   return run
 
 
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+  """The job's first phase, run once per strategy, kind and data, saving
+  every way at once (`--save all`); each test resumes from a copy of it."""
+  runs = {}
+
+  def run(strategy, kind, save, directory):
+    key = (strategy, kind, save == "backup")
+    if key not in runs:
+      made = tmp_path_factory.mktemp("first")
+      runs[key] = (made, _phase(
+          "first", made, strategy, "--kind", kind, "--save",
+          "backup" if save == "backup" else "all"))
+    made, first = runs[key]
+    shutil.copytree(made, directory, dirs_exist_ok=True)
+    return first
+  return run
+
+
 # save_weights; the model as a SavedModel (model.save(dir), ModelCheckpoint
 # without a .keras ending), which Keras's load_model compiles with an
 # optimizer made anew (its own optimizers start afresh there: Adam's
@@ -76,10 +96,11 @@ def uninterrupted(tmp_path_factory):
     ("mirrored", "legacy", "model_checkpoint"),
     ("mirrored", "new", "backup"), ("mirrored", "legacy", "backup")])
 def test_saved_mid_window_resumes_in_a_new_process(strategy, kind, save,
-                                                   tmp_path, uninterrupted):
+                                                   tmp_path, uninterrupted,
+                                                   stopped):
   flags = ("--kind", kind, "--save", save)
   whole = uninterrupted(strategy, kind, save)
-  first = _phase("first", tmp_path, strategy, *flags)
+  first = stopped(strategy, kind, save, tmp_path)
   assert first["micro_batches"] == job.STOP and first["updates"] == 1
   second = _phase("second", tmp_path, strategy, *flags)
   # It went on where the first stopped, not from the start.

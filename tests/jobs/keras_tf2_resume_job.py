@@ -4,13 +4,14 @@ own, as a job restarted after a failure does.
 
   python tests/jobs/keras_tf2_resume_job.py --phase whole|first|second
       --directory D [--strategy one|mirrored] [--kind new|legacy]
-      [--save weights|savedmodel|model_checkpoint|backup]
+      [--save weights|savedmodel|model_checkpoint|backup|all]
 
 `whole` trains on every micro-batch; `first` on the first STOP ones, then
 saves: the weights (`model.save_weights`, the optimizer's window with
 them), the model as a SavedModel (`model.save(dir)`), or the model through
 `ModelCheckpoint(dir)` every STOP batches (a SavedModel too: no `.keras`
-ending); `second` builds the model anew and loads the weights, or loads
+ending); `all` of the three at once, each in a directory of its own (the
+tests resume each from one first phase); `second` builds the model anew and loads the weights, or loads
 the model (`tf.keras.models.load_model`, in the strategy's scope), and
 trains on the rest. With `backup` the job is EPOCHS epochs of STOP
 micro-batches (each epoch ends inside a window) under
@@ -63,7 +64,7 @@ def main():
                       "one")
   parser.add_argument("--save", default="weights",
                       choices=["weights", "savedmodel", "model_checkpoint",
-                               "backup"])
+                               "backup", "all"])
   args = parser.parse_args()
   if args.strategy == "mirrored":
     tf.config.set_logical_device_configuration(
@@ -79,10 +80,12 @@ def main():
           tf.keras.optimizers.legacy.Adam)
   checkpoint = os.path.join(args.directory, "weights")
   saved = os.path.join(args.directory, "model")
+  checkpointed = os.path.join(args.directory, "checkpointed")
   if args.phase == "second" and args.save in ("savedmodel",
                                              "model_checkpoint"):
     with strategy.scope():
-      model = tf.keras.models.load_model(saved)
+      model = tf.keras.models.load_model(
+          saved if args.save == "savedmodel" else checkpointed)
   else:
     model = kx._compiled(  # noqa: SLF001
         lambda: ea.AccumulatingKerasOptimizer(adam(0.01), k=K), strategy,
@@ -93,13 +96,13 @@ def main():
     model.fit(dataset, verbose=0, callbacks=[_Count()])
   elif args.phase == "first":
     callbacks = []
-    if args.save == "model_checkpoint":
-      callbacks = [tf.keras.callbacks.ModelCheckpoint(saved,
+    if args.save in ("model_checkpoint", "all"):
+      callbacks = [tf.keras.callbacks.ModelCheckpoint(checkpointed,
                                                       save_freq=STOP)]
     model.fit(dataset.take(STOP), verbose=0, callbacks=[_Count(), *callbacks])
-    if args.save == "weights":
+    if args.save in ("weights", "all"):
       model.save_weights(checkpoint)
-    elif args.save == "savedmodel":
+    if args.save in ("savedmodel", "all"):
       model.save(saved)
   else:
     if args.save == "weights":
