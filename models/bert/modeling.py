@@ -30,6 +30,7 @@ import math
 import tensorflow as tf
 
 import estimator_accum
+from models.bert import packing
 
 _ACTIVATIONS = {
     "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
@@ -106,7 +107,8 @@ class BertModel:
 
   def __init__(self, config, is_training, input_ids, input_mask=None,
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
-               compute_type=tf.float32, recompute=False):
+               compute_type=tf.float32, recompute=False, example_ids=None,
+               max_examples=None):
     """Builds the encoder in the current graph.
 
     Args:
@@ -128,6 +130,15 @@ class BertModel:
         backward pass (`estimator_accum.recompute`, dropout replayed
         exactly): only each layer's input is kept for the backward pass.
         Same variables, same gradient; less memory, more time.
+      example_ids: optional int32 Tensor [batch_size, seq_length] for packed
+        rows (several examples in one row, `models.bert.packing`): each
+        token's example in its row, 1, 2, ..., 0 for padding. Each token
+        attends to its own example only, positions restart with each
+        example, and `get_pooled_output` reads each example's first token:
+        the model of one example per row, on fewer rows. `input_mask` is
+        then ignored (0 in `example_ids` is padding); token types restart
+        with each example in `token_type_ids`.
+      max_examples: with `example_ids`, the most examples a row holds.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -146,6 +157,12 @@ class BertModel:
       raise ValueError(
           f"input_ids has sequence length {seq_length}, above the model's "
           f"max_position_embeddings ({config.max_position_embeddings}).")
+    if (example_ids is None) != (max_examples is None):
+      raise ValueError("example_ids and max_examples go together (packed "
+                       f"rows), got example_ids={example_ids!r}, "
+                       f"max_examples={max_examples!r}")
+    if example_ids is not None:
+      input_mask = tf.cast(example_ids > 0, tf.int32)
     if input_mask is None:
       input_mask = tf.ones_like(input_ids)
     if token_type_ids is None:
@@ -156,10 +173,14 @@ class BertModel:
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
       with tf.compat.v1.variable_scope("embeddings"):
-        self.embedding_output = self._embeddings(input_ids, token_type_ids)
+        self.embedding_output = self._embeddings(
+            input_ids, token_type_ids, None if example_ids is None else
+            packing.position_ids(example_ids))
       with tf.compat.v1.variable_scope("encoder"):
         bias = (1.0 - tf.cast(input_mask[:, tf.newaxis, tf.newaxis, :],
                               tf.float32)) * -10000.0
+        if example_ids is not None:
+          bias = packing.attention_bias(example_ids)
         self.all_encoder_layers = []
         layer_input = tf.cast(self.embedding_output, self._compute_type)
         layer = estimator_accum.recompute(self._layer) if recompute else (
@@ -169,12 +190,18 @@ class BertModel:
             layer_input = layer(layer_input, bias)
           self.all_encoder_layers.append(tf.cast(layer_input, tf.float32))
       self.sequence_output = self.all_encoder_layers[-1]
+      first = layer_input[:, 0]
+      self.example_mask = None
+      if example_ids is not None:
+        starts, self.example_mask = packing.first_tokens(example_ids,
+                                                         max_examples)
+        first = tf.gather(layer_input, starts, batch_dims=1)
       with tf.compat.v1.variable_scope("pooler"):
         self.pooled_output = tf.cast(_dense(
-            layer_input[:, 0], config.hidden_size, "dense",
+            first, config.hidden_size, "dense",
             config.initializer_range, activation=tf.tanh), tf.float32)
 
-  def _embeddings(self, input_ids, token_type_ids):
+  def _embeddings(self, input_ids, token_type_ids, position_ids=None):
     config = self._config
     init = _initializer(config.initializer_range)
     self.embedding_table = tf.compat.v1.get_variable(
@@ -195,7 +222,8 @@ class BertModel:
       words = tf.gather(self.embedding_table, input_ids)
     output = (words +
               tf.gather(token_types, token_type_ids) +
-              positions[tf.newaxis, :seq_length])
+              (positions[tf.newaxis, :seq_length] if position_ids is None else
+               tf.gather(positions, position_ids)))
     output = _layer_norm(output, config.layer_norm_eps)
     return _dropout(output, config.hidden_dropout_prob)
 
@@ -238,8 +266,15 @@ class BertModel:
                          attention, config.layer_norm_eps)
 
   def get_pooled_output(self):
-    """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output))."""
+    """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));
+    with packed rows [batch_size, max_examples, hidden_size], one per
+    example (`get_example_mask` says which a row holds)."""
     return self.pooled_output
+
+  def get_example_mask(self):
+    """With packed rows, bool Tensor [batch_size, max_examples]: whether a
+    row holds its n-th example; None without."""
+    return self.example_mask
 
   def get_sequence_output(self):
     """float32 Tensor [batch_size, seq_length, hidden_size]: the last layer."""

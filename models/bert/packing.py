@@ -1,0 +1,107 @@
+"""Packed rows for BERT: several examples in one row of max_seq_length,
+the same model as one example per row (Krell et al., "Efficient sequence
+packing without cross-contamination", 2021; TensorFlow Model Garden's
+packed-sequence embedding does the same).
+
+A packed row says, for each token, which of the row's examples it belongs
+to: `example_ids`, int32 [batch, seq_length], 1 for the row's first
+example, 2 for its second, ..., 0 for padding. From it:
+
+- each token attends to the tokens of its own example only (a block-diagonal
+  attention bias, `attention_bias`);
+- positions restart at 0 with each example (`position_ids`);
+- each example's [CLS] is its first token (`first_tokens`), which the pooler
+  reads.
+
+Token types (segment ids) restart with each example in the input itself.
+With dropout off an example's outputs equal the unpacked model's at float32
+round-off (tests/unit/models/test_bert_packing.py).
+"""
+
+import tensorflow as tf
+
+# What BERT adds to the attention scores of a key a token may not see, as in
+# google-research/bert: exp(-10000) is 0 in float32.
+_HIDDEN = -10000.0
+
+
+def attention_bias(example_ids):
+  """float32 [batch, 1, seq_length, seq_length]: 0 where a token may attend
+  (a real token of its own example), -10000 elsewhere."""
+  same = tf.equal(example_ids[:, :, tf.newaxis], example_ids[:, tf.newaxis, :])
+  allowed = tf.logical_and(same, example_ids[:, tf.newaxis, :] > 0)
+  return ((1.0 - tf.cast(allowed, tf.float32)) * _HIDDEN)[:, tf.newaxis]
+
+
+def position_ids(example_ids):
+  """int32 [batch, seq_length]: each token's position within its example
+  (the number of earlier tokens of the same example)."""
+  length = tf.shape(example_ids)[1]
+  same = tf.equal(example_ids[:, :, tf.newaxis], example_ids[:, tf.newaxis, :])
+  earlier = tf.range(length)[tf.newaxis, :] < tf.range(length)[:, tf.newaxis]
+  return tf.reduce_sum(
+      tf.cast(tf.logical_and(same, earlier[tf.newaxis]), tf.int32), axis=-1)
+
+
+def first_tokens(example_ids, max_examples):
+  """(int32 [batch, max_examples], bool [batch, max_examples]): the index of
+  each example's first token in its row, and whether the row holds that
+  example (a row holds examples 1..n, n <= max_examples)."""
+  numbers = tf.range(1, max_examples + 1, dtype=example_ids.dtype)
+  hit = tf.equal(example_ids[:, tf.newaxis, :],
+                 numbers[tf.newaxis, :, tf.newaxis])
+  return (tf.argmax(tf.cast(hit, tf.int32), axis=-1, output_type=tf.int32),
+          tf.reduce_any(hit, axis=-1))
+
+
+def pack(examples, seq_length, rows=None):
+  """Packs examples into rows, first fit in the order given (sort them by
+  length, longest first, for fewer rows).
+
+  Args:
+    examples: list of (input_ids, segment_ids) pairs of int lists, each at
+      most `seq_length` long.
+    seq_length: the row length.
+    rows: the number of rows to return (padded with empty rows); default as
+      many as the examples need.
+
+  Returns:
+    dict of int32 numpy arrays [rows, seq_length]: input_ids, segment_ids,
+    input_mask, example_ids; and "placement", a list of (row, example
+    number) for each example, in the order given.
+
+  Raises:
+    ValueError: an example longer than seq_length, or more rows needed than
+      `rows`.
+  """
+  import numpy as np  # noqa: PLC0415
+
+  filled, placement = [], []
+  for index, (ids, _) in enumerate(examples):
+    if len(ids) > seq_length:
+      raise ValueError(f"example {index} has {len(ids)} tokens, above "
+                       f"seq_length={seq_length}")
+    row = next((r for r, used in enumerate(filled)
+                if used[0] + len(ids) <= seq_length), None)
+    if row is None:
+      filled.append([0, 0])
+      row = len(filled) - 1
+    filled[row][0] += len(ids)
+    filled[row][1] += 1
+    placement.append((row, filled[row][1]))
+  count = len(filled) if rows is None else rows
+  if len(filled) > count:
+    raise ValueError(f"the examples need {len(filled)} rows of "
+                     f"{seq_length} tokens, more than rows={rows}")
+  out = {name: np.zeros([count, seq_length], np.int32) for name in
+         ("input_ids", "segment_ids", "input_mask", "example_ids")}
+  start = [0] * count
+  for (ids, segments), (row, number) in zip(examples, placement):
+    span = slice(start[row], start[row] + len(ids))
+    out["input_ids"][row, span] = ids
+    out["segment_ids"][row, span] = segments
+    out["input_mask"][row, span] = 1
+    out["example_ids"][row, span] = number
+    start[row] += len(ids)
+  out["placement"] = placement
+  return out
