@@ -45,11 +45,18 @@ class TrainingConfig:
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
                  recompute=False):
-  """Returns (logits, probabilities) for features from bert_features."""
+  """Returns (logits, probabilities) for features from bert_features.
+
+  Packed rows (`example_ids` in the features, `models.bert.packing`):
+  logits [batch, max_examples, num_labels], one per example a row may hold,
+  `label_ids` [batch, max_examples] giving max_examples."""
+  packed = "example_ids" in features
   model = modeling.BertModel(
       bert_config, is_training, features["input_ids"],
-      features["input_mask"], features["segment_ids"],
-      compute_type=compute_type, recompute=recompute and is_training)
+      None if packed else features["input_mask"], features["segment_ids"],
+      compute_type=compute_type, recompute=recompute and is_training,
+      example_ids=features.get("example_ids"),
+      max_examples=features["label_ids"].shape[-1] if packed else None)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -59,8 +66,26 @@ def create_model(bert_config, is_training, features, num_labels,
       "output_bias", [num_labels], initializer=tf.compat.v1.zeros_initializer())
   if is_training and classifier_dropout:
     pooled = tf.nn.dropout(pooled, rate=classifier_dropout)
-  logits = tf.matmul(pooled, output_weights, transpose_b=True) + output_bias
+  logits = (tf.einsum("bnh,lh->bnl", pooled, output_weights) if packed else
+            tf.matmul(pooled, output_weights, transpose_b=True)) + output_bias
   return logits, tf.nn.softmax(logits, axis=-1)
+
+
+def packed_loss(features, logits):
+  """(loss, examples) of packed rows: the mean cross-entropy over the
+  examples the rows hold, and their number, which weighs this micro-batch
+  in its window (`num_examples`): the window's update is then the mean
+  over all its examples, as unpacked. Rows holding none give 0 and 0."""
+  numbers = tf.range(1, logits.shape[1] + 1,
+                     dtype=features["example_ids"].dtype)
+  held = tf.cast(tf.reduce_any(tf.equal(
+      features["example_ids"][:, tf.newaxis, :],
+      numbers[tf.newaxis, :, tf.newaxis]), axis=-1), tf.float32)
+  examples = tf.reduce_sum(held)
+  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+      labels=features["label_ids"], logits=logits)
+  return (tf.reduce_sum(losses * held) / tf.maximum(examples, 1.0),
+          examples)
 
 
 
@@ -88,8 +113,16 @@ def model_fn_builder(bert_config, training):
       return tf.estimator.EstimatorSpec(
           mode, predictions={"probabilities": probabilities})
     label_ids = features["label_ids"]
-    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=label_ids, logits=logits))
+    num_examples = None
+    if "example_ids" in features:
+      if mode != tf.estimator.ModeKeys.TRAIN:
+        raise ValueError("packed rows (example_ids) are for training; "
+                         f"evaluate and predict one example per row, got "
+                         f"mode={mode!r}")
+      loss, num_examples = packed_loss(features, logits)
+    else:
+      loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+          labels=label_ids, logits=logits))
     if mode == tf.estimator.ModeKeys.EVAL:
       weights = tf.cast(features["is_real_example"], tf.float32)
       predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
@@ -112,6 +145,7 @@ def model_fn_builder(bert_config, training):
     reported = estimator_accum.reportable_loss(loss)
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,
+        num_examples=num_examples,
         loss_scale="dynamic" if training.use_fp16 else None,
         accumulator_placement=training.accumulator_placement,
         max_consecutive_skipped_windows=(

@@ -118,3 +118,113 @@ def test_example_ids_need_max_examples():
     with pytest.raises(ValueError, match="example_ids and max_examples go "
                                          "together"):
       modeling.BertModel(CONFIG, False, ids, example_ids=ids)
+
+
+NO_DROPOUT = modeling.BertConfig(
+    **dict(CONFIG.to_dict(), hidden_dropout_prob=0.0,
+           attention_probs_dropout_prob=0.0))
+K, B, UPDATES, MAX_EXAMPLES = 2, 4, 3, SEQ_LENGTH // 2
+
+
+def _train(micro_batches, packed):
+  """The classifier's model_fn trained on `micro_batches` (feed dicts by
+  feature name) from the same weights: its trained variables (start,
+  end)."""
+  from models.bert import classifier  # noqa: PLC0415
+
+  with tf.Graph().as_default():
+    names = ["input_ids", "segment_ids",
+             "example_ids" if packed else "input_mask"]
+    features = {name: tf.compat.v1.placeholder(tf.int32, [None, SEQ_LENGTH])
+                for name in names}
+    features["label_ids"] = tf.compat.v1.placeholder(
+        tf.int32, [None, MAX_EXAMPLES] if packed else [None])
+    training = classifier.TrainingConfig(
+        num_labels=2, learning_rate=0.01, num_train_updates=UPDATES, k=K,
+        classifier_dropout=0.0, log_every_n_micro_batches=1000)
+    spec = classifier.model_fn_builder(NO_DROPOUT, training)(
+        features, None, tf.estimator.ModeKeys.TRAIN)
+    trained = tf.compat.v1.trainable_variables()
+    rng = np.random.RandomState(1)
+    start = {v.name: rng.normal(0.0, 0.1, v.shape).astype(np.float32)
+             for v in sorted(trained, key=lambda v: v.name)}
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for variable in trained:
+        variable.load(start[variable.name], session)
+      for feed in micro_batches:
+        session.run(spec.train_op, {features[name]: value
+                                    for name, value in feed.items()})
+      return start, {v.name: session.run(v) for v in trained}
+
+
+def _window_feeds(examples, labels):
+  """Per window of K x B examples: K micro-batches of B padded rows, and K
+  micro-batches of the window's examples packed (longest first), the rows
+  split between them."""
+  plain, packed = [], []
+  for window in range(UPDATES):
+    chosen = range(window * K * B, (window + 1) * K * B)
+    for micro_batch in range(K):
+      rows = list(chosen)[micro_batch * B:(micro_batch + 1) * B]
+      feed = {name: np.zeros([B, SEQ_LENGTH], np.int32)
+              for name in ("input_ids", "segment_ids", "input_mask")}
+      for row, index in enumerate(rows):
+        ids, segments = examples[index]
+        feed["input_ids"][row, :len(ids)] = ids
+        feed["segment_ids"][row, :len(ids)] = segments
+        feed["input_mask"][row, :len(ids)] = 1
+      feed["label_ids"] = np.array([labels[i] for i in rows], np.int32)
+      plain.append(feed)
+    order = sorted(chosen, key=lambda i: -len(examples[i][0]))
+    rows = packing.pack([examples[i] for i in order], SEQ_LENGTH)
+    row_labels = np.zeros([len(rows["input_ids"]), MAX_EXAMPLES], np.int32)
+    for index, (row, number) in zip(order, rows["placement"]):
+      row_labels[row, number - 1] = labels[index]
+    split = -(-len(row_labels) // K)
+    for micro_batch in range(K):
+      part = slice(micro_batch * split, (micro_batch + 1) * split)
+      feed = {name: rows[name][part] for name in
+              ("input_ids", "segment_ids", "example_ids")}
+      feed["label_ids"] = row_labels[part]
+      packed.append(feed)
+  return plain, packed
+
+
+@pytest.mark.slow  # trains the classifier twice (17 s)
+def test_packed_windows_train_to_the_unpacked_weights():
+  """The classifier on packed rows, each micro-batch weighted by the
+  examples it holds (num_examples), ends where one example per row ends:
+  AdamWeightDecay, clipped, k=2, 3 updates, at 1e-5."""
+  rng = np.random.RandomState(3)
+  lengths = rng.randint(3, 11, UPDATES * K * B)
+  examples = _examples(lengths, seed=4)
+  labels = rng.randint(0, 2, len(examples))
+  plain, packed = _window_feeds(examples, labels)
+  assert sum(len(f["input_ids"]) for f in packed) < sum(
+      len(f["input_ids"]) for f in plain)
+  # Micro-batches of one window hold different numbers of examples: the
+  # weighting by num_examples decides the update.
+  held = [len({(r, n) for r, row in enumerate(f["example_ids"])
+               for n in row[row > 0]}) for f in packed]
+  assert held[0::2] != held[1::2], held
+  start, expected = _train(plain, packed=False)
+  _, actual = _train(packed, packed=True)
+  for name, value in expected.items():
+    np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+  assert any(not np.allclose(start[n], expected[n], atol=1e-4)
+             for n in expected)
+
+
+def test_packed_rows_are_for_training_only():
+  from models.bert import classifier  # noqa: PLC0415
+
+  with tf.Graph().as_default():
+    features = {name: tf.zeros([1, SEQ_LENGTH], tf.int32)
+                for name in ("input_ids", "segment_ids", "example_ids")}
+    features["label_ids"] = tf.zeros([1, MAX_EXAMPLES], tf.int32)
+    model_fn = classifier.model_fn_builder(
+        NO_DROPOUT, classifier.TrainingConfig(num_labels=2))
+    with pytest.raises(ValueError, match="packed rows .* are for training"):
+      model_fn(features, None, tf.estimator.ModeKeys.EVAL)
