@@ -120,6 +120,14 @@ flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
                   "them into micro-batches, each trimmed to its longest: the "
                   "same update (the mean over the same examples), computed "
                   "over less padding.")
+flags.DEFINE_bool("pack_windows", False, "Pack the examples of each window "
+                  "(k micro-batches) into rows of max_seq_length, several a "
+                  "row, each attending to its own only, with its own "
+                  "positions and [CLS] (models/bert/packing.py), instead of "
+                  "sorting them: the same update, computed over the fewest "
+                  "rows. Training only; replaces --sort_windows_by_length.")
+flags.DEFINE_integer("max_examples_per_row", 8, "With --pack_windows, the "
+                     "most examples one row holds.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
 flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
                   "with dynamic loss scaling.")
@@ -429,7 +437,12 @@ class ClassifierRun:
             f"{num_train_updates} updates ({num_train_updates * plan.k} "
             f"micro-batches) over {num_train} examples, "
             f"{self.flags.num_train_epochs:g} epoch(s)", flush=True)
-      if self.flags.sort_windows_by_length and plan.k > 1:
+      if self.flags.pack_windows:
+        print(f"each window's {plan.k} x {plan.micro_batch} examples packed "
+              f"into rows of {self.flags.max_seq_length} tokens, at most "
+              f"{self.flags.max_examples_per_row} a row (--pack_windows)",
+              flush=True)
+      elif self.flags.sort_windows_by_length and plan.k > 1:
         print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
               "by length into its micro-batches (--sort_windows_by_length)",
               flush=True)
@@ -582,18 +595,27 @@ class ClassifierRun:
 
   def _train(self, estimator, plan, train_file, num_train_updates):
     between_graph = self.flags.distribution_strategy == "parameter_server"
-    train_input = bert_features.input_fn_builder(
-        train_file, self.flags.max_seq_length, plan.micro_batch,
-        is_training=True, drop_remainder=True, seed=self.flags.seed,
-        shard=self.distribution.trainer_shard() if between_graph else None,
-        skip_batches=0 if between_graph else self._resumed_at(),
-        sort_window=plan.k if self.flags.sort_windows_by_length else None)
+    packing = self.flags.pack_windows
+
+    def train_input_fn(arranged):
+      return bert_features.input_fn_builder(
+          train_file, self.flags.max_seq_length, plan.micro_batch,
+          is_training=True, drop_remainder=True, seed=self.flags.seed,
+          shard=self.distribution.trainer_shard() if between_graph else None,
+          skip_batches=0 if between_graph else self._resumed_at(),
+          sort_window=plan.k if (arranged and not packing and
+                                 self.flags.sort_windows_by_length) else None,
+          pack_window=plan.k if (arranged and packing) else None,
+          max_examples_per_row=self.flags.max_examples_per_row)
+
+    train_input = train_input_fn(arranged=True)
     max_steps = num_train_updates * plan.k
     if self.flags.distribution_strategy in ("multi_worker", "parameter_server"):
+      # (The evaluation train_and_evaluate asks for reads one example a row.)
       tf.estimator.train_and_evaluate(
           estimator, tf.estimator.TrainSpec(train_input, max_steps=max_steps),
-          tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
-                                throttle_secs=0))
+          tf.estimator.EvalSpec(train_input_fn(arranged=False), steps=1,
+                                start_delay_secs=0, throttle_secs=0))
     else:
       estimator.train(train_input, max_steps=max_steps)
 

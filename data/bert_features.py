@@ -133,7 +133,8 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
                      drop_remainder, seed=None, shard=None, skip_batches=0,
-                     trim=True, sort_window=None):
+                     trim=True, sort_window=None, pack_window=None,
+                     max_examples_per_row=8):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
@@ -151,6 +152,12 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   and trimmed batches of like lengths compute less padding. Each input
   pipeline (a worker) sorts its own; a resumed run skips sorted batches,
   so it goes on with the very batches of the uninterrupted run.
+  `pack_window`: k, to pack the examples of each window of k batches into
+  rows of `seq_length` instead (`models.bert.packing`: longest first,
+  first fit, at most `max_examples_per_row` a row), cut into k batches of
+  as many rows each: features `example_ids` and `label_ids` [rows,
+  max_examples_per_row], which the classifier trains on as the same
+  examples one per row. A batch holds at most `batch_size` rows.
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
@@ -172,11 +179,24 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       return parsed
     parsed = dict(parsed)
     length = tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1))
-    for name in FEATURE_NAMES:
-      parsed[name] = parsed[name][:, :length]
+    for name in FEATURE_NAMES + ("example_ids",):
+      if name in parsed:
+        parsed[name] = parsed[name][:, :length]
     return parsed
 
   sorting = bool(sort_window and sort_window > 1 and is_training)
+  packing_k = pack_window if (pack_window and is_training) else None
+  if packing_k and sorting:
+    raise ValueError(f"sort_window={sort_window} and pack_window="
+                     f"{pack_window}: one arrangement of a window, not both")
+
+  def packed(records):
+    from models.bert import packing  # noqa: PLC0415
+
+    windows = packing.pack_window(parse(records), packing_k, seq_length,
+                                  max_examples_per_row)
+    windows["label_ids"].set_shape([None, None, max_examples_per_row])
+    return windows
 
   def input_fn(params=None, input_context=None):
     del params
@@ -186,14 +206,19 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if is_training:
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()
+    if packing_k:
+      dataset = dataset.batch(batch_size * packing_k, drop_remainder=True)
+      dataset = dataset.map(packed,
+                            num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if sorting:
       dataset = dataset.batch(batch_size * sort_window, drop_remainder=True)
       dataset = dataset.map(sort_by_length,
                             num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    if not packing_k:
+      dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     if skip_batches:
       dataset = dataset.skip(skip_batches)
-    if not sorting:
+    if not (sorting or packing_k):
       dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     return dataset.map(trimmed, num_parallel_calls=tf.data.AUTOTUNE).prefetch(
         tf.data.AUTOTUNE)

@@ -54,6 +54,76 @@ def first_tokens(example_ids, max_examples):
           tf.reduce_any(hit, axis=-1))
 
 
+def window_layout(lengths, seq_length, max_examples):
+  """Where each example of a window goes: first fit, longest first, at most
+  `max_examples` examples a row.
+
+  Args:
+    lengths: int numpy array, each example's token count (<= seq_length).
+
+  Returns:
+    int32 numpy arrays (row, number, start) per example, in the order given
+    (number: 1 for a row's first example), and the number of rows.
+  """
+  import numpy as np  # noqa: PLC0415
+
+  lengths = np.asarray(lengths)
+  row = np.zeros(len(lengths), np.int32)
+  number = np.zeros(len(lengths), np.int32)
+  start = np.zeros(len(lengths), np.int32)
+  used, held = [], []
+  for index in np.argsort(-lengths, kind="stable"):
+    length = int(lengths[index])
+    chosen = next((r for r in range(len(used))
+                   if used[r] + length <= seq_length
+                   and held[r] < max_examples), None)
+    if chosen is None:
+      used.append(0)
+      held.append(0)
+      chosen = len(used) - 1
+    row[index], start[index] = chosen, used[chosen]
+    held[chosen] += 1
+    number[index] = held[chosen]
+    used[chosen] += length
+  return row, number, start, np.int32(len(used))
+
+
+def pack_window(features, k, seq_length, max_examples):
+  """A window's examples (one per row, `bert_features` names, each
+  [k x batch, seq_length]) packed into rows and cut into k micro-batches of
+  as many rows each (empty rows at the end, holding no example, if the rows
+  do not divide): a dict of [k, rows, seq_length] (input_ids, segment_ids,
+  input_mask, example_ids) and label_ids [k, rows, max_examples]."""
+  lengths = tf.reduce_sum(features["input_mask"], axis=1)
+  row, number, start, rows = tf.numpy_function(
+      lambda lengths: window_layout(lengths, seq_length, max_examples),
+      [lengths], [tf.int32] * 4, stateful=False)
+  per_micro_batch = (rows + k - 1) // k
+  total = per_micro_batch * k
+  # Each real token of example e goes to (row[e], start[e] + position).
+  positions = tf.range(seq_length)[tf.newaxis, :]
+  real = positions < lengths[:, tf.newaxis]
+  where = tf.stack([tf.broadcast_to(row[:, tf.newaxis], tf.shape(real)),
+                    start[:, tf.newaxis] + positions], axis=-1)
+  where = tf.boolean_mask(where, real)
+
+  def scatter(values):
+    return tf.scatter_nd(where, tf.boolean_mask(values, real),
+                         tf.stack([total, seq_length]))
+
+  packed = {"input_ids": scatter(features["input_ids"]),
+            "segment_ids": scatter(features["segment_ids"]),
+            "input_mask": scatter(features["input_mask"]),
+            "example_ids": scatter(
+                tf.broadcast_to(number[:, tf.newaxis], tf.shape(real)))}
+  packed["label_ids"] = tf.scatter_nd(
+      tf.stack([row, number - 1], axis=1), features["label_ids"],
+      tf.stack([total, max_examples]))
+  shape = tf.stack([k, per_micro_batch])
+  return {name: tf.reshape(value, tf.concat([shape, tf.shape(value)[1:]], 0))
+          for name, value in packed.items()}
+
+
 def pack(examples, seq_length, rows=None):
   """Packs examples into rows, first fit in the order given (sort them by
   length, longest first, for fewer rows).

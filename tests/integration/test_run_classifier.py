@@ -427,27 +427,32 @@ def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
   assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
 
 
-def test_windows_sorted_by_length_train_to_the_same_weights(
+def test_windows_sorted_or_packed_train_to_the_same_weights(
     tiny_model, sst2, tmp_path):
   # Each window's 2 x 4 examples sorted by length into its micro-batches
-  # (the default), against the order the input gives them: with dropout
-  # off, the same update (tests/unit/models/test_classification_data.py
-  # shows the arrangement changes and the padding shrinks).
+  # (the default), or packed into rows of 16 tokens (--pack_windows),
+  # against the order the input gives them: with dropout off, the same
+  # update (tests/unit/models/test_classification_data.py shows the
+  # arrangement changes and the padding shrinks).
   model = _no_dropout_model(tiny_model, tmp_path)
   weights = {}
-  for sort in (True, False):
-    output_dir = tmp_path / f"sorted_{sort}"
+  said = {"sorted": "examples sorted by length into its micro-batches",
+          "packed": "examples packed into rows of 16 tokens"}
+  for arrangement in ("sorted", "packed", "plain"):
+    output_dir = tmp_path / arrangement
     result = _run(_flags(model, sst2, output_dir, do_eval=False,
                          classifier_dropout=0, num_train_epochs=1,
-                         sort_windows_by_length=sort))
+                         sort_windows_by_length=arrangement == "sorted",
+                         pack_windows=arrangement == "packed"))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert ("examples sorted by length into its micro-batches" in
-            result.stdout) == sort
-    weights[sort] = tf.train.load_checkpoint(str(output_dir))
-  names = [n for n in weights[True].get_variable_to_shape_map()
+    for name, line in said.items():
+      assert (line in result.stdout) == (name == arrangement), result.stdout
+    weights[arrangement] = tf.train.load_checkpoint(str(output_dir))
+  names = [n for n in weights["plain"].get_variable_to_shape_map()
            if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
   assert len(names) > 10
-  for name in names:
-    np.testing.assert_allclose(weights[True].get_tensor(name),
-                               weights[False].get_tensor(name), rtol=1e-5,
-                               atol=1e-6, err_msg=name)
+  for arrangement in ("sorted", "packed"):
+    for name in names:
+      np.testing.assert_allclose(weights[arrangement].get_tensor(name),
+                                 weights["plain"].get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=f"{arrangement}: {name}")

@@ -200,3 +200,57 @@ def test_a_window_sorted_by_length_holds_the_same_examples(tmp_path):
   # very batches of the uninterrupted run.
   resumed = _batches(path, 2, sort_window=3, skip_batches=4)
   assert _examples(resumed) == _examples(ordered[4:6])
+
+
+def _packed_examples(batch):
+  """(ids, length, label) of each example the packed rows hold (example
+  i's ids are all i + 1, its label i % 2)."""
+  found = []
+  for row, ids, labels in zip(batch["example_ids"], batch["input_ids"],
+                              batch["label_ids"]):
+    for number in sorted(set(row[row > 0])):
+      tokens = ids[row == number]
+      assert len(set(tokens)) == 1  # one example's tokens, together
+      found.append((int(tokens[0]), len(tokens), int(labels[number - 1])))
+  return found
+
+
+def test_a_packed_window_holds_the_same_examples_in_fewer_rows(tmp_path):
+  # k=3 micro-batches of 4: each window's 12 examples (lengths 2..12) packed
+  # into rows of 12, longest first, cut into 3 batches of as many rows.
+  path = _varied_lengths_file(tmp_path)
+  plain = _batches(path, 6)
+  packed = _batches(path, 6, pack_window=3, max_examples_per_row=4)
+  for window in range(2):
+    mine = packed[3 * window:3 * window + 3]
+    theirs = plain[3 * window:3 * window + 3]
+    held = [e for batch in mine for e in _packed_examples(batch)]
+    assert sorted(number for number, _, _ in held) == sorted(
+        _examples(theirs))
+    lengths = {int(row[0]): int(mask.sum()) for b in theirs
+               for row, mask in zip(b["input_ids"], b["input_mask"])}
+    for ids, length, label in held:
+      assert label == (ids - 1) % 2  # the label moved with its example
+      assert length == lengths[ids]  # and all its tokens
+    rows = [len(batch["input_ids"]) for batch in mine]
+    assert len(set(rows)) == 1 and rows[0] <= 4, rows
+    for batch in mine:
+      assert batch["label_ids"].shape[1] == 4
+      assert (batch["example_ids"].max(initial=0) <= 4)
+      # Each row's tokens from its start, no gap.
+      for mask in batch["input_mask"]:
+        assert list(mask) == sorted(mask, reverse=True)
+  assert sum(b["input_ids"].size for b in packed) < sum(
+      b["input_ids"].size for b in plain)
+  # A run resumed after 4 micro-batches (inside window 2) goes on with the
+  # very batches of the uninterrupted run.
+  resumed = _batches(path, 2, pack_window=3, max_examples_per_row=4,
+                     skip_batches=4)
+  for mine, theirs in zip(resumed, packed[4:6]):
+    for name in mine:
+      np.testing.assert_array_equal(mine[name], theirs[name])
+
+
+def test_sorting_and_packing_a_window_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="sort_window=3 and pack_window=3"):
+    _batches(_varied_lengths_file(tmp_path), 1, sort_window=3, pack_window=3)
