@@ -1,11 +1,14 @@
 """Token positions the main job computes, with and without length-sorted
-windows (`run_classifier.py --sort_windows_by_length`, on by default).
+windows (`run_classifier.py --sort_windows_by_length`, on by default) and
+packed windows (`--pack_windows`: several examples a row).
 
 The main job's training data (Rotten Tomatoes' train split, MiniLM's
 WordPiece, max_seq_length 128) through the very input_fn run_classifier
 trains from (data/bert_features.py), one epoch of micro-batches per row:
 each micro-batch trimmed to its longest example, as today, or each
-window's k x B examples sorted by length first. Counts, not times: the
+window's k x B examples sorted by length first, or packed into rows of
+max_seq_length (at most 8 a row) cut into k micro-batches of as many rows,
+each trimmed to its longest row. Counts, not times: the
 figures are the same on every machine. Over three shuffles (seeds).
 
   python benchmarks/window_padding.py [--max_seq_length 128]
@@ -41,11 +44,17 @@ def _features(max_seq_length, directory):
   return path, count
 
 
-def _positions(path, length, micro_batch, k, count, seed, sort):
+ARRANGEMENTS = {"trimmed": "each micro-batch trimmed (before)",
+                "sorted": "sorted in each window",
+                "packed": "packed in each window"}
+
+
+def _positions(path, length, micro_batch, k, count, seed, arrangement):
   """(token positions computed, real tokens) over one epoch's micro-batches."""
   input_fn = bert_features.input_fn_builder(
       path, length, micro_batch, is_training=True, drop_remainder=True,
-      seed=seed, sort_window=k if sort else None)
+      seed=seed, sort_window=k if arrangement == "sorted" else None,
+      pack_window=k if arrangement == "packed" else None)
   batches = (count // (micro_batch * k)) * k
   dataset = input_fn().take(batches).map(
       lambda f: (tf.size(f["input_ids"]), tf.reduce_sum(f["input_mask"])))
@@ -69,14 +78,13 @@ def main():
         formats={"token positions": ",.0f", "vs real tokens": ".2f"})
     real = None
     for micro_batch, k in SPLITS:
-      for sort in (False, True):
+      for arrangement, said in ARRANGEMENTS.items():
         counted = [_positions(path, args.max_seq_length, micro_batch, k,
-                              count, seed, sort) for seed in SEEDS]
+                              count, seed, arrangement) for seed in SEEDS]
         computed = float(np.mean([c[0] for c in counted]))
         real = float(np.mean([c[1] for c in counted]))
         rows.add(**{"micro-batch, k": f"{micro_batch}, {k}",
-                    "input": ("sorted in each window" if sort else
-                              "each micro-batch trimmed (before)"),
+                    "input": said,
                     "token positions": computed,
                     "vs real tokens": computed / real})
     rows.add(**{"micro-batch, k": "", "input": "real tokens (no padding)",
