@@ -94,7 +94,9 @@ def stopped(tmp_path_factory):
     ("mirrored", "legacy", "savedmodel"),
     ("mirrored", "new", "model_checkpoint"),
     ("mirrored", "legacy", "model_checkpoint"),
-    ("mirrored", "new", "backup"), ("mirrored", "legacy", "backup")])
+    ("mirrored", "new", "backup"), ("mirrored", "legacy", "backup"),
+    # (One device with Keras's Adam: tests/unit/integrations/test_keras_tf2.py.)
+    ("one", "legacy", "backup")])
 def test_saved_mid_window_resumes_in_a_new_process(strategy, kind, save,
                                                    tmp_path, uninterrupted,
                                                    stopped):
