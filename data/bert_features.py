@@ -178,7 +178,10 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if not trim:
       return parsed
     parsed = dict(parsed)
-    length = tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1))
+    # (At least 1: a packed window of fewer rows than k micro-batches
+    # leaves some only empty rows.)
+    length = tf.maximum(
+        tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1)), 1)
     for name in FEATURE_NAMES + ("example_ids",):
       if name in parsed:
         parsed[name] = parsed[name][:, :length]

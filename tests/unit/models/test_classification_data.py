@@ -148,10 +148,11 @@ def test_features_pack_pairs_and_the_input_fn_trims_padding(tmp_path,
   np.testing.assert_array_equal(second["label_ids"], [1])
 
 
-def _varied_lengths_file(tmp_path, count=24, length=12):
-  """`count` examples of lengths 2..length (example i's ids all i + 1)."""
+def _varied_lengths_file(tmp_path, count=24, length=12, longest=None):
+  """`count` examples of lengths 2..longest (default length) in rows of
+  `length` (example i's ids all i + 1)."""
   rng = np.random.RandomState(0)
-  lengths = rng.randint(2, length + 1, size=count)
+  lengths = rng.randint(2, (longest or length) + 1, size=count)
   mask = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int64)
   features = {"input_ids": mask * (np.arange(count)[:, None] + 1),
               "input_mask": mask, "segment_ids": np.zeros_like(mask),
@@ -254,3 +255,20 @@ def test_a_packed_window_holds_the_same_examples_in_fewer_rows(tmp_path):
 def test_sorting_and_packing_a_window_is_refused(tmp_path):
   with pytest.raises(ValueError, match="sort_window=3 and pack_window=3"):
     _batches(_varied_lengths_file(tmp_path), 1, sort_window=3, pack_window=3)
+
+
+def test_a_window_packed_into_fewer_rows_than_k_leaves_empty_rows(tmp_path):
+  # 12 examples of 2..3 tokens fit 3 rows of 12 or fewer; k=6 micro-batches
+  # of 2: some hold one empty row (no example), trimmed to one token.
+  path = _varied_lengths_file(tmp_path, count=12, longest=3)
+  input_fn = bert_features.input_fn_builder(
+      path, 12, 2, is_training=True, drop_remainder=True, seed=3,
+      pack_window=6)
+  with tf.Graph().as_default():
+    batch = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+    with tf.compat.v1.Session() as session:
+      window = [session.run(batch) for _ in range(6)]
+  held = [e for b in window for e in _packed_examples(b)]
+  assert sorted(ids for ids, _, _ in held) == list(range(1, 13))
+  empty = [b for b in window if not b["example_ids"].any()]
+  assert empty and all(b["input_ids"].shape[1] == 1 for b in empty)
