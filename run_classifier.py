@@ -440,8 +440,10 @@ class ClassifierRun:
       if self.flags.pack_windows:
         print(f"each window's {plan.k} x {plan.micro_batch} examples packed "
               f"into rows of {self.flags.max_seq_length} tokens, at most "
-              f"{self.flags.max_examples_per_row} a row (--pack_windows)",
-              flush=True)
+              f"{self.flags.max_examples_per_row} a row (--pack_windows): a "
+              f"micro-batch is at most {plan.micro_batch} rows (what the plan "
+              f"counts and measures, at {self.flags.max_seq_length} tokens) "
+              f"and holds {plan.micro_batch} examples on average", flush=True)
       elif self.flags.sort_windows_by_length and plan.k > 1:
         print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
               "by length into its micro-batches (--sort_windows_by_length)",

@@ -437,7 +437,9 @@ def test_windows_sorted_or_packed_train_to_the_same_weights(
   model = _no_dropout_model(tiny_model, tmp_path)
   weights = {}
   said = {"sorted": "examples sorted by length into its micro-batches",
-          "packed": "examples packed into rows of 16 tokens"}
+          "packed": "examples packed into rows of 16 tokens, at most 8 a row "
+                    "(--pack_windows): a micro-batch is at most 4 rows (what "
+                    "the plan counts"}
   for arrangement in ("sorted", "packed", "plain"):
     output_dir = tmp_path / arrangement
     result = _run(_flags(model, sst2, output_dir, do_eval=False,
