@@ -1,0 +1,120 @@
+"""The window's end against its floor, the memory traffic of reading and
+writing the parameters, the optimizer's slots and the accumulators once.
+
+The main job's model's variables (all-MiniLM-L6-v2: their shapes read from
+its checkpoint, 22.7M parameters, every gradient dense), BERT's
+AdamWeightDecay with clipping at 1.0, k=2, on a loss that costs next to
+nothing (the sum of each variable times a constant), so that a step is
+the window's own work. In one run:
+
+  accumulate   a micro-batch that adds into the accumulators (median)
+  end          an applying micro-batch's time minus an accumulating one's:
+               the mean, the norm, the clip, the optimizer, the zeroing
+  floor        the bytes an end must move, read p, m, v and the
+               accumulators, write p, m, v and the zeroed accumulators (8 x 4
+               bytes a parameter), at the bandwidth measured here (a 256 MB
+               variable times a constant into another: read + write)
+
+  python benchmarks/window_end.py [--repeats 20]
+"""
+
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import estimator_accum  # noqa: E402
+from harness import bench  # noqa: E402
+from models.bert import optimization, pretrained  # noqa: E402
+
+COPY_FLOATS = 64 * 2**20  # 256 MB
+
+
+def _median_seconds(session, op, repeats):
+  times = []
+  for _ in range(repeats):
+    started = time.perf_counter()
+    session.run(op)
+    times.append(time.perf_counter() - started)
+  return float(np.median(times))
+
+
+def _copy_bandwidth(repeats):
+  """Bytes a second one assign moves (reads one variable, writes another)."""
+  with tf.Graph().as_default():
+    source = tf.compat.v1.get_variable(
+        "source", initializer=tf.random.normal([COPY_FLOATS]))
+    target = tf.compat.v1.get_variable(
+        "target", initializer=tf.zeros([COPY_FLOATS]))
+    # One pass: the product reads the source and writes a new buffer, which
+    # the assign takes as the target's (no copy). (A factor of 1 or an
+    # added 0 Grappler removes, and the assign of the source itself
+    # shares its buffer.)
+    copy = target.assign(source * 1.0001, read_value=False)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      session.run(copy)
+      return 2 * COPY_FLOATS * 4 / _median_seconds(session, copy, repeats)
+
+
+def _window_steps(shapes, repeats):
+  """(accumulating step, applying step) median seconds."""
+  with tf.Graph().as_default():
+    rng = np.random.RandomState(0)
+    variables, terms = [], []
+    for index, shape in enumerate(shapes):
+      variable = tf.compat.v1.get_variable(
+          f"bert/v{index}", shape,
+          initializer=tf.compat.v1.random_normal_initializer(0.0, 0.02))
+      scale = tf.constant(rng.normal(0.0, 1.0, shape).astype(np.float32))
+      variables.append(variable)
+      terms.append(tf.reduce_sum(variable * scale))
+    loss = tf.add_n(terms)
+    train_op = estimator_accum.build_accumulating_train_op(
+        loss, optimization.make_optimizer("adamw", 1e-5), 2, clip_norm=1.0)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(4):
+        session.run(train_op)
+      accumulate, apply = [], []
+      for _ in range(repeats):
+        for times in (accumulate, apply):
+          started = time.perf_counter()
+          session.run(train_op)
+          times.append(time.perf_counter() - started)
+      return float(np.median(accumulate)), float(np.median(apply))
+
+
+def main():
+  parser = bench.parser(__doc__, repeats=20)
+  args = parser.parse_args()
+  checkpoint = pretrained.minilm_checkpoint()
+  shapes = [shape for name, shape in
+            tf.train.list_variables(checkpoint.init_checkpoint)
+            if name.startswith("bert/")]
+  parameters = sum(int(np.prod(shape)) for shape in shapes)
+  bandwidth = _copy_bandwidth(args.repeats)
+  accumulate, apply = _window_steps(shapes, args.repeats)
+  end = apply - accumulate
+  floor = 8 * 4 * parameters / bandwidth
+  rows = bench.Rows(
+      f"the window's end, all-MiniLM-L6-v2's {parameters / 1e6:.1f}M "
+      f"parameters, AdamWeightDecay, clip 1.0, k=2; copy bandwidth "
+      f"{bandwidth / 1e9:.1f} GB/s", args.json, markdown=True,
+      formats={"ms": ".1f", "x floor": ".2f"})
+  rows.add(part="accumulate (a micro-batch's window work)",
+           ms=accumulate * 1e3, **{"x floor": accumulate / floor})
+  rows.add(part="end (apply step minus accumulate step)", ms=end * 1e3,
+           **{"x floor": end / floor})
+  rows.add(part="floor (8 x 4 bytes a parameter at copy bandwidth)",
+           ms=floor * 1e3, **{"x floor": 1.0})
+  return rows.exit_code()
+
+
+if __name__ == "__main__":
+  sys.exit(main())
