@@ -43,6 +43,9 @@ echo
 echo "## What accumulating itself costs, from traced op times (one thread, k=4)"
 $PY benchmarks/window_ops.py 2>/dev/null
 echo
+echo "## The window's end against its floor (MiniLM's 22.7M parameters, AdamWeightDecay)"
+$PY benchmarks/window_end.py 2>/dev/null
+echo
 echo "## Time per window on 2 workers, k=8, the reference interleaved in the same job (MLP micro-batch 64 and 256; BERT-Small micro-batch 8)"
 $PY benchmarks/multiworker_interleaved.py --windows 16 2>/dev/null
 $PY benchmarks/multiworker_interleaved.py --micro_batch 256 --windows 8 2>/dev/null
