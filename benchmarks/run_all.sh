@@ -45,6 +45,7 @@ $PY benchmarks/window_ops.py 2>/dev/null
 echo
 echo "## The window's end against its floor (MiniLM's 22.7M parameters, AdamWeightDecay)"
 $PY benchmarks/window_end.py 2>/dev/null
+$PY benchmarks/xla_update.py 2>/dev/null
 echo
 echo "## Time per window on 2 workers, k=8, the reference interleaved in the same job (MLP micro-batch 64 and 256; BERT-Small micro-batch 8)"
 $PY benchmarks/multiworker_interleaved.py --windows 16 2>/dev/null
