@@ -590,7 +590,7 @@ class ClassifierRun:
         log_step_count_steps=self.flags.log_every * 1000,
         # No graph.pbtxt and no .meta beside each checkpoint: the events
         # file holds the graph for TensorBoard, and printing BERT's graph as
-        # text took 1.75 s of a 12 s tiny-BERT run (2 layers; more with 12).
+        # text took about 1 s of an 8 s tiny-BERT run (2 layers).
         checkpoint_save_graph_def=False)
     return tf.estimator.Estimator(
         classifier.model_fn_builder(bert_config, training), config=run_config)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 import estimator_accum
-from models.bert import modeling, optimization
+from models.bert import modeling, optimization, packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,11 +76,8 @@ def packed_loss(features, logits):
   examples the rows hold, and their number, which weighs this micro-batch
   in its window (`num_examples`): the window's update is then the mean
   over all its examples, as unpacked. Rows holding none give 0 and 0."""
-  numbers = tf.range(1, logits.shape[1] + 1,
-                     dtype=features["example_ids"].dtype)
-  held = tf.cast(tf.reduce_any(tf.equal(
-      features["example_ids"][:, tf.newaxis, :],
-      numbers[tf.newaxis, :, tf.newaxis]), axis=-1), tf.float32)
+  _, held = packing.first_tokens(features["example_ids"], logits.shape[1])
+  held = tf.cast(held, tf.float32)
   examples = tf.reduce_sum(held)
   losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=features["label_ids"], logits=logits)

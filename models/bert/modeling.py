@@ -161,9 +161,7 @@ class BertModel:
       raise ValueError("example_ids and max_examples go together (packed "
                        f"rows), got example_ids={example_ids!r}, "
                        f"max_examples={max_examples!r}")
-    if example_ids is not None:
-      input_mask = tf.cast(example_ids > 0, tf.int32)
-    if input_mask is None:
+    if input_mask is None and example_ids is None:
       input_mask = tf.ones_like(input_ids)
     if token_type_ids is None:
       token_type_ids = tf.zeros_like(input_ids)
@@ -177,9 +175,10 @@ class BertModel:
             input_ids, token_type_ids, None if example_ids is None else
             packing.position_ids(example_ids))
       with tf.compat.v1.variable_scope("encoder"):
-        bias = (1.0 - tf.cast(input_mask[:, tf.newaxis, tf.newaxis, :],
-                              tf.float32)) * -10000.0
-        if example_ids is not None:
+        if example_ids is None:
+          bias = (1.0 - tf.cast(input_mask[:, tf.newaxis, tf.newaxis, :],
+                                tf.float32)) * -10000.0
+        else:
           bias = packing.attention_bias(example_ids)
         self.all_encoder_layers = []
         layer_input = tf.cast(self.embedding_output, self._compute_type)

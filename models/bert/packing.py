@@ -25,11 +25,18 @@ import tensorflow as tf
 _HIDDEN = -10000.0
 
 
+def _same_example(example_ids):
+  """bool [batch, seq_length, seq_length]: whether tokens i and j of a row
+  share an example id."""
+  return tf.equal(example_ids[:, :, tf.newaxis],
+                  example_ids[:, tf.newaxis, :])
+
+
 def attention_bias(example_ids):
   """float32 [batch, 1, seq_length, seq_length]: 0 where a token may attend
   (a real token of its own example), -10000 elsewhere."""
-  same = tf.equal(example_ids[:, :, tf.newaxis], example_ids[:, tf.newaxis, :])
-  allowed = tf.logical_and(same, example_ids[:, tf.newaxis, :] > 0)
+  allowed = tf.logical_and(_same_example(example_ids),
+                           example_ids[:, tf.newaxis, :] > 0)
   return ((1.0 - tf.cast(allowed, tf.float32)) * _HIDDEN)[:, tf.newaxis]
 
 
@@ -37,10 +44,9 @@ def position_ids(example_ids):
   """int32 [batch, seq_length]: each token's position within its example
   (the number of earlier tokens of the same example)."""
   length = tf.shape(example_ids)[1]
-  same = tf.equal(example_ids[:, :, tf.newaxis], example_ids[:, tf.newaxis, :])
   earlier = tf.range(length)[tf.newaxis, :] < tf.range(length)[:, tf.newaxis]
-  return tf.reduce_sum(
-      tf.cast(tf.logical_and(same, earlier[tf.newaxis]), tf.int32), axis=-1)
+  return tf.reduce_sum(tf.cast(tf.logical_and(
+      _same_example(example_ids), earlier[tf.newaxis]), tf.int32), axis=-1)
 
 
 def first_tokens(example_ids, max_examples):
@@ -54,9 +60,9 @@ def first_tokens(example_ids, max_examples):
           tf.reduce_any(hit, axis=-1))
 
 
-def window_layout(lengths, seq_length, max_examples):
-  """Where each example of a window goes: first fit, longest first, at most
-  `max_examples` examples a row.
+def window_layout(lengths, seq_length, max_examples, longest_first=True):
+  """Where each example of a window goes: first fit, longest first (or in
+  the order given), at most `max_examples` examples a row.
 
   Args:
     lengths: int numpy array, each example's token count (<= seq_length).
@@ -72,7 +78,9 @@ def window_layout(lengths, seq_length, max_examples):
   number = np.zeros(len(lengths), np.int32)
   start = np.zeros(len(lengths), np.int32)
   used, held = [], []
-  for index in np.argsort(-lengths, kind="stable"):
+  order = (np.argsort(-lengths, kind="stable") if longest_first else
+           range(len(lengths)))
+  for index in order:
     length = int(lengths[index])
     chosen = next((r for r in range(len(used))
                    if used[r] + length <= seq_length
@@ -146,32 +154,24 @@ def pack(examples, seq_length, rows=None):
   """
   import numpy as np  # noqa: PLC0415
 
-  filled, placement = [], []
   for index, (ids, _) in enumerate(examples):
     if len(ids) > seq_length:
       raise ValueError(f"example {index} has {len(ids)} tokens, above "
                        f"seq_length={seq_length}")
-    row = next((r for r, used in enumerate(filled)
-                if used[0] + len(ids) <= seq_length), None)
-    if row is None:
-      filled.append([0, 0])
-      row = len(filled) - 1
-    filled[row][0] += len(ids)
-    filled[row][1] += 1
-    placement.append((row, filled[row][1]))
-  count = len(filled) if rows is None else rows
-  if len(filled) > count:
-    raise ValueError(f"the examples need {len(filled)} rows of "
+  row, number, start, needed = window_layout(
+      [len(ids) for ids, _ in examples], seq_length, seq_length,
+      longest_first=False)
+  count = int(needed) if rows is None else rows
+  if needed > count:
+    raise ValueError(f"the examples need {needed} rows of "
                      f"{seq_length} tokens, more than rows={rows}")
   out = {name: np.zeros([count, seq_length], np.int32) for name in
          ("input_ids", "segment_ids", "input_mask", "example_ids")}
-  start = [0] * count
-  for (ids, segments), (row, number) in zip(examples, placement):
-    span = slice(start[row], start[row] + len(ids))
-    out["input_ids"][row, span] = ids
-    out["segment_ids"][row, span] = segments
-    out["input_mask"][row, span] = 1
-    out["example_ids"][row, span] = number
-    start[row] += len(ids)
-  out["placement"] = placement
+  for (ids, segments), r, n, first in zip(examples, row, number, start):
+    span = slice(first, first + len(ids))
+    out["input_ids"][r, span] = ids
+    out["segment_ids"][r, span] = segments
+    out["input_mask"][r, span] = 1
+    out["example_ids"][r, span] = n
+  out["placement"] = [(int(r), int(n)) for r, n in zip(row, number)]
   return out
