@@ -43,38 +43,19 @@ def _phase(phase, directory, strategy, *flags):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-  """The job never stopped, run once per strategy, kind and data (the
-  backup's epochs or the plain micro-batches) for the tests that compare
-  with it."""
+def ran_once(tmp_path_factory):
+  """`_phase` run once per phase, strategy, kind and `--save` for the
+  module: (its directory, its npz). The tests share the uninterrupted run
+  and the first phase (which saves every way at once, `--save all`)."""
   runs = {}
 
-  def run(strategy, kind, save):
-    key = (strategy, kind, save == "backup")
+  def run(phase, strategy, kind, save):
+    key = (phase, strategy, kind, save)
     if key not in runs:
-      directory = tmp_path_factory.mktemp("whole")
-      runs[key] = _phase("whole", directory, strategy, "--kind", kind,
-                         "--save", save)
+      directory = tmp_path_factory.mktemp(phase)
+      runs[key] = (directory, _phase(phase, directory, strategy, "--kind",
+                                     kind, "--save", save))
     return runs[key]
-  return run
-
-
-@pytest.fixture(scope="module")
-def stopped(tmp_path_factory):
-  """The job's first phase, run once per strategy, kind and data, saving
-  every way at once (`--save all`); each test resumes from a copy of it."""
-  runs = {}
-
-  def run(strategy, kind, save, directory):
-    key = (strategy, kind, save == "backup")
-    if key not in runs:
-      made = tmp_path_factory.mktemp("first")
-      runs[key] = (made, _phase(
-          "first", made, strategy, "--kind", kind, "--save",
-          "backup" if save == "backup" else "all"))
-    made, first = runs[key]
-    shutil.copytree(made, directory, dirs_exist_ok=True)
-    return first
   return run
 
 
@@ -98,11 +79,14 @@ def stopped(tmp_path_factory):
     # (One device with Keras's Adam: tests/unit/integrations/test_keras_tf2.py.)
     ("one", "legacy", "backup")])
 def test_saved_mid_window_resumes_in_a_new_process(strategy, kind, save,
-                                                   tmp_path, uninterrupted,
-                                                   stopped):
+                                                   tmp_path, ran_once):
   flags = ("--kind", kind, "--save", save)
-  whole = uninterrupted(strategy, kind, save)
-  first = stopped(strategy, kind, save, tmp_path)
+  backup = save == "backup"
+  _, whole = ran_once("whole", strategy, kind,
+                      "backup" if backup else "weights")
+  made, first = ran_once("first", strategy, kind,
+                         "backup" if backup else "all")
+  shutil.copytree(made, tmp_path, dirs_exist_ok=True)
   assert first["micro_batches"] == job.STOP and first["updates"] == 1
   second = _phase("second", tmp_path, strategy, *flags)
   # It went on where the first stopped, not from the start.

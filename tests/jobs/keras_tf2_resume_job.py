@@ -11,9 +11,9 @@ saves: the weights (`model.save_weights`, the optimizer's window with
 them), the model as a SavedModel (`model.save(dir)`), or the model through
 `ModelCheckpoint(dir)` every STOP batches (a SavedModel too: no `.keras`
 ending); `all` of the three at once, each in a directory of its own (the
-tests resume each from one first phase); `second` builds the model anew and loads the weights, or loads
-the model (`tf.keras.models.load_model`, in the strategy's scope), and
-trains on the rest. With `backup` the job is EPOCHS epochs of STOP
+tests resume each from one first phase); `second` builds the model anew
+and loads the weights, or loads the model (`tf.keras.models.load_model`,
+in the strategy's scope), and trains on the rest. With `backup` the job is EPOCHS epochs of STOP
 micro-batches (each epoch ends inside a window) under
 `BackupAndRestore(dir)`, `first` stopped by an error at the second epoch's
 start, `second` the same job fit again, which Keras restores from the
