@@ -28,6 +28,18 @@ def _examples(lengths, seed=0):
   return examples
 
 
+def _one_per_row(examples):
+  """input_ids, segment_ids and input_mask of the examples, one per padded
+  row of SEQ_LENGTH."""
+  rows = {name: np.zeros([len(examples), SEQ_LENGTH], np.int32)
+          for name in ("input_ids", "segment_ids", "input_mask")}
+  for row, (ids, segments) in enumerate(examples):
+    rows["input_ids"][row, :len(ids)] = ids
+    rows["segment_ids"][row, :len(ids)] = segments
+    rows["input_mask"][row, :len(ids)] = 1
+  return rows
+
+
 def _outputs(model):
   return model.get_sequence_output(), model.get_pooled_output()
 
@@ -36,12 +48,7 @@ def _one_per_row_and_packed(examples):
   """Both models on shared weights: (sequence, pooled) of one example per
   padded row, and (sequence, pooled, example mask) of the packed rows."""
   packed = packing.pack(examples, SEQ_LENGTH)
-  single = {name: np.zeros([len(examples), SEQ_LENGTH], np.int32)
-            for name in ("input_ids", "segment_ids", "input_mask")}
-  for row, (ids, segments) in enumerate(examples):
-    single["input_ids"][row, :len(ids)] = ids
-    single["segment_ids"][row, :len(ids)] = segments
-    single["input_mask"][row, :len(ids)] = 1
+  single = _one_per_row(examples)
   max_examples = max(number for _, number in packed["placement"])
   with tf.Graph().as_default():
     with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
@@ -167,13 +174,7 @@ def _window_feeds(examples, labels):
     chosen = range(window * K * B, (window + 1) * K * B)
     for micro_batch in range(K):
       rows = list(chosen)[micro_batch * B:(micro_batch + 1) * B]
-      feed = {name: np.zeros([B, SEQ_LENGTH], np.int32)
-              for name in ("input_ids", "segment_ids", "input_mask")}
-      for row, index in enumerate(rows):
-        ids, segments = examples[index]
-        feed["input_ids"][row, :len(ids)] = ids
-        feed["segment_ids"][row, :len(ids)] = segments
-        feed["input_mask"][row, :len(ids)] = 1
+      feed = _one_per_row([examples[i] for i in rows])
       feed["label_ids"] = np.array([labels[i] for i in rows], np.int32)
       plain.append(feed)
     order = sorted(chosen, key=lambda i: -len(examples[i][0]))
