@@ -133,7 +133,8 @@ def test_estimator_reports_the_replicas_mean_loss(tmp_path):
       session.run(tf.compat.v1.global_variables_initializer())
       expected = session.run(loss)
   support.estimator_train(tmp_path, OPTIMIZERS["sgd"][0], data, MICRO_BATCH,
-                          K, K, train_distribute=_strategy())
+                          K, K, train_distribute=_strategy(),
+                          summary_steps=100)
   reported = {}
   for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(path):

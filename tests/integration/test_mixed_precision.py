@@ -174,7 +174,7 @@ def test_keras_fixed_loss_scale_is_a_fixed_scale():
 
 def test_loss_scale_summary(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 2)
-  estimator, _ = _train(tmp_path, data, 2, loss_scale=4.0)
+  estimator, _ = _train(tmp_path, data, 2, loss_scale=4.0, summary_steps=100)
   tags = set()
   for path in tf.io.gfile.glob(str(tmp_path / "events.out.tfevents.*")):
     for event in tf.compat.v1.train.summary_iterator(path):
