@@ -139,6 +139,11 @@ def _check_sequential_apply(value):
   return value
 
 
+def _check_fused_apply(value):
+  _checks.check_bool("fused_apply", value)
+  return value
+
+
 def _check_after_update(value):
   if value is not None and not callable(value):
     raise TypeError(
@@ -229,6 +234,15 @@ OPTIONS = (
            "a time, not for the whole model at once; left as it is when an "
            "update reads several variables' gradients. False: every "
            "variable's update may run at once. Exact either way."),
+    Option("fused_apply", False, _check_fused_apply,
+           "bool. True: XLA compiles each variable's update at the window's "
+           "end (the gradient's scale, the optimizer's arithmetic, the "
+           "writes of the variable and its slots) into one loop, one pass "
+           "over memory instead of one per step of the arithmetic; each "
+           "variable its own loop, compiled once at the first window's end. "
+           "Ops XLA cannot compile run as they are. Equal to the unfused "
+           "update up to float32 rounding (XLA orders some arithmetic "
+           "differently). False: TensorFlow's ops, one by one."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "
@@ -288,6 +302,7 @@ class WindowSettings:
   communication_dtype: object = None
   overlap_backward: bool = True
   sequential_apply: bool = True
+  fused_apply: bool = False
   after_update: object = None
   log_every_n_micro_batches: object = 100
   max_consecutive_skipped_windows: object = (

@@ -17,6 +17,7 @@ import contextlib
 import sys
 
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 # (base class, private method) the library's subclasses override: a
 # tf.compat.v1 optimizer's checkpoint hooks (its slots are restored through
@@ -60,6 +61,20 @@ def add_control_inputs(op, control_inputs):
   """
   if control_inputs:
     op._add_control_inputs(control_inputs)  # noqa: SLF001
+
+
+def mark_for_xla(op, scope):
+  """Asks XLA to compile `op`, with the other ops of `scope` only.
+
+  The attributes `tf.xla.experimental.jit_scope` sets on the ops made in
+  it (`_XlaCompile`, `_XlaScope`): TensorFlow's clustering pass compiles
+  marked ops on the CPU too (without global auto-clustering), and never
+  joins ops of two scopes into one cluster. Set on ops already made:
+  an optimizer builds every variable's update in one call.
+  """
+  op._set_attr("_XlaCompile", attr_value_pb2.AttrValue(b=True))  # noqa: SLF001
+  op._set_attr("_XlaScope", attr_value_pb2.AttrValue(  # noqa: SLF001
+      s=scope.encode()))
 
 
 def control_flow_context(op_or_graph):

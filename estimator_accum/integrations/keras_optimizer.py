@@ -169,7 +169,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     clip_norm, reduction, accumulator_dtype, accumulator_placement,
       summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
       communication_options, table_all_reduce, communication_dtype,
-      overlap_backward, sequential_apply, after_update,
+      overlap_backward, sequential_apply, fused_apply, after_update,
       log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
       window options, keyword-only, each documented with its check in
       `estimator_accum.options.OPTIONS` and in docs/user_guide.md
@@ -214,6 +214,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
       sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
       communication_options=None, table_all_reduce="auto",
       communication_dtype=None, overlap_backward=True, sequential_apply=True,
+      fused_apply=False,
       after_update=None, log_every_n_micro_batches=100,
       max_consecutive_skipped_windows=DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
       name=None):

@@ -104,3 +104,54 @@ def chain(gates, made):
     if updates:
       previous = list(updates)
   return True
+
+
+# fused_apply ----------------------------------------------------------------
+
+# Not compiled: ops that make or name a variable, a branch's captured input,
+# and what XLA has no kernel for anyway.
+_NOT_FUSED = _SOURCES | {"Placeholder", "NoOp"}
+
+
+def _data_descendants(op):
+  """`op` and the ops downstream of it through data edges."""
+  seen, stack = {op}, [op]
+  while stack:
+    current = stack.pop()
+    for output in current.outputs:
+      for consumer in output.consumers():
+        if consumer not in seen:
+          seen.add(consumer)
+          stack.append(consumer)
+  return seen
+
+
+def fuse(gates, made):
+  """Marks each variable's own update for XLA: one compiled loop per
+  variable (its gradient's scale, the optimizer's arithmetic, the writes of
+  the variable and its slots), instead of an op, and a pass over memory,
+  for each step of the arithmetic.
+
+  `gates`: the gate ops, in the variables' order; `made`: the ops the
+  optimizer made for the apply. Call it before `chain` (whose control
+  edges join the variables). A variable's own ops are those from its gate
+  to its updates, and what its updates depend on among `made` that no
+  other variable's update does; each set gets an XLA scope of its own, so
+  that the updates stay one variable at a time. Ops XLA cannot compile run
+  as they are. Returns how many ops were marked.
+  """
+  fed = [_updates_fed_by(g) for g in gates]
+  parts = [_ancestors(updates, made | _data_descendants(gate_op))
+           for gate_op, updates in zip(gates, fed)]
+  owners = {}
+  for part in parts:
+    for op in part:
+      owners[op] = owners.get(op, 0) + 1
+  marked = 0
+  for index, part in enumerate(parts):
+    scope = f"estimator_accum_apply_{index}"
+    for op in part:
+      if owners[op] == 1 and op.type not in _NOT_FUSED:
+        tf_private.mark_for_xla(op, scope)
+        marked += 1
+  return marked

@@ -3,7 +3,8 @@
 `Finish` turns the window's sums over every replica into its gradient
 (the reduction's finish: the mean, or the sum), its global norm and
 whether it is finite, the clipping scale, and hands the optimizer the
-result, one variable at a time with `sequential_apply`; after an applied
+result, one variable at a time with `sequential_apply` (each variable's
+update one loop compiled by XLA with `fused_apply`); after an applied
 update it runs the user's `after_update`.
 """
 
@@ -77,7 +78,10 @@ class Finish:
           [a.variable for a in self._accumulators])
     made = set(graph.get_operations()[before:])
     for replica_gates in gates:
-      apply_order.chain(replica_gates, made)
+      if self._settings.fused_apply:
+        apply_order.fuse(replica_gates, made)
+      if self._settings.sequential_apply:
+        apply_order.chain(replica_gates, made)
     return applied
 
   def _ready_to_apply(self, gradients, scale, gates):
@@ -85,9 +89,10 @@ class Finish:
     optimizer takes them, times `scale` (clipping and the reduction's
     factor; None for 1), in the variables' dtypes. With sequential_apply
     each passes a gate first (appended to `gates`), so that its product
-    and the optimizer's temporaries are made one variable at a time."""
+    and the optimizer's temporaries are made one variable at a time; with
+    fused_apply too (where each variable's compiled update starts)."""
     sequential = self._settings.sequential_apply
-    if sequential:
+    if sequential or self._settings.fused_apply:
       gated = [apply_order.gate(g) for g in gradients]
       gradients = [g for g, _ in gated]
       gates.append([op for _, op in gated])

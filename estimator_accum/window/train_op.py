@@ -70,6 +70,7 @@ def build_accumulating_train_op(
     sparse_accumulation="auto", sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
     communication_options=None, table_all_reduce="auto",
     communication_dtype=None, overlap_backward=True, sequential_apply=True,
+    fused_apply=False,
     after_update=None, log_every_n_micro_batches=100,
     max_consecutive_skipped_windows=DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
     name=DEFAULT_NAME):
@@ -118,7 +119,7 @@ def build_accumulating_train_op(
     clip_norm, reduction, accumulator_dtype, accumulator_placement,
       summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
       communication_options, table_all_reduce, communication_dtype,
-      overlap_backward, sequential_apply, after_update,
+      overlap_backward, sequential_apply, fused_apply, after_update,
       log_every_n_micro_batches, max_consecutive_skipped_windows, name:
       the window options, documented in `estimator_accum.options.OPTIONS`.
 

@@ -40,6 +40,8 @@ class TrainingConfig:
   recompute: bool = False
   # Where the window's accumulators live: "device", "host" or "sharded".
   accumulator_placement: str = "device"
+  # XLA compiles each variable's update at the window's end (fused_apply).
+  fused_apply: bool = False
 
 
 def create_model(bert_config, is_training, features, num_labels,
@@ -145,6 +147,7 @@ def model_fn_builder(bert_config, training):
         num_examples=num_examples,
         loss_scale="dynamic" if training.use_fp16 else None,
         accumulator_placement=training.accumulator_placement,
+        fused_apply=training.fused_apply,
         max_consecutive_skipped_windows=(
             training.max_consecutive_skipped_windows))
     tf.compat.v1.summary.scalar("learning_rate", learning_rate)

@@ -84,7 +84,7 @@ def _given_each_option():
       communication_options=tf.distribute.experimental.CommunicationOptions(
           bytes_per_pack=1024),
       table_all_reduce="dense", communication_dtype="bfloat16",
-      overlap_backward=False, sequential_apply=False,
+      overlap_backward=False, sequential_apply=False, fused_apply=True,
       after_update=lambda: None,
       log_every_n_micro_batches=7,
       max_consecutive_skipped_windows=3, name="window")

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -373,3 +374,32 @@ def test_the_savedmodel_keras_loads_and_a_checkpoints_object_graph(tmp_path):
   graph = tf_private.checkpoint_object_graph(tf.train.load_checkpoint(
       str(tmp_path / "model" / "variables" / "variables")))
   assert "optimizer" in [c.local_name for c in graph.nodes[0].children]
+
+
+def test_ops_marked_for_xla_run_compiled_one_cluster_per_scope():
+  """What jit_scope sets, on ops already made: marked ops of two scopes run
+  as two XLA clusters (on the CPU, without global auto-clustering), and
+  compute what the unmarked ops do."""
+  with tf.Graph().as_default():
+    x = tf.compat.v1.placeholder(tf.float32, [6])  # (a constant folds)
+    first = tf.sqrt(x + 1.0)
+    second = tf.exp(x * 0.5)
+    for op, scope in ((first.op, "a"), (first.op.inputs[0].op, "a"),
+                      (second.op, "b"), (second.op.inputs[0].op, "b")):
+      tf_private.mark_for_xla(op, scope)
+    assert first.op.get_attr("_XlaScope") == b"a"
+    metadata = tf.compat.v1.RunMetadata()
+    with tf.compat.v1.Session() as session:
+      values = session.run([first, second], {x: np.arange(6)},
+                           options=tf.compat.v1.RunOptions(
+          trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+                           run_metadata=metadata)
+  np.testing.assert_allclose(values[0], np.sqrt(np.arange(6) + 1.0),
+                             rtol=1e-6)
+  np.testing.assert_allclose(values[1], np.exp(np.arange(6) * 0.5),
+                             rtol=1e-6)
+  clusters = {node.node_name.split("/")[0]
+              for device in metadata.step_stats.dev_stats
+              for node in device.node_stats
+              if node.node_name.startswith("cluster_")}
+  assert len(clusters) == 2, clusters
