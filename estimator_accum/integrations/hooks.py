@@ -37,7 +37,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
   """
 
   def __init__(self, every_n_micro_batches=100, micro_batch_size=None,
-               total_micro_batches=None, loss=None):
+               total_micro_batches=None, loss=None, work=None):
     """Creates the hook.
 
     Args:
@@ -52,6 +52,12 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
         (Estimator's max_steps); when given, the line shows progress and the
         time left.
       loss: optional scalar tensor, the micro-batch loss, shown on the line.
+      work: optional scalar tensor, what a micro-batch computes when that
+        varies (its token positions: batch x length, for inputs trimmed or
+        sorted by length). The window cost line then compares the step
+        that ends a window with a step of the same work, not with the
+        median step: a window sorted by length ends on its longest
+        micro-batch.
 
     Raises:
       ValueError: if an argument is not a positive int.
@@ -67,6 +73,8 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._micro_batch_size = micro_batch_size
     self._total = total_micro_batches
     self._loss = loss
+    self._work = work
+    self._step_work = []
     self._state = None
     self._fetches = None
     self._last_time = None
@@ -116,15 +124,20 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     fetches = {}
     if self._examples is not None:
       fetches["examples"] = self._examples
+    if self._work is not None:
+      # Every step, not only the first windows': one set of fetches, one
+      # executor (each new set is a new optimization of the graph).
+      fetches["work"] = self._work
     if self._loss is not None and self._step + 1 - self._last_step >= (
         self._every_n):
       fetches["loss"] = self._loss
     return tf.estimator.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
-    self._time_window(time.perf_counter() - self._step_started)
-    self._step += 1
     results = run_values.results or {}
+    self._time_window(time.perf_counter() - self._step_started,
+                      results.get("work"))
+    self._step += 1
     if "examples" in results:
       self._examples_counted += sum(int(e) for e in results["examples"])
     if self._step - self._last_step < self._every_n:
@@ -164,17 +177,21 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     self._examples_counted = 0
     self._last_skipped = values["skipped"]
 
-  def _time_window(self, seconds):
-    """Keeps the first windows' step times; logs their cost once."""
+  def _time_window(self, seconds, work):
+    """Keeps the first windows' step times (and works); logs their cost
+    once."""
     if self._step_seconds is None:
       return
     if self._first_position is None:
       self._first_position = self._step
     self._step_seconds.append(seconds)
+    self._step_work.append(work)
     k = self._state.k
     if len(self._step_seconds) < COST_WINDOWS * k + k:
       return
-    cost = window_cost.measure(self._step_seconds, k, self._first_position)
+    works = self._step_work if None not in self._step_work else None
+    cost = window_cost.measure(self._step_seconds, k, self._first_position,
+                               work=works)
     self._step_seconds = None
     if cost is not None:
       progress.log_info(cost.describe())

@@ -9,7 +9,11 @@ micro-batch and e the end's extra time, a window takes k t + e; a larger
 k spends the same e on more examples.
 
 `measure(step_seconds, k, first_position)` reads t and e (medians) from a
-job's step times; `WindowCost.describe()` says it in one line, with what
+job's step times; given each step's work too (`work`: run_classifier's
+token positions), it compares each window-ending step with what a step of
+that work takes (a line fitted through the other steps), not with the
+median step: a window sorted by length ends on its longest micro-batch,
+whose extra compute is not the end's; `WindowCost.describe()` says it in one line, with what
 k x 2 and k x 4 would give. `AccumulationLoggingHook` logs that line once,
 after the first windows.
 """
@@ -64,7 +68,7 @@ class WindowCost:
             f" s); {larger}")
 
 
-def measure(step_seconds, k, first_position, skip_windows=1):
+def measure(step_seconds, k, first_position, skip_windows=1, work=None):
   """The `WindowCost` of a job from its step times.
 
   Args:
@@ -73,24 +77,42 @@ def measure(step_seconds, k, first_position, skip_windows=1):
     first_position: int, the micro-batch the first time is of (the global
       step it ran at).
     skip_windows: windows left out at the start (warm-up).
+    work: optional list of numbers, each step's work (as many as
+      `step_seconds`): a step's compute is then taken as a + b * work,
+      fitted through the steps that end no window.
 
   Returns:
     A WindowCost, or None when no complete window (after the skipped ones)
     with steps that end no window is in `step_seconds`.
   """
+  if work is None:
+    work = [1.0] * len(step_seconds)
   ends, others = [], []
   windows_seen = 0
-  for offset, seconds in enumerate(step_seconds):
+  for offset, (seconds, done) in enumerate(zip(step_seconds, work)):
     position = first_position + offset
     ends_window = (position + 1) % k == 0
     if windows_seen >= skip_windows:
-      (ends if ends_window else others).append(seconds)
+      (ends if ends_window else others).append((seconds, float(done)))
     if ends_window:
       windows_seen += 1
   if not ends or (k > 1 and not others):
     return None
-  micro_batch = statistics.median(others) if others else 0.0
-  end = max(statistics.median(ends) - micro_batch, 0.0)
   if k == 1:
-    micro_batch, end = statistics.median(ends), 0.0
+    return WindowCost(k, statistics.median(s for s, _ in ends), 0.0)
+  compute = _compute_seconds(others)
+  micro_batch = compute(statistics.median(w for _, w in ends + others))
+  end = max(statistics.median(s - compute(w) for s, w in ends), 0.0)
   return WindowCost(k, micro_batch, end)
+
+
+def _compute_seconds(steps):
+  """work -> seconds: the least-squares line through `steps` ((seconds,
+  work) pairs), or their median where their work does not vary."""
+  works = [w for _, w in steps]
+  if max(works) == min(works):
+    median = statistics.median(s for s, _ in steps)
+    return lambda unused: median
+  slope, intercept = statistics.linear_regression(
+      works, [s for s, _ in steps])
+  return lambda work: intercept + slope * work

@@ -154,7 +154,9 @@ def model_fn_builder(bert_config, training):
     hook = estimator_accum.AccumulationLoggingHook(
         every_n_micro_batches=training.log_every_n_micro_batches,
         micro_batch_size=training.micro_batch_size,
-        total_micro_batches=training.total_micro_batches, loss=loss)
+        total_micro_batches=training.total_micro_batches, loss=loss,
+        # Token positions: micro-batches trimmed or sorted by length differ.
+        work=tf.size(features["input_ids"]))
     return tf.estimator.EstimatorSpec(
         mode, loss=reported, train_op=train_op,
         training_hooks=[hook])

@@ -34,3 +34,26 @@ def test_a_job_resumed_mid_window_counts_from_its_position():
 
 def test_too_few_steps_measure_nothing():
   assert window_cost.measure([1.0, 1.0, 1.0], 4, first_position=0) is None
+
+
+def test_a_window_sorted_by_length_ends_on_its_longest_micro_batch():
+  # Each window's micro-batches sorted by length (run_classifier's
+  # default): 400, 600, 800 and 1,000 token positions; a step takes
+  # 0.05 s + 0.25 ms a position, and the window-ending one 0.1 s more.
+  work = [400, 600, 800, 1000] * 4
+  times = [0.05 + 0.00025 * w + (0.1 if i % 4 == 3 else 0.0)
+           for i, w in enumerate(work)]
+  cost = window_cost.measure(times, 4, first_position=0, work=work)
+  assert cost.end_seconds == pytest.approx(0.1)
+  # The micro-batch of the median work (700 positions).
+  assert cost.micro_batch_seconds == pytest.approx(0.05 + 0.00025 * 700)
+  # Without the work, the longest micro-batch's extra compute (0.1 s over
+  # the median step's 0.2 s) is taken for the end's.
+  blind = window_cost.measure(times, 4, first_position=0)
+  assert blind.end_seconds == pytest.approx(0.1 + 0.00025 * (1000 - 600))
+
+
+def test_equal_work_everywhere_is_the_median_as_before():
+  times = [2.0, 2.0, 2.0, 3.0] + [0.25, 0.25, 0.25, 1.25] * 3
+  cost = window_cost.measure(times, 4, first_position=0, work=[32] * 16)
+  assert (cost.micro_batch_seconds, cost.end_seconds) == (0.25, 1.0)
