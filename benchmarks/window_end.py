@@ -14,6 +14,13 @@ the window's own work. In one run:
                accumulators, write p, m, v and the zeroed accumulators (8 x 4
                bytes a parameter), at the bandwidth measured here (a 256 MB
                variable times a constant into another: read + write)
+  peak         the applying micro-batch's peak tensor memory above what was
+               in use before it (the BFC allocator, which holds tensors as a
+               GPU does: TF_CPU_ALLOCATOR_USE_BFC=true)
+
+each with TensorFlow's ops (today's default) and with `fused_apply=True`
+(XLA compiles each variable's update into one loop), and how far apart the
+two runs' weights are after the same updates.
 
   python benchmarks/window_end.py [--repeats 20]
 """
@@ -23,6 +30,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
@@ -62,9 +70,11 @@ def _copy_bandwidth(repeats):
       return 2 * COPY_FLOATS * 4 / _median_seconds(session, copy, repeats)
 
 
-def _window_steps(shapes, repeats):
-  """(accumulating step, applying step) median seconds."""
+def _window_steps(shapes, repeats, fused):
+  """(accumulating step, applying step) median seconds, the applying step's
+  peak bytes above those in use before it, and the weights after."""
   with tf.Graph().as_default():
+    tf.compat.v1.set_random_seed(0)  # the same start, fused or not
     rng = np.random.RandomState(0)
     variables, terms = [], []
     for index, shape in enumerate(shapes):
@@ -76,9 +86,11 @@ def _window_steps(shapes, repeats):
       terms.append(tf.reduce_sum(variable * scale))
     loss = tf.add_n(terms)
     train_op = estimator_accum.build_accumulating_train_op(
-        loss, optimization.make_optimizer("adamw", 1e-5), 2, clip_norm=1.0)
+        loss, optimization.make_optimizer("adamw", 1e-5), 2, clip_norm=1.0,
+        fused_apply=fused)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
+      start = session.run(variables)
       for _ in range(4):
         session.run(train_op)
       accumulate, apply = [], []
@@ -87,7 +99,15 @@ def _window_steps(shapes, repeats):
           started = time.perf_counter()
           session.run(train_op)
           times.append(time.perf_counter() - started)
-      return float(np.median(accumulate)), float(np.median(apply))
+      session.run(train_op)
+      tf.config.experimental.reset_memory_stats("CPU:0")
+      before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+      session.run(train_op)
+      peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+      weights = session.run(variables)
+  moved = max(float(np.max(np.abs(w - s))) for w, s in zip(weights, start))
+  return (float(np.median(accumulate)), float(np.median(apply)), peak,
+          (weights, moved))
 
 
 def main():
@@ -99,20 +119,32 @@ def main():
             if name.startswith("bert/")]
   parameters = sum(int(np.prod(shape)) for shape in shapes)
   bandwidth = _copy_bandwidth(args.repeats)
-  accumulate, apply = _window_steps(shapes, args.repeats)
-  end = apply - accumulate
   floor = 8 * 4 * parameters / bandwidth
   rows = bench.Rows(
       f"the window's end, all-MiniLM-L6-v2's {parameters / 1e6:.1f}M "
       f"parameters, AdamWeightDecay, clip 1.0, k=2; copy bandwidth "
-      f"{bandwidth / 1e9:.1f} GB/s", args.json, markdown=True,
-      formats={"ms": ".1f", "x floor": ".2f"})
-  rows.add(part="accumulate (a micro-batch's window work)",
-           ms=accumulate * 1e3, **{"x floor": accumulate / floor})
-  rows.add(part="end (apply step minus accumulate step)", ms=end * 1e3,
-           **{"x floor": end / floor})
+      f"{bandwidth / 1e9:.1f} GB/s; peak: BFC allocator", args.json,
+      markdown=True, formats={"ms": ".1f", "x floor": ".2f",
+                              "peak MB": ".0f"})
+  weights = {}
+  for fused in (False, True):
+    apply_kind = "fused_apply (XLA)" if fused else "TensorFlow's ops"
+    accumulate, apply, peak, weights[fused] = _window_steps(
+        shapes, args.repeats, fused)
+    rows.add(part=f"accumulate (a micro-batch's window work), {apply_kind}",
+             ms=accumulate * 1e3, **{"x floor": accumulate / floor,
+                                     "peak MB": ""})
+    rows.add(part=f"end (apply step minus accumulate step), {apply_kind}",
+             ms=(apply - accumulate) * 1e3,
+             **{"x floor": (apply - accumulate) / floor,
+                "peak MB": peak / 2**20})
   rows.add(part="floor (8 x 4 bytes a parameter at copy bandwidth)",
-           ms=floor * 1e3, **{"x floor": 1.0})
+           ms=floor * 1e3, **{"x floor": 1.0, "peak MB": ""})
+  (plain, moved), (fused, _) = weights[False], weights[True]
+  worst = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, fused))
+  print(f"weights after {args.repeats + 3} updates, fused against "
+        f"TensorFlow's ops: at most {worst:.1e} apart, {worst / moved:.1e} "
+        f"of the most any weight moved ({moved:.1e})")
   return rows.exit_code()
 
 

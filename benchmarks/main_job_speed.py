@@ -1,0 +1,92 @@
+"""The main job's training speed, its arrangements side by side: today's
+input (each micro-batch trimmed to its longest example, the window's end as
+TensorFlow's ops), windows sorted by length (run_classifier's default), and
+each with the window's end fused by XLA (`--fused_apply`), and packed rows.
+
+Each variant is `python run_classifier.py` (MiniLM on Rotten Tomatoes,
+micro-batch 8 x k=4, its defaults) training `--epochs` of an epoch, no
+evaluation. Steady training only: the rate of its progress lines (every
+20 micro-batches) after the first 40 micro-batches, which leaves out the
+process start, the graph's build and optimization and XLA's compiles (all
+paid once a run: "trained N micro-batches in S s" with them is printed
+too). The variants run interleaved, one at a time, `--rounds` times (ABCD
+ABCD: a busier minute of the machine falls on every variant alike).
+Figures: the median seconds per micro-batch, examples a second, and the
+speed-up over today's.
+
+  python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2]
+"""
+
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from harness import bench  # noqa: E402
+
+MICRO_BATCH = 8
+VARIANTS = {
+    "today: trimmed, TensorFlow's ops": ["--nosort_windows_by_length"],
+    "sorted (default)": [],
+    "sorted, fused_apply": ["--fused_apply"],
+    "packed, fused_apply": ["--pack_windows", "--fused_apply"],
+}
+TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
+RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
+LOG_EVERY = 20
+WARM = 40  # micro-batches left out: the first steps' one-time costs
+
+
+def _run(flags, epochs, root, name):
+  output_dir = os.path.join(root, re.sub(r"\W+", "_", name))
+  result = subprocess.run(
+      [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
+       f"--num_train_epochs={epochs}", "--do_eval=false",
+       f"--log_every={LOG_EVERY}", *flags],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  found = TRAINED.search(result.stdout)
+  rates = [float(rate) for step, rate in RATE.findall(result.stderr)
+           if int(step) > WARM + LOG_EVERY]
+  if result.returncode or not found or not rates:
+    raise RuntimeError(f"{name}: exit {result.returncode}\n"
+                       f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+  return int(found.group(1)), float(found.group(2)), rates
+
+
+def main():
+  parser = bench.parser(__doc__)
+  parser.add_argument("--epochs", type=float, default=0.1)
+  parser.add_argument("--rounds", type=int, default=2)
+  args = parser.parse_args()
+  seconds = {name: [] for name in VARIANTS}
+  with tempfile.TemporaryDirectory() as root:
+    for round_index in range(args.rounds):
+      for name, flags in VARIANTS.items():
+        micro_batches, took, rates = _run(flags, args.epochs, root,
+                                          f"{name}_{round_index}")
+        seconds[name] += [1.0 / rate for rate in rates]
+        print(f"round {round_index + 1}: {name}: {micro_batches} "
+              f"micro-batches in {took:.1f} s all told; steady "
+              f"{statistics.median(rates):.2f} micro-batches/sec", flush=True)
+  rows = bench.Rows(
+      f"the main job's training, micro-batch {MICRO_BATCH} x k=4, "
+      f"{args.epochs} epoch a run, {args.rounds} interleaved rounds",
+      args.json, markdown=True,
+      formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f"})
+  today = statistics.median(seconds["today: trimmed, TensorFlow's ops"])
+  for name, values in seconds.items():
+    each = statistics.median(values)
+    rows.add(variant=name, **{"s/micro-batch": each,
+                              "examples/s": MICRO_BATCH / each,
+                              "x today": today / each})
+  return rows.exit_code()
+
+
+if __name__ == "__main__":
+  sys.exit(main())
