@@ -187,14 +187,19 @@ def test_no_progress_line_when_asked(tmp_path, caplog):
               if r.getMessage().startswith("micro-batch")]
 
 
+def _placeholder_train_op():
+  """(x, train_op): k=2 on a loss fed through a placeholder of 3 features."""
+  x = tf.compat.v1.placeholder(tf.float32, [None, 3])
+  w = tf.compat.v1.get_variable("w", [3, 1])
+  return x, estimator_accum.build_accumulating_train_op(
+      tf.reduce_mean(tf.matmul(x, w)),
+      tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+
+
 def test_progress_line_says_when_it_cannot_count_examples(caplog):
   """A loss fed through placeholders has no input_fn batch to count."""
   with tf.Graph().as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, 3])
-    w = tf.compat.v1.get_variable("w", [3, 1])
-    train_op = estimator_accum.build_accumulating_train_op(
-        tf.reduce_mean(tf.matmul(x, w)),
-        tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+    x, train_op = _placeholder_train_op()
     hook = estimator_accum.AccumulationLoggingHook(every_n_micro_batches=2)
     with caplog.at_level(logging.INFO, logger="absl"):
       with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
@@ -243,7 +248,8 @@ def test_accumulator_memory_is_logged_at_start(caplog):
           and "over 5 variables" in lines[0]), lines[0]
 
 
-def test_the_window_cost_line_weighs_each_step_by_its_work(caplog):
+def test_the_window_cost_line_weighs_each_step_by_its_work(caplog,
+                                                          monkeypatch):
   """With `work` (a micro-batch's token positions), the hook hands the
   window cost each step's work with its time and says the line."""
   from estimator_accum.planning import window_cost  # noqa: PLC0415
@@ -254,21 +260,16 @@ def test_the_window_cost_line_weighs_each_step_by_its_work(caplog):
     seen.append(kwargs.get("work"))
     return real(step_seconds, k, first_position, **kwargs)
 
+  monkeypatch.setattr(window_cost, "measure", spy)
   with tf.Graph().as_default():
-    x = tf.compat.v1.placeholder(tf.float32, [None, 3])
-    w = tf.compat.v1.get_variable("w", [3, 1])
-    train_op = estimator_accum.build_accumulating_train_op(
-        tf.reduce_mean(tf.matmul(x, w)),
-        tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+    x, train_op = _placeholder_train_op()
     hook = estimator_accum.AccumulationLoggingHook(
         every_n_micro_batches=100, micro_batch_size=5, work=tf.size(x))
     rows = [2, 3] * 8  # each window: a short micro-batch, then a long one
     with caplog.at_level(logging.INFO, logger="absl"):
-      with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(window_cost, "measure", spy)
-        with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
-          for count in rows:
-            session.run(train_op, {x: np.ones((count, 3), np.float32)})
+      with tf.compat.v1.train.MonitoredSession(hooks=[hook]) as session:
+        for count in rows:
+          session.run(train_op, {x: np.ones((count, 3), np.float32)})
   assert seen == [[3 * count for count in rows[:len(seen[0])]]], seen
   assert any(r.getMessage().startswith("window cost: 2 micro-batches")
              for r in caplog.records)

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import estimator_accum
 from models.bert import optimization
+from tests.helpers import tanh_stack
 
-WIDTHS = [6, 5, 4, 3]
 OPTIMIZERS = {
     "google_adam_weight_decay": lambda: optimization.make_optimizer(
         "adamw", 0.05),
@@ -19,45 +18,26 @@ OPTIMIZERS = {
 }
 
 
-def _build(optimizer, fused_apply, sequential_apply=True, widths=WIDTHS,
-           rows=8):
-  x = tf.constant(np.random.RandomState(0).randn(rows, widths[0]), tf.float32)
-  h = x
-  for index, (width_in, width_out) in enumerate(zip(widths, widths[1:])):
-    kernel = tf.compat.v1.get_variable(
-        f"kernel_{index}", initializer=tf.constant(
-            np.random.RandomState(index).randn(width_in, width_out) * 0.5,
-            tf.float32))
-    h = tf.tanh(tf.matmul(h, kernel))
-  tf.compat.v1.train.get_or_create_global_step()
-  return estimator_accum.build_accumulating_train_op(
-      tf.reduce_sum(tf.square(h)), optimizer, 2, clip_norm=1.0,
-      fused_apply=fused_apply, sequential_apply=sequential_apply,
-      log_every_n_micro_batches=None)
+def _build(optimizer, fused_apply, **options):
+  return tanh_stack.train_op(optimizer, fused_apply=fused_apply, **options)
 
 
 def _train(optimizer_fn, fused_apply, sequential_apply=True):
-  with tf.Graph().as_default():
-    train_op = _build(optimizer_fn(), fused_apply, sequential_apply)
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      for _ in range(6):
-        session.run(train_op)
-      return session.run({v.op.name: v
-                          for v in tf.compat.v1.trainable_variables()})
+  return tanh_stack.trained_weights(optimizer_fn, fused_apply=fused_apply,
+                                    sequential_apply=sequential_apply)
 
 
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_the_same_weights_fused_or_not(optimizer, control_flow):
   fused = _train(OPTIMIZERS[optimizer], True)
   plain = _train(OPTIMIZERS[optimizer], False)
-  start = _train(OPTIMIZERS[optimizer], False, sequential_apply=False)
+  unordered = _train(OPTIMIZERS[optimizer], False, sequential_apply=False)
   for name in plain:
-    assert not np.allclose(plain[name], np.random.RandomState(
-        int(name[-1])).randn(*plain[name].shape) * 0.5), name  # it trained
+    start = tanh_stack.initial_kernel(int(name[-1]), *plain[name].shape)
+    assert not np.allclose(plain[name], start), name  # it trained
     np.testing.assert_allclose(fused[name], plain[name], rtol=1e-6,
                                atol=1e-7, err_msg=name)
-    np.testing.assert_allclose(start[name], plain[name], rtol=1e-6,
+    np.testing.assert_allclose(unordered[name], plain[name], rtol=1e-6,
                                atol=1e-7, err_msg=name)
 
 
@@ -90,7 +70,7 @@ def _xla_runs(fused_apply):
 def test_each_variable_is_one_compiled_loop():
   clusters = _xla_runs(True)
   # One cluster per variable: three kernels, each its own XLA scope.
-  assert len(clusters) == len(WIDTHS) - 1, clusters
+  assert len(clusters) == len(tanh_stack.WIDTHS) - 1, clusters
   assert _xla_runs(False) == []
 
 
@@ -107,7 +87,7 @@ def test_each_variables_ops_carry_a_scope_of_their_own():
         except ValueError:
           continue
         scopes.setdefault(scope, set()).add(op.type)
-  assert len(scopes) == len(WIDTHS) - 1, sorted(scopes)
+  assert len(scopes) == len(tanh_stack.WIDTHS) - 1, sorted(scopes)
   for types in scopes.values():
     assert "AssignVariableOp" in types or "ResourceApplyAdam" in types, types
 
@@ -128,7 +108,8 @@ def test_the_ends_peak_is_not_above_the_unfused_one():
   for fused in (False, True):
     with tf.Graph().as_default():
       train_op = _build(OPTIMIZERS["google_adam_weight_decay"](), fused,
-                        widths=[1000] * 5, rows=4)
+                        widths=[1000] * 5,
+                        rows=4)
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
         for _ in range(3):
