@@ -18,6 +18,8 @@ several variables (a global norm inside the optimizer, Keras's
 apply as it is.
 """
 
+import collections
+
 import tensorflow as tf
 
 from estimator_accum import tf_private
@@ -39,20 +41,29 @@ def gate(gradient):
   return gated, gated.op
 
 
-def _updates_fed_by(op):
-  """The stateful ops downstream of `op` in its graph."""
-  seen, stack, updates = {op}, [op], set()
+def _downstream(op):
+  """`op` and the ops downstream of it in its graph (through data edges)."""
+  seen, stack = {op}, [op]
   while stack:
     current = stack.pop()
     for output in current.outputs:
       for consumer in output.consumers():
-        if consumer in seen:
-          continue
-        seen.add(consumer)
-        if consumer.op_def.is_stateful:
-          updates.add(consumer)
-        stack.append(consumer)
-  return updates
+        if consumer not in seen:
+          seen.add(consumer)
+          stack.append(consumer)
+  return seen
+
+
+def _updates_fed_by(op, downstream=None):
+  """The stateful ops downstream of `op` (`downstream`: `_downstream(op)`,
+  when already walked)."""
+  return {o for o in downstream or _downstream(op)
+          if o is not op and o.op_def.is_stateful}
+
+
+def _owners(parts):
+  """How many of `parts` (sets of ops) each op is in."""
+  return collections.Counter(op for part in parts for op in part)
 
 
 def _ancestors(ops, within):
@@ -86,10 +97,7 @@ def chain(gates, made):
       return False
     seen |= updates
   parts = [_ancestors(updates, made) for updates in fed]
-  owners = {}
-  for part in parts:
-    for op in part:
-      owners[op] = owners.get(op, 0) + 1
+  owners = _owners(parts)
   previous = []
   context = tf_private.control_flow_context(gates[0]) if gates else None
   for gate_op, updates, part in zip(gates, fed, parts):
@@ -113,19 +121,6 @@ def chain(gates, made):
 _NOT_FUSED = _SOURCES | {"Placeholder", "NoOp"}
 
 
-def _data_descendants(op):
-  """`op` and the ops downstream of it through data edges."""
-  seen, stack = {op}, [op]
-  while stack:
-    current = stack.pop()
-    for output in current.outputs:
-      for consumer in output.consumers():
-        if consumer not in seen:
-          seen.add(consumer)
-          stack.append(consumer)
-  return seen
-
-
 def fuse(gates, made):
   """Marks each variable's own update for XLA: one compiled loop per
   variable (its gradient's scale, the optimizer's arithmetic, the writes of
@@ -138,20 +133,15 @@ def fuse(gates, made):
   to its updates, and what its updates depend on among `made` that no
   other variable's update does; each set gets an XLA scope of its own, so
   that the updates stay one variable at a time. Ops XLA cannot compile run
-  as they are. Returns how many ops were marked.
+  as they are.
   """
-  fed = [_updates_fed_by(g) for g in gates]
-  parts = [_ancestors(updates, made | _data_descendants(gate_op))
-           for gate_op, updates in zip(gates, fed)]
-  owners = {}
-  for part in parts:
-    for op in part:
-      owners[op] = owners.get(op, 0) + 1
-  marked = 0
+  parts = []
+  for gate_op in gates:
+    downstream = _downstream(gate_op)
+    parts.append(_ancestors(_updates_fed_by(gate_op, downstream),
+                            made | downstream))
+  owners = _owners(parts)
   for index, part in enumerate(parts):
-    scope = f"estimator_accum_apply_{index}"
     for op in part:
       if owners[op] == 1 and op.type not in _NOT_FUSED:
-        tf_private.mark_for_xla(op, scope)
-        marked += 1
-  return marked
+        tf_private.mark_for_xla(op, f"estimator_accum_apply_{index}")
