@@ -99,7 +99,7 @@ def _window_steps(shapes, repeats, fused):
           started = time.perf_counter()
           session.run(train_op)
           times.append(time.perf_counter() - started)
-      session.run(train_op)
+      session.run(train_op)  # accumulates (an even count ran before)
       tf.config.experimental.reset_memory_stats("CPU:0")
       before = tf.config.experimental.get_memory_info("CPU:0")["current"]
       session.run(train_op)
