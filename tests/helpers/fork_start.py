@@ -33,6 +33,7 @@ processes with exec, as users run them.
 """
 
 import array
+import gc
 import hashlib
 import json
 import os
@@ -301,6 +302,12 @@ def _serve(path):
   os.environ[DIR_ENV] = os.path.dirname(path)  # where _record writes
   for name in PRELOAD:
     __import__(name)
+  # What the imports made lives as long as the server, in every child too:
+  # out of the garbage collector's sight, each child's first collections
+  # stop walking it (measured: 5.2 s of 52.9 s of its children's CPU in
+  # the collector on 6 two-worker jobs, 0.7 with it frozen), and their
+  # pages stay shared with the server.
+  gc.freeze()
   install()
   listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
   listener.bind(path + ".new")
@@ -551,11 +558,17 @@ def start_session(directory):
   with open(os.path.join(directory, "namespaces"), "w") as f:
     f.write(_namespaces() or "")
   os.environ[DIR_ENV] = directory
+  put_site_on_path()
+  install()
+
+
+def put_site_on_path():
+  """Puts fork_site (its sitecustomize) first on this process's and its
+  children's PYTHONPATH."""
   site = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_site")
   paths = [site] + [p for p in os.environ.get("PYTHONPATH", "").split(
       os.pathsep) if p and p != site]
   os.environ["PYTHONPATH"] = os.pathsep.join(paths)
-  install()
 
 
 def stop_session(directory):
