@@ -17,7 +17,14 @@ import tempfile  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from tests.helpers import fork_start  # noqa: E402
+from tests.helpers import fork_start, grappler  # noqa: E402
+
+# The suite's sessions run without Grappler's default rewriting passes
+# except in the tests about them (tests/helpers/grappler.py: a third less
+# CPU); ESTIMATOR_ACCUM_TEST_GRAPPLER=default runs them as users do. Set
+# here for the whole session, its children included.
+os.environ.setdefault(grappler.ENV, "off")
+grappler.install()
 
 # The session's Python children start forked from a process that has
 # TensorFlow imported (tests/helpers/fork_start.py: 3 s less CPU each);
@@ -34,6 +41,8 @@ if (not os.environ.get(fork_start.DIR_ENV) and
     shutil.rmtree(_FORK_DIR, ignore_errors=True)
 elif os.environ.get(fork_start.SWITCH_ENV) != "0":
   fork_start.install()
+else:
+  fork_start.put_site_on_path()  # its sitecustomize sets up grappler
 
 # Two logical CPU devices for the MirroredStrategy tests. This must happen
 # before TensorFlow's runtime starts, so at import, before any test.
@@ -60,3 +69,20 @@ def control_flow(request):
     tf.compat.v1.enable_control_flow_v2()
   yield request.param
   tf.compat.v1.enable_control_flow_v2()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+  """Tests marked `memory` or `grappler` (and their children) run
+  TensorFlow's default Grappler, as users do (tests/helpers/grappler.py)."""
+  del nextitem
+  saved = os.environ.get(grappler.ENV)
+  if item.get_closest_marker("memory") or item.get_closest_marker("grappler"):
+    os.environ[grappler.ENV] = grappler.DEFAULT
+  try:
+    yield
+  finally:
+    if saved is None:
+      os.environ.pop(grappler.ENV, None)
+    else:
+      os.environ[grappler.ENV] = saved

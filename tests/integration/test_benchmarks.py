@@ -13,7 +13,8 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# the benchmarks run as users run them.
+pytestmark = [pytest.mark.slow, pytest.mark.grappler]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPTS = sorted(p.name for p in (ROOT / "benchmarks").glob("*.py")

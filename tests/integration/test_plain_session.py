@@ -19,7 +19,8 @@ import pytest
 from models.bert import pretrained
 
 # Whole jobs, processes or clusters: not the fast tier.
-pytestmark = pytest.mark.slow
+# oneDNN's fused layer norm is Grappler's remapper.
+pytestmark = [pytest.mark.slow, pytest.mark.grappler]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

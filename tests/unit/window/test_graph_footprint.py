@@ -10,9 +10,12 @@ after Grappler), with both control flows.
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import estimator_accum
+
+pytestmark = pytest.mark.grappler  # Grappler's constant folding is the subject
 
 _SHAPE = (256, 256)
 
