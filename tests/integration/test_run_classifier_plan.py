@@ -17,8 +17,10 @@ from models.bert import convert_hf
 from tests.helpers import bert_fixtures
 from tests.integration import test_run_classifier as base
 
-# Whole jobs, processes or clusters: not the fast tier.
-pytestmark = [pytest.mark.slow, pytest.mark.memory]
+# Whole jobs, processes or clusters: not the fast tier. The tests that
+# measure peaks are marked memory; the two that only train a given split
+# are not (the suite runs them without Grappler: tests/helpers/grappler.py).
+pytestmark = pytest.mark.slow
 
 _flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
 # The tiny BERT and the SST-2 files, as fixtures here too.
@@ -32,6 +34,7 @@ def _plan_flags(model, data, output_dir, **extra):
       ("--train_batch_size=", "--gradient_accumulation_multiplier="))]
 
 
+@pytest.mark.memory
 def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
   result = _run(_plan_flags(tiny_model, sst2, output_dir,
@@ -88,6 +91,7 @@ def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
   assert moved > 10, "training did not move the weights"
 
 
+@pytest.mark.memory
 @pytest.mark.parametrize("extra, message", [
     (dict(micro_batch_size="auto", effective_batch_size=8),
      r"--memory_budget_mb=None on CPU:0: give the budget in MB"),
@@ -129,6 +133,7 @@ def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
                    r"the same batch flags", second.stderr), second.stderr
 
 
+@pytest.mark.memory
 def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
@@ -194,6 +199,7 @@ def long_model(tmp_path_factory):
   return root / "ckpt"
 
 
+@pytest.mark.memory
 def test_running_out_of_memory_halves_the_plan_and_trains_it(long_model,
                                                              tmp_path):
   """A BERT with a plan of 16 x 2 in the run directory (as if it fit when
