@@ -436,6 +436,32 @@ def wait_until_training_tasks_end(config, seconds):
 _STARTED = []
 
 
+def refusing_peers(config, deadline=1.0):
+  """The other chief and worker tasks of `config` (a TF_CONFIG dict with
+  "task") whose address refuses a connection now: tasks that have exited,
+  or whose host has. One GetStatus each, on a channel of its own, failing
+  at once with UNAVAILABLE; a frozen task, whose port still accepts, and a
+  slow one answer or time out, and are not named.
+
+  Returns:
+    list of "type:index" names.
+  """
+  task = config[tfc.TASK]
+  this = (task[tfc.TYPE], int(task[tfc.INDEX]))
+  refusing = []
+  for task_type, index in tfc.tasks(config):
+    if task_type not in tfc.TRAINING_TYPES or (task_type, index) == this:
+      continue
+    peer = _Peer(task_type, index, config[tfc.CLUSTER][task_type][index],
+                 time.monotonic())
+    try:
+      if peer.probe(deadline) == "unavailable":
+        refusing.append(peer.name)
+    finally:
+      peer.channel.close()
+  return refusing
+
+
 def running():
   """Whether a watchdog of this process is watching its peers."""
   return any(watchdog.watching() for watchdog in _STARTED)

@@ -68,6 +68,8 @@ import tensorflow as tf
 
 from estimator_accum import tf_private
 from estimator_accum.distribution import stop_requests, watchdog
+from tfconfig import config as tfc
+from tfconfig import health
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
 SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
@@ -79,6 +81,9 @@ STOPPED_EXIT = 128 + int(signal.SIGTERM)
 # The main thread's errand: take SIGTERM (signal.signal needs that thread).
 _ERRAND = signal.SIGRTMAX - 3
 _POLL_SECONDS = 0.05
+# How often a stop waiting for this task's micro-batch asks whether a peer
+# it waits for has exited (_ExitedPeers).
+_PROBE_SECONDS = 0.5
 # How often the process's SIGTERM handler is checked (a sigaction call).
 _DISPLACED_POLL_SECONDS = 0.02
 # Where TensorFlow's coordination service keeps a SIGTERM its handler
@@ -381,9 +386,10 @@ def _why_nothing_is_left_to_save():
   began: between two micro-batches (a hook, a save at step 0, may take
   minutes) the stop waits unless the newest complete checkpoint holds
   every micro-batch that ran (train() returned and saved; the chief
-  evaluates) or that graph saves none. A micro-batch still running after
-  3 times the longest one that ended (5 s at least) waits on a lost peer:
-  neither it nor a save after it can end."""
+  evaluates) or that graph saves none. A micro-batch that waits on a peer
+  which has exited (its address refuses connections: _ExitedPeers), or is
+  still running after 3 times the longest one that ended (5 s at least),
+  waits on a lost peer: neither it nor a save after it can end."""
   step = _STOP.started_step
   if step is None:
     return "no micro-batch has run"
@@ -392,6 +398,10 @@ def _why_nothing_is_left_to_save():
     if running > max(5.0, 3 * _STOP.longest):
       return (f"micro-batch {step} has run {running:.0f} s, 3 times the "
               "longest before it: it waits on a peer, and cannot end")
+    gone = _PEERS.gone()
+    if gone:
+      return (f"micro-batch {step} waits on {', '.join(gone)}, which has "
+              "exited: it cannot end")
     return None
   graph = _STOP.last_graph()
   if graph is None:
@@ -402,6 +412,36 @@ def _why_nothing_is_left_to_save():
   if _newest_saved_step(savers) > step:
     return "no micro-batch is running, and every one that ran is saved"
   return None
+
+
+class _ExitedPeers:
+  """The chief and worker peers of a multi-worker job that have exited,
+  asked while a stop waits for this task's micro-batch: a peer told to stop
+  between two micro-batches, with every one that ran saved, exits at once,
+  and the micro-batch this task had begun waits for it forever. Its
+  address then refuses connections (`tfconfig.health.refusing_peers`);
+  asked every `_PROBE_SECONDS`, a peer that refused twice in a row is
+  gone. Nothing is asked in a parameter-server job (its tasks stop apart)
+  or outside a cluster."""
+
+  def __init__(self):
+    self._next = 0.0
+    self._refused = set()
+
+  def gone(self):
+    now = time.monotonic()
+    if now < self._next:
+      return []
+    self._next = now + _PROBE_SECONDS
+    config = tfc.task_of(tfc.TRAINING_TYPES)
+    if not config or stop_requests.training_config() is not None:
+      return []
+    refusing = set(health.refusing_peers(config, deadline=_PROBE_SECONDS))
+    gone, self._refused = sorted(refusing & self._refused), refusing
+    return gone
+
+
+_PEERS = _ExitedPeers()
 
 
 def _agree(agreed):

@@ -102,6 +102,24 @@ def test_a_lost_peer_ends_this_task_in_bounded_time(fault, reason, servers,
   assert line.endswith(f"({reason}); exiting with 150"), line
 
 
+def test_refusing_peers_names_the_exited_not_the_frozen(servers):
+  """What a stop waiting for its micro-batch asks (preemption's
+  _ExitedPeers): an exited peer refuses at once; a frozen one, whose port
+  still accepts, is not named; one that answers is not either."""
+  cluster, processes = servers(4)
+  config = dict(cluster, task={"type": "worker", "index": 0})
+  assert health.refusing_peers(config, deadline=0.5) == []
+  processes[1].kill()
+  processes[1].wait()
+  processes[2].send_signal(signal.SIGSTOP)
+  try:
+    started = time.monotonic()
+    assert health.refusing_peers(config, deadline=0.5) == ["worker:1"]
+    assert time.monotonic() - started < 2.0
+  finally:
+    processes[2].send_signal(signal.SIGCONT)
+
+
 def test_a_peer_that_finished_is_not_lost(servers, tmp_path):
   cluster, processes = servers(2)
   exits = [_Exits(), _Exits()]

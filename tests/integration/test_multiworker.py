@@ -283,6 +283,12 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   assert "[worker:1] dying after 3 micro-batches" in first.stdout
   assert ("[tfconfig] task worker:1 failed with exit code 3; stopping the "
           "other tasks") in first.stderr, first.stderr[-3000:]
+  # Worker 0, told to stop inside a micro-batch that waits for worker 1,
+  # sees at once that worker 1 has exited (its port refuses), rather than
+  # after that micro-batch has run 5 s.
+  assert re.search(r"\[worker:0\] .*SIGTERM while not training \(micro-"
+                   r"batch \d+ waits on worker:1, which has exited", (
+                       first.stdout + first.stderr)), first.stderr[-3000:]
   second = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   assert second.returncode == 0, second.stdout[-4000:]
