@@ -48,6 +48,10 @@ import types
 
 DIR_ENV = "ESTIMATOR_ACCUM_TEST_FORK_DIR"
 SWITCH_ENV = "ESTIMATOR_ACCUM_TEST_FORK"
+# A file each forked child's CPU seconds are appended to when it is reaped,
+# with the test that started it and its argv (tab-separated): set for a
+# run, it says where the suite's CPU goes, by process.
+CPU_ENV = "ESTIMATOR_ACCUM_TEST_FORK_CPU"
 # What the server imports before it forks: everything heavy the suite's
 # children import, nothing of the project (its import-time behaviour, the
 # SIGTERM handler, is each child's own).
@@ -348,19 +352,36 @@ def _reply(connection, line):
 def _reap(children):
   while children:
     try:
-      pid, status = os.waitpid(-1, os.WNOHANG)
+      pid, status, usage = os.wait4(-1, os.WNOHANG)
     except ChildProcessError:
       return
     if pid == 0:
       return
     connection = children.pop(pid, None)
+    record = os.path.join(_children_directory(), f"{pid}.json")
+    _note_cpu(record, usage)
     try:
-      os.unlink(os.path.join(_children_directory(), f"{pid}.json"))
+      os.unlink(record)
     except OSError:
       pass
     if connection is not None:
       _reply(connection, f"status {status}")
       connection.close()
+
+
+def _note_cpu(record, usage):
+  """Appends the reaped child's CPU seconds (user + system, from wait4),
+  the test that started it and its argv to the file its environment named
+  in CPU_ENV, if it did: where the suite's CPU goes, by process."""
+  try:
+    with open(record) as f:
+      child = json.load(f)
+  except (OSError, ValueError):
+    return
+  if child.get("cpu_log"):
+    with open(child["cpu_log"], "a") as log:
+      log.write(f"{usage.ru_utime + usage.ru_stime:.2f}\t{child['test']}\t"
+                f"{' '.join(child['argv'])}\n")
 
 
 def _fork_one(connection, server_fds):
@@ -411,7 +432,9 @@ def _record(pid, request):
   with open(path + ".new", "w") as record:
     json.dump({"pid": pid, "requester": request.get("requester"),
                "argv": request["argv"],
-               "TF_CONFIG": request["env"].get("TF_CONFIG")}, record)
+               "TF_CONFIG": request["env"].get("TF_CONFIG"),
+               "test": request["env"].get("PYTEST_CURRENT_TEST", ""),
+               "cpu_log": request["env"].get(CPU_ENV)}, record)
   os.rename(path + ".new", path)
 
 

@@ -60,6 +60,27 @@ def test_a_child_is_forked_and_sees_what_exec_would_give_it(tmp_path):
   assert done.stderr == "to stderr\n"
 
 
+def test_each_childs_cpu_is_noted_where_its_environment_says(tmp_path):
+  """ESTIMATOR_ACCUM_TEST_FORK_CPU: the child's CPU seconds (wait4), the
+  test that started it and its argv, written before its parent learns its
+  exit."""
+  script = tmp_path / "busy.py"
+  script.write_text("import time\nend = time.process_time() + 0.3\n"
+                    "while time.process_time() < end:\n  pass\n")
+  log = tmp_path / "cpu.tsv"
+  done = subprocess.run(
+      [sys.executable, str(script), "an argument"], capture_output=True,
+      text=True, env=dict(os.environ, **{fork_start.CPU_ENV: str(log)}),
+      timeout=60)
+  assert done.returncode == 0, done.stderr
+  (line,) = log.read_text().splitlines()
+  seconds, test, argv = line.split("\t")
+  assert 0.3 <= float(seconds) < 5.0, line
+  assert test.startswith("tests/unit/test_fork_start.py::test_each_childs"), (
+      line)
+  assert argv == f"{script} an argument"
+
+
 def test_a_module_runs_as_main_and_a_traceback_exits_1(tmp_path):
   (tmp_path / "probe_module.py").write_text(
       "import sys\nprint(__name__, sys.argv[1:])\nraise ValueError('bad')\n")
