@@ -379,9 +379,12 @@ def _note_cpu(record, usage):
   except (OSError, ValueError):
     return
   if child.get("cpu_log"):
-    with open(child["cpu_log"], "a") as log:
-      log.write(f"{usage.ru_utime + usage.ru_stime:.2f}\t{child['test']}\t"
-                f"{' '.join(child['argv'])}\n")
+    try:
+      with open(child["cpu_log"], "a") as log:
+        log.write(f"{usage.ru_utime + usage.ru_stime:.2f}\t"
+                  f"{child['test']}\t{' '.join(child['argv'])}\n")
+    except OSError as error:  # the server serves on; the child's line is lost
+      sys.stderr.write(f"[fork_start] cannot note CPU: {error}\n")
 
 
 def _fork_one(connection, server_fds):
