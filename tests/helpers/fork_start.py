@@ -371,8 +371,9 @@ def _reap(children):
 
 def _note_cpu(record, usage):
   """Appends the reaped child's CPU seconds (user + system, from wait4),
-  the test that started it and its argv to the file its environment named
-  in CPU_ENV, if it did: where the suite's CPU goes, by process."""
+  the test that started it and its argv (a JSON list: one line whatever
+  it holds) to the file its environment named in CPU_ENV, if it did:
+  where the suite's CPU goes, by process."""
   try:
     with open(record) as f:
       child = json.load(f)
@@ -382,7 +383,7 @@ def _note_cpu(record, usage):
     try:
       with open(child["cpu_log"], "a") as log:
         log.write(f"{usage.ru_utime + usage.ru_stime:.2f}\t"
-                  f"{child['test']}\t{' '.join(child['argv'])}\n")
+                  f"{child['test']}\t{json.dumps(child['argv'])}\n")
     except OSError as error:  # the server serves on; the child's line is lost
       sys.stderr.write(f"[fork_start] cannot note CPU: {error}\n")
 

@@ -3,6 +3,7 @@ exec would: its argv, working directory, environment, pipes, exit status,
 signals, session and, for the launcher's tasks, death with the launcher;
 and it leaves to exec what it cannot start so."""
 
+import json
 import os
 import signal
 import subprocess
@@ -78,7 +79,7 @@ def test_each_childs_cpu_is_noted_where_its_environment_says(tmp_path):
   assert 0.3 <= float(seconds) < 5.0, line
   assert test.startswith("tests/unit/test_fork_start.py::test_each_childs"), (
       line)
-  assert argv == f"{script} an argument"
+  assert json.loads(argv) == [str(script), "an argument"]
 
 
 def test_a_module_runs_as_main_and_a_traceback_exits_1(tmp_path):
