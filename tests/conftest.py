@@ -19,10 +19,10 @@ import tensorflow as tf  # noqa: E402
 
 from tests.helpers import fork_start, grappler  # noqa: E402
 
-# The suite's sessions run without Grappler's default rewriting passes
-# except in the tests about them (tests/helpers/grappler.py: a third less
-# CPU); ESTIMATOR_ACCUM_TEST_GRAPPLER=default runs them as users do. Set
-# here for the whole session, its children included.
+# The suite's sessions run without Grappler unless their config asks it
+# for a pass or the test is about it (tests/helpers/grappler.py: the fast
+# tier a fifth less CPU); ESTIMATOR_ACCUM_TEST_GRAPPLER=default runs them
+# as users do. Set here for the whole session, its children included.
 os.environ.setdefault(grappler.ENV, "off")
 grappler.install()
 
