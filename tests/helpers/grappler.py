@@ -38,12 +38,12 @@ DEFAULT = "default"  # TensorFlow's own Grappler, as users run it
 _SESSION_MODULE = "tensorflow.python.client.session"
 
 
-def passes_off():
+def turned_off():
   """Whether sessions created now run without Grappler (unless asked)."""
   return os.environ.get(ENV, "off") != DEFAULT
 
 
-def without_default_passes(config):
+def without_grappler(config):
   """A copy of `config` (a ConfigProto or None) that turns Grappler off,
   unless `config` asks it for a pass (then the copy is `config` as is)."""
   from tensorflow.core.protobuf import config_pb2
@@ -79,8 +79,8 @@ def _patch(session_module):
   original = base.__init__
 
   def __init__(self, target="", graph=None, config=None):
-    if passes_off():
-      config = without_default_passes(config)
+    if turned_off():
+      config = without_grappler(config)
     original(self, target, graph, config)
 
   __init__._estimator_accum_test = True

@@ -70,7 +70,7 @@ def test_the_setting_leaves_the_users_config_otherwise_unchanged():
   config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=3)
   config.graph_options.rewrite_options.meta_optimizer_iterations = (
       config.graph_options.rewrite_options.ONE)  # as Estimator's default
-  changed = grappler.without_default_passes(config)
+  changed = grappler.without_grappler(config)
   assert changed.inter_op_parallelism_threads == 3
   assert changed.graph_options.rewrite_options.disable_meta_optimizer
   assert not config.graph_options.rewrite_options.disable_meta_optimizer, (
@@ -98,7 +98,7 @@ def test_a_multi_worker_config_keeps_tensorflows_grappler(tmp_path):
       bytes.fromhex(done.stdout.split()[-1]))
   options = config.graph_options.rewrite_options
   assert options.scoped_allocator_optimization == options.ON
-  assert grappler.without_default_passes(config) == config
+  assert grappler.without_grappler(config) == config
 
 
 @pytest.mark.parametrize("how", ["forked", "exec"])
