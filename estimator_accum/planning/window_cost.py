@@ -11,7 +11,7 @@ k spends the same e on more examples.
 `measure(step_seconds, k, first_position)` reads t and e (medians) from a
 job's step times; given each step's work too (`work`: run_classifier's
 token positions), it compares each window-ending step with what a step of
-that work takes (a line fitted through the other steps), not with the
+that work takes (a robust line through the other steps), not with the
 median step: a window sorted by length ends on its longest micro-batch,
 whose extra compute is not the end's; `WindowCost.describe()` says it in one line, with what
 k x 2 and k x 4 would give. `AccumulationLoggingHook` logs that line once,
@@ -83,7 +83,8 @@ def measure(step_seconds, k, first_position, skip_windows=1, work=None):
 
   Returns:
     A WindowCost, or None when no complete window (after the skipped ones)
-    with steps that end no window is in `step_seconds`.
+    with steps that end no window is in `step_seconds`, or when the steps
+    give no positive micro-batch time.
   """
   if work is None:
     work = [1.0] * len(step_seconds)
@@ -102,17 +103,28 @@ def measure(step_seconds, k, first_position, skip_windows=1, work=None):
     return WindowCost(k, statistics.median(s for s, _ in ends), 0.0)
   compute = _compute_seconds(others)
   micro_batch = compute(statistics.median(w for _, w in ends + others))
+  if micro_batch <= 0:
+    return None
   end = max(statistics.median(s - compute(w) for s, w in ends), 0.0)
   return WindowCost(k, micro_batch, end)
 
 
 def _compute_seconds(steps):
-  """work -> seconds: the least-squares line through `steps` ((seconds,
-  work) pairs), or their median where their work does not vary."""
-  works = [w for _, w in steps]
-  if max(works) == min(works):
-    median = statistics.median(s for s, _ in steps)
+  """work -> seconds: a line through `steps` ((seconds, work) pairs) that
+  outliers do not bend (Theil-Sen: the median of the pairwise slopes, and
+  the median intercept), or their median where their work does not vary or
+  the slope comes out negative (more work is never faster: a first run of
+  a new shape, slower by its one-time setup, can tip a few points that
+  way, and a least-squares line through them once gave a negative
+  micro-batch time)."""
+  median = statistics.median(s for s, _ in steps)
+  slopes = [(s2 - s1) / (w2 - w1)
+            for i, (s1, w1) in enumerate(steps)
+            for s2, w2 in steps[i + 1:] if w2 != w1]
+  if not slopes:
     return lambda unused: median
-  slope, intercept = statistics.linear_regression(
-      works, [s for s, _ in steps])
+  slope = statistics.median(slopes)
+  if slope <= 0:
+    return lambda unused: median
+  intercept = statistics.median(s - slope * w for s, w in steps)
   return lambda work: intercept + slope * work

@@ -57,3 +57,30 @@ def test_equal_work_everywhere_is_the_median_as_before():
   times = [2.0, 2.0, 2.0, 3.0] + [0.25, 0.25, 0.25, 1.25] * 3
   cost = window_cost.measure(times, 4, first_position=0, work=[32] * 16)
   assert (cost.micro_batch_seconds, cost.end_seconds) == (0.25, 1.0)
+
+
+def test_slow_first_runs_of_new_shapes_give_no_negative_time():
+  # k=2, windows sorted by length: a step's first run of a new length is
+  # slower by its one-time setup. A least-squares line through the three
+  # steps that end no window (48 positions: seen before, fast; 32 and 40:
+  # new, slow) sloped downwards and put the micro-batch at -0.36 s (a
+  # main job's log once said "2 micro-batches of -0.271 s"). More work is
+  # never faster: such a slope falls back to the median.
+  work = [48, 64, 48, 64, 32, 56, 40, 64]
+  times = [2.0, 2.0, 0.005, 0.3, 1.0, 0.4, 0.9, 0.3]
+  cost = window_cost.measure(times, 2, first_position=0, work=work)
+  assert cost.micro_batch_seconds == pytest.approx(0.9)
+  assert cost.end_seconds == 0.0
+  assert " of -" not in cost.describe()
+
+
+def test_one_outlier_does_not_bend_the_line():
+  # Steps of 0.1 s + 1 ms a position, one of them 2 s slower (its first
+  # run): the line through the others is the true one.
+  work = [10, 20, 30, 40] * 4
+  times = [0.1 + 0.001 * w + (0.05 if i % 4 == 3 else 0.0)
+           for i, w in enumerate(work)]
+  times[5] += 2.0
+  cost = window_cost.measure(times, 4, first_position=0, work=work)
+  assert cost.end_seconds == pytest.approx(0.05)
+  assert cost.micro_batch_seconds == pytest.approx(0.1 + 0.001 * 25)
