@@ -10,10 +10,14 @@ AMD EPYC with AVX-512, 2 cores (busy CPU-s of the machine around
 TensorFlow's default Grappler, 45.1 without it.
 
 A config that asks Grappler for a pass (a toggle ON, a memory optimizer, a
-custom optimizer) runs TensorFlow's default Grappler untouched:
-MultiWorkerMirroredStrategy asks for its scoped allocator, which merges
-the all-reductions of a step, so every multi-worker job of the suite runs
-its collectives as users' jobs do. The tests whose subject is the graph
+custom optimizer) runs TensorFlow's default Grappler untouched, except
+MultiWorkerMirroredStrategy's own request for its scoped allocator (which
+merges the all-reductions of a step): alone, that does not keep Grappler
+on. Measured the same way: a two-worker run_classifier job on the tiny
+BERT 27 s of CPU with it, 19 s without; the multi-worker modules of the
+suite 347 -> 317 s. The multi-worker tests of a window's exactness are
+marked `grappler`, so the scoped allocator's merged all-reductions are
+still checked against the big batch. The tests whose subject is the graph
 Grappler makes or the memory a step takes (the `memory` and `grappler`
 markers: allocator peaks, the planner, executor orders, folded constants,
 oneDNN's fused layer norm, XLA marks) run TensorFlow's defaults too;
@@ -36,6 +40,9 @@ import sys
 ENV = "ESTIMATOR_ACCUM_TEST_GRAPPLER"
 DEFAULT = "default"  # TensorFlow's own Grappler, as users run it
 _SESSION_MODULE = "tensorflow.python.client.session"
+# MultiWorkerMirroredStrategy asks for this in every session's config: not
+# a reason to keep Grappler (the tests marked grappler run it).
+_NOT_A_REASON = ("scoped_allocator_optimization",)
 
 
 def turned_off():
@@ -58,12 +65,14 @@ def without_grappler(config):
 
 def _asks_for_a_pass(options):
   """Whether RewriterConfig `options` turns a pass on (a toggle ON or
-  more, a memory optimizer chosen, a custom optimizer): as
-  MultiWorkerMirroredStrategy's scoped allocator for its all-reductions."""
+  more, a memory optimizer chosen, a custom optimizer), other than
+  MultiWorkerMirroredStrategy's scoped allocator."""
   from tensorflow.core.protobuf import rewriter_config_pb2
   rewriter = rewriter_config_pb2.RewriterConfig
   toggle = rewriter.DESCRIPTOR.enum_types_by_name["Toggle"]
   for field, value in options.ListFields():
+    if field.name in _NOT_A_REASON:
+      continue
     if field.enum_type is toggle and value not in (rewriter.DEFAULT,
                                                    rewriter.OFF):
       return True

@@ -71,6 +71,7 @@ def make_bed():
 # Exact across hosts ---------------------------------------------------------
 
 
+@pytest.mark.grappler  # the scoped allocator's merged all-reductions
 @pytest.mark.parametrize("workers, rate", [(2, None), (3, "1gbit")])
 def test_mwms_across_hosts_equals_the_big_batch(workers, rate, make_bed,
                                                 tmp_path):

@@ -27,6 +27,10 @@ REFERENCE_OPTIMIZERS = {
     "keras_loss_scale_adam": lambda: tf.keras.optimizers.legacy.Adam(0.05)}
 
 
+# Under TensorFlow's default Grappler, as users run it: MultiWorkerMirrored-
+# Strategy's scoped allocator merges a step's all-reductions (the suite's
+# other multi-worker jobs run without Grappler: tests/helpers/grappler.py).
+@pytest.mark.grappler
 @pytest.mark.parametrize("optimizer_name, clipped, control_flow, pack", [
     # Without clipping once (the optimizers' updates are the same code).
     ("sgd", True, "v2", None), ("momentum", True, "v2", None),

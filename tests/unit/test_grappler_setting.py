@@ -85,10 +85,14 @@ print(strategy.update_config_proto(
 """
 
 
-def test_a_multi_worker_config_keeps_tensorflows_grappler(tmp_path):
+def test_a_multi_worker_config_runs_without_grappler_unless_marked(
+    tmp_path):
   """MultiWorkerMirroredStrategy's session config asks for the scoped
-  allocator: kept whole, so its jobs run their collectives as users'.
-  (The strategy is made in a child: it sets up collectives process-wide.)"""
+  allocator (which merges a step's all-reductions): alone, that does not
+  keep Grappler on; the multi-worker tests marked `grappler` (the exactness
+  of a window across workers) run it as users' jobs do. A config that asks
+  for any other pass besides keeps it whole. (The strategy is made in a
+  child: it sets up collectives process-wide.)"""
   script = tmp_path / "config.py"
   script.write_text(_MULTI_WORKER_CONFIG)
   done = subprocess.run([sys.executable, str(script)], capture_output=True,
@@ -98,6 +102,11 @@ def test_a_multi_worker_config_keeps_tensorflows_grappler(tmp_path):
       bytes.fromhex(done.stdout.split()[-1]))
   options = config.graph_options.rewrite_options
   assert options.scoped_allocator_optimization == options.ON
+  changed = grappler.without_grappler(config)
+  assert changed.graph_options.rewrite_options.disable_meta_optimizer
+  assert changed.graph_options.rewrite_options.scoped_allocator_optimization \
+      == options.ON
+  config.graph_options.rewrite_options.constant_folding = options.ON
   assert grappler.without_grappler(config) == config
 
 
@@ -105,15 +114,16 @@ def test_a_multi_worker_config_keeps_tensorflows_grappler(tmp_path):
 @pytest.mark.parametrize("setting", ["off", grappler.DEFAULT])
 def test_children_follow_the_tests_setting(how, setting, tmp_path,
                                            monkeypatch):
-  """A child started as a script (through the fork server) or with -c (a
-  new interpreter, its sitecustomize) runs as the test that started it."""
+  """A child started through the fork server or with exec (`python -u -c`:
+  a new interpreter, its sitecustomize) runs as the test that started
+  it."""
   monkeypatch.setenv(grappler.ENV, setting)
   if how == "forked":
     script = tmp_path / "child.py"
     script.write_text(_PROGRAM)
     command = [sys.executable, str(script)]
   else:
-    command = [sys.executable, "-c", _PROGRAM]
+    command = [sys.executable, "-u", "-c", _PROGRAM]
   done = subprocess.run(command, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-3000:]
   ops = done.stdout.split()
