@@ -15,12 +15,12 @@ How: `tests/conftest.py` sets ESTIMATOR_ACCUM_TEST_FORK_DIR for the session
 and puts `tests/helpers/fork_site` (a `sitecustomize`) on PYTHONPATH, so that
 every Python process of the test session, the launcher `python -m tfconfig
 launch` a test starts included, has `subprocess.Popen` replaced by
-`ForkedPopen`. It starts `python script.py ...` and `python -m module ...`
-through a fork server, one per interpreter-start environment (the variables
-Python and TensorFlow read when they start: PYTHONPATH, TF_CPP_MIN_LOG_LEVEL,
-TF_ENABLE_ONEDNN_OPTS, ...), started on first use and stopped with the
-session. Anything else is started as before (exec): a shell, another
-program, `python -c`, interpreter options, file descriptors passed on, a
+`ForkedPopen`. It starts `python script.py ...`, `python -m module ...`
+and `python -c CODE ...` through a fork server, one per interpreter-start
+environment (the variables Python and TensorFlow read when they start:
+PYTHONPATH, TF_CPP_MIN_LOG_LEVEL, TF_ENABLE_ONEDNN_OPTS, ...), started on
+first use and stopped with the session. Anything else is started as before (exec): a shell, another
+program, interpreter options, file descriptors passed on, a
 preexec function (except the launcher's die-with-parent, which the child
 keeps by watching its requester's pid), a Slurm step (Slurm tracks its
 tasks' process tree), a requester in another network namespace than the
@@ -112,6 +112,10 @@ def _program(args, executable, shell, pass_fds, preexec_fn, others):
   if first == "-m" and len(args) >= 3:
     return ("module", os.fspath(args[2]), [os.fspath(a) for a in args[2:]],
             netns)
+  if first == "-c" and len(args) >= 3:
+    # sys.argv as python gives it: '-c', then the arguments after the code.
+    return ("code", os.fspath(args[2]),
+            ["-c", *[os.fspath(a) for a in args[3:]]], netns)
   if first.startswith("-") or not first.endswith(".py"):
     return None
   return "path", first, [os.fspath(a) for a in args[1:]], netns
@@ -533,6 +537,12 @@ def _run(request):
     if request["kind"] == "module":
       sys.path[0] = os.getcwd()
       runpy._run_module_as_main(request["target"], alter_argv=True)  # noqa: SLF001
+    elif request["kind"] == "code":
+      sys.path[0] = ""  # python -c: the working directory
+      main = types.ModuleType("__main__")
+      main.__builtins__ = __builtins__
+      sys.modules["__main__"] = main
+      exec(compile(request["target"], "<string>", "exec"), main.__dict__)  # noqa: S102
     else:
       path = os.path.abspath(request["target"])
       sys.path[0] = os.path.dirname(os.path.realpath(path))

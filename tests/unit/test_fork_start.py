@@ -137,10 +137,29 @@ def test_the_launchers_tasks_die_with_it(tmp_path):
     launcher.kill()
 
 
+def test_python_c_is_forked_with_pythons_argv_path_and_exit(tmp_path):
+  # As `python -c CODE a b` gives it: sys.argv ['-c', 'a', 'b'], the
+  # working directory first on sys.path (''), __main__, its exit status.
+  code = ("import json, sys\n"
+          "print(json.dumps([sys.argv, sys.path[0], __name__,\n"
+          "                  'tensorflow' in sys.modules]))\n"
+          "sys.exit(int(sys.argv[1]))\n")
+  done = subprocess.run([sys.executable, "-c", code, "7", "two words"],
+                        capture_output=True, text=True, timeout=60,
+                        cwd=tmp_path)
+  assert done.returncode == 7, done.stderr
+  assert json.loads(done.stdout) == [["-c", "7", "two words"], "", "__main__",
+                                     True]
+  failed = subprocess.run([sys.executable, "-c", "raise ValueError('x')"],
+                          capture_output=True, text=True, timeout=60)
+  assert failed.returncode == 1
+  assert "ValueError: x" in failed.stderr
+
+
 @pytest.mark.parametrize("command", [
-    ["-c", "import sys; print('exec' if 'tensorflow' not in sys.modules "
-     "else 'forked')"],
     ["-u", "-c", "import sys; print('exec' if 'tensorflow' not in "
+     "sys.modules else 'forked')"],
+    ["-B", "-c", "import sys; print('exec' if 'tensorflow' not in "
      "sys.modules else 'forked')"],
 ])
 def test_what_it_cannot_start_so_is_started_with_exec(command):
