@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 import time
 
@@ -131,6 +132,12 @@ flags.DEFINE_bool("pack_windows", False, "Pack the examples of each window "
                   "positions and [CLS] (models/bert/packing.py), instead of "
                   "sorting them: the same update, computed over the fewest "
                   "rows. Training only; replaces --sort_windows_by_length.")
+flags.DEFINE_integer("pad_to_multiple_of", 1, "Round each batch's length "
+                     "(trimmed to its longest example) up to a multiple of "
+                     "this, at most --max_seq_length: fewer distinct shapes "
+                     "(8 suits GPU tensor cores; a compiler such as XLA "
+                     "compiles each shape anew). The same examples and "
+                     "update; 1: no rounding.", lower_bound=1)
 flags.DEFINE_integer("max_examples_per_row", 8, "With --pack_windows, the "
                      "most examples one row holds.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
@@ -344,8 +351,25 @@ class ClassifierRun:
       logging.warning("%s: TPU flags, not used without --use_tpu (as in "
                       "google-research/bert).", ", ".join(given))
 
+  def _check_xla_auto_jit(self):
+    """XLA's auto-clustering on CPU (TF_XLA_FLAGS) aborts the process on
+    this script's training graph in TensorFlow 2.15: refused in one line,
+    before any work, instead of a core dump mid-run."""
+    value = os.environ.get("TF_XLA_FLAGS", "")
+    auto = re.search(r"--tf_xla_auto_jit=(\S+)", value)
+    cpu = re.search(r"--tf_xla_cpu_global_jit(?:=(\S+))?(?:\s|$)", value)
+    if (self.flags.do_train and auto and auto.group(1) not in ("0", "-1")
+        and cpu and (cpu.group(1) or "true").lower() not in ("false", "0")):
+      raise UsageError(
+          f"TF_XLA_FLAGS={value!r} clusters the training graph with XLA on "
+          "CPU, which aborts TensorFlow 2.15's process on it "
+          "(std::out_of_range in XLA; measured on this script's BERT, k=1 "
+          "and k=2, sorted or not): unset it (--fused_apply compiles the "
+          "window's end alone with XLA).")
+
   def run(self):
     self._check_tpu_flags()
+    self._check_xla_auto_jit()
     if not (self.flags.do_train or self.flags.do_eval or self.flags.do_predict
             or self.flags.export_dir):
       raise UsageError("at least one of --do_train, --do_eval, --do_predict "
@@ -614,7 +638,8 @@ class ClassifierRun:
           sort_window=plan.k if (arranged and not packing and
                                  self.flags.sort_windows_by_length) else None,
           pack_window=plan.k if (arranged and packing) else None,
-          max_examples_per_row=self.flags.max_examples_per_row)
+          max_examples_per_row=self.flags.max_examples_per_row,
+          pad_to_multiple_of=self.flags.pad_to_multiple_of)
 
     train_input = train_input_fn(arranged=True)
     max_steps = num_train_updates * plan.k
@@ -634,7 +659,8 @@ class ClassifierRun:
       self._require_checkpoint("evaluate")
       result = estimator.evaluate(bert_features.input_fn_builder(
           eval_file, self.flags.max_seq_length, self.flags.eval_batch_size,
-          is_training=False, drop_remainder=False))
+          is_training=False, drop_remainder=False,
+          pad_to_multiple_of=self.flags.pad_to_multiple_of))
       result["num_examples"] = num_eval
       not_finite = sorted(key for key, value in result.items()
                           if not math.isfinite(float(value)))
@@ -656,7 +682,8 @@ class ClassifierRun:
       path = os.path.join(self.output_dir, "test_results.tsv")
       predictions = estimator.predict(bert_features.input_fn_builder(
           test_file, self.flags.max_seq_length, self.flags.predict_batch_size,
-          is_training=False, drop_remainder=False))
+          is_training=False, drop_remainder=False,
+          pad_to_multiple_of=self.flags.pad_to_multiple_of))
       written = 0
       with tf.io.gfile.GFile(path, "w") as writer:
         for prediction in predictions:

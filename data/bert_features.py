@@ -134,7 +134,7 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
                      drop_remainder, seed=None, shard=None, skip_batches=0,
                      trim=True, sort_window=None, pack_window=None,
-                     max_examples_per_row=8):
+                     max_examples_per_row=8, pad_to_multiple_of=1):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
@@ -145,7 +145,9 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   checkpoint at that many micro-batches goes on with the very batches the
   uninterrupted run would have trained on (the shuffle is seeded).
   `trim`: cut each batch to its longest example (else every batch is
-  `seq_length` long, the most memory a batch can take).
+  `seq_length` long, the most memory a batch can take), rounded up to a
+  multiple of `pad_to_multiple_of` (at most `seq_length`): fewer distinct
+  shapes, for a compiler that compiles each shape anew (XLA).
   `sort_window`: k, to sort the examples of each window of k batches by
   length before they are cut into its k batches (training): the window's
   update, the mean over the same k x batch_size examples, is the same,
@@ -182,11 +184,19 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     # leaves some only empty rows.)
     length = tf.maximum(
         tf.reduce_max(tf.reduce_sum(parsed["input_mask"], axis=1)), 1)
+    if pad_to_multiple_of > 1:
+      length = tf.minimum(
+          (length + pad_to_multiple_of - 1) // pad_to_multiple_of *
+          pad_to_multiple_of, seq_length)
     for name in FEATURE_NAMES + ("example_ids",):
       if name in parsed:
         parsed[name] = parsed[name][:, :length]
     return parsed
 
+  if (isinstance(pad_to_multiple_of, bool) or
+      not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+    raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r}: must be a "
+                     "whole number >= 1")
   sorting = bool(sort_window and sort_window > 1 and is_training)
   packing_k = pack_window if (pack_window and is_training) else None
   if packing_k and sorting:

@@ -159,6 +159,8 @@ def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
     ("nul_byte", r"train.tsv:2: a NUL byte"),
     ("huge_k", r"gradient_accumulation_multiplier.*16777216"),
     ("pair_too_long", r"--max_seq_length=4 cannot hold a sentence pair"),
+    ("xla_auto_jit", r"TF_XLA_FLAGS='--tf_xla_auto_jit=1 "
+                     r"--tf_xla_cpu_global_jit' clusters the training graph"),
 ])
 def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
                                                   tiny_model, sst2, tmp_path):
@@ -195,6 +197,9 @@ def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
     _write_mrpc(sst2)
     extra.update(task_name="mrpc", max_seq_length=4)
   env = None
+  if change == "xla_auto_jit":  # (it aborted the process at the first step)
+    env = dict(os.environ,
+               TF_XLA_FLAGS="--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit")
   if change == "tf_config":
     extra["distribution_strategy"] = "multi_worker"
     env = dict(os.environ, TF_CONFIG=json.dumps({

@@ -272,3 +272,29 @@ def test_a_window_packed_into_fewer_rows_than_k_leaves_empty_rows(tmp_path):
   assert sorted(ids for ids, _, _ in held) == list(range(1, 13))
   empty = [b for b in window if not b["example_ids"].any()]
   assert empty and all(b["input_ids"].shape[1] == 1 for b in empty)
+
+
+def test_pad_to_multiple_of_rounds_each_trimmed_batch_up(tmp_path):
+  # Rows of 12, examples of 2..12 tokens, sorted windows of 3 x 4: each
+  # batch is its longest example rounded up to a multiple of 5, at most 12;
+  # the same examples and tokens as without it, the rest zeros.
+  path = _varied_lengths_file(tmp_path)
+  plain = _batches(path, 6, sort_window=3)
+  rounded = _batches(path, 6, sort_window=3, pad_to_multiple_of=5)
+  assert _examples(rounded) == _examples(plain)
+  for short, long in zip(plain, rounded):
+    width = short["input_ids"].shape[1]
+    assert long["input_ids"].shape[1] == min(-(-width // 5) * 5, 12)
+    for name in ("input_ids", "input_mask", "segment_ids"):
+      np.testing.assert_array_equal(long[name][:, :width], short[name])
+      assert not long[name][:, width:].any()
+  assert {b["input_ids"].shape[1] for b in rounded} <= {5, 10, 12}
+
+
+@pytest.mark.parametrize("value", [0, 2.0, True])
+def test_a_bad_pad_to_multiple_of_is_one_line(tmp_path, value):
+  with pytest.raises(ValueError, match=f"pad_to_multiple_of={value!r}: "
+                     "must be a whole number"):
+    bert_features.input_fn_builder("unused", 12, 4, is_training=True,
+                                   drop_remainder=True,
+                                   pad_to_multiple_of=value)
