@@ -70,9 +70,7 @@ _SERVER_SECONDS = 120.0
 
 def _signature(env):
   """The interpreter-start part of `env`, and where the process lives."""
-  start = {k: v for k, v in env.items()
-           if (k.startswith(_START_PREFIXES) or k in _START_NAMES)
-           and k not in _NOT_AT_START}
+  start = _start_environment(env)
   start["<executable>"] = os.path.realpath(sys.executable)
   text = json.dumps(start, sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -302,6 +300,15 @@ def _start_server(directory, signature, env, path):
       time.sleep(0.05)
     with open(os.path.join(directory, "servers"), "a") as servers:
       servers.write(f"{process.pid}\n")
+    with open(os.path.join(directory, f"{signature}.start"), "w") as start:
+      json.dump(_start_environment(env), start)
+
+
+def _start_environment(env):
+  """What of `env` a server's signature is made of, as a dict."""
+  return {k: v for k, v in env.items()
+          if (k.startswith(_START_PREFIXES) or k in _START_NAMES)
+          and k not in _NOT_AT_START}
 
 
 # The server.
@@ -609,17 +616,49 @@ def put_site_on_path():
 
 
 def stop_session(directory):
-  """Stops the session's servers."""
+  """Stops the session's servers (with CPU_ENV set, first appends each
+  server's own CPU seconds to that file: its imports, and what it did
+  between forks; its argv field holds what its start environment has
+  that this process's has not)."""
   try:
     with open(os.path.join(directory, "servers")) as f:
       pids = [int(line) for line in f if line.strip()]
   except OSError:
     pids = []
+  if os.environ.get(CPU_ENV):
+    _record_servers(directory, pids, os.environ[CPU_ENV])
   for pid in pids:
     try:
       os.killpg(pid, signal.SIGKILL)
     except OSError:
       pass
+
+
+def _record_servers(directory, pids, cpu_log):
+  own = _start_environment(os.environ)
+  starts = {}
+  for name in os.listdir(directory):
+    if name.endswith(".start"):
+      with open(os.path.join(directory, name)) as f:
+        starts[name[:-len(".start")]] = json.load(f)
+  lines = []
+  for pid in pids:
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        path = [a for a in f.read().decode().split("\0")
+                if a.endswith(".sock")][-1]
+    except (OSError, IndexError):
+      continue
+    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    start = starts.get(os.path.basename(path)[:-len(".sock")], {})
+    differs = sorted(f"{k}={v}" for k, v in start.items() if own.get(k) != v)
+    differs += sorted(f"-{k}" for k in own if k not in start)
+    lines.append(f"{seconds:.2f}\t<fork server>\t"
+                 f"{json.dumps(differs)}\n")
+  with open(cpu_log, "a") as f:
+    f.writelines(lines)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:

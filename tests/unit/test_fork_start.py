@@ -232,3 +232,24 @@ def test_harness_finds_a_forked_task_by_its_record(tmp_path):
   while hosts.task_pids(os.getpid(), 1) and time.monotonic() < deadline:
     time.sleep(0.05)
   assert hosts.task_pids(os.getpid(), 1) == []
+
+
+def test_each_servers_cpu_and_start_environment_are_noted(tmp_path):
+  # A process standing in for a server (exec'd: -u), listening on a socket
+  # path of a signature whose start environment differs from this one's.
+  (tmp_path / "abc.start").write_text(json.dumps(
+      {**fork_start._start_environment(os.environ),  # noqa: SLF001
+       "TF_CPP_MIN_LOG_LEVEL": "1"}))
+  stand_in = subprocess.Popen(
+      [sys.executable, "-u", "-c", "while True: pass",
+       str(tmp_path / "abc.sock")])
+  try:
+    time.sleep(0.5)
+    log = tmp_path / "cpu.tsv"
+    fork_start._record_servers(str(tmp_path), [stand_in.pid], str(log))  # noqa: SLF001
+  finally:
+    stand_in.kill()
+    stand_in.wait(30)
+  seconds, name, differs = log.read_text().rstrip("\n").split("\t")
+  assert float(seconds) > 0.1 and name == "<fork server>"
+  assert "TF_CPP_MIN_LOG_LEVEL=1" in json.loads(differs)
