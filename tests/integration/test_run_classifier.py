@@ -216,26 +216,58 @@ def test_bad_input_gets_one_line_and_nonzero_exit(change, message,
     assert not (tmp_path / "run").exists(), "a failed start left its dir"
 
 
-def test_two_workers_train_with_the_effective_batch_they_print(
-    tiny_model, sst2, tmp_path):
-  output_dir = tmp_path / "run"
+def _two_workers(model, data, output_dir, **extra):
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
              "--timeout", str(TIMEOUT), "--", sys.executable,
              "run_classifier.py", *_flags(
-                 tiny_model, sst2, output_dir,
-                 distribution_strategy="multi_worker")]
+                 model, data, output_dir,
+                 distribution_strategy="multi_worker", **extra)]
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=TIMEOUT + 30)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return result
+
+
+def test_two_workers_train_with_the_effective_batch_they_print(
+    tiny_model, sst2, tmp_path):
+  # Dropout off: the windows sorted by length (the default), packed into
+  # rows (--pack_windows) and as the input gives them, each worker
+  # arranging its own share, end at the same weights.
+  model = _no_dropout_model(tiny_model, tmp_path)
+  output_dir = tmp_path / "run"
+  result = _two_workers(model, sst2, output_dir, classifier_dropout=0)
   # 40 x 2 / (2 workers x 1 replica x 4 x k=2) = 5 updates, 10 micro-batches.
   for worker in (0, 1):
     assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
             f"replica(s) x micro-batch 4 x k=2; 5 updates (10 micro-batches)"
             ) in result.stdout
+    assert (f"[worker:{worker}] each window's 2 x 4 examples sorted by "
+            "length") in result.stdout
   assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
       "global_step") == 10
   assert "[worker:0] eval on 10 held-out examples" in result.stdout
   assert (output_dir / "eval_results.txt").exists()
+  weights = {"sorted": tf.train.load_checkpoint(str(output_dir))}
+  for arrangement, extra in (("packed", dict(pack_windows=True)),
+                             ("plain", dict(sort_windows_by_length=False))):
+    done = _two_workers(model, sst2, tmp_path / arrangement, do_eval=False,
+                        classifier_dropout=0, **extra)
+    packed_line = "[worker:1] each window's 2 x 4 examples packed into rows"
+    assert (packed_line in done.stdout) == (arrangement == "packed")
+    weights[arrangement] = tf.train.load_checkpoint(
+        str(tmp_path / arrangement))
+  names = [n for n in weights["plain"].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  assert sum(not np.allclose(start.get_tensor(n),
+                             weights["plain"].get_tensor(n))
+             for n in names if start.has_tensor(n)) > 10
+  for arrangement in ("sorted", "packed"):
+    assert weights[arrangement].get_tensor("global_step") == 10
+    for name in names:
+      np.testing.assert_allclose(weights[arrangement].get_tensor(name),
+                                 weights["plain"].get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=f"{arrangement}: {name}")
 
 
 def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
