@@ -18,8 +18,9 @@ from tests.helpers import bert_fixtures
 from tests.integration import test_run_classifier as base
 
 # Whole jobs, processes or clusters: not the fast tier. The tests that
-# measure peaks are marked memory; the two that only train a given split
-# are not (the suite runs them without Grappler: tests/helpers/grappler.py).
+# measure peaks are marked memory; those that only train a given split or
+# pass a plan on are not (the suite runs them without Grappler:
+# tests/helpers/grappler.py).
 pytestmark = pytest.mark.slow
 
 _flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
@@ -133,8 +134,10 @@ def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
                    r"the same batch flags", second.stderr), second.stderr
 
 
-@pytest.mark.memory
 def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
+  # (Not marked memory: the plan under test is the one the chief sends,
+  # whatever its peak; the suite runs it without Grappler, as its other
+  # multi-worker jobs: 2 x 8 s of CPU less.)
   output_dir = tmp_path / "run"
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
              "--timeout", str(base.TIMEOUT), "--", sys.executable,
