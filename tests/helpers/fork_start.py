@@ -19,13 +19,14 @@ launch` a test starts included, has `subprocess.Popen` replaced by
 and `python -c CODE ...` through a fork server, one per interpreter-start
 environment (the variables Python and TensorFlow read when they start:
 PYTHONPATH, TF_CPP_MIN_LOG_LEVEL, TF_ENABLE_ONEDNN_OPTS, ...), started on
-first use and stopped with the session. Anything else is started as before (exec): a shell, another
-program, interpreter options, file descriptors passed on, a
-preexec function (except the launcher's die-with-parent, which the child
-keeps by watching its requester's pid), a Slurm step (Slurm tracks its
-tasks' process tree), a requester in another network namespace than the
-session's. `ip netns exec NAME python ...` (tfconfig.testbed's hosts) is
-forked too: the child joins the namespace itself.
+first use and stopped with the session. Anything else is started as
+before (exec): a shell, another program, interpreter options, file
+descriptors passed on, a preexec function (except the launcher's
+die-with-parent, which the child keeps by watching its requester's pid), a
+Slurm step (Slurm tracks its tasks' process tree), a requester in another
+network namespace than the session's. `ip netns exec NAME python ...`
+(tfconfig.testbed's hosts) is forked too: the child joins the namespace
+itself.
 ESTIMATOR_ACCUM_TEST_FORK=0 turns it off for a test, or for a run.
 
 The product never uses this: the project's own launcher and scripts start
@@ -534,6 +535,17 @@ def _die_with(pid):
                    name="fork_start_die_with_parent").start()
 
 
+def _run_as_main(source, filename, file=None):
+  """Executes `source` as a fresh __main__ module (with `__file__` if
+  given), as python does a script or -c."""
+  main = types.ModuleType("__main__")
+  if file is not None:
+    main.__file__ = file
+  main.__builtins__ = __builtins__
+  sys.modules["__main__"] = main
+  exec(compile(source, filename, "exec"), main.__dict__)  # noqa: S102
+
+
 def _run(request):
   """Runs the program as `python` would; its exit status."""
   import runpy
@@ -546,20 +558,12 @@ def _run(request):
       runpy._run_module_as_main(request["target"], alter_argv=True)  # noqa: SLF001
     elif request["kind"] == "code":
       sys.path[0] = ""  # python -c: the working directory
-      main = types.ModuleType("__main__")
-      main.__builtins__ = __builtins__
-      sys.modules["__main__"] = main
-      exec(compile(request["target"], "<string>", "exec"), main.__dict__)  # noqa: S102
+      _run_as_main(request["target"], "<string>")
     else:
       path = os.path.abspath(request["target"])
       sys.path[0] = os.path.dirname(os.path.realpath(path))
-      main = types.ModuleType("__main__")
-      main.__file__ = path
-      main.__builtins__ = __builtins__
-      sys.modules["__main__"] = main
       with open(path, "rb") as source:
-        compiled = compile(source.read(), path, "exec")
-      exec(compiled, main.__dict__)  # noqa: S102
+        _run_as_main(source.read(), path, file=path)
   except SystemExit as exit_:
     code = _exit_code(exit_.code)
   except KeyboardInterrupt:
