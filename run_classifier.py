@@ -363,8 +363,8 @@ class ClassifierRun:
       raise UsageError(
           f"TF_XLA_FLAGS={value!r} clusters the training graph with XLA on "
           "CPU, which aborts TensorFlow 2.15's process on it "
-          "(std::out_of_range in XLA; measured on this script's BERT, k=1 "
-          "and k=2, sorted or not): unset it (--fused_apply compiles the "
+          "(std::out_of_range in XLA; measured on this script's BERT, k=1, "
+          "2 and 4, sorted or not): unset it (--fused_apply compiles the "
           "window's end alone with XLA).")
 
   def run(self):
