@@ -79,7 +79,13 @@ def main():
       if input_context is not None:
         dataset = dataset.shard(input_context.num_input_pipelines,
                                 input_context.input_pipeline_id)
-      return dataset.batch(params["batch_size"]).skip(done)
+      # No batch prefetched ahead (tf.data injects one by default): a
+      # second batch held while the step runs, or not, as threads run,
+      # would make the memory a micro-batch needs depend on timing.
+      options = tf.data.Options()
+      options.experimental_optimization.inject_prefetch = False
+      return dataset.batch(params["batch_size"]).skip(done).with_options(
+          options)
 
     max_steps = args.updates * plan.k
     if strategy is None:
