@@ -14,6 +14,19 @@ import atexit  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
+# The session's temporary files (autograph's converted functions, above
+# all) go to one directory, removed at the session's end: a child that ends
+# by a signal or os._exit (the preemption and fault tests) never removes
+# its own, and left a few hundred files in /tmp per run. pytest's tmp_path
+# stays where it was (gettempdir is read first; xdist's workers take it
+# from pytest).
+_TMP_ENV = "ESTIMATOR_ACCUM_TEST_TMPDIR"
+if not os.environ.get(_TMP_ENV):
+  tempfile.gettempdir()
+  os.environ[_TMP_ENV] = os.environ["TMPDIR"] = tempfile.mkdtemp(
+      prefix="estimator_accum_tests_")
+  atexit.register(shutil.rmtree, os.environ[_TMP_ENV], True)
+
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
