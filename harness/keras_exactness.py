@@ -212,32 +212,40 @@ def relative_difference(actual, expected):
              for n in expected)
 
 
-def _mwms_cell(optimizer_name, policy, directory):
-  """Runs a cell on 2 workers; returns worker 0's results."""
-  output = os.path.join(directory, f"{optimizer_name}_{policy}.npz")
+def mwms_cells(optimizer_names, policies, directory):
+  """Runs every (optimizer, policy) cell on one cluster of 2 workers, one
+  after another in the same processes (a cluster's start is most of a
+  small cell's cost); {(optimizer, policy): worker 0's train_pair}."""
+  output = os.path.join(directory, "mwms_cells.npz")
   result = subprocess.run(
       [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
        "--timeout", "300", "--", sys.executable, os.path.abspath(__file__),
-       "--task", "mwms", "--optimizers", optimizer_name, "--precisions",
-       policy, "--output", output],
+       "--task", "mwms", "--optimizers", ",".join(optimizer_names),
+       "--precisions", ",".join(policies), "--output", output],
       cwd=ROOT, capture_output=True, text=True)
   if result.returncode != 0 or not os.path.exists(output):
-    raise RuntimeError(f"mwms {optimizer_name} {policy} failed:\n"
+    raise RuntimeError(f"mwms {optimizer_names} {policies} failed:\n"
                        f"{result.stdout[-3000:]}{result.stderr[-3000:]}")
   stored = np.load(output, allow_pickle=True)
-  return (stored["big"].item(), stored["accumulated"].item(),
-          stored["counts"].item())
+  return {(name, policy): tuple(stored[f"{name}/{policy}/{part}"].item()
+                                for part in ("big", "accumulated", "counts"))
+          for name in optimizer_names for policy in policies}
 
 
 def _run_task(args):
-  """One worker of an MWMS cell: trains both models, worker 0 saves."""
+  """One worker of an MWMS cluster: trains both models of every cell in
+  turn under one strategy; worker 0 saves them."""
   warnings.simplefilter("ignore")
   tf.get_logger().setLevel("ERROR")
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  big, accumulated, counts = train_pair(args.optimizers, strategy,
-                                        args.precisions)
+  cells = {}
+  for name in args.optimizers.split(","):
+    for policy in args.precisions.split(","):
+      for part, value in zip(("big", "accumulated", "counts"),
+                             train_pair(name, strategy, policy)):
+        cells[f"{name}/{policy}/{part}"] = value
   if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
-    np.savez(args.output, big=big, accumulated=accumulated, counts=counts)
+    np.savez(args.output, **cells)
 
 
 def main():
@@ -277,8 +285,8 @@ def main():
         reference = None
         for policy in args.precisions.split(","):
           if strategy_name == "mwms":
-            big, accumulated, counts = _mwms_cell(optimizer_name, policy,
-                                                  directory)
+            big, accumulated, counts = mwms_cells(
+                [optimizer_name], [policy], directory)[optimizer_name, policy]
           else:
             strategy = (mirrored_strategy() if strategy_name == "mirrored"
                         else tf.distribute.get_strategy())

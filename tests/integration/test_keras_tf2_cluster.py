@@ -17,17 +17,24 @@ from tests.jobs import keras_tf2_resume_job as job
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(scope="module")
+def mwms_cells(tmp_path_factory):
+  """Every cell the test below reads, trained on one cluster of 2 workers."""
+  return kx.mwms_cells(["adam", "momentum"], ["float32", "mixed_float16"],
+                       str(tmp_path_factory.mktemp("mwms")))
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
-def test_multi_worker_mirrored_equals_the_big_batch(optimizer, tmp_path):
+def test_multi_worker_mirrored_equals_the_big_batch(optimizer, mwms_cells):
   """Two workers, each fitting plain Keras at the big batch and the window
   at the micro-batch from the same weights on the same examples: the same
   weights at 1e-5, one update per window; in mixed_float16, as close to
   float32 as Keras's own mixed-precision big batch."""
-  big, accumulated, counts = kx._mwms_cell(optimizer, "float32", tmp_path)  # noqa: SLF001
+  big, accumulated, counts = mwms_cells[optimizer, "float32"]
   assert counts == {"big": kx.WINDOWS,
                     "accumulated": (kx.K * kx.WINDOWS, kx.WINDOWS)}
   assert kx.relative_difference(accumulated, big) <= kx.FLOAT32_TOLERANCE
-  mixed_big, mixed, _ = kx._mwms_cell(optimizer, "mixed_float16", tmp_path)  # noqa: SLF001
+  mixed_big, mixed, _ = mwms_cells[optimizer, "mixed_float16"]
   keras = kx.relative_difference(mixed_big, big)
   assert 1e-5 < keras
   assert kx.relative_difference(mixed, big) <= kx.MIXED_FACTOR * keras
