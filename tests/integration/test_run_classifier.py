@@ -270,14 +270,18 @@ def test_two_workers_train_with_the_effective_batch_they_print(
                                  atol=1e-6, err_msg=f"{arrangement}: {name}")
 
 
-def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
-                                                         tmp_path):
+# Each trainer arranges its own windows: sorted by length (the default),
+# or packed into rows (the window weighted by the examples it holds).
+@pytest.mark.parametrize("arrangement", ["sorted", "packed"])
+def test_parameter_server_job_trains_each_workers_windows(
+    arrangement, tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
   command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
              "--workers", "1", "--ps", "1", "--timeout", str(TIMEOUT), "--",
              sys.executable, "run_classifier.py", *_flags(
                  tiny_model, sst2, output_dir,
-                 distribution_strategy="parameter_server")]
+                 distribution_strategy="parameter_server",
+                 pack_windows=arrangement == "packed")]
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=TIMEOUT + 30)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -285,6 +289,10 @@ def test_parameter_server_job_trains_each_workers_windows(tiny_model, sst2,
   assert ("[chief:0] effective batch 8 = micro-batch 4 x k=2 per update, each "
           "of 2 worker(s) applying its own windows to the ps; 10 updates (20 "
           "micro-batches)") in result.stdout
+  said = {"sorted": "sorted by length", "packed": "packed into rows"}
+  for task in ("chief:0", "worker:0"):
+    assert (f"[{task}] each window's 2 x 4 examples {said[arrangement]}"
+            in result.stdout), result.stdout[-3000:]
   reader = tf.train.load_checkpoint(str(output_dir))
   assert reader.get_tensor("global_step") >= 20
   assert reader.get_tensor("gradient_accumulation/updates_applied") >= 8
