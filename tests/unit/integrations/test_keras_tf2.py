@@ -44,6 +44,18 @@ def _moved(before, after):
   return max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
 
 
+_FLOAT32_PAIRS = {}
+
+
+def _float32_pair(optimizer, strategy):
+  """kx.train_pair in float32, trained once per module for the tests that
+  read it (deterministic: the same weights whichever test asks first)."""
+  if (optimizer, strategy) not in _FLOAT32_PAIRS:
+    _FLOAT32_PAIRS[optimizer, strategy] = kx.train_pair(
+        optimizer, _strategy(strategy), "float32")
+  return _FLOAT32_PAIRS[optimizer, strategy]
+
+
 @pytest.mark.parametrize("strategy", ["one", "mirrored"])
 @pytest.mark.parametrize("optimizer", sorted(kx.OPTIMIZERS))
 def test_fit_equals_the_big_batch(optimizer, strategy):
@@ -52,8 +64,7 @@ def test_fit_equals_the_big_batch(optimizer, strategy):
   averages compared too, and written into the model at fit's end), legacy
   Adam: weights at 1e-5, and one update per window of the inner
   optimizer (its iterations, bias correction, schedule and EMA)."""
-  big, accumulated, counts = kx.train_pair(optimizer, _strategy(strategy),
-                                           "float32")
+  big, accumulated, counts = _float32_pair(optimizer, strategy)
   assert counts == {"big": kx.WINDOWS,
                     "accumulated": (K * kx.WINDOWS, kx.WINDOWS)}
   initial = {w.name: w.numpy() for w in kx.make_model(
@@ -67,7 +78,7 @@ def test_mixed_float16_is_as_close_to_float32_as_keras_own(strategy):
   """In mixed_float16 the window and Keras's big batch round to float16 in
   different places; the window is no further from float32 training than
   kx.MIXED_FACTOR times Keras's own mixed-precision big batch is."""
-  reference, _, _ = kx.train_pair("adam", _strategy(strategy), "float32")
+  reference, _, _ = _float32_pair("adam", strategy)
   big, accumulated, counts = kx.train_pair("adam", _strategy(strategy),
                                            "mixed_float16")
   assert counts["accumulated"] == (K * kx.WINDOWS, kx.WINDOWS)
