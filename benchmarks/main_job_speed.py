@@ -14,7 +14,14 @@ ABCD: a busier minute of the machine falls on every variant alike).
 Figures: the median seconds per micro-batch, examples a second, and the
 speed-up over today's.
 
-  python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2]
+With `--cpu_paths`, the variants are instead the default run on each of
+TensorFlow's CPU paths: Eigen's kernels (`TF_ENABLE_ONEDNN_OPTS=0`, the
+default on a CPU without AVX-512), oneDNN's, and oneDNN's held to AVX2
+(`ONEDNN_MAX_CPU_ISA=AVX2`: the kernels oneDNN picks on an AVX2-only CPU,
+measured on one with AVX-512; TensorFlow's own kernels are built for AVX
+either way).
+
+  python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
 """
 
 import os
@@ -36,20 +43,27 @@ VARIANTS = {
     "sorted, fused_apply": ["--fused_apply"],
     "packed, fused_apply": ["--pack_windows", "--fused_apply"],
 }
+# (flags, environment) of each CPU path, with the default flags.
+CPU_PATHS = {
+    "Eigen (TF_ENABLE_ONEDNN_OPTS=0)": ([], {"TF_ENABLE_ONEDNN_OPTS": "0"}),
+    "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)": ([], {"TF_ENABLE_ONEDNN_OPTS": "1"}),
+    "oneDNN held to AVX2": ([], {"TF_ENABLE_ONEDNN_OPTS": "1",
+                                 "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+}
 TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
 LOG_EVERY = 20
 WARM = 40  # micro-batches left out: the first steps' one-time costs
 
 
-def _run(flags, epochs, root, name):
+def _run(flags, epochs, root, name, env=None):
   output_dir = os.path.join(root, re.sub(r"\W+", "_", name))
   result = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
        f"--num_train_epochs={epochs}", "--do_eval=false",
        f"--log_every={LOG_EVERY}", *flags],
       cwd=ROOT, capture_output=True, text=True,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
   found = TRAINED.search(result.stdout)
   rates = [float(rate) for step, rate in RATE.findall(result.stderr)
            if int(step) > WARM + LOG_EVERY]
@@ -63,13 +77,17 @@ def main():
   parser = bench.parser(__doc__)
   parser.add_argument("--epochs", type=float, default=0.1)
   parser.add_argument("--rounds", type=int, default=2)
+  parser.add_argument("--cpu_paths", action="store_true",
+                      help="compare TensorFlow's CPU paths instead")
   args = parser.parse_args()
-  seconds = {name: [] for name in VARIANTS}
+  variants = (CPU_PATHS if args.cpu_paths else
+              {name: (flags, {}) for name, flags in VARIANTS.items()})
+  seconds = {name: [] for name in variants}
   with tempfile.TemporaryDirectory() as root:
     for round_index in range(args.rounds):
-      for name, flags in VARIANTS.items():
+      for name, (flags, env) in variants.items():
         micro_batches, took, rates = _run(flags, args.epochs, root,
-                                          f"{name}_{round_index}")
+                                          f"{name}_{round_index}", env)
         seconds[name] += [1.0 / rate for rate in rates]
         print(f"round {round_index + 1}: {name}: {micro_batches} "
               f"micro-batches in {took:.1f} s all told; steady "
@@ -78,13 +96,16 @@ def main():
       f"the main job's training, micro-batch {MICRO_BATCH} x k=4, "
       f"{args.epochs} epoch a run, {args.rounds} interleaved rounds",
       args.json, markdown=True,
-      formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f"})
-  today = statistics.median(seconds["today: trimmed, TensorFlow's ops"])
+      formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f",
+               "x Eigen": ".2f"})
+  # Against the first variant: today's input, or Eigen's kernels.
+  against = "x Eigen" if args.cpu_paths else "x today"
+  today = statistics.median(seconds[next(iter(variants))])
   for name, values in seconds.items():
     each = statistics.median(values)
     rows.add(variant=name, **{"s/micro-batch": each,
                               "examples/s": MICRO_BATCH / each,
-                              "x today": today / each})
+                              against: today / each})
   return rows.exit_code()
 
 
