@@ -24,6 +24,12 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# oneDNN's CPU kernels, which TensorFlow 2.15 turns on by default only on
+# CPUs with AVX-512-class features: on the main job they are faster than
+# Eigen's held to AVX2 too (`python benchmarks/main_job_speed.py
+# --cpu_paths`: 1.24x Eigen's at AVX2, 1.38x at AVX-512; docs/bert.md).
+# Read when TensorFlow starts; TF_ENABLE_ONEDNN_OPTS=0 keeps Eigen's.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging

@@ -1,6 +1,7 @@
 """Every graph the project builds runs forward only in a plain Session.
 
-With oneDNN on (TensorFlow 2.15's default on x86 Linux), Grappler's
+With oneDNN on (TensorFlow 2.15's default on CPUs with AVX-512, and
+run_classifier's on every CPU), Grappler's
 remapper killed the process on a layer norm written with `tf.nn.moments`
 when gamma was a variable and nothing asked for gradients (a protobuf CHECK,
 then SIGSEGV; docs/troubleshooting.md). Each case runs in a fresh process
@@ -26,9 +27,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _run_job(*args):
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  # The platform default, whatever the caller's shell says.
-  env.pop("TF_ENABLE_ONEDNN_OPTS", None)
+  # oneDNN on, whatever the CPU's default (off without AVX-512): its
+  # remapper's fused layer norm is what killed the process, and
+  # run_classifier turns it on everywhere.
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="1")
   result = subprocess.run(
       [sys.executable, "-m", "tests.jobs.plain_session_job", *args], cwd=ROOT,
       env=env, capture_output=True, text=True, timeout=300)

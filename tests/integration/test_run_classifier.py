@@ -452,6 +452,28 @@ def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
   assert "Calling model_fn" in verbose.stdout + verbose.stderr
 
 
+@pytest.mark.parametrize("setting, on", [(None, True), ("0", False)])
+def test_the_script_runs_onednn_unless_told_otherwise(setting, on):
+  # oneDNN's kernels on every CPU (TensorFlow's default only with AVX-512;
+  # faster on the main job at AVX2 too), unless TF_ENABLE_ONEDNN_OPTS says.
+  # Exec'd: a forked child keeps the kernels of the process it came from.
+  env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+  env.update(ESTIMATOR_ACCUM_TEST_FORK="0", TF_CPP_MIN_LOG_LEVEL="3")
+  if setting is not None:
+    env["TF_ENABLE_ONEDNN_OPTS"] = setting
+  done = subprocess.run(
+      [sys.executable, "-c", "import os\nimport run_classifier\n"
+       "from estimator_accum import tf_private\n"
+       "print(os.environ['TF_ENABLE_ONEDNN_OPTS'], "
+       "tf_private.onednn_enabled())"],
+      env=env, capture_output=True, text=True, timeout=TIMEOUT)
+  assert done.returncode == 0, done.stderr[-3000:]
+  # (The setting is what the script asked for on any CPU; the kernels, what
+  # TensorFlow then ran: on a CPU with AVX-512 that is on either way.)
+  assert done.stdout.split() == [setting or "1", str(on)], (
+      done.stdout + done.stderr[-2000:])
+
+
 @pytest.mark.memory
 def test_recompute_trains_and_reports_its_peak_and_time(tiny_model, sst2,
                                                         tmp_path):
