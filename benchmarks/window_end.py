@@ -22,9 +22,14 @@ each with TensorFlow's ops (today's default) and with `fused_apply=True`
 (XLA compiles each variable's update into one loop), and how far apart the
 two runs' weights are after the same updates.
 
-  python benchmarks/window_end.py [--repeats 20]
+With `--trace`, one applying micro-batch of each is traced (RunMetadata)
+and its op types printed by the time their ops took (summed over ops: two
+that overlap both count), the largest first: where the end's time goes.
+
+  python benchmarks/window_end.py [--repeats 20] [--trace]
 """
 
+import collections
 import os
 import sys
 import time
@@ -70,7 +75,22 @@ def _copy_bandwidth(repeats):
       return 2 * COPY_FLOATS * 4 / _median_seconds(session, copy, repeats)
 
 
-def _window_steps(shapes, repeats, fused):
+def _traced_step(session, op):
+  """{op type: milliseconds its ops took} of one run of `op`."""
+  metadata = tf.compat.v1.RunMetadata()
+  session.run(op, options=tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE),
+              run_metadata=metadata)
+  took = collections.Counter()
+  for device in metadata.step_stats.dev_stats:
+    for node in device.node_stats:
+      label = node.timeline_label
+      kind = label.split(" = ")[1].split("(")[0] if " = " in label else "?"
+      took[kind] += node.all_end_rel_micros / 1e3
+  return took
+
+
+def _window_steps(shapes, repeats, fused, trace=False):
   """(accumulating step, applying step) median seconds, the applying step's
   peak bytes above those in use before it, and the weights after."""
   with tf.Graph().as_default():
@@ -99,6 +119,10 @@ def _window_steps(shapes, repeats, fused):
           started = time.perf_counter()
           session.run(train_op)
           times.append(time.perf_counter() - started)
+      traced = None
+      if trace:
+        session.run(train_op)  # accumulates
+        traced = _traced_step(session, train_op)  # applies
       session.run(train_op)  # accumulates (an even count ran before)
       tf.config.experimental.reset_memory_stats("CPU:0")
       before = tf.config.experimental.get_memory_info("CPU:0")["current"]
@@ -107,11 +131,13 @@ def _window_steps(shapes, repeats, fused):
       weights = session.run(variables)
   moved = max(float(np.max(np.abs(w - s))) for w, s in zip(weights, start))
   return (float(np.median(accumulate)), float(np.median(apply)), peak,
-          (weights, moved))
+          (weights, moved), traced)
 
 
 def main():
   parser = bench.parser(__doc__, repeats=20)
+  parser.add_argument("--trace", action="store_true",
+                      help="print where an applying micro-batch's time goes")
   args = parser.parse_args()
   checkpoint = pretrained.minilm_checkpoint()
   shapes = [shape for name, shape in
@@ -129,8 +155,12 @@ def main():
   weights = {}
   for fused in (False, True):
     apply_kind = "fused_apply (XLA)" if fused else "TensorFlow's ops"
-    accumulate, apply, peak, weights[fused] = _window_steps(
-        shapes, args.repeats, fused)
+    accumulate, apply, peak, weights[fused], traced = _window_steps(
+        shapes, args.repeats, fused, args.trace)
+    if traced:
+      print(f"an applying micro-batch, {apply_kind}, traced: " + ", ".join(
+          f"{kind} {ms:.1f} ms" for kind, ms in traced.most_common(8)),
+            flush=True)
     rows.add(part=f"accumulate (a micro-batch's window work), {apply_kind}",
              ms=accumulate * 1e3, **{"x floor": accumulate / floor,
                                      "peak MB": ""})
