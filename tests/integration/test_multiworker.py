@@ -122,18 +122,19 @@ def test_a_bfloat16_wire_stays_near_the_exact_window(tmp_path):
   # bfloat16 keeps 8 bits of mantissa: each window's gradient is rounded
   # once on the wire (2 workers: one sum), relative error <= 2**-8 per
   # value; Adam's moments carry it on. Measured: 2.8e-3 of the weights'
-  # largest movement (Adam, 3 updates); bounded here at 2e-2.
+  # largest movement (Adam, 3 updates); bounded here at 2e-2. Against the
+  # exact window, which is the big batch (plain TensorFlow, below; a
+  # float32 wire equals it at 1e-5 in the tests above, so no job of its
+  # own here).
   data = support.make_data(BIG_BATCH * UPDATES)
   expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
                                      UPDATES, minimize=True)
-  exact = _run_job(tmp_path / "exact", "adam")
   wire = _run_job(tmp_path / "bf16", "adam", "--communication_dtype",
                   "bfloat16", "--table_all_reduce", "rows")
-  support.assert_weights_close(exact, expected, what="float32 wire")
   initial = support.initial_weights()
   moved = max(float(np.max(np.abs(expected[n] - initial[n]))) for n in expected)
-  error = max(float(np.max(np.abs(wire[n] - exact[n]))) for n in exact)
-  assert 0 < error < 2e-2 * moved, (error, moved)
+  error = max(float(np.max(np.abs(wire[n] - expected[n]))) for n in expected)
+  assert 1e-5 * moved < error < 2e-2 * moved, (error, moved)
 
 
 def test_two_workers_moving_average_after_update(tmp_path):
