@@ -31,6 +31,8 @@ from tfconfig import health, testbed
 
 # Whole jobs, processes or clusters: not the fast tier.
 pytestmark = pytest.mark.slow
+# Mostly waiting on other processes: run first (tests/conftest.py).
+RUNS_EARLY = True
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER_TIMEOUT = 8  # hosts_support.job_flags' default

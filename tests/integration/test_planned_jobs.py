@@ -14,6 +14,8 @@ from tests.helpers import planner_support
 
 # Whole jobs, processes or clusters: not the fast tier.
 pytestmark = [pytest.mark.slow, pytest.mark.memory]
+# Mostly waiting on other processes: run first (tests/conftest.py).
+RUNS_EARLY = True
 
 EFFECTIVE = 32
 UPDATES = 4

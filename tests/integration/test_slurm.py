@@ -19,6 +19,8 @@ from harness import hosts
 from tests.helpers import slurm_cluster
 
 pytestmark = pytest.mark.slow
+# Mostly waiting on other processes: run first (tests/conftest.py).
+RUNS_EARLY = True
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = (ROOT / "docs" / "distributed.md").read_text()
