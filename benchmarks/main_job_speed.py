@@ -100,12 +100,12 @@ def main():
                "x Eigen": ".2f"})
   # Against the first variant: today's input, or Eigen's kernels.
   against = "x Eigen" if args.cpu_paths else "x today"
-  today = statistics.median(seconds[next(iter(variants))])
+  baseline = statistics.median(seconds[next(iter(variants))])
   for name, values in seconds.items():
     each = statistics.median(values)
     rows.add(variant=name, **{"s/micro-batch": each,
                               "examples/s": MICRO_BATCH / each,
-                              against: today / each})
+                              against: baseline / each})
   return rows.exit_code()
 
 

@@ -8,6 +8,7 @@ order (harness/keras_exactness.py holds the model, the optimizers and the
 data; its table adds MultiWorkerMirroredStrategy, which
 tests/integration/test_keras_tf2_cluster.py runs)."""
 
+import functools
 import re
 
 import numpy as np
@@ -44,16 +45,11 @@ def _moved(before, after):
   return max(float(np.max(np.abs(after[n] - before[n]))) for n in before)
 
 
-_FLOAT32_PAIRS = {}
-
-
+@functools.cache
 def _float32_pair(optimizer, strategy):
   """kx.train_pair in float32, trained once per module for the tests that
   read it (deterministic: the same weights whichever test asks first)."""
-  if (optimizer, strategy) not in _FLOAT32_PAIRS:
-    _FLOAT32_PAIRS[optimizer, strategy] = kx.train_pair(
-        optimizer, _strategy(strategy), "float32")
-  return _FLOAT32_PAIRS[optimizer, strategy]
+  return kx.train_pair(optimizer, _strategy(strategy), "float32")
 
 
 @pytest.mark.parametrize("strategy", ["one", "mirrored"])

@@ -2,6 +2,7 @@
 choice trains the same weights as the big batch."""
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -41,18 +42,17 @@ def _build(data):
                                         planner_support.input_fn_for(data))
 
 
-_PEAKS = {}
+@functools.cache
+def _peak(micro_batch):
+  """The step's peak on the module's data, measured once per module (on one
+  thread the same every time: test_one_threads_peak_is_the_same_...)."""
+  return estimator_accum.measure_peak(
+      _build(planner_support.make_data(EFFECTIVE * UPDATES)), micro_batch, 2,
+      "CPU:0", session_config=ONE_THREAD).peak_bytes
 
 
-def _peaks(data, micro_batches):
-  """Each micro-batch's peak, measured once per module (on one thread the
-  same every time: test_one_threads_peak_is_the_same_...)."""
-  build = _build(data)
-  for m in micro_batches:
-    if m not in _PEAKS:
-      _PEAKS[m] = estimator_accum.measure_peak(
-          build, m, 2, "CPU:0", session_config=ONE_THREAD).peak_bytes
-  return {m: _PEAKS[m] for m in micro_batches}
+def _peaks(micro_batches):
+  return {m: _peak(m) for m in micro_batches}
 
 
 def _budget_between(low_peak, high_peak, margin=planner.DEFAULT_MARGIN):
@@ -61,7 +61,7 @@ def _budget_between(low_peak, high_peak, margin=planner.DEFAULT_MARGIN):
 
 
 def test_peak_grows_by_the_activations_of_the_added_examples(data):
-  peaks = _peaks(data, [4, 8, 16])
+  peaks = _peaks([4, 8, 16])
   # The step holds at least every example's input at its peak.
   per_example = planner_support.EXAMPLE_BYTES
   assert peaks[8] - peaks[4] >= 4 * per_example, peaks
@@ -69,7 +69,7 @@ def test_peak_grows_by_the_activations_of_the_added_examples(data):
 
 
 def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
-  peaks = _peaks(data, [4, 8, 16, 32])
+  peaks = _peaks([4, 8, 16, 32])
   roomy = estimator_accum.plan_micro_batch(
       _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
       memory_budget_mb=_budget_between(peaks[16], peaks[32]))
@@ -95,7 +95,7 @@ def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
 
 
 def test_an_uneven_micro_batch_is_exact_with_num_examples(data, tmp_path):
-  peaks = _peaks(data, [5, 6])
+  peaks = _peaks([5, 6])
   plan = estimator_accum.plan_micro_batch(
       _build(data), EFFECTIVE, device="CPU:0", uneven=True,
       session_config=ONE_THREAD,
@@ -112,7 +112,7 @@ def test_an_uneven_micro_batch_is_exact_with_num_examples(data, tmp_path):
 
 
 def test_the_plan_is_printed_and_written(data, tmp_path):
-  peaks = _peaks(data, [8, 16])
+  peaks = _peaks([8, 16])
   plan = estimator_accum.plan_micro_batch(
       _build(data), EFFECTIVE, device="CPU:0", margin=0.2,
       session_config=ONE_THREAD,
@@ -128,7 +128,7 @@ def test_the_plan_is_printed_and_written(data, tmp_path):
 
 
 def test_an_estimators_functions_plan_as_the_build_does(data):
-  peaks = _peaks(data, [8, 16])
+  peaks = _peaks([8, 16])
   budget = _budget_between(peaks[8], peaks[16])
   plan = estimator_accum.plan_micro_batch(
       model_fn=planner_support.model_fn,
