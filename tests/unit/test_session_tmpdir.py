@@ -1,10 +1,14 @@
-"""The test session's temporary files (tests/conftest.py): its children
-write them in the session's own directory, removed when it ends, so one
-that ends by a signal or os._exit leaves nothing in /tmp."""
+"""The test session's process (tests/conftest.py): its temporary files,
+which its children write in the session's own directory, removed when it
+ends, so one that ends by a signal or os._exit leaves nothing in /tmp; and
+what its collection imported, frozen out of the garbage collector's
+reach."""
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 from tests import conftest
 
@@ -31,3 +35,22 @@ def test_pytest_keeps_its_tmp_path_where_it_was(tmp_path):
   session = os.environ[conftest._TMP_ENV]  # noqa: SLF001
   assert not str(tmp_path).startswith(session)
   assert str(tmp_path).startswith(os.path.dirname(session))
+
+
+def test_what_the_collection_imported_is_out_of_the_collectors_reach():
+  # tests/conftest.py freezes it: TensorFlow's own objects alone are
+  # ~270,000, walked by every full collection otherwise. A test's own
+  # garbage is still collected.
+  assert gc.get_freeze_count() > 100_000
+  made = []
+  made.append(made)  # a cycle only the collector frees
+  alive = weakref.ref(_Box(made))
+  del made
+  gc.collect()
+  assert alive() is None
+
+
+class _Box:
+  def __init__(self, value):
+    self.value = value
+    value.append(self)
