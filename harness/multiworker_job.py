@@ -80,16 +80,27 @@ PHASES = ("imported", "strategy_made", "building_train_op", "session_made",
 
 
 class _Phases(tf.estimator.SessionRunHook):
-  """Says "phase <name>" at each moment of the start, and sleeps at the
-  one it was asked to (a SIGTERM sent on seeing it lands there)."""
+  """Says "phase <name>" at each moment of the start, and waits at the one
+  it was asked to (a SIGTERM sent on seeing it lands there): `seconds`, or
+  until `release` (a path) exists, at most `seconds`. A test that signals
+  every task and then makes the file lets them all go on at once: each
+  task's fixed sleep began when it got there, and two tasks' ends could
+  lie seconds apart on a busy machine, where a task whose micro-batch
+  waits 5 s on its peer takes the peer for lost."""
 
-  def __init__(self, pause_at, seconds):
+  def __init__(self, pause_at, seconds, release=None):
     self._pause_at, self._seconds, self._runs = pause_at, seconds, 0
+    self._release = release
 
   def __call__(self, name):
     print(f"phase {name}", flush=True)
-    if name == self._pause_at:
-      time.sleep(self._seconds)
+    if name != self._pause_at:
+      return
+    deadline = time.monotonic() + self._seconds
+    while time.monotonic() < deadline:
+      if self._release and os.path.exists(self._release):
+        return
+      time.sleep(0.01 if self._release else deadline - time.monotonic())
 
   def after_create_session(self, session, coord):
     self("session_made")
@@ -179,10 +190,13 @@ def main():
                       help="say each phase of the start, and sleep "
                       "--pause_seconds at this one")
   parser.add_argument("--pause_seconds", type=float, default=5.0)
+  parser.add_argument("--release_file", default=None,
+                      help="the pause ends when this file exists (at most "
+                      "--pause_seconds)")
   args = parser.parse_args()
   phases = None
   if args.pause_at:
-    phases = _Phases(args.pause_at, args.pause_seconds)
+    phases = _Phases(args.pause_at, args.pause_seconds, args.release_file)
     phases("imported")
   watchdog = None
   if args.peer_timeout > 0:

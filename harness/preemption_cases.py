@@ -143,16 +143,21 @@ def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
                      wait=60):
   """Starts the job, SIGTERMs every task (not the launcher: as Slurm's
   scancel and Kubernetes do) once each says it reached `phase` of its
-  start (harness/multiworker_job.py PHASES; it sleeps there), and returns
+  start (harness/multiworker_job.py PHASES; it waits there until the
+  signals are sent, then all go on together), and returns
   {code, seconds, codes: [each task's exit code], output}. `phase`
   "ps_imported" runs the parameter-server job instead."""
+  release = os.path.join(tmp_path, "release")
   if phase == "ps_imported":
     command = ps_job(model_dir, "a") + ["--pause_at_start", "10"]
     tasks = [("chief", 0), ("worker", 0), ("ps", 0)]
     phase = "imported"
   else:
+    # Every task waits there until the file exists (10 s at most): made
+    # once each is signalled, so that they go on together.
     command = job(model_dir, 4, "--pause_at", phase, "--pause_seconds",
-                  "10", "--step_seconds", "0.05", strategy=strategy)
+                  "10", "--release_file", str(release), "--step_seconds",
+                  "0.05", strategy=strategy)
     tasks = [("worker", 0), ("worker", 1)] if strategy == "multi_worker" \
         else []
   run = hosts.Run(command, tmp_path, phase, env=environment())
@@ -170,6 +175,10 @@ def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
       hosts.signal_all(pids, signal.SIGTERM)
     else:
       run.process.send_signal(signal.SIGTERM)
+    time.sleep(0.2)  # each task's handler has run (it takes the signal in
+    # its main thread, between two of the pause's 10 ms sleeps)
+    with open(release, "w"):
+      pass
     code, seconds = _exit(run, started, wait)
   finally:
     run.kill()
