@@ -35,6 +35,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -89,19 +90,57 @@ def check_command(command, first_task="worker:0"):
     raise LaunchError(f"cannot start {first_task}: {program!r}: {reason}")
 
 
+# The kernel's ephemeral ports: what it gives a socket bound to port 0, and
+# every outgoing connection its local port (Linux: ip_local_port_range).
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_UNPRIVILEGED = 1024
+
+
+def _ephemeral_range():
+  """(first, last) of the kernel's ephemeral ports, or None if unknown."""
+  try:
+    with open(_EPHEMERAL_RANGE) as file:
+      first, last = (int(v) for v in file.read().split())
+  except (OSError, ValueError):
+    return None
+  return first, last
+
+
 def free_ports(count, host="127.0.0.1"):
-  """Returns `count` distinct ports that were free on `host` just now.
+  """Returns `count` distinct ports that were free on `host` just now,
+  chosen at random outside the kernel's ephemeral range.
+
+  A port is free here only until a task's server binds it, seconds later.
+  A port the kernel gave (bind to port 0) is an ephemeral one, which every
+  outgoing connection on the machine may take as its own local port in
+  between (the gRPC connections of another job, a health probe): the task
+  then fails with TensorFlow's "Could not start gRPC server". Outside that
+  range only another program binding that very port can take it. Where
+  the range leaves nothing outside it, the kernel's ports are used.
 
   Raises:
     tfc.TFConfigError: the machine cannot give that many ports (open files
       or ports exhausted), in one line.
   """
+  span = _ephemeral_range()
+  candidates = []
+  if span is not None:
+    candidates = [p for p in range(_UNPRIVILEGED, 65536)
+                  if not span[0] <= p <= span[1]]
+    random.SystemRandom().shuffle(candidates)
   sockets, ports = [], []
   try:
-    for _ in range(count):
+    while len(ports) < count:
       sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
       sockets.append(sock)
-      sock.bind((host, 0))
+      if candidates:
+        try:
+          sock.bind((host, candidates.pop()))
+        except OSError:
+          sockets.pop().close()  # in use: the next
+          continue
+      else:
+        sock.bind((host, 0))
       ports.append(sock.getsockname()[1])
   except OSError as error:
     raise tfc.TFConfigError(

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ import pytest
 
 import tfconfig
 from tests.helpers import processes
+from tfconfig import launch
 
 
 def _cluster(**cluster):
@@ -413,3 +415,49 @@ def test_show_of_a_huge_or_deep_tf_config_is_one_line():
     assert "Traceback" not in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1
     assert len(shown.stderr) < 400
+
+
+# A launch's ports are chosen outside the kernel's ephemeral range: an
+# outgoing connection (another job's gRPC, a health probe) may take an
+# ephemeral port between the choice and the task's bind, and the task then
+# fails with "Could not start gRPC server" (once in a whole-suite run).
+def test_free_ports_lie_outside_the_ephemeral_range_and_are_free():
+  first, last = launch._ephemeral_range()  # noqa: SLF001
+  ports = launch.free_ports(16)
+  assert len(set(ports)) == 16
+  assert all(1024 <= p < 65536 and not first <= p <= last for p in ports)
+  for port in ports:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+      sock.bind(("127.0.0.1", port))
+
+
+def test_free_ports_skip_a_port_in_use(monkeypatch):
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    # The taken port outside the range, and the first one tried:
+    monkeypatch.setattr(launch, "_ephemeral_range",
+                        lambda: (port + 1, 65535))
+    monkeypatch.setattr(launch.random, "SystemRandom",
+                        lambda: _TriesFirst(port))
+    ports = launch.free_ports(3)
+  assert port not in ports and len(set(ports)) == 3
+  assert all(p <= port for p in ports)
+
+
+def test_free_ports_are_the_kernels_where_its_range_leaves_none(monkeypatch):
+  monkeypatch.setattr(launch, "_ephemeral_range", lambda: (1024, 65535))
+  ports = launch.free_ports(4)
+  assert len(set(ports)) == 4
+
+
+class _TriesFirst:
+  """A shuffle that leaves `port` where free_ports takes its first
+  candidate (the end)."""
+
+  def __init__(self, port):
+    self._port = port
+
+  def shuffle(self, items):
+    items.sort(key=lambda p: p == self._port)
