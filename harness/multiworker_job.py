@@ -88,9 +88,9 @@ class _Phases(tf.estimator.SessionRunHook):
   lie seconds apart on a busy machine, where a task whose micro-batch
   waits 5 s on its peer takes the peer for lost."""
 
-  def __init__(self, pause_at, seconds, release=None):
+  def __init__(self, pause_at, seconds, release=None, lag=0.0):
     self._pause_at, self._seconds, self._runs = pause_at, seconds, 0
-    self._release = release
+    self._release, self._lag = release, lag
 
   def __call__(self, name):
     print(f"phase {name}", flush=True)
@@ -99,8 +99,9 @@ class _Phases(tf.estimator.SessionRunHook):
     deadline = time.monotonic() + self._seconds
     while time.monotonic() < deadline:
       if self._release and os.path.exists(self._release):
-        return
+        break
       time.sleep(0.01 if self._release else deadline - time.monotonic())
+    time.sleep(self._lag)
 
   def after_create_session(self, session, coord):
     self("session_made")
@@ -193,10 +194,16 @@ def main():
   parser.add_argument("--release_file", default=None,
                       help="the pause ends when this file exists (at most "
                       "--pause_seconds)")
+  parser.add_argument("--first_task_lag", type=float, default=0.0,
+                      help="task index 0 goes on this much later after the "
+                      "pause (a long hook between two micro-batches)")
   args = parser.parse_args()
   phases = None
   if args.pause_at:
-    phases = _Phases(args.pause_at, args.pause_seconds, args.release_file)
+    first = json.loads(os.environ.get("TF_CONFIG", "{}")).get(
+        "task", {}).get("index", 0) == 0
+    phases = _Phases(args.pause_at, args.pause_seconds, args.release_file,
+                     args.first_task_lag if first else 0.0)
     phases("imported")
   watchdog = None
   if args.peer_timeout > 0:

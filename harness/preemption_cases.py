@@ -140,13 +140,14 @@ def run_case(case, model_dir, tmp_path, updates, env=None, wait=60,
 
 
 def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
-                     wait=60):
+                     wait=60, first_task_lag=0.0):
   """Starts the job, SIGTERMs every task (not the launcher: as Slurm's
   scancel and Kubernetes do) once each says it reached `phase` of its
   start (harness/multiworker_job.py PHASES; it waits there until the
   signals are sent, then all go on together), and returns
   {code, seconds, codes: [each task's exit code], output}. `phase`
-  "ps_imported" runs the parameter-server job instead."""
+  "ps_imported" runs the parameter-server job instead. `first_task_lag`:
+  task 0 goes on that many seconds after the others."""
   release = os.path.join(tmp_path, "release")
   if phase == "ps_imported":
     command = ps_job(model_dir, "a") + ["--pause_at_start", "10"]
@@ -157,7 +158,8 @@ def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
     # once each is signalled, so that they go on together.
     command = job(model_dir, 4, "--pause_at", phase, "--pause_seconds",
                   "10", "--release_file", str(release), "--step_seconds",
-                  "0.05", strategy=strategy)
+                  "0.05", "--first_task_lag", str(first_task_lag),
+                  strategy=strategy)
     tasks = [("worker", 0), ("worker", 1)] if strategy == "multi_worker" \
         else []
   run = hosts.Run(command, tmp_path, phase, env=environment())

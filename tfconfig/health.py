@@ -436,30 +436,41 @@ def wait_until_training_tasks_end(config, seconds):
 _STARTED = []
 
 
-def refusing_peers(config, deadline=1.0):
-  """The other chief and worker tasks of `config` (a TF_CONFIG dict with
-  "task") whose address refuses a connection now: tasks that have exited,
-  or whose host has. One GetStatus each, on a channel of its own, failing
-  at once with UNAVAILABLE; a frozen task, whose port still accepts, and a
-  slow one answer or time out, and are not named.
-
-  Returns:
-    list of "type:index" names.
-  """
+def peer_answers(config, deadline=1.0):
+  """{"type:index": None if it answered, else the error's name} for the
+  other chief and worker tasks of `config` (a TF_CONFIG dict with "task"):
+  one GetStatus each, on a channel of its own, within `deadline` seconds.
+  A task that has exited (or whose host has) fails at once with
+  "unavailable"; a frozen one, whose port still accepts, with "deadline
+  exceeded"; a live one answers from its server's threads, whatever its
+  Python code is doing."""
   task = config[tfc.TASK]
   this = (task[tfc.TYPE], int(task[tfc.INDEX]))
-  refusing = []
+  answers = {}
   for task_type, index in tfc.tasks(config):
     if task_type not in tfc.TRAINING_TYPES or (task_type, index) == this:
       continue
     peer = _Peer(task_type, index, config[tfc.CLUSTER][task_type][index],
                  time.monotonic())
     try:
-      if peer.probe(deadline) == "unavailable":
-        refusing.append(peer.name)
+      answers[peer.name] = peer.probe(deadline)
     finally:
       peer.channel.close()
-  return refusing
+  return answers
+
+
+def refusing_peers(config, deadline=1.0):
+  """The other chief and worker tasks of `config` (a TF_CONFIG dict with
+  "task") whose address refuses a connection now: tasks that have exited,
+  or whose host has (`peer_answers`' "unavailable"); a frozen task, whose
+  port still accepts, and a slow one answer or time out, and are not
+  named.
+
+  Returns:
+    list of "type:index" names.
+  """
+  return [name for name, error in peer_answers(config, deadline).items()
+          if error == "unavailable"]
 
 
 def running():

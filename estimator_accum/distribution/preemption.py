@@ -388,20 +388,29 @@ def _why_nothing_is_left_to_save():
   every micro-batch that ran (train() returned and saved; the chief
   evaluates) or that graph saves none. A micro-batch that waits on a peer
   which has exited (its address refuses connections: _ExitedPeers), or is
-  still running after 3 times the longest one that ended (5 s at least),
-  waits on a lost peer: neither it nor a save after it can end."""
+  still running after 3 times the longest one that ended (5 s at least)
+  while a peer does not answer (frozen, cut off; alone in its process,
+  none is asked), waits on a lost peer: neither it nor a save after it
+  can end. A peer that answers may be between two micro-batches, in a
+  hook or a save longer than that: the stop waits for it, until its
+  deadline."""
   step = _STOP.started_step
   if step is None:
     return "no micro-batch has run"
   if _STOP.ended_step != step:
-    running = time.monotonic() - _STOP.began
-    if running > max(5.0, 3 * _STOP.longest):
-      return (f"micro-batch {step} has run {running:.0f} s, 3 times the "
-              "longest before it: it waits on a peer, and cannot end")
     gone = _PEERS.gone()
     if gone:
       return (f"micro-batch {step} waits on {', '.join(gone)}, which has "
               "exited: it cannot end")
+    running = time.monotonic() - _STOP.began
+    # A peer that answers is alive and will join the micro-batch (it may be
+    # between two, in a hook or a save, for longer than this one has run);
+    # one that is frozen, cut off or stuck does not answer.
+    if (running > max(5.0, 3 * _STOP.longest) and
+        not _PEERS.all_answered):
+      return (f"micro-batch {step} has run {running:.0f} s, 3 times the "
+              "longest before it, and a peer it waits on does not answer: "
+              "it cannot end")
     return None
   graph = _STOP.last_graph()
   if graph is None:
@@ -427,6 +436,8 @@ class _ExitedPeers:
   def __init__(self):
     self._next = 0.0
     self._refused = set()
+    # Whether every peer answered the last probe (None: none was asked).
+    self.all_answered = None
 
   def gone(self):
     now = time.monotonic()
@@ -436,7 +447,10 @@ class _ExitedPeers:
     config = tfc.task_of(tfc.TRAINING_TYPES)
     if not config or stop_requests.training_config() is not None:
       return []
-    refusing = set(health.refusing_peers(config, deadline=_PROBE_SECONDS))
+    answers = health.peer_answers(config, deadline=_PROBE_SECONDS)
+    self.all_answered = all(error is None for error in answers.values())
+    refusing = {name for name, error in answers.items()
+                if error == "unavailable"}
     gone, self._refused = sorted(refusing & self._refused), refusing
     return gone
 

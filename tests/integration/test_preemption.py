@@ -162,6 +162,26 @@ def test_a_parameter_server_job_stops_saved(case, tmp_path):
   assert final["global_step"] == step + sum(micro_batches.values())
 
 
+# A peer that is alive but between two micro-batches for longer than the
+# lost-peer time (a hook, a save) is waited for: both tasks told to stop
+# once one micro-batch ran, worker:0 goes on 8 s after worker:1, whose
+# micro-batch waits on it. Before, worker:1 took it for lost after 5 s
+# and exited unsaved, and worker:0's micro-batch then waited on an exited
+# peer: no task saved the step they had agreed on.
+def test_a_live_peer_between_micro_batches_is_waited_for(tmp_path):
+  got = cases.run_startup_case("trained_one", tmp_path, tmp_path,
+                               first_task_lag=8.0)
+  output = got["output"]
+  said = "\n".join(line for line in output.splitlines()
+                   if "[estimator_accum]" in line or "phase " in line)
+  assert got["code"] == cases.STOPPED, (got["code"], said)
+  assert got["seconds"] < STOP_SECONDS, (got["seconds"], said)
+  saved = re.findall(r"stopped: global step (\d+) saved in .*exiting "
+                     r"with 143", output)
+  assert len(saved) == 2 and saved[0] == saved[1], said
+  assert got["checkpoint_step"] == int(saved[0])
+
+
 # SIGTERM at each moment of a job's start (issue 56): before training there
 # is nothing to save, and every task exits 143 at once; once training, the
 # stop saves the step every task agreed on. Before, a signal between the
