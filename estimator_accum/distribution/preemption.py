@@ -428,9 +428,10 @@ class _ExitedPeers:
   asked while a stop waits for this task's micro-batch: a peer told to stop
   between two micro-batches, with every one that ran saved, exits at once,
   and the micro-batch this task had begun waits for it forever. Its
-  address then refuses connections (`tfconfig.health.refusing_peers`);
+  address then refuses connections (`tfconfig.health.peer_answers`);
   asked every `_PROBE_SECONDS`, a peer that refused twice in a row is
-  gone. Nothing is asked in a parameter-server job (its tasks stop apart)
+  gone. `all_answered` says whether every peer answered the last time
+  (None: none was asked). Nothing is asked in a parameter-server job (its tasks stop apart)
   or outside a cluster."""
 
   def __init__(self):

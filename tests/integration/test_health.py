@@ -109,6 +109,8 @@ def test_refusing_peers_names_the_exited_not_the_frozen(servers):
   cluster, processes = servers(4)
   config = dict(cluster, task={"type": "worker", "index": 0})
   assert health.refusing_peers(config, deadline=0.5) == []
+  assert health.peer_answers(config, deadline=0.5) == {
+      "worker:1": None, "worker:2": None, "worker:3": None}
   processes[1].kill()
   processes[1].wait()
   processes[2].send_signal(signal.SIGSTOP)
@@ -116,6 +118,10 @@ def test_refusing_peers_names_the_exited_not_the_frozen(servers):
     started = time.monotonic()
     assert health.refusing_peers(config, deadline=0.5) == ["worker:1"]
     assert time.monotonic() - started < 2.0
+    # What a stop's lost-peer time rule asks: does every peer answer?
+    assert health.peer_answers(config, deadline=0.5) == {
+        "worker:1": "unavailable", "worker:2": "deadline exceeded",
+        "worker:3": None}
   finally:
     processes[2].send_signal(signal.SIGCONT)
 
