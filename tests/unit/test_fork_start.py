@@ -245,7 +245,12 @@ def test_each_servers_cpu_and_start_environment_are_noted(tmp_path):
       [sys.executable, "-u", "-c", "while True: pass",
        str(tmp_path / "abc.sock")])
   try:
-    time.sleep(0.5)
+    # Until it has had 0.2 s of CPU: a fixed 0.5 s sleep gave it 0.04 s on
+    # a machine busy with the rest of the suite.
+    deadline = time.monotonic() + 60
+    while (_cpu_seconds(stand_in.pid) < 0.2 and
+           time.monotonic() < deadline):
+      time.sleep(0.05)
     log = tmp_path / "cpu.tsv"
     fork_start._record_servers(str(tmp_path), [stand_in.pid], str(log))  # noqa: SLF001
   finally:
@@ -254,3 +259,10 @@ def test_each_servers_cpu_and_start_environment_are_noted(tmp_path):
   seconds, name, differs = log.read_text().rstrip("\n").split("\t")
   assert float(seconds) > 0.1 and name == "<fork server>"
   assert json.loads(differs) == [f"TF_CPP_MIN_LOG_LEVEL={level}"]
+
+
+def _cpu_seconds(pid):
+  """User and system CPU a running process has had (/proc/PID/stat)."""
+  with open(f"/proc/{pid}/stat") as stat:
+    fields = stat.read().rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
