@@ -116,28 +116,34 @@ def free_ports(count, host="127.0.0.1"):
   between (the gRPC connections of another job, a health probe): the task
   then fails with TensorFlow's "Could not start gRPC server". Outside that
   range only another program binding that very port can take it. Where
-  the range leaves nothing outside it, the kernel's ports are used.
+  the range leaves nothing outside it (or 64 tries a port found each
+  taken), the kernel's ports are used.
 
   Raises:
     tfc.TFConfigError: the machine cannot give that many ports (open files
       or ports exhausted), in one line.
   """
   span = _ephemeral_range()
-  candidates = []
-  if span is not None:
-    candidates = [p for p in range(_UNPRIVILEGED, 65536)
-                  if not span[0] <= p <= span[1]]
-    random.SystemRandom().shuffle(candidates)
+  outside = [] if span is None else [
+      (low, high) for low, high in ((_UNPRIVILEGED, span[0] - 1),
+                                    (span[1] + 1, 65535)) if low <= high]
+  choices = sum(high - low + 1 for low, high in outside)
+  rng = random.SystemRandom()
+  tries = 64 * count
   sockets, ports = [], []
   try:
     while len(ports) < count:
       sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
       sockets.append(sock)
-      if candidates:
+      if choices and tries:
+        tries -= 1
+        port = _nth_port(outside, rng.randrange(choices))
         try:
-          sock.bind((host, candidates.pop()))
+          if port in ports:
+            raise OSError("chosen already")
+          sock.bind((host, port))
         except OSError:
-          sockets.pop().close()  # in use: the next
+          sockets.pop().close()  # in use: another
           continue
       else:
         sock.bind((host, 0))
@@ -150,6 +156,15 @@ def free_ports(count, host="127.0.0.1"):
     for sock in sockets:
       sock.close()
   return ports
+
+
+def _nth_port(ranges, n):
+  """The `n`th port of `ranges` ((low, high) pairs, both included)."""
+  for low, high in ranges:
+    if n <= high - low:
+      return low + n
+    n -= high - low + 1
+  raise IndexError(n)
 
 
 def local_cluster(workers, chief=False, ps=0, evaluator=False):

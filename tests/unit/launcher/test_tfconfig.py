@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -453,11 +454,14 @@ def test_free_ports_are_the_kernels_where_its_range_leaves_none(monkeypatch):
 
 
 class _TriesFirst:
-  """A shuffle that leaves `port` where free_ports takes its first
-  candidate (the end)."""
+  """Random choices whose first is `port`'s, the last of the ports below
+  the fake range."""
 
   def __init__(self, port):
-    self._port = port
+    self._port, self._first = port, True
 
-  def shuffle(self, items):
-    items.sort(key=lambda p: p == self._port)
+  def randrange(self, count):
+    if self._first:
+      self._first = False
+      return count - 1
+    return random.randrange(count)
