@@ -128,6 +128,8 @@ def free_ports(count, host="127.0.0.1"):
       (low, high) for low, high in ((_UNPRIVILEGED, span[0] - 1),
                                     (span[1] + 1, 65535)) if low <= high]
   choices = sum(high - low + 1 for low, high in outside)
+  # The OS's randomness: two launches whose `random` was seeded alike
+  # (pytest-randomly seeds every test the same) must not draw alike.
   rng = random.SystemRandom()
   tries = 64 * count
   sockets, ports = [], []
