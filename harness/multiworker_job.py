@@ -96,11 +96,13 @@ class _Phases(tf.estimator.SessionRunHook):
     print(f"phase {name}", flush=True)
     if name != self._pause_at:
       return
-    deadline = time.monotonic() + self._seconds
-    while time.monotonic() < deadline:
-      if self._release and os.path.exists(self._release):
-        break
-      time.sleep(0.01 if self._release else deadline - time.monotonic())
+    if self._release is None:
+      time.sleep(self._seconds)
+    else:
+      deadline = time.monotonic() + self._seconds
+      while (not os.path.exists(self._release) and
+             time.monotonic() < deadline):
+        time.sleep(0.01)
     time.sleep(self._lag)
 
   def after_create_session(self, session, coord):
@@ -198,10 +200,10 @@ def main():
                       help="task index 0 goes on this much later after the "
                       "pause (a long hook between two micro-batches)")
   args = parser.parse_args()
+  tf_config = json.loads(os.environ.get("TF_CONFIG", "{}"))
   phases = None
   if args.pause_at:
-    first = json.loads(os.environ.get("TF_CONFIG", "{}")).get(
-        "task", {}).get("index", 0) == 0
+    first = tf_config.get("task", {}).get("index", 0) == 0
     phases = _Phases(args.pause_at, args.pause_seconds, args.release_file,
                      args.first_task_lag if first else 0.0)
     phases("imported")
@@ -216,8 +218,8 @@ def main():
     args.clip_norm = None
 
   if args.strategy == "multi_worker":
-    workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
-    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    workers = len(tf_config["cluster"]["worker"])
+    task = tf_config["task"]
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     if phases:
       phases("strategy_made")

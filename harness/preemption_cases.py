@@ -68,10 +68,11 @@ def stop_steps(output):
       r"stopping \([^)]*\) at global step (\d+)", output)]
 
 
-def wait_for_output(run, text, seconds=60):
-  """Waits until a `hosts.Run`'s output shows `text` (asserting it runs)."""
+def wait_for_output(run, text, seconds=60, count=1):
+  """Waits until a `hosts.Run`'s output shows `text` `count` times
+  (asserting it runs)."""
   deadline = time.monotonic() + seconds
-  while text not in run.output():
+  while run.output().count(text) < count:
     assert run.process.poll() is None and time.monotonic() < deadline, (
         run.output()[-3000:])
     time.sleep(0.02)
@@ -163,12 +164,9 @@ def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
     tasks = [("worker", 0), ("worker", 1)] if strategy == "multi_worker" \
         else []
   run = hosts.Run(command, tmp_path, phase, env=environment())
+  signalled = max(len(tasks), 1)
   try:
-    deadline = time.monotonic() + 120
-    while run.output().count(f"phase {phase}\n") < max(len(tasks), 1):
-      assert run.process.poll() is None and time.monotonic() < deadline, (
-          run.output()[-3000:])
-      time.sleep(0.02)
+    wait_for_output(run, f"phase {phase}\n", 120, count=signalled)
     started = time.monotonic()
     if tasks:
       pids = [p for kind, index in tasks
@@ -177,8 +175,12 @@ def run_startup_case(phase, model_dir, tmp_path, strategy="multi_worker",
       hosts.signal_all(pids, signal.SIGTERM)
     else:
       run.process.send_signal(signal.SIGTERM)
-    time.sleep(0.2)  # each task's handler has run (it takes the signal in
-    # its main thread, between two of the pause's 10 ms sleeps)
+    # Released once each task has taken the signal (its line, said after
+    # the stop is asked), or the job has ended.
+    deadline = time.monotonic() + 30
+    while (run.output().count("[estimator_accum] SIGTERM") < signalled and
+           run.process.poll() is None and time.monotonic() < deadline):
+      time.sleep(0.02)
     with open(release, "w"):
       pass
     code, seconds = _exit(run, started, wait)

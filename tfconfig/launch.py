@@ -141,11 +141,10 @@ def free_ports(count, host="127.0.0.1"):
         tries -= 1
         port = _nth_port(outside, rng.randrange(choices))
         try:
-          if port in ports:
-            raise OSError("chosen already")
           sock.bind((host, port))
         except OSError:
-          sockets.pop().close()  # in use: another
+          # In use (one drawn before included: its socket is still bound).
+          sockets.pop().close()
           continue
       else:
         sock.bind((host, 0))

@@ -430,14 +430,13 @@ class _ExitedPeers:
   and the micro-batch this task had begun waits for it forever. Its
   address then refuses connections (`tfconfig.health.peer_answers`);
   asked every `_PROBE_SECONDS`, a peer that refused twice in a row is
-  gone. `all_answered` says whether every peer answered the last time
-  (None: none was asked). Nothing is asked in a parameter-server job (its tasks stop apart)
-  or outside a cluster."""
+  gone; `all_answered` says whether every peer answered the last probe
+  (None: none was asked). Nothing is asked in a parameter-server job (its
+  tasks stop apart) or outside a cluster."""
 
   def __init__(self):
     self._next = 0.0
     self._refused = set()
-    # Whether every peer answered the last probe (None: none was asked).
     self.all_answered = None
 
   def gone(self):

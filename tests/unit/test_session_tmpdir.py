@@ -43,8 +43,7 @@ def test_what_the_collection_imported_is_out_of_the_collectors_reach():
   # garbage is still collected.
   assert gc.get_freeze_count() > 100_000
   made = []
-  made.append(made)  # a cycle only the collector frees
-  alive = weakref.ref(_Box(made))
+  alive = weakref.ref(_Box(made))  # a cycle only the collector frees
   del made
   gc.collect()
   assert alive() is None

@@ -440,8 +440,7 @@ def test_free_ports_skip_a_port_in_use(monkeypatch):
     # The taken port outside the range, and the first one tried:
     monkeypatch.setattr(launch, "_ephemeral_range",
                         lambda: (port + 1, 65535))
-    monkeypatch.setattr(launch.random, "SystemRandom",
-                        lambda: _TriesFirst(port))
+    monkeypatch.setattr(launch.random, "SystemRandom", _LastFirst)
     ports = launch.free_ports(3)
   assert port not in ports and len(set(ports)) == 3
   assert all(p <= port for p in ports)
@@ -453,12 +452,12 @@ def test_free_ports_are_the_kernels_where_its_range_leaves_none(monkeypatch):
   assert len(set(ports)) == 4
 
 
-class _TriesFirst:
-  """Random choices whose first is `port`'s, the last of the ports below
-  the fake range."""
+class _LastFirst:
+  """Random choices whose first is the last port below the fake range (the
+  taken one)."""
 
-  def __init__(self, port):
-    self._port, self._first = port, True
+  def __init__(self):
+    self._first = True
 
   def randrange(self, count):
     if self._first:
