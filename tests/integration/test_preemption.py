@@ -162,6 +162,13 @@ def test_a_parameter_server_job_stops_saved(case, tmp_path):
   assert final["global_step"] == step + sum(micro_batches.values())
 
 
+def _stop_lines(output):
+  """The tasks' phases and the library's own lines: what a failed stop
+  test shows."""
+  return "\n".join(line for line in output.splitlines()
+                   if "[estimator_accum]" in line or "phase " in line)
+
+
 # A peer that is alive but between two micro-batches for longer than the
 # lost-peer time (a hook, a save) is waited for: both tasks told to stop
 # once one micro-batch ran, worker:0 goes on 8 s after worker:1, whose
@@ -172,8 +179,7 @@ def test_a_live_peer_between_micro_batches_is_waited_for(tmp_path):
   got = cases.run_startup_case("trained_one", tmp_path, tmp_path,
                                first_task_lag=8.0)
   output = got["output"]
-  said = "\n".join(line for line in output.splitlines()
-                   if "[estimator_accum]" in line or "phase " in line)
+  said = _stop_lines(output)
   assert got["code"] == cases.STOPPED, (got["code"], said)
   assert got["seconds"] < STOP_SECONDS, (got["seconds"], said)
   saved = re.findall(r"stopped: global step (\d+) saved in .*exiting "
@@ -206,8 +212,7 @@ def test_sigterm_at_any_moment_of_the_start_stops_the_job(phase, tmp_path):
     assert re.search(r"\[ps:0\].*(stopped: every training task has exited|"
                      r"a second SIGTERM: exiting now)", output), output[-3000:]
   if phase == "trained_one":
-    said = "\n".join(line for line in output.splitlines()
-                     if "[estimator_accum]" in line or "phase " in line)
+    said = _stop_lines(output)
     assert len(re.findall(r"stopped: global step \d+ saved in .*exiting "
                           r"with 143", output)) == 2, said
     assert got["checkpoint_step"] > 0
