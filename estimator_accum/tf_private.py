@@ -77,6 +77,39 @@ def mark_for_xla(op, scope):
       s=scope.encode()))
 
 
+_XLA_KERNELS_REGISTERED = []
+
+
+def ops_xla_cannot_compile(function_def, library, device_type):
+  """The op types of `function_def` (a FunctionDef) and of `library` (the
+  FunctionDefs it may call) that XLA has no kernel for on `device_type`
+  ("CPU" or "GPU"), sorted.
+
+  `tensorflow.python.framework.kernels.get_registered_kernels_for_op`:
+  XLA registers its kernels (device "XLA_CPU_JIT", "XLA_GPU_JIT") in
+  TensorFlow's kernel registry, but only once something in the process has
+  compiled; a one-op function compiled in a session of its own makes sure
+  of that. Without this a `jit_compile` function fails at its first run
+  ("Detected unsupported operations"), not when it is built.
+  """
+  from tensorflow.python.framework import kernels  # noqa: PLC0415
+
+  if not _XLA_KERNELS_REGISTERED:
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+      session.run(tf.function(lambda: tf.constant(1.0) * 2.0,
+                              jit_compile=True, autograph=False)())
+    _XLA_KERNELS_REGISTERED.append(True)
+  jit_device = f"XLA_{device_type}_JIT"
+  types = {node.op for node in function_def.node_def}
+  for nested in library:
+    types |= {node.op for node in nested.node_def}
+  functions = {nested.signature.name for nested in library}
+  return sorted(
+      t for t in types - functions
+      if not any(k.device_type == jit_device
+                 for k in kernels.get_registered_kernels_for_op(t).kernel))
+
+
 def control_flow_context(op_or_graph):
   """The control-flow (v1) context an op was made in, or a graph is
   building in now; None outside any.

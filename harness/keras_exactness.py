@@ -159,8 +159,9 @@ def _weights(model):
 
 
 def train_pair(optimizer_name, strategy, policy, k=K, micro_batch=MICRO_BATCH,
-               windows=WINDOWS):
-  """Trains plain Keras at the big batch and the wrapper at the micro-batch.
+               windows=WINDOWS, **window_options):
+  """Trains plain Keras at the big batch and the wrapper at the micro-batch
+  (given `window_options`).
 
   Returns:
     (big-batch weights, accumulated weights, {"big": updates,
@@ -178,7 +179,8 @@ def train_pair(optimizer_name, strategy, policy, k=K, micro_batch=MICRO_BATCH,
             verbose=0)
     accumulated = _compiled(
         lambda: estimator_accum.AccumulatingKerasOptimizer(
-            OPTIMIZERS[optimizer_name](), k=k), strategy, sparse)
+            OPTIMIZERS[optimizer_name](), k=k, **window_options), strategy,
+        sparse)
     accumulated.fit(_dataset(data, replicas * micro_batch, workers),
                     epochs=1, verbose=0)
     counts = {"big": int(big.optimizer.iterations.numpy()),

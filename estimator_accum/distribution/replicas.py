@@ -203,6 +203,12 @@ class CrossReplica:
     self._strategy = strategy
     self.num_replicas = strategy.num_replicas_in_sync
 
+  @property
+  def alone(self):
+    """Whether this is the one replica of no distribution strategy (the
+    default one): nothing to mirror, nothing to merge."""
+    return self.num_replicas == 1 and not tf.distribute.has_strategy()
+
   def each(self, function, *args):
     """`function(*args)` on every replica (in its replica context); returns
     the per-replica result."""

@@ -8,8 +8,12 @@ update one loop compiled by XLA with `fused_apply`); after an applied
 update it runs the user's `after_update`.
 """
 
-import tensorflow as tf
+import contextlib
 
+import tensorflow as tf
+from absl import logging
+
+from estimator_accum import tf_private
 from estimator_accum.distribution import apply
 from estimator_accum.window import apply_order
 from estimator_accum.window.accumulators import rows_to_slices
@@ -67,12 +71,20 @@ class Finish:
   def apply(self, cross_replica, gradients, scale, moved):
     """The optimizer's update of every replica's copy, after `moved` (the
     batch_norm layers' moving statistics)."""
+    traced = False
+    if self._settings.fused_apply and compiles_in_place(cross_replica,
+                                                        gradients):
+      applied = self._apply_compiled(cross_replica, gradients, scale, moved)
+      if applied is not None:
+        return applied
+      traced = True
     gates = []
     gradients = cross_replica.each(self._ready_to_apply, gradients, scale,
                                    gates)
     graph = tf.compat.v1.get_default_graph()
     before = len(graph.get_operations())
-    with tf.control_dependencies(moved), self.outer_name_scope():
+    with tf.control_dependencies(moved), self.outer_name_scope(), (
+        _reusing_variables() if traced else contextlib.nullcontext()):
       applied = apply.apply_reduced(
           cross_replica, self._optimizer, gradients,
           [a.variable for a in self._accumulators])
@@ -84,20 +96,69 @@ class Finish:
         apply_order.chain(replica_gates, made)
     return applied
 
+  def _apply_compiled(self, cross_replica, gradients, scale, moved):
+    """fused_apply on one replica with dense gradients: the gradients'
+    scale and the optimizer's whole apply in one function XLA compiles
+    (`jit_compile`), called from the branch.
+
+    Such a function runs as one XlaLaunch, which writes the variables and
+    slots in place: no new buffer for any of them, one pass over memory
+    per variable. A jit scope instead (what `fuse` marks) runs by
+    XlaCompile and XlaRun, which never alias a variable and write every
+    updated variable and slot to a new buffer (benchmarks/xla_update.py).
+    Slots are still created outside the control flow (the creator scope
+    lifts them out of the function too), under the train op's name scope.
+
+    Returns the apply's True tensor, or None where XLA cannot compile an
+    op of the apply (Keras's amsgrad: ResourceApplyAdamWithAmsgrad): said
+    once, and the traced function is never called (its slots, made while
+    tracing, are the ones the apply then uses).
+    """
+    scaled = scale is not None
+
+    def update(*inputs):
+      window = list(inputs[1:] if scaled else inputs)
+      with self.outer_name_scope(), tf.variable_creator_scope(_not_lifted):
+        ready = self._ready_to_apply(
+            window, inputs[0] if scaled else None, gates=None)
+        return apply.apply_reduced(
+            cross_replica, self._optimizer, ready,
+            [a.variable for a in self._accumulators])
+
+    compiled = tf.function(update, jit_compile=True, autograph=False)
+    inputs = [*([scale] if scaled else []), *gradients]
+    concrete = compiled.get_concrete_function(*inputs)
+    device = self._accumulators[0].variable.device
+    cannot = tf_private.ops_xla_cannot_compile(
+        concrete.function_def,
+        concrete.graph.as_graph_def().library.function,
+        "GPU" if "GPU" in device.upper() else "CPU")
+    if cannot:
+      logging.warning(
+          "fused_apply: XLA cannot compile %s of %s's apply; each variable's "
+          "update is compiled apart, those ops run as they are.",
+          ", ".join(cannot), type(self._optimizer).__name__)
+      return None
+    with tf.control_dependencies(moved):
+      return concrete(*inputs)
+
   def _ready_to_apply(self, gradients, scale, gates):
     """Replica context, in the apply's branch: the window's gradients as the
     optimizer takes them, times `scale` (clipping and the reduction's
     factor; None for 1), in the variables' dtypes. With sequential_apply
     each passes a gate first (appended to `gates`), so that its product
     and the optimizer's temporaries are made one variable at a time; with
-    fused_apply too (where each variable's compiled update starts)."""
+    fused_apply too (where each variable's compiled update starts).
+    `gates` None: inside the compiled apply, where XLA orders the work and
+    a product costs no pass of its own."""
     sequential = self._settings.sequential_apply
-    if sequential or self._settings.fused_apply:
+    if gates is not None and (sequential or self._settings.fused_apply):
       gated = [apply_order.gate(g) for g in gradients]
       gradients = [g for g, _ in gated]
       gates.append([op for _, op in gated])
     if scale is not None:
-      if self._settings.clip_norm is None and not sequential:
+      if (self._settings.clip_norm is None and not sequential and
+          gates is not None):
         # Mostly 1: no product, and no copy of the model, then.
         gradients = scale_unless_one(scale, gradients)
       else:
@@ -131,6 +192,38 @@ class Finish:
     scope = self._plan.outer_scope
     return tf.compat.v1.get_default_graph().name_scope(
         scope + "/" if scope else "")
+
+
+def _not_lifted(next_creator, **kwargs):
+  """Variable creator inside the compiled apply: a variable the optimizer
+  makes there (already outside the control flow: `create_outside_control_
+  flow` runs first) is made as it is, not as the variable a function's
+  first call lifts out of itself (`tf.function`'s own creator), which a
+  `tf.compat.v1.get_variable` in a graph cannot make."""
+  kwargs["experimental_enable_variable_lifting"] = False
+  return next_creator(**kwargs)
+
+
+@contextlib.contextmanager
+def _reusing_variables():
+  """Variables the optimizer creates by name (google-research/bert's
+  AdamWeightDecay: `tf.compat.v1.get_variable`) are the ones a traced,
+  uncalled apply already made: reused, not made twice."""
+  with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(),
+                                   reuse=tf.compat.v1.AUTO_REUSE,
+                                   auxiliary_name_scope=False):
+    yield
+
+
+def compiles_in_place(cross_replica, gradients):
+  """Whether fused_apply compiles the whole apply as one function: on one
+  replica outside any distribution strategy, with every gradient dense. A
+  table's sparse gradient touches a different number of rows each window
+  (a new shape for XLA to compile each time), and a strategy's replicas
+  apply through its own cross-replica calls: there each variable's update
+  is marked for XLA instead (`apply_order.fuse`)."""
+  return (cross_replica.alone and
+          not any(isinstance(g, tf.IndexedSlices) for g in gradients))
 
 
 def _as_gradient(total, rows, variable):

@@ -403,3 +403,35 @@ def test_ops_marked_for_xla_run_compiled_one_cluster_per_scope():
               for node in device.node_stats
               if node.node_name.startswith("cluster_")}
   assert len(clusters) == 2, clusters
+
+
+def test_ops_xla_cannot_compile_of_a_function_and_what_it_calls():
+  """The op types without an XLA kernel, in the function and in the
+  functions it calls, found before anything in the process compiled."""
+  with tf.Graph().as_default():
+    variable = tf.compat.v1.get_variable("v", initializer=tf.ones([3]))
+
+    @tf.function(autograph=False)
+    def inner(x):
+      return tf.strings.as_string(x)
+
+    @tf.function(jit_compile=True, autograph=False)
+    def outer(x):
+      variable.assign(variable * x)
+      return tf.strings.length(inner(x))
+
+    concrete = outer.get_concrete_function(tf.ones([3]))
+    library = concrete.graph.as_graph_def().library.function
+    cannot = tf_private.ops_xla_cannot_compile(
+        concrete.function_def, library, "CPU")
+    assert cannot == ["AsString", "StringLength"], cannot
+
+    @tf.function(jit_compile=True, autograph=False)
+    def compiles(x):
+      variable.assign(variable * x)
+      return tf.sqrt(x)
+
+    concrete = compiles.get_concrete_function(tf.ones([3]))
+    assert tf_private.ops_xla_cannot_compile(
+        concrete.function_def,
+        concrete.graph.as_graph_def().library.function, "CPU") == []

@@ -69,6 +69,18 @@ def test_fit_equals_the_big_batch(optimizer, strategy):
   _assert_close(accumulated, big, f"{optimizer} {strategy}")
 
 
+@pytest.mark.parametrize("strategy", ["one", "mirrored"])
+def test_fused_apply_in_fit_equals_the_big_batch(strategy):
+  """fused_apply in model.fit: on one device the whole apply is one
+  compiled function (AdamW with clipnorm and an EMA, dense gradients),
+  under MirroredStrategy each variable's update is compiled apart."""
+  big, accumulated, counts = kx.train_pair(
+      "adamw", _strategy(strategy), "float32", fused_apply=True)
+  assert counts == {"big": kx.WINDOWS,
+                    "accumulated": (K * kx.WINDOWS, kx.WINDOWS)}
+  _assert_close(accumulated, big, f"fused adamw {strategy}")
+
+
 @pytest.mark.parametrize("strategy", ["one", pytest.param("mirrored", marks=pytest.mark.slow)])
 def test_mixed_float16_is_as_close_to_float32_as_keras_own(strategy):
   """In mixed_float16 the window and Keras's big batch round to float16 in
