@@ -19,8 +19,9 @@ the window's own work. In one run:
                GPU does: TF_CPU_ALLOCATOR_USE_BFC=true)
 
 each with TensorFlow's ops (today's default) and with `fused_apply=True`
-(XLA compiles each variable's update into one loop), and how far apart the
-two runs' weights are after the same updates.
+(XLA compiles the whole apply into one function, which updates the
+variables in place), and how far apart the two runs' weights are after the
+same updates.
 
 With `--trace`, one applying micro-batch of each is traced (RunMetadata)
 and its op types printed by the time their ops took (summed over ops: two

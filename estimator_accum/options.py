@@ -235,14 +235,19 @@ OPTIONS = (
            "update reads several variables' gradients. False: every "
            "variable's update may run at once. Exact either way."),
     Option("fused_apply", False, _check_fused_apply,
-           "bool. True: XLA compiles each variable's update at the window's "
-           "end (the gradient's scale, the optimizer's arithmetic, the "
-           "writes of the variable and its slots) into one loop, one pass "
-           "over memory instead of one per step of the arithmetic; each "
-           "variable its own loop, compiled once at the first window's end. "
-           "Ops XLA cannot compile run as they are. Equal to the unfused "
-           "update up to float32 rounding (XLA orders some arithmetic "
-           "differently). False: TensorFlow's ops, one by one."),
+           "bool. True: XLA compiles the window's apply (the gradients' "
+           "scale, the optimizer's arithmetic, the writes of the variables "
+           "and their slots), one pass over memory per variable instead of "
+           "one per step of the arithmetic, compiled once at the first "
+           "window's end. On one replica outside a distribution strategy "
+           "with dense gradients, the whole apply is one jit_compile "
+           "function, which writes the variables and slots in place (no "
+           "buffer the size of a variable); under a strategy, with a "
+           "table's sparse gradient, or where XLA cannot compile an op of "
+           "the apply (said in one line), each variable's update is "
+           "compiled apart and such ops run as they are. Equal to the "
+           "unfused update up to float32 rounding (XLA orders some "
+           "arithmetic differently). False: TensorFlow's ops, one by one."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "
