@@ -159,8 +159,9 @@ def _weights(model):
 
 
 def train_pair(optimizer_name, strategy, policy, k=K, micro_batch=MICRO_BATCH,
-               windows=WINDOWS, **window_options):
-  """Trains plain Keras at the big batch and the wrapper at the micro-batch
+               windows=WINDOWS, train_big=True, **window_options):
+  """Trains plain Keras at the big batch (unless not `train_big`: its
+  weights and updates are then None) and the wrapper at the micro-batch
   (given `window_options`).
 
   Returns:
@@ -174,21 +175,25 @@ def train_pair(optimizer_name, strategy, policy, k=K, micro_batch=MICRO_BATCH,
         "cluster", {}).get("worker", [])) or 1
     data = make_data(replicas * k * micro_batch * windows)
     sparse = optimizer_name not in CLIPPING
-    big = _compiled(OPTIMIZERS[optimizer_name], strategy, sparse)
-    big.fit(_dataset(data, replicas * k * micro_batch, workers), epochs=1,
-            verbose=0)
+    big = None
+    if train_big:
+      big = _compiled(OPTIMIZERS[optimizer_name], strategy, sparse)
+      big.fit(_dataset(data, replicas * k * micro_batch, workers), epochs=1,
+              verbose=0)
     accumulated = _compiled(
         lambda: estimator_accum.AccumulatingKerasOptimizer(
             OPTIMIZERS[optimizer_name](), k=k, **window_options), strategy,
         sparse)
     accumulated.fit(_dataset(data, replicas * micro_batch, workers),
                     epochs=1, verbose=0)
-    counts = {"big": int(big.optimizer.iterations.numpy()),
+    counts = {"big": (None if big is None else
+                      int(big.optimizer.iterations.numpy())),
               "accumulated": (
                   int(accumulated.optimizer.iterations.numpy()),
                   int(accumulated.optimizer.inner_optimizer.iterations
                       .numpy()))}
-    return _weights(big), _weights(accumulated), counts
+    return (None if big is None else _weights(big), _weights(accumulated),
+            counts)
   finally:
     tf.keras.mixed_precision.set_global_policy("float32")
 
