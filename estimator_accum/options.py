@@ -243,11 +243,12 @@ OPTIONS = (
            "with dense gradients, the whole apply is one jit_compile "
            "function, which writes the variables and slots in place (no "
            "buffer the size of a variable); under a strategy, with a "
-           "table's sparse gradient, or where XLA cannot compile an op of "
-           "the apply (said in one line), each variable's update is "
-           "compiled apart and such ops run as they are. Equal to the "
-           "unfused update up to float32 rounding (XLA orders some "
-           "arithmetic differently). False: TensorFlow's ops, one by one."),
+           "table's sparse gradient or reference variables, or where XLA "
+           "cannot compile an op of the apply (said in one line), each "
+           "variable's update is compiled apart and such ops run as they "
+           "are. Equal to the unfused update up to float32 rounding (XLA "
+           "orders some arithmetic differently). False: TensorFlow's ops, "
+           "one by one."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "

@@ -72,8 +72,8 @@ class Finish:
     """The optimizer's update of every replica's copy, after `moved` (the
     batch_norm layers' moving statistics)."""
     traced = False
-    if self._settings.fused_apply and compiles_in_place(cross_replica,
-                                                        gradients):
+    if self._settings.fused_apply and compiles_in_place(
+        cross_replica, gradients, [a.variable for a in self._accumulators]):
       applied = self._apply_compiled(cross_replica, gradients, scale, moved)
       if applied is not None:
         return applied
@@ -215,15 +215,18 @@ def _reusing_variables():
     yield
 
 
-def compiles_in_place(cross_replica, gradients):
+def compiles_in_place(cross_replica, gradients, variables):
   """Whether fused_apply compiles the whole apply as one function: on one
-  replica outside any distribution strategy, with every gradient dense. A
-  table's sparse gradient touches a different number of rows each window
-  (a new shape for XLA to compile each time), and a strategy's replicas
-  apply through its own cross-replica calls: there each variable's update
-  is marked for XLA instead (`apply_order.fuse`)."""
+  replica outside any distribution strategy, with every gradient dense and
+  every variable a resource variable. A table's sparse gradient touches a
+  different number of rows each window (a new shape for XLA to compile
+  each time), a strategy's replicas apply through its own cross-replica
+  calls, and a function cannot assign a reference variable (control flow
+  v1's): there each variable's update is marked for XLA instead
+  (`apply_order.fuse`)."""
   return (cross_replica.alone and
-          not any(isinstance(g, tf.IndexedSlices) for g in gradients))
+          not any(isinstance(g, tf.IndexedSlices) for g in gradients) and
+          all(v.dtype == v.dtype.base_dtype for v in variables))
 
 
 def _as_gradient(total, rows, variable):

@@ -192,6 +192,39 @@ def test_slots_made_by_name_while_tracing_are_the_ones_applied():
                                atol=1e-7, err_msg=name)
 
 
+def _ref_variable_weights(fused_apply, optimizer_fn):
+  """A reference variable (what disable_v2_behavior() builds, trained
+  under control flow v1) after 3 updates, k=2."""
+  with tf.Graph().as_default():
+    with tf.compat.v1.variable_scope("model", use_resource=False):
+      kernel = tf.compat.v1.get_variable("kernel", initializer=tf.constant(
+          np.random.RandomState(0).randn(2, 3), tf.float32))
+    tf.compat.v1.train.get_or_create_global_step()
+    op = estimator_accum.build_accumulating_train_op(
+        tf.reduce_sum(tf.square(tf.tanh(kernel))), optimizer_fn(), 2,
+        clip_norm=1.0, log_every_n_micro_batches=None,
+        fused_apply=fused_apply)
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(6):
+        session.run(op)
+      return session.run(kernel)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "google_adam_weight_decay"])
+def test_reference_variables_are_compiled_apart(optimizer):
+  """A function cannot assign a reference variable: the whole apply is
+  not compiled, and the weights are the unfused apply's."""
+  tf.compat.v1.disable_control_flow_v2()
+  try:
+    fused = _ref_variable_weights(True, OPTIMIZERS[optimizer])
+    plain = _ref_variable_weights(False, OPTIMIZERS[optimizer])
+  finally:
+    tf.compat.v1.enable_control_flow_v2()
+  assert not np.allclose(plain, np.random.RandomState(0).randn(2, 3))
+  np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-7)
+
+
 def _sparse_weights(fused_apply):
   """An embedding table's rows (tf.IndexedSlices gradients) and a kernel
   after 3 updates of Adam, k=2."""
