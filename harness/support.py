@@ -315,6 +315,7 @@ def accumulating_model_fn(features, labels, mode, params):
       communication_options=communication_options,
       table_all_reduce=params.get("table_all_reduce", "auto"),
       communication_dtype=params.get("communication_dtype"),
+      fused_apply=params.get("fused_apply", False),
       log_every_n_micro_batches=params.get("log_every", 100))
   hooks = list(params.get("training_hooks", []))
   # The micro-batch's own loss, for hooks that record it (LossRecorder).

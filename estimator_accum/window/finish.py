@@ -72,12 +72,18 @@ class Finish:
     """The optimizer's update of every replica's copy, after `moved` (the
     batch_norm layers' moving statistics)."""
     traced = False
-    if self._settings.fused_apply and compiles_in_place(
-        cross_replica, gradients, [a.variable for a in self._accumulators]):
-      applied = self._apply_compiled(cross_replica, gradients, scale, moved)
-      if applied is not None:
-        return applied
-      traced = True
+    if self._settings.fused_apply:
+      apart = compiled_apart_because(
+          cross_replica, gradients, [a.variable for a in self._accumulators])
+      if apart is None:
+        applied = self._apply_compiled(cross_replica, gradients, scale,
+                                       moved)
+        if applied is not None:
+          return applied
+        traced = True
+      else:
+        logging.info("fused_apply: each variable's update is compiled "
+                     "apart: %s.", apart)
     gates = []
     gradients = cross_replica.each(self._ready_to_apply, gradients, scale,
                                    gates)
@@ -215,18 +221,26 @@ def _reusing_variables():
     yield
 
 
-def compiles_in_place(cross_replica, gradients, variables):
-  """Whether fused_apply compiles the whole apply as one function: on one
-  replica outside any distribution strategy, with every gradient dense and
-  every variable a resource variable. A table's sparse gradient touches a
-  different number of rows each window (a new shape for XLA to compile
-  each time), a strategy's replicas apply through its own cross-replica
-  calls, and a function cannot assign a reference variable (control flow
-  v1's): there each variable's update is marked for XLA instead
-  (`apply_order.fuse`)."""
-  return (cross_replica.alone and
-          not any(isinstance(g, tf.IndexedSlices) for g in gradients) and
-          all(v.dtype == v.dtype.base_dtype for v in variables))
+def compiled_apart_because(cross_replica, gradients, variables):
+  """Why fused_apply cannot compile the whole apply as one function, or
+  None where it can: on one replica outside any distribution strategy,
+  with every gradient dense and every variable a resource variable. A
+  table's sparse gradient touches a different number of rows each window
+  (a shape XLA would compile anew, or pad: XLA's padded sparse updates of
+  tf.compat.v1's Adam were found wrong), a strategy's replicas apply
+  through its own cross-replica calls, and a function cannot assign a
+  reference variable (control flow v1's): there each variable's update is
+  marked for XLA instead (`apply_order.fuse`)."""
+  if not cross_replica.alone:
+    return "the apply runs under a distribution strategy"
+  sparse = [v.name for g, v in zip(gradients, variables)
+            if isinstance(g, tf.IndexedSlices)]
+  if sparse:
+    return f"sparse gradients of {', '.join(sparse)}"
+  refs = [v.name for v in variables if v.dtype != v.dtype.base_dtype]
+  if refs:
+    return f"reference variables {', '.join(refs)}"
+  return None
 
 
 def _as_gradient(total, rows, variable):

@@ -68,6 +68,30 @@ def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
                                         K * UPDATES, UPDATES, what)
 
 
+# fused_apply in an Estimator: the model's embedding has a sparse gradient
+# (and MirroredStrategy its own apply), so each variable's update is
+# compiled apart; tests/unit/window/test_fused_apply.py compiles it whole.
+@pytest.mark.parametrize("replicas", [1, REPLICAS])
+@pytest.mark.parametrize("optimizer_name",
+                         ["adam", "google_adam_weight_decay"])
+def test_fused_apply_equals_the_big_batch(optimizer_name, replicas,
+                                          tmp_path):
+  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
+  big_batch = replicas * K * MICRO_BATCH
+  data = support.make_data(big_batch * UPDATES)
+  clip_norm = 0.5 * support.reference_gradient_norm(data, big_batch)
+  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
+                                     clip_norm=clip_norm,
+                                     minimize=uses_minimize)
+  estimator, actual = support.estimator_train(
+      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
+      train_distribute=_strategy() if replicas > 1 else None,
+      clip_norm=clip_norm, fused_apply=True)
+  what = f"{optimizer_name} fused, {replicas} replica(s)"
+  support.assert_trained_like_big_batch(estimator, actual, expected,
+                                        K * UPDATES, UPDATES, what)
+
+
 @pytest.mark.parametrize("optimizer_name", sorted(
     name for name in exact.OPTIMIZERS
     if not name.startswith("keras") and name not in {

@@ -47,6 +47,7 @@ MORE_OPTIMIZERS = {
     "keras_legacy_nadam": lambda: tf.keras.optimizers.legacy.Nadam(0.1),
     "keras_legacy_adamax": lambda: tf.keras.optimizers.legacy.Adamax(0.1),
     "keras_legacy_ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1),
+    "bert_lamb": lambda: optimization.make_optimizer("lamb", 0.05),
     # As users have it from google-research/bert: slots by get_variable.
     "google_style_adam_weight_decay": lambda: GoogleStyleAdamWeightDecay(
         0.05, weight_decay_rate=0.01, exclude_from_weight_decay=["bias"]),
@@ -247,8 +248,14 @@ def _sparse_weights(fused_apply):
       return session.run({"table": table, "kernel": kernel})
 
 
-def test_sparse_gradients_are_compiled_apart_and_exact():
-  fused, plain = _sparse_weights(True), _sparse_weights(False)
+def test_sparse_gradients_are_compiled_apart_and_exact(caplog):
+  with caplog.at_level("INFO"):
+    fused = _sparse_weights(True)
+  said = [r.getMessage() for r in caplog.records
+          if "fused_apply" in r.getMessage()]
+  assert said == ["fused_apply: each variable's update is compiled apart: "
+                  "sparse gradients of table:0."], said
+  plain = _sparse_weights(False)
   start = np.random.RandomState(0).randn(20, 4)
   assert not np.allclose(plain["table"][[1, 2, 5, 7]], start[[1, 2, 5, 7]])
   np.testing.assert_array_equal(plain["table"][0], start[0].astype(
