@@ -3,9 +3,10 @@
 `Finish` turns the window's sums over every replica into its gradient
 (the reduction's finish: the mean, or the sum), its global norm and
 whether it is finite, the clipping scale, and hands the optimizer the
-result, one variable at a time with `sequential_apply` (each variable's
-update one loop compiled by XLA with `fused_apply`); after an applied
-update it runs the user's `after_update`.
+result, one variable at a time with `sequential_apply`; with
+`fused_apply`, XLA compiles the whole apply as one function that updates
+the variables in place (or, where it cannot, each variable's update
+apart). After an applied update it runs the user's `after_update`.
 """
 
 import contextlib
