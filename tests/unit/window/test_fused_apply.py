@@ -152,7 +152,7 @@ def test_what_xla_cannot_compile_is_said_and_each_variable_compiled_apart(
   (the op XLA cannot compile runs as it is), no whole-apply function is
   called, and its slots are made once."""
   with tf.Graph().as_default() as graph:
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("WARNING", logger="absl"):
       _build(MORE_OPTIMIZERS["keras_legacy_amsgrad_not_compiled_whole"](),
              True)
     said = [r.getMessage() for r in caplog.records
@@ -249,7 +249,7 @@ def _sparse_weights(fused_apply):
 
 
 def test_sparse_gradients_are_compiled_apart_and_exact(caplog):
-  with caplog.at_level("INFO"):
+  with caplog.at_level("INFO", logger="absl"):
     fused = _sparse_weights(True)
   said = [r.getMessage() for r in caplog.records
           if "fused_apply" in r.getMessage()]
