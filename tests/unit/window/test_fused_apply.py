@@ -81,7 +81,7 @@ def test_the_same_weights_fused_or_not(optimizer, control_flow):
                                atol=1e-7, err_msg=name)
 
 
-@pytest.mark.slow  # 14 optimizers trained twice; the fast tier keeps four
+@pytest.mark.slow  # 13 optimizers trained twice; the fast tier keeps four
 @pytest.mark.parametrize("optimizer", sorted(MORE_OPTIMIZERS))
 def test_every_family_is_the_same_fused_or_not(optimizer):
   fused = _train(MORE_OPTIMIZERS[optimizer], True)
