@@ -93,6 +93,25 @@ def test_every_family_is_the_same_fused_or_not(optimizer):
                                atol=1e-7, err_msg=name)
 
 
+def _variable_names(optimizer_fn, fused_apply):
+  with tf.Graph().as_default():
+    _build(optimizer_fn(), fused_apply)
+    return sorted(v.op.name for v in tf.compat.v1.global_variables())
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_a_checkpoint_holds_the_same_names_fused_or_not(optimizer):
+  """Slots and step counts made while the apply is traced into its
+  function have the names plain training gives them: a run can resume
+  with fused_apply turned on or off."""
+  fused = _variable_names(OPTIMIZERS[optimizer], True)
+  assert fused == _variable_names(OPTIMIZERS[optimizer], False)
+  slot = {"adam": "kernel_0/Adam", "momentum": "kernel_0/Momentum",
+          "google_adam_weight_decay": "kernel_0/adam_m",
+          "keras_legacy_adam": "Adam/kernel_0/m"}[optimizer]
+  assert slot in fused, fused
+
+
 def test_fused_without_sequential_apply_is_exact_too():
   fused = _train(OPTIMIZERS["adam"], True, sequential_apply=False)
   plain = _train(OPTIMIZERS["adam"], False, sequential_apply=False)
