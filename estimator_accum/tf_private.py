@@ -88,14 +88,17 @@ def ops_xla_cannot_compile(function_def, library, device_type):
   `tensorflow.python.framework.kernels.get_registered_kernels_for_op`:
   XLA registers its kernels (device "XLA_CPU_JIT", "XLA_GPU_JIT") in
   TensorFlow's kernel registry, but only once something in the process has
-  compiled; a one-op function compiled in a session of its own makes sure
-  of that. Without this a `jit_compile` function fails at its first run
+  compiled; a one-op function compiled in a CPU-only session of its own
+  makes sure of that. Without this a `jit_compile` function fails at its first run
   ("Detected unsupported operations"), not when it is built.
   """
   from tensorflow.python.framework import kernels  # noqa: PLC0415
 
   if not _XLA_KERNELS_REGISTERED:
-    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+    # On the CPU alone: a session with a GPU would set up the process's GPU
+    # allocator before the job's own session could ask for its options.
+    with tf.Graph().as_default(), tf.compat.v1.Session(
+        config=tf.compat.v1.ConfigProto(device_count={"GPU": 0})) as session:
       session.run(tf.function(lambda: tf.constant(1.0) * 2.0,
                               jit_compile=True, autograph=False)())
     _XLA_KERNELS_REGISTERED.append(True)
