@@ -50,8 +50,19 @@ def _strategy():
     ids=lambda value: {True: "clip", False: "noclip"}.get(value, value))
 def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
                                               control_flow, tmp_path):
+  _assert_equals_the_big_batch(
+      optimizer_name, REPLICAS, _strategy(), tmp_path, clipped,
+      f"{optimizer_name} mirrored x{REPLICAS}, {control_flow}")
+
+
+def _assert_equals_the_big_batch(optimizer_name, replicas, strategy,
+                                 tmp_path, clipped, what, **params):
+  """Trains `optimizer_name` in an Estimator under `strategy` (None: one
+  device) with `replicas` replicas, clipped at half the big batch's first
+  gradient norm or not, and compares it with the big batch of `replicas`
+  x K micro-batches; `params` are the model_fn's."""
   optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
-  big_batch = REPLICAS * K * MICRO_BATCH
+  big_batch = replicas * K * MICRO_BATCH
   data = support.make_data(big_batch * UPDATES)
   clip_norm = None
   if clipped:
@@ -61,9 +72,7 @@ def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
                                      minimize=uses_minimize)
   estimator, actual = support.estimator_train(
       tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
-      train_distribute=_strategy(), clip_norm=clip_norm)
-
-  what = f"{optimizer_name} mirrored x{REPLICAS}, {control_flow}"
+      train_distribute=strategy, clip_norm=clip_norm, **params)
   support.assert_trained_like_big_batch(estimator, actual, expected,
                                         K * UPDATES, UPDATES, what)
 
@@ -76,20 +85,10 @@ def test_mirrored_equals_one_device_big_batch(optimizer_name, clipped,
                          ["adam", "google_adam_weight_decay"])
 def test_fused_apply_equals_the_big_batch(optimizer_name, replicas,
                                           tmp_path):
-  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
-  big_batch = replicas * K * MICRO_BATCH
-  data = support.make_data(big_batch * UPDATES)
-  clip_norm = 0.5 * support.reference_gradient_norm(data, big_batch)
-  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
-                                     clip_norm=clip_norm,
-                                     minimize=uses_minimize)
-  estimator, actual = support.estimator_train(
-      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
-      train_distribute=_strategy() if replicas > 1 else None,
-      clip_norm=clip_norm, fused_apply=True)
-  what = f"{optimizer_name} fused, {replicas} replica(s)"
-  support.assert_trained_like_big_batch(estimator, actual, expected,
-                                        K * UPDATES, UPDATES, what)
+  _assert_equals_the_big_batch(
+      optimizer_name, replicas, _strategy() if replicas > 1 else None,
+      tmp_path, True, f"{optimizer_name} fused, {replicas} replica(s)",
+      fused_apply=True)
 
 
 @pytest.mark.parametrize("optimizer_name", sorted(
@@ -202,18 +201,8 @@ def test_central_storage_equals_one_device_big_batch(optimizer_name,
                                                      tmp_path):
   """CentralStorageStrategy (variables and their window on one device, the
   replicas computing on 2 logical CPUs), clipped: the big batch too."""
-  optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
-  big_batch = REPLICAS * K * MICRO_BATCH
-  data = support.make_data(big_batch * UPDATES)
-  clip_norm = 0.5 * support.reference_gradient_norm(data, big_batch)
-  expected = support.reference_train(optimizer_fn, data, big_batch, UPDATES,
-                                     clip_norm=clip_norm,
-                                     minimize=uses_minimize)
   strategy = tf.compat.v1.distribute.experimental.CentralStorageStrategy(
       [f"/cpu:{i}" for i in range(REPLICAS)], parameter_device="/cpu:0")
-  estimator, actual = support.estimator_train(
-      tmp_path, optimizer_fn, data, MICRO_BATCH, K, K * UPDATES,
-      train_distribute=strategy, clip_norm=clip_norm)
-  support.assert_trained_like_big_batch(
-      estimator, actual, expected, K * UPDATES, UPDATES,
+  _assert_equals_the_big_batch(
+      optimizer_name, REPLICAS, strategy, tmp_path, True,
       f"{optimizer_name} central storage x{REPLICAS}")
