@@ -408,12 +408,18 @@ def check_distinct_names(trained):
     seen[name] = variable
 
 
+def reference_variable_names(variables):
+  """The names of those of `variables` that are reference (non-resource)
+  variables: their dtype is a `_ref` one."""
+  return [v.name for v in variables if v.dtype != v.dtype.base_dtype]
+
+
 def check_ref_variables(trained, optimizer):
   """Refuses reference variables where they cannot be trained: under control
   flow v2, which cannot update them inside a cond, and with a Keras
   optimizer, whose slots cannot be made for them (TensorFlow fails in plain
   `apply_gradients` too). TF 2's default variables are resource variables."""
-  refs = [v.name for _, v in trained if v.dtype != v.dtype.base_dtype]
+  refs = reference_variable_names(v for _, v in trained)
   if not refs:
     return
   shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more"

@@ -14,7 +14,7 @@ import contextlib
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import tf_private
+from estimator_accum import _checks, tf_private
 from estimator_accum.distribution import apply
 from estimator_accum.window import apply_order
 from estimator_accum.window.accumulators import rows_to_slices
@@ -33,6 +33,7 @@ class Finish:
     self._settings = plan.settings
     self._optimizer = optimizer
     self._accumulators = accumulators
+    self._variables = [a.variable for a in accumulators]
 
   # Replica context, inside the end-of-window branch.
 
@@ -74,8 +75,8 @@ class Finish:
     batch_norm layers' moving statistics)."""
     traced = False
     if self._settings.fused_apply:
-      apart = compiled_apart_because(
-          cross_replica, gradients, [a.variable for a in self._accumulators])
+      apart = compiled_apart_because(cross_replica, gradients,
+                                     self._variables)
       if apart is None:
         applied = self._apply_compiled(cross_replica, gradients, scale,
                                        moved)
@@ -93,8 +94,7 @@ class Finish:
     with tf.control_dependencies(moved), self.outer_name_scope(), (
         _reusing_variables() if traced else contextlib.nullcontext()):
       applied = apply.apply_reduced(
-          cross_replica, self._optimizer, gradients,
-          [a.variable for a in self._accumulators])
+          cross_replica, self._optimizer, gradients, self._variables)
     made = set(graph.get_operations()[before:])
     for replica_gates in gates:
       if self._settings.fused_apply:
@@ -129,13 +129,12 @@ class Finish:
         ready = self._ready_to_apply(
             window, inputs[0] if scaled else None, gates=None)
         return apply.apply_reduced(
-            cross_replica, self._optimizer, ready,
-            [a.variable for a in self._accumulators])
+            cross_replica, self._optimizer, ready, self._variables)
 
     compiled = tf.function(update, jit_compile=True, autograph=False)
     inputs = [*([scale] if scaled else []), *gradients]
     concrete = compiled.get_concrete_function(*inputs)
-    device = self._accumulators[0].variable.device
+    device = self._variables[0].device
     cannot = tf_private.ops_xla_cannot_compile(
         concrete.function_def,
         concrete.graph.as_graph_def().library.function,
@@ -238,7 +237,7 @@ def compiled_apart_because(cross_replica, gradients, variables):
             if isinstance(g, tf.IndexedSlices)]
   if sparse:
     return f"sparse gradients of {', '.join(sparse)}"
-  refs = [v.name for v in variables if v.dtype != v.dtype.base_dtype]
+  refs = _checks.reference_variable_names(variables)
   if refs:
     return f"reference variables {', '.join(refs)}"
   return None
