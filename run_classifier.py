@@ -320,11 +320,24 @@ class ClassifierRun:
     info = {"task_name": task, "bert_config": bert_config.to_dict()}
     if tf.io.gfile.exists(info_path):
       with tf.io.gfile.GFile(info_path) as f:
-        held = json.load(f)
+        text = f.read()
+      try:
+        held = json.loads(text)
+      except ValueError as error:
+        raise UsageError(
+            f"--output_dir={path} holds a {RUN_INFO} that is not JSON "
+            f"({error}): remove it, or give this run another "
+            "--output_dir.") from None
       _refuse_another_run(path, held, info)
     else:
-      with tf.io.gfile.GFile(info_path, "w") as f:
+      # Written whole, then renamed into place: a cluster's tasks share
+      # --output_dir and start together, and one that found the file while
+      # another was still writing it read an empty file (a
+      # JSONDecodeError that failed a parameter-server job's chief).
+      partial = os.path.join(path, f".{RUN_INFO}.{os.getpid()}")
+      with tf.io.gfile.GFile(partial, "w") as f:
         json.dump(info, f, indent=2)
+      tf.io.gfile.rename(partial, info_path, overwrite=True)
     return not existed
 
   def _resumed_at(self):

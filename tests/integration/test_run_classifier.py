@@ -417,6 +417,17 @@ def test_another_task_or_model_in_the_same_output_dir_is_refused(
   assert third.returncode != 0
   assert "holds a run of another model (intermediate_size" in third.stderr, (
       third.stderr[-2000:])
+  # The file is written whole, then renamed into place (a cluster's tasks
+  # start together); one that is not JSON is named, not a traceback.
+  assert not list(output_dir.glob(".run_info.json.*"))
+  (output_dir / "run_info.json").write_text("")
+  fourth = _run(_flags(tiny_model, sst2, output_dir, num_train_epochs=0.1))
+  assert fourth.returncode != 0
+  assert "Traceback" not in fourth.stderr
+  assert (f"run_classifier: error: --output_dir={output_dir} holds a "
+          "run_info.json that is not JSON (Expecting value: line 1 column 1 "
+          "(char 0)): remove it, or give this run another --output_dir."
+          ) in fourth.stderr, fourth.stderr[-2000:]
 
 
 def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
