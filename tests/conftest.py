@@ -113,6 +113,21 @@ def pytest_collection_modifyitems(items):
     items[:] = early + [item for item in items if item not in chosen]
 
 
+# A file each test's own CPU seconds (the pytest process's, setup, call and
+# teardown; children started by exec that it waited for, apart) are appended
+# to, tab-separated with its node id: set for a run, with fork_start's
+# CPU_ENV for the forked children, it says where the suite's CPU goes.
+TEST_CPU_ENV = "ESTIMATOR_ACCUM_TEST_CPU"
+
+
+def _cpu_seconds():
+  import resource  # pylint: disable=import-outside-toplevel
+  own = resource.getrusage(resource.RUSAGE_SELF)
+  children = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return (own.ru_utime + own.ru_stime,
+          children.ru_utime + children.ru_stime)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
   """Tests marked `memory` or `grappler` (and their children) run
@@ -121,9 +136,16 @@ def pytest_runtest_protocol(item, nextitem):
   saved = os.environ.get(grappler.ENV)
   if item.get_closest_marker("memory") or item.get_closest_marker("grappler"):
     os.environ[grappler.ENV] = grappler.DEFAULT
+  cpu_log = os.environ.get(TEST_CPU_ENV)
+  before = _cpu_seconds() if cpu_log else None
   try:
     yield
   finally:
+    if cpu_log:
+      after = _cpu_seconds()
+      with open(cpu_log, "a") as log:
+        log.write(f"{after[0] - before[0]:.2f}\t{after[1] - before[1]:.2f}"
+                  f"\t{item.nodeid}\n")
     if saved is None:
       os.environ.pop(grappler.ENV, None)
     else:
