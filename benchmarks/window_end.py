@@ -23,11 +23,18 @@ each with TensorFlow's ops (today's default) and with `fused_apply=True`
 variables in place), and how far apart the two runs' weights are after the
 same updates.
 
+With `--sparse_embedding`, the word embeddings' gradient is a lookup's, as
+in the main job (tf.IndexedSlices: each micro-batch looks up 2,048 token
+ids of the vocabulary, the window's rows accumulated as rows): BERT's
+AdamWeightDecay applies it as the dense gradient its rows sum to, which
+fused_apply then hands it, so that the whole apply still compiles as one
+function.
+
 With `--trace`, one applying micro-batch of each is traced (RunMetadata)
 and its op types printed by the time their ops took (summed over ops: two
 that overlap both count), the largest first: where the end's time goes.
 
-  python benchmarks/window_end.py [--repeats 20] [--trace]
+  python benchmarks/window_end.py [--repeats 20] [--trace] [--sparse_embedding]
 """
 
 import collections
@@ -91,19 +98,33 @@ def _traced_step(session, op):
   return took
 
 
-def _window_steps(shapes, repeats, fused, trace=False):
+LOOKUPS = 2048  # token ids a micro-batch looks up (--sparse_embedding)
+
+
+def _window_steps(shapes, repeats, fused, trace=False, sparse=None):
   """(accumulating step, applying step) median seconds, the applying step's
-  peak bytes above those in use before it, and the weights after."""
+  peak bytes above those in use before it, and the weights after. The
+  variable at index `sparse` (if any) gets its gradient from a lookup."""
   with tf.Graph().as_default():
     tf.compat.v1.set_random_seed(0)  # the same start, fused or not
     rng = np.random.RandomState(0)
     variables, terms = [], []
+    step = tf.compat.v1.train.get_or_create_global_step()
     for index, shape in enumerate(shapes):
       variable = tf.compat.v1.get_variable(
           f"bert/v{index}", shape,
           initializer=tf.compat.v1.random_normal_initializer(0.0, 0.02))
-      scale = tf.constant(rng.normal(0.0, 1.0, shape).astype(np.float32))
       variables.append(variable)
+      if index == sparse:
+        # Each micro-batch its own ids (Zipf-like, as tokens are).
+        ids = tf.constant(np.minimum(rng.zipf(1.3, (2, LOOKUPS)) - 1,
+                                     shape[0] - 1).astype(np.int32))
+        looked_up = tf.gather(variable, tf.gather(ids, step % 2))
+        scale = tf.constant(rng.normal(0.0, 1.0, (LOOKUPS, shape[1])).astype(
+            np.float32))
+        terms.append(tf.reduce_sum(looked_up * scale))
+        continue
+      scale = tf.constant(rng.normal(0.0, 1.0, shape).astype(np.float32))
       terms.append(tf.reduce_sum(variable * scale))
     loss = tf.add_n(terms)
     train_op = estimator_accum.build_accumulating_train_op(
@@ -139,17 +160,25 @@ def main():
   parser = bench.parser(__doc__, repeats=20)
   parser.add_argument("--trace", action="store_true",
                       help="print where an applying micro-batch's time goes")
+  parser.add_argument("--sparse_embedding", action="store_true",
+                      help="the word embeddings' gradient from a lookup "
+                      "(tf.IndexedSlices), as in the main job")
   args = parser.parse_args()
   checkpoint = pretrained.minilm_checkpoint()
-  shapes = [shape for name, shape in
-            tf.train.list_variables(checkpoint.init_checkpoint)
-            if name.startswith("bert/")]
+  named = [(name, shape) for name, shape in
+           tf.train.list_variables(checkpoint.init_checkpoint)
+           if name.startswith("bert/")]
+  shapes = [shape for _, shape in named]
+  sparse = ([name for name, _ in named].index(
+      "bert/embeddings/word_embeddings") if args.sparse_embedding else None)
   parameters = sum(int(np.prod(shape)) for shape in shapes)
   bandwidth = _copy_bandwidth(args.repeats)
   floor = 8 * 4 * parameters / bandwidth
   rows = bench.Rows(
       f"the window's end, all-MiniLM-L6-v2's {parameters / 1e6:.1f}M "
-      f"parameters, AdamWeightDecay, clip 1.0, k=2; copy bandwidth "
+      f"parameters"
+      f"{' (word embeddings: a lookup, sparse)' if args.sparse_embedding else ''}"
+      f", AdamWeightDecay, clip 1.0, k=2; copy bandwidth "
       f"{bandwidth / 1e9:.1f} GB/s; peak: BFC allocator", args.json,
       markdown=True, formats={"ms": ".1f", "x floor": ".2f",
                               "peak MB": ".0f"})
@@ -157,7 +186,7 @@ def main():
   for fused in (False, True):
     apply_kind = "fused_apply (XLA)" if fused else "TensorFlow's ops"
     accumulate, apply, peak, weights[fused], traced = _window_steps(
-        shapes, args.repeats, fused, args.trace)
+        shapes, args.repeats, fused, args.trace, sparse)
     if traced:
       print(f"an applying micro-batch, {apply_kind}, traced: " + ", ".join(
           f"{kind} {ms:.1f} ms" for kind, ms in traced.most_common(8)),

@@ -75,6 +75,10 @@ class Finish:
     batch_norm layers' moving statistics)."""
     traced = False
     if self._settings.fused_apply:
+      if cross_replica.alone and sparse_apply_is_dense_apply(
+          self._optimizer):
+        gradients = [_densified(g, v)
+                     for g, v in zip(gradients, self._variables)]
       apart = compiled_apart_because(cross_replica, gradients,
                                      self._variables)
       if apart is None:
@@ -219,6 +223,29 @@ def _reusing_variables():
                                    reuse=tf.compat.v1.AUTO_REUSE,
                                    auxiliary_name_scope=False):
     yield
+
+
+SPARSE_APPLY_IS_DENSE_APPLY = "sparse_apply_is_dense_apply"
+
+
+def sparse_apply_is_dense_apply(optimizer):
+  """Whether `optimizer` says (its attribute `sparse_apply_is_dense_apply`
+  True) that it applies a tf.IndexedSlices gradient as the dense gradient
+  its rows sum to: google-research/bert's AdamWeightDecay and LAMB
+  (models.bert.optimization) decay every row's moments, so they densify
+  it. fused_apply then hands it the dense gradient, and the whole apply
+  compiles as one function: the same tensor the optimizer would have made
+  (`tf.math.unsorted_segment_sum` of the rows, which the window holds
+  unique: each sum is one row, exactly), made before the function instead
+  of inside the optimizer."""
+  return getattr(optimizer, SPARSE_APPLY_IS_DENSE_APPLY, False) is True
+
+
+def _densified(gradient, variable):
+  if not isinstance(gradient, tf.IndexedSlices):
+    return gradient
+  return tf.math.unsorted_segment_sum(gradient.values, gradient.indices,
+                                      tf.shape(variable)[0])
 
 
 def compiled_apart_because(cross_replica, gradients, variables):

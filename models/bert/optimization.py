@@ -118,6 +118,11 @@ def _var_name(var):
 class _BertAdamBase(tf.compat.v1.train.Optimizer):
   """Shared slots, weight-decay selection and dense application."""
 
+  # A sparse gradient is applied as the dense one its rows sum to (below):
+  # estimator_accum's fused_apply may hand it that dense gradient, and
+  # compile the whole apply as one function.
+  sparse_apply_is_dense_apply = True
+
   def __init__(self, learning_rate, weight_decay_rate, beta_1, beta_2,
                epsilon, exclude_from_weight_decay, name):
     super().__init__(use_locking=False, name=name)

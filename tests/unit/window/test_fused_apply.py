@@ -246,10 +246,10 @@ def test_reference_variables_are_compiled_apart(optimizer):
   np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-7)
 
 
-def _sparse_weights(fused_apply):
+def _sparse_weights(fused_apply, optimizer_fn=None, graph=None):
   """An embedding table's rows (tf.IndexedSlices gradients) and a kernel
-  after 3 updates of Adam, k=2."""
-  with tf.Graph().as_default():
+  after 3 updates of Adam (or `optimizer_fn()`), k=2."""
+  with (graph or tf.Graph()).as_default():
     table = tf.compat.v1.get_variable("table", initializer=tf.constant(
         np.random.RandomState(0).randn(20, 4), tf.float32))
     kernel = tf.compat.v1.get_variable("kernel", initializer=tf.constant(
@@ -258,9 +258,11 @@ def _sparse_weights(fused_apply):
     ids = tf.gather(tf.constant([[1, 5, 5], [7, 1, 2]]), step % 2)
     loss = tf.reduce_sum(tf.square(tf.tanh(
         tf.matmul(tf.gather(table, ids), kernel))))
+    optimizer = (optimizer_fn or (
+        lambda: tf.compat.v1.train.AdamOptimizer(0.1)))()
     op = estimator_accum.build_accumulating_train_op(
-        loss, tf.compat.v1.train.AdamOptimizer(0.1), 2, clip_norm=1.0,
-        log_every_n_micro_batches=None, fused_apply=fused_apply)
+        loss, optimizer, 2, clip_norm=1.0, log_every_n_micro_batches=None,
+        fused_apply=fused_apply)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       for _ in range(6):
@@ -283,6 +285,36 @@ def test_sparse_gradients_are_compiled_apart_and_exact(caplog):
   for name in plain:
     np.testing.assert_allclose(fused[name], plain[name], rtol=1e-6,
                                atol=1e-7, err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["adamw", "lamb"])
+def test_a_sparse_gradient_that_bert_optimizers_densify_compiles_whole(
+    name, caplog):
+  """BERT's AdamWeightDecay and LAMB apply a table's sparse gradient as the
+  dense one its rows sum to (`sparse_apply_is_dense_apply`): fused_apply
+  hands them that dense gradient and compiles the whole apply as one
+  function, the main job's case (its word embeddings). The same weights
+  as without fused_apply; untouched rows decay as Google's optimizer
+  decays them."""
+  graph = tf.Graph()
+  with caplog.at_level("INFO", logger="absl"):
+    fused = _sparse_weights(
+        True, lambda: optimization.make_optimizer(name, 0.05), graph)
+  assert not [r.getMessage() for r in caplog.records
+              if "compiled apart" in r.getMessage()]
+  compiled = _compiled_functions(graph)
+  assert len(compiled) == 1, [f.signature.name for f in compiled]
+  types = collections.Counter(n.op for n in compiled[0].node_def)
+  assert types["AssignVariableOp"] == 3 * 2, types  # table and kernel
+  assert _scopes(graph) == {}
+  plain = _sparse_weights(False, lambda: optimization.make_optimizer(name,
+                                                                     0.05))
+  start = np.random.RandomState(0).randn(20, 4)
+  assert not np.allclose(plain["table"][[1, 2, 5, 7]], start[[1, 2, 5, 7]])
+  assert not np.allclose(plain["table"][0], start[0])  # decayed, untouched
+  for name_ in plain:
+    np.testing.assert_allclose(fused[name_], plain[name_], rtol=1e-6,
+                               atol=1e-7, err_msg=name_)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])
