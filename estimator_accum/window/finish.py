@@ -75,13 +75,13 @@ class Finish:
     batch_norm layers' moving statistics)."""
     traced = False
     if self._settings.fused_apply:
-      if cross_replica.alone and sparse_apply_is_dense_apply(
-          self._optimizer):
-        gradients = [_densified(g, v)
-                     for g, v in zip(gradients, self._variables)]
+      dense = sparse_apply_is_dense_apply(self._optimizer)
       apart = compiled_apart_because(cross_replica, gradients,
-                                     self._variables)
+                                     self._variables, sparse_as_dense=dense)
       if apart is None:
+        if dense:
+          gradients = [_densified(g, v)
+                       for g, v in zip(gradients, self._variables)]
         applied = self._apply_compiled(cross_replica, gradients, scale,
                                        moved)
         if applied is not None:
@@ -248,21 +248,33 @@ def _densified(gradient, variable):
                                       tf.shape(variable)[0])
 
 
-def compiled_apart_because(cross_replica, gradients, variables):
+def compiled_apart_because(cross_replica, gradients, variables,
+                           sparse_as_dense=False):
   """Why fused_apply cannot compile the whole apply as one function, or
   None where it can: on one replica outside any distribution strategy,
-  with every gradient dense and every variable a resource variable. A
+  its variables on one device of its own task, with every gradient dense
+  and every variable a resource variable. A
   table's sparse gradient touches a different number of rows each window
   (a shape XLA would compile anew, or pad: XLA's padded sparse updates of
   tf.compat.v1's Adam were found wrong), a strategy's replicas apply
   through its own cross-replica calls, and a function cannot assign a
   reference variable (control flow v1's): there each variable's update is
-  marked for XLA instead (`apply_order.fuse`)."""
+  marked for XLA instead (`apply_order.fuse`). `sparse_as_dense`: the
+  optimizer applies a sparse gradient as the dense one its rows sum to
+  (`sparse_apply_is_dense_apply`), which fused_apply then hands it."""
   if not cross_replica.alone:
     return "the apply runs under a distribution strategy"
+  # A compiled function reaches only resources on the device it runs on
+  # (XLA's known issue "tf.Variable on a different device"): a parameter
+  # server's, or another device's, is applied by ops placed with it.
+  devices = sorted({v.device for v in variables})
+  if len(devices) > 1:
+    return f"variables on several devices ({', '.join(devices)})"
+  if devices and "/job:ps" in devices[0]:
+    return f"variables on a parameter server ({devices[0]})"
   sparse = [v.name for g, v in zip(gradients, variables)
             if isinstance(g, tf.IndexedSlices)]
-  if sparse:
+  if sparse and not sparse_as_dense:
     return f"sparse gradients of {', '.join(sparse)}"
   refs = _checks.reference_variable_names(variables)
   if refs:

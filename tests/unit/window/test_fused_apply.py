@@ -317,6 +317,48 @@ def test_a_sparse_gradient_that_bert_optimizers_densify_compiles_whole(
                                atol=1e-7, err_msg=name_)
 
 
+def _two_device_weights(fused_apply):
+  """A kernel on each of the two logical CPUs after 3 updates of BERT's
+  AdamWeightDecay, k=2."""
+  with tf.Graph().as_default():
+    kernels = []
+    for index in (0, 1):
+      with tf.device(f"/cpu:{index}"):
+        kernels.append(tf.compat.v1.get_variable(
+            f"kernel{index}", initializer=tf.constant(
+                np.random.RandomState(index).randn(3, 3), tf.float32)))
+    step = tf.compat.v1.train.get_or_create_global_step()
+    x = tf.gather(tf.constant(np.random.RandomState(2).randn(2, 4, 3),
+                              tf.float32), step % 2)
+    loss = tf.reduce_sum(tf.square(tf.tanh(
+        tf.matmul(tf.matmul(x, kernels[0]), kernels[1]))))
+    op = estimator_accum.build_accumulating_train_op(
+        loss, optimization.make_optimizer("adamw", 0.05), 2, clip_norm=1.0,
+        log_every_n_micro_batches=None, fused_apply=fused_apply)
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    with tf.compat.v1.Session(config=config) as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      for _ in range(6):
+        session.run(op)
+      return session.run(kernels)
+
+
+def test_variables_on_several_devices_are_compiled_apart(caplog):
+  """A compiled function reaches only the resources of the device it runs
+  on (a parameter server's variables failed the chief's first window with
+  InvalidArgumentError): variables on two devices are applied by each
+  one's own compiled update, said in one line, exactly."""
+  with caplog.at_level("INFO", logger="absl"):
+    fused = _two_device_weights(True)
+  said = [r.getMessage() for r in caplog.records
+          if "fused_apply" in r.getMessage()]
+  assert len(said) == 1 and "variables on several devices (" in said[0], said
+  plain = _two_device_weights(False)
+  for index, (a, b) in enumerate(zip(fused, plain)):
+    assert not np.allclose(b, np.random.RandomState(index).randn(3, 3))
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("value", [1, "yes", None])
 def test_fused_apply_that_is_not_a_bool(value):
   with tf.Graph().as_default():
