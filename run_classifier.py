@@ -122,12 +122,13 @@ flags.DEFINE_bool("recompute", False, "Recompute each transformer layer's "
                   "activations in the backward pass (dropout replayed "
                   "exactly): far less activation memory for about a third "
                   "more time; the gradient is unchanged.")
-flags.DEFINE_bool("fused_apply", False, "XLA compiles the window's end "
+flags.DEFINE_bool("fused_apply", True, "XLA compiles the window's end "
                   "(AdamWeightDecay's arithmetic and the writes of the "
                   "weights and slots, in place) into one function: one pass "
                   "over memory instead of about ten, a few seconds' compile "
                   "at the first window's end; the same update up to float32 "
-                  "rounding (the window option fused_apply).")
+                  "rounding (the window option fused_apply). "
+                  "--nofused_apply: TensorFlow's ops, one by one.")
 flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
                   "each window (k micro-batches) by length before cutting "
                   "them into micro-batches, each trimmed to its longest: the "
