@@ -102,6 +102,24 @@ def test_a_lost_peer_ends_this_task_in_bounded_time(fault, reason, servers,
   assert line.endswith(f"({reason}); exiting with 150"), line
 
 
+def _state(pid):
+  """The process's state letter in /proc/PID/stat (T: stopped), or None."""
+  try:
+    with open(f"/proc/{pid}/stat") as stat:
+      return stat.read().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return None
+
+
+def _stopped(pid, seconds=2.0):
+  deadline = time.monotonic() + seconds
+  while _state(pid) != "T":
+    if time.monotonic() > deadline:
+      return False
+    time.sleep(0.01)
+  return True
+
+
 def test_refusing_peers_names_the_exited_not_the_frozen(servers):
   """What a stop waiting for its micro-batch asks (preemption's
   _ExitedPeers): an exited peer refuses at once; a frozen one, whose port
@@ -115,6 +133,10 @@ def test_refusing_peers_names_the_exited_not_the_frozen(servers):
   processes[1].wait()
   processes[2].send_signal(signal.SIGSTOP)
   try:
+    # Frozen for the kernel before anything asks it (once, in a whole-suite
+    # run, the frozen peer answered: this says whether it was stopped).
+    assert _stopped(processes[2].pid), (
+        processes[2].pid, processes[2].poll(), _state(processes[2].pid))
     started = time.monotonic()
     assert health.refusing_peers(config, deadline=0.5) == ["worker:1"]
     assert time.monotonic() - started < 2.0
