@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
 import atexit  # noqa: E402
 import gc  # noqa: E402
+import resource  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
@@ -121,7 +122,6 @@ TEST_CPU_ENV = "ESTIMATOR_ACCUM_TEST_CPU"
 
 
 def _cpu_seconds():
-  import resource  # pylint: disable=import-outside-toplevel
   own = resource.getrusage(resource.RUSAGE_SELF)
   children = resource.getrusage(resource.RUSAGE_CHILDREN)
   return (own.ru_utime + own.ru_stime,

@@ -76,8 +76,10 @@ class Finish:
     traced = False
     if self._settings.fused_apply:
       dense = sparse_apply_is_dense_apply(self._optimizer)
-      apart = compiled_apart_because(cross_replica, gradients,
-                                     self._variables, sparse_as_dense=dense)
+      apart = compiled_apart_because(
+          cross_replica, gradients, self._variables,
+          worker_device=self._plan.variables.local_device,
+          sparse_as_dense=dense)
       if apart is None:
         if dense:
           gradients = [_densified(g, v)
@@ -249,7 +251,7 @@ def _densified(gradient, variable):
 
 
 def compiled_apart_because(cross_replica, gradients, variables,
-                           sparse_as_dense=False):
+                           worker_device=None, sparse_as_dense=False):
   """Why fused_apply cannot compile the whole apply as one function, or
   None where it can: on one replica outside any distribution strategy,
   its variables on one device of its own task, with every gradient dense
@@ -259,19 +261,22 @@ def compiled_apart_because(cross_replica, gradients, variables,
   tf.compat.v1's Adam were found wrong), a strategy's replicas apply
   through its own cross-replica calls, and a function cannot assign a
   reference variable (control flow v1's): there each variable's update is
-  marked for XLA instead (`apply_order.fuse`). `sparse_as_dense`: the
-  optimizer applies a sparse gradient as the dense one its rows sum to
-  (`sparse_apply_is_dense_apply`), which fused_apply then hands it."""
+  marked for XLA instead (`apply_order.fuse`). `worker_device`: the
+  plan's worker device in between-graph (parameter-server) training, or
+  None. `sparse_as_dense`: the optimizer applies a sparse gradient as the
+  dense one its rows sum to (`sparse_apply_is_dense_apply`), which
+  fused_apply then hands it."""
   if not cross_replica.alone:
     return "the apply runs under a distribution strategy"
   # A compiled function reaches only resources on the device it runs on
   # (XLA's known issue "tf.Variable on a different device"): a parameter
   # server's, or another device's, is applied by ops placed with it.
+  if worker_device is not None:
+    return (f"the variables are on parameter servers, this worker's window "
+            f"on {worker_device}")
   devices = sorted({v.device for v in variables})
   if len(devices) > 1:
     return f"variables on several devices ({', '.join(devices)})"
-  if devices and "/job:ps" in devices[0]:
-    return f"variables on a parameter server ({devices[0]})"
   sparse = [v.name for g, v in zip(gradients, variables)
             if isinstance(g, tf.IndexedSlices)]
   if sparse and not sparse_as_dense:
