@@ -9,6 +9,7 @@ zeroes it after.
 
 import tensorflow as tf
 
+from estimator_accum import _checks
 from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.window import communication, reductions, sharded
 from estimator_accum.window.accumulators import Accumulator
@@ -154,8 +155,9 @@ class Accumulation:
     """Zeroes the window once `after_op` has run; a True tensor after."""
     sequential = self._plan.settings.sequential_apply
     with tf.control_dependencies([after_op]):
-      resets = []
-      for accumulator in self.accumulators:
+      compiled, rest = self._zeroed_in_place()
+      resets = [compiled] if compiled is not None else []
+      for accumulator in rest:
         # With sequential_apply, one after the other too: each reset makes
         # zeros the size of its accumulator.
         with tf.control_dependencies(resets[-1:] if sequential else []):
@@ -164,3 +166,30 @@ class Accumulation:
       resets += self._plan.reduction.reset()
     with tf.control_dependencies(resets):
       return tf.constant(True)
+
+  def _zeroed_in_place(self):
+    """(op, the accumulators it does not zero). With fused_apply, where
+    the compiled apply runs whole (one replica of no strategy, its own
+    task's device), the dense sums are zeroed by one XLA-compiled function,
+    which writes each in place: no buffer of zeros the size of an
+    accumulator (what `assign(fill)` makes, one per accumulator, at the
+    window's end, beside the optimizer's state). Else (None, all)."""
+    dense = [a for a in self.accumulators
+             if type(a) is Accumulator and not a.is_sparse]
+    totals = [a.total for a in dense]
+    if (not self._plan.settings.fused_apply or not totals or
+        tf.distribute.has_strategy() or self._plan.replicas > 1 or
+        self._plan.variables.local_device is not None or
+        len({t.device for t in totals}) > 1 or
+        _checks.reference_variable_names(totals)):
+      return None, self.accumulators
+
+    def zero_window():
+      for total in totals:
+        total.assign(tf.zeros(total.shape, total.dtype.base_dtype),
+                     read_value=False)
+      return tf.constant(True)
+
+    zeroed = tf.function(zero_window, jit_compile=True, autograph=False)()
+    chosen = set(map(id, dense))
+    return zeroed, [a for a in self.accumulators if id(a) not in chosen]

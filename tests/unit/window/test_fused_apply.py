@@ -14,7 +14,7 @@ import tensorflow as tf
 import estimator_accum
 from harness.google_style_adamw import GoogleStyleAdamWeightDecay
 from models.bert import optimization
-from tests.helpers import tanh_stack
+from tests.helpers import session_threads, tanh_stack
 
 # XLA's marks and the window end's peak, on the graph Grappler makes.
 pytestmark = pytest.mark.grappler
@@ -147,19 +147,25 @@ def _scopes(graph):
 def test_the_whole_apply_is_one_function_xla_compiles():
   """One replica, dense gradients: the scale and the whole apply in one
   `jit_compile` function (XlaLaunch: the variables written in place),
-  called once per applied window; nothing marked variable by variable."""
+  called once per applied window, and the window's sums zeroed by another
+  (in place too, after the apply or a skipped window); nothing marked
+  variable by variable."""
+  kernels = len(tanh_stack.WIDTHS) - 1
   with tf.Graph().as_default() as graph:
     _build(OPTIMIZERS["google_adam_weight_decay"](), True)
-    compiled = _compiled_functions(graph)
-    assert len(compiled) == 1, [f.signature.name for f in compiled]
-    types = collections.Counter(n.op for n in compiled[0].node_def)
+    compiled = {f.signature.name.split("_")[3]: f
+                for f in _compiled_functions(graph)}
+    assert sorted(compiled) == ["update", "zero"], sorted(compiled)
+    types = collections.Counter(n.op for n in compiled["update"].node_def)
     # p, m and v of each of the three kernels.
-    assert types["AssignVariableOp"] == 3 * (len(tanh_stack.WIDTHS) - 1), (
-        types)
+    assert types["AssignVariableOp"] == 3 * kernels, types
+    zeroing = collections.Counter(n.op for n in compiled["zero"].node_def)
+    assert zeroing["AssignVariableOp"] == kernels, zeroing
     assert _scopes(graph) == {}
-    calls = [n for f in _functions(graph).values() for n in f.node_def
-             if n.attr["f"].func.name == compiled[0].signature.name]
-    assert len(calls) == 1 and calls[0].attr["_XlaMustCompile"].b, calls
+    for function in compiled.values():
+      calls = [n for f in _functions(graph).values() for n in f.node_def
+               if n.attr["f"].func.name == function.signature.name]
+      assert len(calls) == 1 and calls[0].attr["_XlaMustCompile"].b, calls
   with tf.Graph().as_default() as graph:
     _build(OPTIMIZERS["google_adam_weight_decay"](), False)
     assert _compiled_functions(graph) == [] and _scopes(graph) == {}
@@ -181,9 +187,10 @@ def test_what_xla_cannot_compile_is_said_and_each_variable_compiled_apart(
     assert "Adam" in said[0], said
     scopes = _scopes(graph)
     assert len(scopes) == len(tanh_stack.WIDTHS) - 1, sorted(scopes)
-    calls = [n for f in _functions(graph).values() for n in f.node_def
-             if n.attr["_XlaMustCompile"].b]
-    assert calls == []
+    calls = [n.attr["f"].func.name for f in _functions(graph).values()
+             for n in f.node_def if n.attr["_XlaMustCompile"].b]
+    # The window's sums are zeroed in place all the same.
+    assert len(calls) == 1 and "_zero_window_" in calls[0], calls
     names = [v.op.name for v in tf.compat.v1.global_variables()]
     assert len(names) == len(set(names)), names
     assert sum("vhat" in n for n in names) == len(tanh_stack.WIDTHS) - 1
@@ -302,7 +309,8 @@ def test_a_sparse_gradient_that_bert_optimizers_densify_compiles_whole(
         True, lambda: optimization.make_optimizer(name, 0.05), graph)
   assert not [r.getMessage() for r in caplog.records
               if "compiled apart" in r.getMessage()]
-  compiled = _compiled_functions(graph)
+  compiled = [f for f in _compiled_functions(graph)
+              if "_update_" in f.signature.name]
   assert len(compiled) == 1, [f.signature.name for f in compiled]
   types = collections.Counter(n.op for n in compiled[0].node_def)
   assert types["AssignVariableOp"] == 3 * 2, types  # table and kernel
@@ -366,29 +374,92 @@ def test_fused_apply_that_is_not_a_bool(value):
       _build(OPTIMIZERS["adam"](), value)
 
 
+def _window_end_allocations(step_stats):
+  """{op name: the bytes it allocated} of the ops of the window's end (its
+  branch: the apply and the sums' reset) that allocated any, from a
+  traced step's own records of each op's allocations: what the window's
+  end makes, whichever order the executor ran it in."""
+  return {node.node_name: sum(m.total_bytes for m in node.memory)
+          for device in step_stats.dev_stats for node in device.node_stats
+          if "end_of_window/" in node.node_name and
+          sum(m.total_bytes for m in node.memory)}
+
+
 @pytest.mark.memory
-def test_the_applying_micro_batch_needs_no_more_than_an_accumulating_one():
-  """Four 1M-parameter variables (4 MB each), AdamWeightDecay: compiled
-  in place, the applying micro-batch's peak tensor memory (BFC allocator)
-  is an accumulating one's: the update makes no buffer the size of a
-  variable. Unfused, the optimizer's temporaries lie beside it."""
-  peaks = {}
+@pytest.mark.parametrize("threads", ["default_threads", "one_thread"])
+def test_the_applying_micro_batch_needs_no_more_than_an_accumulating_one(
+    threads):
+  """Four 1M-parameter variables (4 MB each), AdamWeightDecay, the BFC
+  allocator. Compiled, the window's end (the apply, in place, and the
+  sums zeroed in place) allocates less than a quarter of one variable in
+  all its ops together; unfused, the optimizer's temporaries and the
+  reset's zeros are each the size of a variable. Counted from the step's
+  record of each op's allocations, not from the peak: which of the
+  gradients are alive at once, and so an accumulating micro-batch's peak
+  (4 to 16 MB here), moves with the executor's order. The applying
+  micro-batch's peak stays within what an accumulating one can reach in
+  any order (every gradient alive at once)."""
+  config = session_threads.ONE_THREAD if threads == "one_thread" else None
+  variable = 4 * 10**6
+  traced = tf.compat.v1.RunOptions(
+      trace_level=tf.compat.v1.RunOptions.FULL_TRACE)
+  made, peaks = {}, {}
   for fused in (False, True):
     with tf.Graph().as_default():
       train_op = _build(OPTIMIZERS["google_adam_weight_decay"](), fused,
                         widths=[1000] * 5, rows=4)
-      with tf.compat.v1.Session() as session:
+      with tf.compat.v1.Session(config=config) as session:
         session.run(tf.compat.v1.global_variables_initializer())
-        for _ in range(4):  # two windows: compiled, slots made
+        for _ in range(5):  # two windows (compiled, slots made), and one more
           session.run(train_op)
-        for role in ("accumulating", "applying"):
-          tf.config.experimental.reset_memory_stats("CPU:0")
-          before = tf.config.experimental.get_memory_info("CPU:0")["current"]
-          session.run(train_op)
-          peaks[fused, role] = (tf.config.experimental.get_memory_info(
-              "CPU:0")["peak"] - before)
-  variable = 4 * 10**6
-  assert peaks[False, "applying"] > peaks[False, "accumulating"] + variable, (
-      peaks)
-  assert peaks[True, "applying"] < peaks[True, "accumulating"] + variable / 4, (
-      peaks)
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        metadata = tf.compat.v1.RunMetadata()
+        session.run(train_op, options=traced, run_metadata=metadata)
+        peaks[fused] = (tf.config.experimental.get_memory_info("CPU:0")[
+            "peak"] - before)
+        made[fused] = _window_end_allocations(metadata.step_stats)
+  assert made[True], "the traced micro-batch did not end a window"
+  assert sum(made[True].values()) < variable / 4, made[True]
+  large = [name for name, size in made[False].items() if size >= variable]
+  assert len(large) >= 4, made[False]  # some of them the reset's zeros
+  gradients = 4 * variable
+  assert peaks[True] < gradients + variable / 4, peaks
+
+
+def _weights_around_a_skipped_window(fused_apply):
+  """Weights and the window's sums after 4 windows of k=2, the second
+  one's gradients NaN (skipped), and the accumulators after it."""
+  with tf.Graph().as_default():
+    factor = tf.compat.v1.placeholder(tf.float32, [])
+    kernel = tf.compat.v1.get_variable("kernel", initializer=tf.constant(
+        np.random.RandomState(0).randn(6, 6), tf.float32))
+    inputs = tf.constant(np.random.RandomState(1).randn(4, 6), tf.float32)
+    loss = tf.reduce_sum(tf.square(tf.tanh(tf.matmul(inputs, kernel)))) * (
+        factor)
+    tf.compat.v1.train.get_or_create_global_step()
+    op = estimator_accum.build_accumulating_train_op(
+        loss, OPTIMIZERS["google_adam_weight_decay"](), 2,
+        log_every_n_micro_batches=None, fused_apply=fused_apply)
+    sums = [v for v in tf.compat.v1.global_variables()
+            if v.op.name.endswith("/accum")]
+    with tf.compat.v1.Session() as session:
+      session.run(tf.compat.v1.global_variables_initializer())
+      after_skip = None
+      for micro_batch in range(8):
+        session.run(op, {factor: np.nan if micro_batch in (2, 3) else 1.0})
+        if micro_batch == 3:
+          after_skip = session.run(sums)
+      return session.run(kernel), after_skip
+
+
+def test_a_skipped_window_is_zeroed_in_place_too():
+  """A window with a NaN gradient is not applied, and its sums are zeroed
+  all the same (the compiled zeroing runs after either branch): the next
+  windows train as unfused."""
+  fused, fused_sums = _weights_around_a_skipped_window(True)
+  plain, plain_sums = _weights_around_a_skipped_window(False)
+  assert fused_sums and all(not np.any(s) for s in fused_sums), fused_sums
+  assert all(not np.any(s) for s in plain_sums)
+  assert not np.allclose(plain, np.random.RandomState(0).randn(6, 6))
+  np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-7)
