@@ -129,6 +129,13 @@ flags.DEFINE_bool("fused_apply", True, "XLA compiles the window's end "
                   "at the first window's end; the same update up to float32 "
                   "rounding (the window option fused_apply). "
                   "--nofused_apply: TensorFlow's ops, one by one.")
+flags.DEFINE_bool("unpadded", True, "The transformer layers' dense "
+                  "parts (projections, feed-forward, layer norms: most of "
+                  "the work) compute the real tokens only, gathered into "
+                  "one matrix; attention runs on the padded rows. The same "
+                  "outputs and update (dropout draws its masks in other "
+                  "shapes), no work on the padding that trimming and "
+                  "sorting leave. --nounpadded: every position computed.")
 flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
                   "each window (k micro-batches) by length before cutting "
                   "them into micro-batches, each trimmed to its longest: the "
@@ -498,6 +505,9 @@ class ClassifierRun:
         print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
               "by length into its micro-batches (--sort_windows_by_length)",
               flush=True)
+      if self.flags.unpadded:
+        print("the layers' dense parts compute real tokens only, attention "
+              "the padded rows (--unpadded)", flush=True)
 
     def estimator_for(plan):
       return self._estimator(bert_config, self._training_config(
@@ -623,7 +633,7 @@ class ClassifierRun:
         classifier_dropout=self.flags.classifier_dropout,
         recompute=self.flags.recompute or plan.recompute,
         accumulator_placement=plan.accumulator_placement,
-        fused_apply=self.flags.fused_apply)
+        fused_apply=self.flags.fused_apply, unpadded=self.flags.unpadded)
 
   def _estimator(self, bert_config, training, plan, strategy, replicas):
     session_config = None

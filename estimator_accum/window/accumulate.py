@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from estimator_accum import _checks
 from estimator_accum.checkpoints.state_variables import variable_base_name
+from estimator_accum.distribution import replicas
 from estimator_accum.window import communication, reductions, sharded
 from estimator_accum.window.accumulators import Accumulator
 from estimator_accum.window.batch_norm import claim_window_statistics
@@ -178,7 +179,7 @@ class Accumulation:
              if type(a) is Accumulator and not a.is_sparse]
     totals = [a.total for a in dense]
     if (not self._plan.settings.fused_apply or not totals or
-        tf.distribute.has_strategy() or self._plan.replicas > 1 or
+        replicas.has_strategy() or self._plan.replicas > 1 or
         self._plan.variables.local_device is not None or
         len({t.device for t in totals}) > 1 or
         _checks.reference_variable_names(totals)):

@@ -42,11 +42,13 @@ class TrainingConfig:
   accumulator_placement: str = "device"
   # XLA compiles each variable's update at the window's end (fused_apply).
   fused_apply: bool = False
+  # The layers' dense parts compute real tokens only (BertModel unpadded).
+  unpadded: bool = False
 
 
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
-                 recompute=False):
+                 recompute=False, unpadded=False):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
@@ -58,7 +60,8 @@ def create_model(bert_config, is_training, features, num_labels,
       None if packed else features["input_mask"], features["segment_ids"],
       compute_type=compute_type, recompute=recompute and is_training,
       example_ids=features.get("example_ids"),
-      max_examples=features["label_ids"].shape[-1] if packed else None)
+      max_examples=features["label_ids"].shape[-1] if packed else None,
+      unpadded=unpadded)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -98,7 +101,7 @@ def model_fn_builder(bert_config, training):
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
-        training.classifier_dropout, training.recompute)
+        training.classifier_dropout, training.recompute, training.unpadded)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

@@ -108,7 +108,7 @@ class BertModel:
   def __init__(self, config, is_training, input_ids, input_mask=None,
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
                compute_type=tf.float32, recompute=False, example_ids=None,
-               max_examples=None):
+               max_examples=None, unpadded=False):
     """Builds the encoder in the current graph.
 
     Args:
@@ -139,6 +139,14 @@ class BertModel:
         then ignored (0 in `example_ids` is padding); token types restart
         with each example in `token_type_ids`.
       max_examples: with `example_ids`, the most examples a row holds.
+      unpadded: the layers' dense parts (the attention's projections, the
+        feed-forward block, layer norms and dropout) compute the real
+        tokens only (`input_mask`, or `example_ids` > 0), gathered into one
+        [tokens, hidden] matrix: no work on padding. Attention itself runs
+        on the padded [batch, heads, seq_length, seq_length] layout. Every
+        real token's output is the padded model's (with dropout off: its
+        random masks have other shapes); the outputs keep their shapes,
+        with zeros at padding. Same variables, same checkpoints.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -161,6 +169,8 @@ class BertModel:
       raise ValueError("example_ids and max_examples go together (packed "
                        f"rows), got example_ids={example_ids!r}, "
                        f"max_examples={max_examples!r}")
+    if not isinstance(unpadded, bool):
+      raise ValueError(f"unpadded must be True or False, got {unpadded!r}")
     if input_mask is None and example_ids is None:
       input_mask = tf.ones_like(input_ids)
     if token_type_ids is None:
@@ -184,10 +194,22 @@ class BertModel:
         layer_input = tf.cast(self.embedding_output, self._compute_type)
         layer = estimator_accum.recompute(self._layer) if recompute else (
             self._layer)
+        real = ()
+        if unpadded:
+          # [tokens, 1]: where each real token sits in the flattened rows.
+          real = (tf.where(tf.reshape(
+              input_mask > 0 if example_ids is None else example_ids > 0,
+              [-1])),)
+          layer_input = tf.gather_nd(
+              tf.reshape(layer_input, [-1, config.hidden_size]), real[0])
         for index in range(config.num_hidden_layers):
           with tf.compat.v1.variable_scope(f"layer_{index}"):
-            layer_input = layer(layer_input, bias)
-          self.all_encoder_layers.append(tf.cast(layer_input, tf.float32))
+            layer_input = layer(layer_input, bias, *real)
+          self.all_encoder_layers.append(tf.cast(
+              _padded(layer_input, *real, input_ids) if real else
+              layer_input, tf.float32))
+      if real:
+        layer_input = _padded(layer_input, *real, input_ids)
       self.sequence_output = self.all_encoder_layers[-1]
       first = layer_input[:, 0]
       self.example_mask = None
@@ -226,13 +248,18 @@ class BertModel:
     output = _layer_norm(output, config.layer_norm_eps)
     return _dropout(output, config.hidden_dropout_prob)
 
-  def _layer(self, layer_input, attention_bias):
+  def _layer(self, layer_input, attention_bias, real=None):
+    """One transformer layer; with `real` ([tokens, 1] int64, unpadded), of
+    the real tokens' [tokens, hidden] matrix, each token's projections put
+    back in its row for attention and the attention's output taken out."""
     config = self._config
     heads = config.num_attention_heads
     head_size = config.hidden_size // heads
-    batch, length = tf.shape(layer_input)[0], tf.shape(layer_input)[1]
+    batch, length = tf.shape(attention_bias)[0], tf.shape(attention_bias)[-1]
 
     def split_heads(x):
+      if real is not None:
+        x = tf.scatter_nd(real, x, [batch * length, config.hidden_size])
       x = tf.reshape(x, [batch, length, heads, head_size])
       return tf.transpose(x, [0, 2, 1, 3])
 
@@ -248,6 +275,9 @@ class BertModel:
                          config.attention_probs_dropout_prob)
         context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
         context = tf.reshape(context, [batch, length, config.hidden_size])
+        if real is not None:
+          context = tf.gather_nd(
+              tf.reshape(context, [-1, config.hidden_size]), real)
       with tf.compat.v1.variable_scope("output"):
         attention = _dense(context, config.hidden_size, "dense",
                            config.initializer_range)
@@ -290,6 +320,15 @@ class BertModel:
   def get_embedding_table(self):
     """float32 Variable [vocab_size, hidden_size]."""
     return self.embedding_table
+
+
+def _padded(tokens, real, input_ids):
+  """The real tokens' [tokens, hidden] rows put back in [batch, seq_length,
+  hidden], zeros at padding."""
+  shape = tf.shape(input_ids)
+  rows = tf.scatter_nd(real, tokens, [shape[0] * shape[1],
+                                      tf.shape(tokens)[-1]])
+  return tf.reshape(rows, [shape[0], shape[1], tokens.shape[-1]])
 
 
 def get_assignment_map_from_checkpoint(tvars, init_checkpoint):

@@ -516,10 +516,11 @@ def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
 def test_windows_sorted_or_packed_train_to_the_same_weights(
     tiny_model, sst2, tmp_path):
   # Each window's 2 x 4 examples sorted by length into its micro-batches
-  # (the default), or packed into rows of 16 tokens (--pack_windows),
-  # against the order the input gives them: with dropout off, the same
-  # update (tests/unit/models/test_classification_data.py shows the
-  # arrangement changes and the padding shrinks).
+  # (the default), or packed into rows of 16 tokens (--pack_windows), both
+  # with the layers computing real tokens only (--unpadded, the default),
+  # against the order the input gives them, every position computed: with
+  # dropout off, the same update (tests/unit/models/test_classification_
+  # data.py shows the arrangement changes and the padding shrinks).
   model = _no_dropout_model(tiny_model, tmp_path)
   weights = {}
   said = {"sorted": "examples sorted by length into its micro-batches",
@@ -531,10 +532,13 @@ def test_windows_sorted_or_packed_train_to_the_same_weights(
     result = _run(_flags(model, sst2, output_dir, do_eval=False,
                          classifier_dropout=0, num_train_epochs=1,
                          sort_windows_by_length=arrangement == "sorted",
-                         pack_windows=arrangement == "packed"))
+                         pack_windows=arrangement == "packed",
+                         unpadded=arrangement != "plain"))
     assert result.returncode == 0, result.stderr[-3000:]
     for name, line in said.items():
       assert (line in result.stdout) == (name == arrangement), result.stdout
+    assert ("the layers' dense parts compute real tokens only" in
+            result.stdout) == (arrangement != "plain"), result.stdout
     weights[arrangement] = tf.train.load_checkpoint(str(output_dir))
   names = [n for n in weights["plain"].get_variable_to_shape_map()
            if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
