@@ -364,7 +364,10 @@ def test_variables_on_several_devices_are_compiled_apart(caplog):
   plain = _two_device_weights(False)
   for index, (a, b) in enumerate(zip(fused, plain)):
     assert not np.allclose(b, np.random.RandomState(index).randn(3, 3))
-    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    # XLA's arithmetic against TensorFlow's kernels: with Eigen's (oneDNN
+    # off, a CPU without AVX-512) one weight of 0.096 came 3.7e-6 apart
+    # after three updates: float32's rounding, within the project's 1e-5.
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("value", [1, "yes", None])
