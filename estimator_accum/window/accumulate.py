@@ -9,10 +9,9 @@ zeroes it after.
 
 import tensorflow as tf
 
-from estimator_accum import _checks
 from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
-from estimator_accum.window import communication, reductions, sharded
+from estimator_accum.window import communication, finish, reductions, sharded
 from estimator_accum.window.accumulators import Accumulator
 from estimator_accum.window.batch_norm import claim_window_statistics
 from estimator_accum.window.compact import CompactSparseAccumulator
@@ -169,20 +168,20 @@ class Accumulation:
       return tf.constant(True)
 
   def _zeroed_in_place(self):
-    """(op, the accumulators it does not zero). With fused_apply, where
-    the compiled apply runs whole (one replica of no strategy, its own
-    task's device), the dense sums are zeroed by one XLA-compiled function,
-    which writes each in place: no buffer of zeros the size of an
-    accumulator (what `assign(fill)` makes, one per accumulator, at the
-    window's end, beside the optimizer's state). Else (None, all)."""
-    dense = [a for a in self.accumulators
-             if type(a) is Accumulator and not a.is_sparse]
+    """(op, the accumulators it does not zero). With fused_apply, where a
+    compiled function can write the dense sums (`finish.compiled_apart_
+    because`: one replica of no strategy, its own task's device, resource
+    variables), they are zeroed by one XLA-compiled function, which writes
+    each in place: no buffer of zeros the size of an accumulator (what
+    `assign(fill)` makes, one per accumulator, at the window's end, beside
+    the optimizer's state). Else (None, all)."""
+    dense = [a for a in self.accumulators if a.kind == "dense"]
     totals = [a.total for a in dense]
+    alone = not replicas.has_strategy() and self._plan.replicas == 1
     if (not self._plan.settings.fused_apply or not totals or
-        replicas.has_strategy() or self._plan.replicas > 1 or
-        self._plan.variables.local_device is not None or
-        len({t.device for t in totals}) > 1 or
-        _checks.reference_variable_names(totals)):
+        finish.compiled_apart_because(
+            alone, (), totals,
+            worker_device=self._plan.variables.local_device) is not None):
       return None, self.accumulators
 
     def zero_window():
@@ -192,5 +191,4 @@ class Accumulation:
       return tf.constant(True)
 
     zeroed = tf.function(zero_window, jit_compile=True, autograph=False)()
-    chosen = set(map(id, dense))
-    return zeroed, [a for a in self.accumulators if id(a) not in chosen]
+    return zeroed, [a for a in self.accumulators if a not in dense]

@@ -77,7 +77,7 @@ class Finish:
     if self._settings.fused_apply:
       dense = sparse_apply_is_dense_apply(self._optimizer)
       apart = compiled_apart_because(
-          cross_replica, gradients, self._variables,
+          cross_replica.alone, gradients, self._variables,
           worker_device=self._plan.variables.local_device,
           sparse_as_dense=dense)
       if apart is None:
@@ -250,10 +250,11 @@ def _densified(gradient, variable):
                                       tf.shape(variable)[0])
 
 
-def compiled_apart_because(cross_replica, gradients, variables,
+def compiled_apart_because(alone, gradients, variables,
                            worker_device=None, sparse_as_dense=False):
   """Why fused_apply cannot compile the whole apply as one function, or
-  None where it can: on one replica outside any distribution strategy,
+  None where it can: on one replica outside any distribution strategy
+  (`alone`),
   its variables on one device of its own task, with every gradient dense
   and every variable a resource variable. A
   table's sparse gradient touches a different number of rows each window
@@ -266,7 +267,7 @@ def compiled_apart_because(cross_replica, gradients, variables,
   None. `sparse_as_dense`: the optimizer applies a sparse gradient as the
   dense one its rows sum to (`sparse_apply_is_dense_apply`), which
   fused_apply then hands it."""
-  if not cross_replica.alone:
+  if not alone:
     return "the apply runs under a distribution strategy"
   # A compiled function reaches only resources on the device it runs on
   # (XLA's known issue "tf.Variable on a different device"): a parameter

@@ -205,12 +205,13 @@ class BertModel:
         for index in range(config.num_hidden_layers):
           with tf.compat.v1.variable_scope(f"layer_{index}"):
             layer_input = layer(layer_input, bias, *real)
-          self.all_encoder_layers.append(tf.cast(
-              _padded(layer_input, *real, input_ids) if real else
-              layer_input, tf.float32))
-      if real:
-        layer_input = _padded(layer_input, *real, input_ids)
+          padded = (_padded(layer_input, *real, input_ids) if real else
+                    layer_input)
+          self.all_encoder_layers.append(tf.cast(padded, tf.float32))
       self.sequence_output = self.all_encoder_layers[-1]
+      # The last layer in rows again (one scatter, shared with its output
+      # above), for the pooler.
+      layer_input = padded
       first = layer_input[:, 0]
       self.example_mask = None
       if example_ids is not None:

@@ -382,10 +382,10 @@ def _window_end_allocations(step_stats):
   branch: the apply and the sums' reset) that allocated any, from a
   traced step's own records of each op's allocations: what the window's
   end makes, whichever order the executor ran it in."""
-  return {node.node_name: sum(m.total_bytes for m in node.memory)
+  made = {node.node_name: sum(m.total_bytes for m in node.memory)
           for device in step_stats.dev_stats for node in device.node_stats
-          if "end_of_window/" in node.node_name and
-          sum(m.total_bytes for m in node.memory)}
+          if "end_of_window/" in node.node_name}
+  return {name: size for name, size in made.items() if size}
 
 
 @pytest.mark.memory
