@@ -335,10 +335,8 @@ def measure_peak(build, micro_batch, k, device=None,
   gc.collect()
   graph = tf.Graph()
   with graph.as_default():
-    fetch = build(micro_batch, k, **memory_options)
-    if fetch is None:
-      raise ValueError(f"build({micro_batch}, {k}) returned None: it must "
-                       "return the train op (what one micro-batch runs)")
+    fetch = _checked_fetch(build(micro_batch, k, **memory_options), graph,
+                           micro_batch, k)
     init = [tf.compat.v1.global_variables_initializer(),
             tf.compat.v1.local_variables_initializer(),
             tf.compat.v1.tables_initializer()]
@@ -381,6 +379,29 @@ def measure_peak(build, micro_batch, k, device=None,
                      memory_options.get("accumulator_placement", "device"),
                      adding[-1] if adding else None,
                      ending[-1] if ending else None)
+
+
+def _checked_fetch(fetch, graph, micro_batch, k):
+  """`fetch`, what `build(micro_batch, k)` returned, if a session can run
+  it in `graph` (an op, a tensor, a variable, or a list or dict of them);
+  else a one-line error naming `build` and what it returned."""
+  if fetch is None:
+    raise ValueError(f"build({micro_batch}, {k}) returned None: it must "
+                     "return the train op (what one micro-batch runs)")
+  for element in tf.nest.flatten(fetch):
+    try:
+      graph.as_graph_element(element, allow_tensor=True,
+                             allow_operation=True)
+    except (TypeError, ValueError):
+      shown = repr(fetch)
+      shown = shown if len(shown) <= 120 else shown[:117] + "..."
+      why = (f"{type(element).__name__} is not something a session runs"
+             if getattr(element, "graph", graph) is graph else
+             "it was made in another graph than the one build is called in")
+      raise TypeError(
+          f"build({micro_batch}, {k}) returned {shown}: it must return the "
+          f"train op (what one micro-batch runs); {why}") from None
+  return fetch
 
 
 def plan_micro_batch(build=None, effective_batch=None, *,

@@ -164,6 +164,37 @@ def test_bad_arguments_are_one_line(kwargs, message):
                                      device="CPU:0", **kwargs)
 
 
+def _loss_and_optimizer(micro_batch, k):
+  """A build that returns what it would minimize, not its train op."""
+  del k
+  weights = tf.compat.v1.get_variable("w", [8, 1])
+  loss = tf.reduce_mean(tf.matmul(tf.ones([micro_batch, 8]), weights))
+  return loss, tf.compat.v1.train.GradientDescentOptimizer(0.1)
+
+
+def _made_elsewhere(micro_batch, k):
+  """A build that returns an op of another graph."""
+  del k
+  with tf.Graph().as_default():
+    return tf.compat.v1.assign(tf.compat.v1.get_variable(
+        "w", [micro_batch]), tf.zeros([micro_batch])).op
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda m, k: None, r"^build\(4, 2\) returned None: it must return the "
+     r"train op"),
+    (_loss_and_optimizer, r"^build\(4, 2\) returned \(<tf.Tensor 'Mean:0'.*: "
+     r"it must return the train op \(what one micro-batch runs\); "
+     r"GradientDescentOptimizer is not something a session runs$"),
+    (_made_elsewhere, r"^build\(4, 2\) returned <tf.Operation 'Assign.*: it "
+     r"must return the train op \(what one micro-batch runs\); it was made "
+     r"in another graph than the one build is called in$"),
+])
+def test_a_build_that_returns_no_train_op_is_one_line(build, message):
+  with pytest.raises((TypeError, ValueError), match=message):
+    estimator_accum.measure_peak(build, 4, 2, device="CPU:0")
+
+
 def test_an_allocator_without_statistics_is_one_line_naming_the_fix():
   # TensorFlow's plain CPU allocator (oneDNN off, without the BFC one) keeps
   # no statistics: in a process of its own, whatever this CPU's default.
