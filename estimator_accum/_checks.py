@@ -39,7 +39,7 @@ def check_k(k):
   if k > MAX_K:
     raise ValueError(
         f"k must be at most {MAX_K} (2**24, the micro-batch counts are exact "
-        f"float32 up to there), got {_short(k)}.")
+        f"float32 up to there), got {short(k)}.")
   return int(k)
 
 
@@ -47,17 +47,18 @@ def check_positive_int(argument, value, limit=MAX_K):
   """Returns `value` as an int after checking it is an integer in
   1..limit; the error names `argument`."""
   if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{argument} must be an int, got {_short(value)} of type "
+    raise TypeError(f"{argument} must be an int, got {short(value)} of type "
                     f"{type(value).__name__}.")
   if not 1 <= value <= limit:
-    raise ValueError(f"{argument} must be in 1..{limit}, got {_short(value)}.")
+    raise ValueError(f"{argument} must be in 1..{limit}, got {short(value)}.")
   return int(value)
 
 
-def _short(value, limit=60):
+def short(value, limit=60):
   """repr(value), cut to `limit` characters."""
   text = repr(value)
   return text if len(text) <= limit else text[:limit] + "..."
+
 
 
 def check_max_skipped(value):
@@ -67,11 +68,11 @@ def check_max_skipped(value):
   if isinstance(value, bool) or not isinstance(value, numbers.Integral):
     raise TypeError(
         f"max_consecutive_skipped_windows must be an int or None, got "
-        f"{_short(value)} of type {type(value).__name__}.")
+        f"{short(value)} of type {type(value).__name__}.")
   if not 1 <= value <= 2**31:
     raise ValueError(
         f"max_consecutive_skipped_windows must be in 1..{2**31} (or None to "
-        f"never stop), got {_short(value)}.")
+        f"never stop), got {short(value)}.")
   return int(value)
 
 

@@ -308,6 +308,11 @@ def own_threads(session_config):
   too; it splits one op's work and did not move the peaks measured.)"""
   config = tf.compat.v1.ConfigProto()
   if session_config is not None:
+    if not isinstance(session_config, tf.compat.v1.ConfigProto):
+      raise TypeError(
+          "session_config must be a tf.compat.v1.ConfigProto or None, got "
+          f"{_checks.short(session_config)} of type "
+          f"{type(session_config).__name__}.")
     config.CopyFrom(session_config)
   if (config.inter_op_parallelism_threads > 0 and
       not config.session_inter_op_thread_pool):
@@ -326,6 +331,12 @@ def measure_peak(build, micro_batch, k, device=None,
   `session_config`: the tf.compat.v1.ConfigProto the job runs with (its
   threads decide the order ops run in, and so what is alive at once);
   default TensorFlow's."""
+  check_build(build)
+  micro_batch = _checks.check_positive_int("micro_batch", micro_batch)
+  k = _checks.check_k(k)
+  micro_batches = _checks.check_positive_int("micro_batches", micro_batches)
+  config = own_threads(session_config)
+  config.allow_soft_placement = True
   device = device or default_device()
   check_memory_statistics(device)
   started = time.perf_counter()
@@ -342,8 +353,6 @@ def measure_peak(build, micro_batch, k, device=None,
             tf.compat.v1.tables_initializer()]
   peak = step_seconds = None
   run_peaks = []
-  config = own_threads(session_config)
-  config.allow_soft_placement = True
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
@@ -379,6 +388,15 @@ def measure_peak(build, micro_batch, k, device=None,
                      memory_options.get("accumulator_placement", "device"),
                      adding[-1] if adding else None,
                      ending[-1] if ending else None)
+
+
+def check_build(build):
+  """Refuses a `build` that is not callable, in one line."""
+  if not callable(build):
+    raise TypeError(
+        "build must be a callable build(micro_batch, k) that returns the "
+        f"train op, got {_checks.short(build)} of type "
+        f"{type(build).__name__}.")
 
 
 def _checked_fetch(fetch, graph, micro_batch, k):
@@ -662,9 +680,7 @@ def _build_from(build, model_fn, input_fn, params):
     raise ValueError("plan_micro_batch: give either build (a function of "
                      "micro_batch and k) or model_fn and input_fn")
   if build is not None:
-    if not callable(build):
-      raise TypeError(f"build must be callable (micro_batch, k) -> train op, "
-                      f"got {type(build).__name__}")
+    check_build(build)
     return build
   if not callable(model_fn) or not callable(input_fn):
     raise ValueError("plan_micro_batch: model_fn and input_fn go together, "
@@ -723,6 +739,14 @@ def window_batches(dataset, plan):
   """Batches `dataset` (of examples) into the plan's windows: k - 1
   micro-batches of `plan.micro_batch` and a last one of
   `plan.last_micro_batch`, each window the replica's share in order."""
+  if not isinstance(dataset, tf.data.Dataset):
+    raise TypeError(f"dataset must be a tf.data.Dataset of examples, got "
+                    f"{_checks.short(dataset)} of type "
+                    f"{type(dataset).__name__}.")
+  if not isinstance(plan, MicroBatchPlan):
+    raise TypeError(f"plan must be a MicroBatchPlan (plan_micro_batch's or "
+                    f"MicroBatchPlan.given's), got {_checks.short(plan)} of "
+                    f"type {type(plan).__name__}.")
   share = plan.per_replica
   return dataset.batch(share, drop_remainder=True).flat_map(
       lambda *window: tf.data.Dataset.from_tensor_slices(

@@ -195,6 +195,39 @@ def test_a_build_that_returns_no_train_op_is_one_line(build, message):
     estimator_accum.measure_peak(build, 4, 2, device="CPU:0")
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda build: estimator_accum.measure_peak(build, 0, 2), ValueError,
+     r"^micro_batch must be in 1\.\.\d+, got 0\.$"),
+    (lambda build: estimator_accum.measure_peak(build, 4, 2.0), TypeError,
+     r"^k must be a Python int .*got 2\.0 of type float\.$"),
+    (lambda build: estimator_accum.measure_peak(build, 4, 2, micro_batches=0),
+     ValueError, r"^micro_batches must be in 1\.\.\d+, got 0\.$"),
+    (lambda build: estimator_accum.measure_peak(3, 4, 2), TypeError,
+     r"^build must be a callable build\(micro_batch, k\) that returns the "
+     r"train op, got 3 of type int\.$"),
+    (lambda build: estimator_accum.plan_micro_batch(
+        "step", EFFECTIVE, memory_budget_mb=10), TypeError,
+     r"^build must be a callable .*got 'step' of type str\.$"),
+    (lambda build: estimator_accum.measure_peak(
+        build, 4, 2, session_config="one thread"), TypeError,
+     r"^session_config must be a tf\.compat\.v1\.ConfigProto or None, got "
+     r"'one thread' of type str\.$"),
+    (lambda build: estimator_accum.window_batches(
+        range(64), estimator_accum.MicroBatchPlan.given(32, 8)), TypeError,
+     r"^dataset must be a tf\.data\.Dataset of examples, got range\(0, 64\) "
+     r"of type range\.$"),
+    (lambda build: estimator_accum.window_batches(
+        tf.data.Dataset.range(64), {"micro_batch": 8}), TypeError,
+     r"^plan must be a MicroBatchPlan .*got \{'micro_batch': 8\} of type "
+     r"dict\.$"),
+])
+def test_bad_measuring_arguments_are_one_line(call, error, message):
+  def build(micro_batch, k):
+    raise AssertionError("built despite a bad argument")
+  with pytest.raises(error, match=message):
+    call(build)
+
+
 def test_an_allocator_without_statistics_is_one_line_naming_the_fix():
   # TensorFlow's plain CPU allocator (oneDNN off, without the BFC one) keeps
   # no statistics: in a process of its own, whatever this CPU's default.
