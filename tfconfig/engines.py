@@ -69,9 +69,21 @@ def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
   """
   _check_name("--name", name)
   _check_name("--namespace", namespace)
-  if not image:
+  if not image or not isinstance(image, str):
     raise tfc.TFConfigError("--image is required: every replica runs a "
                             "container image")
+  if (isinstance(command, str) or not isinstance(command, (list, tuple)) or
+      not command or not all(isinstance(a, str) for a in command)):
+    shown = repr(command)
+    raise tfc.TFConfigError(
+        "command must be a non-empty list of str (the program and its "
+        "arguments, a container's command), got "
+        f"{shown if len(shown) <= 80 else shown[:77] + '...'}")
+  for flag, value in (("--workers", workers), ("--ps", ps),
+                      ("--backoff_limit", backoff_limit)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+      raise tfc.TFConfigError(f"{flag} must be a whole number >= 0, got "
+                              f"{value!r}")
   if restart_policy not in RESTART_POLICIES:
     raise tfc.TFConfigError(f"--restart_policy {restart_policy!r} is not one "
                             f"of {', '.join(RESTART_POLICIES)}")

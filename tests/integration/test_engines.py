@@ -284,6 +284,28 @@ def test_tfjob_refuses_what_the_operator_would(flags, message):
   assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("arguments, message", [
+    (dict(command="python train.py"), "command must be a non-empty list of "
+     "str (the program and its arguments, a container's command), got "
+     "'python train.py'"),
+    (dict(command=[]), "command must be a non-empty list of str"),
+    (dict(command=["python", 3]), "command must be a non-empty list of str"),
+    (dict(workers=-1, chief=True), "--workers must be a whole number >= 0, "
+     "got -1"),
+    (dict(ps=1.5, chief=True), "--ps must be a whole number >= 0, got 1.5"),
+    (dict(backoff_limit=-2), "--backoff_limit must be a whole number >= 0"),
+])
+def test_tfjob_manifest_refuses_a_bad_argument_in_one_line(arguments,
+                                                           message):
+  # A command given as one string was split into one argument per character.
+  given = dict(name="job", image="image", command=["python", "train.py"],
+               workers=2)
+  given.update(arguments)
+  with pytest.raises(tfconfig.TFConfigError) as raised:
+    engines.tfjob_manifest(**given)
+  assert str(raised.value).startswith(message), str(raised.value)
+
+
 # Slurm ----------------------------------------------------------------------
 
 SLURM = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "node[01-02]",
