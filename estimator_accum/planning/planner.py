@@ -326,7 +326,8 @@ def measure_peak(build, micro_batch, k, device=None,
   """Builds `build(micro_batch, k, **memory_options)` in a fresh graph, runs
   it `micro_batches` times after initializing, and returns a Measurement of
   the allocator's peak bytes on `device` (None if it ran out of memory) and
-  of the micro-batches' mean time after the first. `memory_options`:
+  of the micro-batches' mean time after the first window (after the first
+  micro-batch when no whole window follows it). `memory_options`:
   `recompute` and `accumulator_placement`, for a `build` that takes them.
   `session_config`: the tf.compat.v1.ConfigProto the job runs with (its
   threads decide the order ops run in, and so what is alive at once);
@@ -356,16 +357,22 @@ def measure_peak(build, micro_batch, k, device=None,
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
       session.run(init)
+      # Timed after the first window when a whole one follows it: its end
+      # makes the optimizer's slots and compiles a fused apply (XLA: most of
+      # a second, once), which would otherwise count at k > 1 and not at
+      # k = 1, and bias the model against small micro-batches.
+      untimed = k if micro_batches > k else 1
       timed = None
       for run in range(micro_batches):
         tf.config.experimental.reset_memory_stats(device)
         session.run(fetch)
         run_peaks.append(
             int(tf.config.experimental.get_memory_info(device)["peak"]))
-        if run == 0:
+        if run == untimed - 1:
           timed = time.perf_counter()
-      if micro_batches > 1:
-        step_seconds = (time.perf_counter() - timed) / (micro_batches - 1)
+      if micro_batches > untimed:
+        step_seconds = (time.perf_counter() - timed) / (
+            micro_batches - untimed)
       peak = max(run_peaks)
   except tf.errors.ResourceExhaustedError:
     peak = step_seconds = None
