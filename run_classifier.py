@@ -445,6 +445,11 @@ class ClassifierRun:
       if created:
         _remove_if_empty(self.output_dir)
       raise UsageError(str(error)) from None
+    if (self.flags.do_train and self.flags.fused_apply and
+        self.flags.distribution_strategy == "none"):
+      # The window's end is compiled (one replica): XLA's one-time lines
+      # on CPU go nowhere, after the allocator is chosen.
+      console.quiet_xla_start(self.flags.verbose)
     try:
       self._train_and_evaluate(processor, label_list, bert_config, tokenizer,
                                init_checkpoint)

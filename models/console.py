@@ -4,6 +4,7 @@ errors and warnings, not its deprecation chatter nor Estimator's INFO lines
 
 import logging
 import os
+import sys
 import warnings
 
 # Lines TensorFlow logs for every tf.compat.v1 API the scripts use on
@@ -37,3 +38,30 @@ def quiet_tensorflow(verbose=False):
     logger.addFilter(_NoChatter())
   for module in ("tensorflow", "keras", "tf_slim", "tensorflow_estimator"):
     warnings.filterwarnings("ignore", module=module)
+
+
+def quiet_xla_start(verbose=False):
+  """Makes XLA's CPU client with the process's stderr closed, unless
+  `verbose`: TensorFlow 2.15's first XLA compile on CPU logs "Compiled
+  cluster using XLA!" through absl (whatever TF_CPP_MIN_LOG_LEVEL says,
+  after absl's own "WARNING: All log messages before absl::InitializeLog()
+  ..."), and the first stream XLA's CPU client makes "SetPriority
+  unimplemented for this stream" at ERROR. Each once a process: compiling
+  and running one tiny function here makes the compile count and the
+  stream, which the job's compiled window end then reuses. Call it where
+  nothing else writes to stderr (before the job's threads start)."""
+  if verbose:
+    return
+  import tensorflow as tf  # noqa: PLC0415 (after quiet_tensorflow)
+
+  sys.stderr.flush()
+  saved = os.dup(2)
+  null = os.open(os.devnull, os.O_WRONLY)
+  try:
+    os.dup2(null, 2)
+    with tf.device("/CPU:0"):
+      tf.function(jit_compile=True)(lambda x: x + 1.0)(tf.constant(0.0))
+  finally:
+    os.dup2(saved, 2)
+    os.close(saved)
+    os.close(null)
