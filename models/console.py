@@ -13,7 +13,12 @@ _CHATTER = ("is deprecated and will be removed",
             "Instructions for updating", "use `update_config_proto` instead",
             "Use the iterator's `initializer` property instead",
             "is not passed in. No distribution strategy will be used for "
-            "evaluation")
+            "evaluation",
+            # Estimator's step counter reads global_step beside the step,
+            # in either order, and takes two equal reads for a stall: the
+            # scripts' train ops count every micro-batch.
+            "It seems that global step (tf.train.get_global_step) has not "
+            "been increased")
 
 
 class _NoChatter(logging.Filter):

@@ -1,0 +1,35 @@
+"""What the scripts' console keeps of TensorFlow's own lines
+(`models/console.py`): its warnings and errors, not the lines about the
+tf.compat.v1 API the scripts use on purpose, nor Estimator's step counter
+taking two reads of global_step for a stall. In a process of its own: the
+quieting changes the process's loggers."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+PROGRAM = """
+import tensorflow as tf
+from models import console
+console.quiet_tensorflow(False)
+logger = tf.get_logger()
+logger.warning("It seems that global step (tf.train.get_global_step) has "
+               "not been increased. Current value (could be stable): 7 vs "
+               "previous value: 7.")
+logger.warning("From x.py:1: foo is deprecated and will be removed in a "
+               "future version.")
+logger.warning("a warning about the run itself")
+"""
+
+
+def test_the_scripts_keep_tensorflows_warnings_but_not_its_chatter():
+  result = subprocess.run([sys.executable, "-c", PROGRAM], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "a warning about the run itself" in result.stderr
+  assert "global step" not in result.stderr, result.stderr
+  assert "deprecated" not in result.stderr, result.stderr
