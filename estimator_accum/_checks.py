@@ -60,7 +60,6 @@ def short(value, limit=60):
   return text if len(text) <= limit else text[:limit] + "..."
 
 
-
 def check_max_skipped(value):
   """Returns max_consecutive_skipped_windows: None or an int in 1..2**31."""
   if value is None:
