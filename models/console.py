@@ -4,6 +4,7 @@ errors and warnings, not its deprecation chatter nor Estimator's INFO lines
 
 import logging
 import os
+import signal
 import sys
 import warnings
 
@@ -54,12 +55,17 @@ def quiet_xla_start(verbose=False):
   unimplemented for this stream" at ERROR. Each once a process: compiling
   and running one tiny function here makes the compile count and the
   stream, which the job's compiled window end then reuses. Call it where
-  nothing else writes to stderr (before the job's threads start)."""
+  nothing else writes to stderr (before the job's threads start); a
+  SIGTERM or SIGINT that comes meanwhile is handled once stderr is back."""
   if verbose:
     return
   import tensorflow as tf  # noqa: PLC0415 (after quiet_tensorflow)
 
   sys.stderr.flush()
+  # A SIGTERM or SIGINT meanwhile waits for stderr: what its handler says
+  # must be seen.
+  stops = {signal.SIGTERM, signal.SIGINT}
+  masked = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
   saved = os.dup(2)
   null = os.open(os.devnull, os.O_WRONLY)
   try:
@@ -74,3 +80,4 @@ def quiet_xla_start(verbose=False):
     os.dup2(saved, 2)
     os.close(saved)
     os.close(null)
+    signal.pthread_sigmask(signal.SIG_SETMASK, masked)

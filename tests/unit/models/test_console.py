@@ -33,3 +33,33 @@ def test_the_scripts_keep_tensorflows_warnings_but_not_its_chatter():
   assert "a warning about the run itself" in result.stderr
   assert "global step" not in result.stderr, result.stderr
   assert "deprecated" not in result.stderr, result.stderr
+
+
+QUIET_START = """
+import os, signal, sys
+import tensorflow as tf
+from models import console
+
+def stopped(number, frame):
+  print("stopped by SIGTERM", file=sys.stderr, flush=True)
+
+signal.signal(signal.SIGTERM, stopped)
+function = tf.function
+
+def signalled_function(*args, **kwargs):
+  os.kill(os.getpid(), signal.SIGTERM)  # in the middle of the quiet start
+  return function(*args, **kwargs)
+
+tf.function = signalled_function
+console.quiet_xla_start(False)
+print("started", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_sigterm_during_the_quiet_xla_start_is_handled_with_stderr_back():
+  result = subprocess.run([sys.executable, "-c", QUIET_START], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "stopped by SIGTERM\nstarted" in result.stderr, result.stderr
+  assert "Compiled cluster using XLA" not in result.stderr, result.stderr
