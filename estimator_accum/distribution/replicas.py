@@ -21,6 +21,13 @@ def has_strategy():
   return tf.distribute.has_strategy()
 
 
+def alone(num_replicas_in_sync):
+  """Whether `num_replicas_in_sync` replicas are the one replica of no
+  distribution strategy (the default one): nothing to mirror, nothing to
+  merge."""
+  return num_replicas_in_sync == 1 and not has_strategy()
+
+
 def num_replicas():
   """The replicas in sync under the current strategy (1 without one)."""
   return tf.distribute.get_strategy().num_replicas_in_sync
@@ -207,7 +214,7 @@ class CrossReplica:
   def alone(self):
     """Whether this is the one replica of no distribution strategy (the
     default one): nothing to mirror, nothing to merge."""
-    return self.num_replicas == 1 and not tf.distribute.has_strategy()
+    return alone(self.num_replicas)
 
   def each(self, function, *args):
     """`function(*args)` on every replica (in its replica context); returns

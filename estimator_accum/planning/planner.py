@@ -418,14 +418,13 @@ def _checked_fetch(fetch, graph, micro_batch, k):
       graph.as_graph_element(element, allow_tensor=True,
                              allow_operation=True)
     except (TypeError, ValueError):
-      shown = repr(fetch)
-      shown = shown if len(shown) <= 120 else shown[:117] + "..."
       why = (f"{type(element).__name__} is not something a session runs"
              if getattr(element, "graph", graph) is graph else
              "it was made in another graph than the one build is called in")
       raise TypeError(
-          f"build({micro_batch}, {k}) returned {shown}: it must return the "
-          f"train op (what one micro-batch runs); {why}") from None
+          f"build({micro_batch}, {k}) returned {_checks.short(fetch, 120)}: "
+          f"it must return the train op (what one micro-batch runs); {why}"
+      ) from None
   return fetch
 
 

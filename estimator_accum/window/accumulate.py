@@ -177,10 +177,9 @@ class Accumulation:
     the optimizer's state). Else (None, all)."""
     dense = [a for a in self.accumulators if a.kind == "dense"]
     totals = [a.total for a in dense]
-    alone = not replicas.has_strategy() and self._plan.replicas == 1
     if (not self._plan.settings.fused_apply or not totals or
         finish.compiled_apart_because(
-            alone, (), totals,
+            replicas.alone(self._plan.replicas), (), totals,
             worker_device=self._plan.variables.local_device) is not None):
       return None, self.accumulators
 
