@@ -53,7 +53,7 @@ from estimator_accum.options import BYTES_PER_PACK  # noqa: E402
 from harness import bench  # noqa: E402
 
 
-class _InterleavedTimer(tf.estimator.SessionRunHook):
+class _InterleavedTimer(tf.compat.v1.train.SessionRunHook):
   """Times every step, then the pass alone, and after every k-th step the
   all-reduce alone; writes the three lists as JSON at the end."""
 

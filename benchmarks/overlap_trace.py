@@ -52,7 +52,7 @@ MODES = {"overlap": True, "no_overlap": False}
 _COLLECTIVES = ("CollectiveReduceV2", "CollectiveReduce")
 
 
-class _Tracer(tf.estimator.SessionRunHook):
+class _Tracer(tf.compat.v1.train.SessionRunHook):
   """Traces the steps in `steps` (0-based micro-batches); writes each
   traced step's ops as JSON: [[name, type, thread, start us, end us]]."""
 
@@ -63,7 +63,7 @@ class _Tracer(tf.estimator.SessionRunHook):
   def before_run(self, run_context):
     del run_context
     if self._step in self._steps:
-      return tf.estimator.SessionRunArgs(None, options=tf.compat.v1.RunOptions(
+      return tf.compat.v1.train.SessionRunArgs(None, options=tf.compat.v1.RunOptions(
           trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
     return None
 

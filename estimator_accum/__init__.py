@@ -5,6 +5,9 @@ under MirroredStrategy and MultiWorkerMirroredStrategy, and on
 parameter-server workers. See `build_accumulating_train_op`.
 """
 
+# First: a missing or unsupported TensorFlow is named in one line.
+from estimator_accum import releases  # noqa: F401
+
 # The kind around a tf.keras.optimizers.Optimizer (AccumulatingKerasOptimizer
 # makes one of its subclasses).
 from estimator_accum.integrations import keras_optimizer_v3  # noqa: F401

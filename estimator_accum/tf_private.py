@@ -1,6 +1,8 @@
 """The library's one door to TensorFlow's private API, one function each.
 
-Written for TensorFlow 2.15 (the last release with `tf.estimator`). Each
+Written for TensorFlow 2.15 and checked on every release to 2.21 (where a
+name moved, the function says both places; `releases.py` says which
+TensorFlow and Keras run). Each
 function names the private attribute, call or module it uses and why no
 public API serves; `tests/unit/test_tf_private.py` runs each against the
 installed TensorFlow, so that an upgrade that moves a name fails there, in
@@ -14,10 +16,13 @@ lists them, and the test checks each still exists on its base.
 """
 
 import contextlib
+import importlib
 import sys
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
+
+from estimator_accum import releases
 
 # (base class, private method) the library's subclasses override: a
 # tf.compat.v1 optimizer's checkpoint hooks (its slots are restored through
@@ -25,10 +30,12 @@ from tensorflow.core.framework import attr_value_pb2
 OVERRIDDEN_HOOKS = (
     (tf.compat.v1.train.Optimizer, "_create_or_restore_slot_variable"),
     (tf.compat.v1.train.Optimizer, "_lookup_dependency"),
-    (tf.keras.optimizers.legacy.Optimizer, "_create_or_restore_slot_variable"),
+    *((legacy, "_create_or_restore_slot_variable")
+      for legacy in releases.keras_legacy_optimizer_types()),
     # (how a SavedModel save is told, either kind)
     (tf.keras.optimizers.Optimizer, "_trackable_children"),
-    (tf.keras.optimizers.legacy.Optimizer, "_trackable_children"),
+    *((legacy, "_trackable_children")
+      for legacy in releases.keras_legacy_optimizer_types()),
 )
 
 # Graph surgery ------------------------------------------------------------
@@ -266,25 +273,46 @@ def is_wrapped_by_keras_loss_scale_optimizer(optimizer):
   return bool(getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False))
 
 
-def in_keras_load():
-  """Whether Keras's `load_model` (of a SavedModel or an .h5 file) is
-  running: `keras.src.saving.legacy.saved_model.load_context` (Keras 2.15),
-  which no public API reports; a wrapper it makes from its config carries no
-  window."""
-  from keras.src.saving.legacy.saved_model import load_context  # noqa: PLC0415
+def _keras2_saved_model_module(name):
+  """Keras 2's `<package>.src.saving.legacy.saved_model.<name>` module:
+  `keras` on TensorFlow 2.15, `tf_keras` where tf-keras serves `tf.keras`
+  (2.16+ with TF_USE_LEGACY_KERAS=1); None under Keras 3, which loads no
+  Keras-2 SavedModel."""
+  package = releases.keras2_module_prefix()
+  if package is None:
+    return None
+  return importlib.import_module(
+      f"{package}.src.saving.legacy.saved_model.{name}")
 
+
+def in_keras_load():
+  """Whether Keras 2's `load_model` (of a SavedModel or an .h5 file) is
+  running, which no public API reports: Keras 2.15 enters its own
+  `keras.src.saving.legacy.saved_model.load_context`, tf-keras (2.16-2.21)
+  TensorFlow's `tensorflow.python.distribute.load_context`. A wrapper it
+  makes from its config carries no window. False under Keras 3."""
+  package = releases.keras2_module_prefix()
+  if package is None:
+    return False
+  if package == "keras":
+    load_context = _keras2_saved_model_module("load_context")
+  else:
+    from tensorflow.python.distribute import (  # noqa: PLC0415
+      load_context,
+    )
   return bool(load_context.in_load_context())
 
 
 def keras_saved_model_being_loaded():
-  """The path of the SavedModel Keras's `load_model` is loading, or None
-  (also while it loads an .h5 file): the argument `path` of
-  `keras.src.saving.legacy.saved_model.load.load` (Keras 2.15), found up the
-  call stack. Keras compiles the loaded model with an optimizer made anew
-  from its config and tells it nothing of the file, whose state it would
-  take back."""
-  from keras.src.saving.legacy.saved_model import load  # noqa: PLC0415
-
+  """The path of the SavedModel Keras 2's `load_model` is loading, or None
+  (also while it loads an .h5 file, and under Keras 3): the argument `path`
+  of `keras.src.saving.legacy.saved_model.load.load` (Keras 2.15; the same
+  under `tf_keras.src` in tf-keras 2.16-2.21), found up the call stack. Keras compiles the loaded
+  model with an optimizer made anew from its config and tells it nothing of
+  the file, whose state it would take back."""
+  load = _keras2_saved_model_module("load")
+  if load is None:
+    return None
   frame = sys._getframe(1)  # noqa: SLF001
   while frame is not None:
     if frame.f_code is load.load.__code__:
@@ -440,7 +468,15 @@ def configure_coordination_service(leader, heartbeat_timeout_ms, jobs):
     jobs: [(job name, number of tasks)] the service coordinates.
   """
   from tensorflow.python.eager import context  # noqa: PLC0415
-  from tensorflow.tsl.protobuf import coordination_config_pb2  # noqa: PLC0415
+
+  try:  # TensorFlow 2.15
+    from tensorflow.tsl.protobuf import (  # noqa: PLC0415
+      coordination_config_pb2,
+    )
+  except ImportError:  # 2.16+: TSL moved under XLA
+    from tensorflow.compiler.xla.tsl.protobuf import (  # noqa: PLC0415
+      coordination_config_pb2,
+    )
 
   context.context().configure_coordination_service(
       service_type="standalone", service_leader=leader,

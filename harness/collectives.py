@@ -15,7 +15,7 @@ _COLLECTIVE_OPS = ("CollectiveReduce", "CollectiveGather", "CollectiveBcast",
                    "CollectiveAllToAll", "NcclAllReduce")
 
 
-class CollectiveCounter(tf.estimator.SessionRunHook):
+class CollectiveCounter(tf.compat.v1.train.SessionRunHook):
   """Collects [(collective ops, bytes reduced, seconds)] per step.
 
   Estimator deep-copies its params, hooks passed through them included: give
@@ -31,7 +31,7 @@ class CollectiveCounter(tf.estimator.SessionRunHook):
   def before_run(self, run_context):
     del run_context
     self._start = time.perf_counter()
-    return tf.estimator.SessionRunArgs(
+    return tf.compat.v1.train.SessionRunArgs(
         None, options=tf.compat.v1.RunOptions(
             trace_level=tf.compat.v1.RunOptions.FULL_TRACE))
 

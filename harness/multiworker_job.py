@@ -37,7 +37,7 @@ OPTIMIZERS = {
 }
 
 
-class _SlowStep(tf.estimator.SessionRunHook):
+class _SlowStep(tf.compat.v1.train.SessionRunHook):
   """Sleeps before this worker's n-th micro-batch of this run (the one that
   finds the input ended, to force the race at the job's end)."""
 
@@ -50,7 +50,7 @@ class _SlowStep(tf.estimator.SessionRunHook):
       time.sleep(self._seconds)
 
 
-class _SlowEveryStep(tf.estimator.SessionRunHook):
+class _SlowEveryStep(tf.compat.v1.train.SessionRunHook):
   """Sleeps after every micro-batch: a job long enough to be killed in."""
 
   def __init__(self, seconds):
@@ -60,7 +60,7 @@ class _SlowEveryStep(tf.estimator.SessionRunHook):
     time.sleep(self._seconds)
 
 
-class _DieAfter(tf.estimator.SessionRunHook):
+class _DieAfter(tf.compat.v1.train.SessionRunHook):
   """Kills this process after n micro-batches, leaving a marker file."""
 
   def __init__(self, n, marker):
@@ -79,7 +79,7 @@ PHASES = ("imported", "strategy_made", "building_train_op", "session_made",
           "trained_one")
 
 
-class _Phases(tf.estimator.SessionRunHook):
+class _Phases(tf.compat.v1.train.SessionRunHook):
   """Says "phase <name>" at each moment of the start, and waits at the one
   it was asked to (a SIGTERM sent on seeing it lands there): `seconds`, or
   until `release` (a path) exists, at most `seconds`. A test that signals

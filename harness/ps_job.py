@@ -54,7 +54,7 @@ def _flag_value(name, default):
           if name in sys.argv else default)
 
 
-class _Record(tf.estimator.SessionRunHook):
+class _Record(tf.compat.v1.train.SessionRunHook):
   """Counts this task's micro-batches; the chief gathers the final state
   from the tasks `others` (names)."""
 

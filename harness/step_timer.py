@@ -6,7 +6,7 @@ import time
 import tensorflow as tf
 
 
-class StepTimer(tf.estimator.SessionRunHook):
+class StepTimer(tf.compat.v1.train.SessionRunHook):
   """Wall time of every session.run of an Estimator; `times` holds them,
   and with `path` they are written there as JSON at the end."""
 

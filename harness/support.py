@@ -237,7 +237,7 @@ def run_in_order(session, fetch, inputs, values, batch_sizes):
 MICRO_BATCH_LOSS = "test_micro_batch_loss"
 
 
-class LossRecorder(tf.estimator.SessionRunHook):
+class LossRecorder(tf.compat.v1.train.SessionRunHook):
   """Writes the micro-batch loss of every step (this replica's, from
   accumulating_model_fn) to `output_path` as JSON at the end; Estimator
   deep-copies the hooks in its params, as with CollectiveCounter."""
@@ -252,7 +252,7 @@ class LossRecorder(tf.estimator.SessionRunHook):
 
   def before_run(self, run_context):
     del run_context
-    return tf.estimator.SessionRunArgs(self._loss)
+    return tf.compat.v1.train.SessionRunArgs(self._loss)
 
   def after_run(self, run_context, run_values):
     del run_context

@@ -15,7 +15,7 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import releases, tf_private
 from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
 
@@ -119,7 +119,7 @@ class WrapperCheckpoints:
     for name, variable in state.items():
       if any(variable is v for v in local):
         continue
-      tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+      releases.keras_track_variable(variable)
       if name != "micro_batches":  # (the caller's counter, not the window's)
         tracking.variables[name] = variable
       # (Eagerly, in TensorFlow 2, the variable saves itself across
@@ -138,7 +138,7 @@ class WrapperCheckpoints:
     tracking.children.update(children)
     for name, child in sorted(children.items()):
       if isinstance(child, tf.Variable):
-        tf.compat.v2.keras.__internal__.backend.track_variable(child)
+        releases.keras_track_variable(child)
       # Values a checkpoint loaded before this build holds for it (Keras's
       # load_weights before fit): restored now.
       tf_private.track_child(owner, name, child)

@@ -12,7 +12,7 @@ import contextlib
 
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import releases, tf_private
 
 
 @contextlib.contextmanager
@@ -129,7 +129,7 @@ def apply_reduced(cross_replica, optimizer, gradients, variables):
   def apply_on_replica(gradients):
     extra = {}
     # Already reduced: tell Keras not to reduce again.
-    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+    if isinstance(optimizer, releases.keras_legacy_optimizer_types()):
       extra = dict(experimental_aggregate_gradients=False)
     elif isinstance(optimizer, tf.keras.optimizers.Optimizer):
       extra = dict(skip_gradients_aggregation=True)

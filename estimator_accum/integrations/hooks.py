@@ -29,7 +29,7 @@ from estimator_accum.window.train_op import get_accumulation_state
 COST_WINDOWS = 3
 
 
-class AccumulationLoggingHook(tf.estimator.SessionRunHook):
+class AccumulationLoggingHook(tf.compat.v1.train.SessionRunHook):
   """Logs micro-batch, update count and throughput while training.
 
   Add it to `EstimatorSpec(training_hooks=[...])` in the model_fn that called
@@ -131,7 +131,7 @@ class AccumulationLoggingHook(tf.estimator.SessionRunHook):
     if self._loss is not None and self._step + 1 - self._last_step >= (
         self._every_n):
       fetches["loss"] = self._loss
-    return tf.estimator.SessionRunArgs(fetches) if fetches else None
+    return tf.compat.v1.train.SessionRunArgs(fetches) if fetches else None
 
   def after_run(self, run_context, run_values):
     results = run_values.results or {}

@@ -30,7 +30,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import _checks, releases, tf_private
 from estimator_accum.planning import search
 
 DEFAULT_MARGIN = 0.1
@@ -716,7 +716,7 @@ def estimator_step(model_fn, input_fn, params=None, config=None):
     step_params = dict(params or {}, batch_size=micro_batch, k=k)
     features, labels = _call_input_fn(input_fn, step_params, config)
     spec = _call(model_fn, dict(
-        features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN,
+        features=features, labels=labels, mode=releases.TRAIN_MODE,
         params=step_params, config=config))
     return spec.train_op
 

@@ -12,7 +12,7 @@ import sys
 
 import tensorflow as tf
 
-from estimator_accum import _checks, graph_state
+from estimator_accum import _checks, graph_state, releases
 from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints.state_variables import state_variable
 from estimator_accum.distribution import workers
@@ -47,7 +47,7 @@ def add_summaries(after, state):
       if in_function:
         # TensorFlow 2: written where a default writer records (Keras's
         # TensorBoard callback sets one, and the step), else nothing.
-        tf.summary.scalar("accumulation/" + tag, value)
+        releases.summary_scalar("accumulation/" + tag, value)
       else:
         tf.compat.v1.summary.scalar("accumulation/" + tag, value)
 

@@ -56,8 +56,9 @@ CPU_ENV = "ESTIMATOR_ACCUM_TEST_FORK_CPU"
 # What the server imports before it forks: everything heavy the suite's
 # children import, nothing of the project (its import-time behaviour, the
 # SIGTERM handler, is each child's own).
-PRELOAD = ("numpy", "tensorflow", "tensorflow_estimator.python.estimator."
-           "estimator", "keras")
+PRELOAD = ("numpy", "tensorflow", "keras")
+# Imported too where the release has it (TensorFlow 2.15 only).
+PRELOAD_IF_PRESENT = ("tensorflow_estimator.python.estimator.estimator",)
 # Variables read when Python or TensorFlow start: a child whose values
 # differ gets a server of its own.
 _START_PREFIXES = ("PYTHON", "TF_CPP_", "TF_ENABLE_", "TF_USE_", "LD_",
@@ -366,7 +367,13 @@ def _serve(path):
   os.environ[DIR_ENV] = os.path.dirname(path)  # where _record writes
   for name in PRELOAD:
     __import__(name)
-  _convert_estimators_functions()
+  try:
+    for name in PRELOAD_IF_PRESENT:
+      __import__(name)
+  except ImportError:
+    pass  # TensorFlow 2.16+: no Estimator to convert ahead
+  else:
+    _convert_estimators_functions()
   # What the imports made lives as long as the server, in every child too:
   # out of the garbage collector's sight, each child's first collections
   # stop walking it (measured: 5.2 s of 52.9 s of its children's CPU in

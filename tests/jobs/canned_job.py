@@ -51,10 +51,11 @@ def input_fn(batch, shard=None):
 
 
 def canned_estimator(kind, optimizer, model_dir, loss_reduction=None,
-                     train_distribute=None, canned=tf.compat.v1.estimator,
+                     train_distribute=None, canned=None,
                      session_config=None):
   """A canned regressor ("dnn", "linear", or "wide_deep" with a pair of
   optimizers) from tf.compat.v1.estimator, or `canned`'s."""
+  canned = canned or tf.compat.v1.estimator
   numeric = tf.feature_column.numeric_column("x", [4])
   category = tf.feature_column.categorical_column_with_identity("category", 20)
   config = tf.estimator.RunConfig(

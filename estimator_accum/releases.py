@@ -1,0 +1,124 @@
+"""What differs between the TensorFlow releases the library runs on.
+
+The library runs on every TensorFlow from 2.15 to 2.21. Three things
+differ between them, and this module is the one place that asks:
+
+- `tf.estimator` exists up to 2.15 only; `tf.compat.v1` graphs,
+  `MonitoredTrainingSession` and the `tf.compat.v1.train` optimizers go on
+  in every release.
+- `tf.keras` is Keras 2 on 2.15, and on 2.16+ Keras 3, unless tf-keras is
+  installed and `TF_USE_LEGACY_KERAS=1` is set (then Keras 2 again, from
+  the `tf_keras` package).
+- TensorFlow 2.16+ no longer installs TensorBoard, which provides
+  `tf.summary.scalar`.
+"""
+
+import importlib.util
+import warnings
+
+try:
+  import tensorflow as tf
+except ModuleNotFoundError:
+  raise ImportError(
+      "estimator_accum needs TensorFlow 2.15-2.21, and none is installed: "
+      "pip install tensorflow (or tensorflow-cpu, or 'tensorflow[and-cuda]' "
+      "for a GPU), or 'estimator-accum[cpu]'.") from None
+
+# The releases the library is tested on, first and last.
+OLDEST = (2, 15)
+NEWEST = (2, 21)
+
+# Without TensorBoard, TensorFlow 2.16+'s `tf.summary.scalar` is a stub
+# that raises.
+_HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
+
+# Estimator's `ModeKeys.TRAIN`: the mode a model_fn is called with to train,
+# the same string on every release (and where Estimator is gone).
+TRAIN_MODE = "train"
+
+
+def tensorflow_version():
+  """(major, minor) of the TensorFlow imported."""
+  major, minor = tf.__version__.split(".")[:2]
+  return int(major), int(minor)
+
+
+def check_tensorflow_version():
+  """Refuses a TensorFlow older than 2.15 in one line (ImportError); warns
+  once of one newer than the newest tested."""
+  version = tensorflow_version()
+  if version < OLDEST:
+    raise ImportError(
+        f"estimator_accum needs TensorFlow 2.15-2.21, and TensorFlow "
+        f"{tf.__version__} is installed: upgrade it (pip install "
+        f"'tensorflow>=2.15,<2.22', or your build's name: tensorflow-cpu, "
+        f"'tensorflow[and-cuda]').")
+  if version > NEWEST:
+    warnings.warn(
+        f"estimator_accum is tested on TensorFlow 2.15-2.21; TensorFlow "
+        f"{tf.__version__} is newer, and untested.", stacklevel=3)
+
+
+def estimator():
+  """The `tf.estimator` module where this TensorFlow has it, else None."""
+  try:
+    return tf.estimator
+  except (AttributeError, ImportError):
+    return None
+
+
+def require_estimator(what):
+  """Raises a one-line RuntimeError naming `what` when this TensorFlow has
+  no `tf.estimator`."""
+  if estimator() is None:
+    raise RuntimeError(
+        f"{what} needs tf.estimator, which TensorFlow {tf.__version__} does "
+        f"not have (its last release is 2.15). Train the same model_fn "
+        f"through tf.compat.v1.train.MonitoredTrainingSession, or use "
+        f"TensorFlow 2.15.")
+
+
+def keras_major():
+  """3 when `tf.keras` is Keras 3, else 2 (Keras 2.15, or tf-keras)."""
+  version = getattr(tf.keras, "__version__", None) or "2"
+  return int(str(version).split(".")[0])
+
+
+def keras_legacy_optimizer_types():
+  """(`tf.keras.optimizers.legacy.Optimizer`,) where `tf.keras` is Keras 2;
+  () under Keras 3, which has none (its `legacy` names only raise)."""
+  if keras_major() >= 3:
+    return ()
+  return (tf.keras.optimizers.legacy.Optimizer,)
+
+
+def keras2_module_prefix():
+  """The package Keras 2's own modules live in: "keras" on TensorFlow 2.15,
+  "tf_keras" where tf-keras serves `tf.keras`; None under Keras 3."""
+  if keras_major() >= 3:
+    return None
+  return tf.keras.optimizers.legacy.Optimizer.__module__.split(".")[0]
+
+
+def keras_track_variable(variable):
+  """Has Keras 2's graph-mode session initialize `variable` (Keras 2's
+  `backend.track_variable`, public through `tf.keras.__internal__`); Keras
+  3 has no graph-mode session, and nothing to tell."""
+  if keras_major() < 3:
+    tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+
+
+def summary_scalar(tag, value):
+  """`tf.summary.scalar(tag, value)`, where a default summary writer
+  records; where TensorBoard is not installed (TensorFlow 2.16+ no longer
+  brings it) the same summary, written as TensorBoard's scalar plugin
+  writes it."""
+  if _HAS_TENSORBOARD:
+    return tf.summary.scalar(tag, value)
+  metadata = tf.compat.v1.SummaryMetadata()
+  metadata.plugin_data.plugin_name = "scalars"
+  return tf.summary.write(tag=tag, tensor=tf.cast(value, tf.float32),
+                          metadata=metadata)
+
+
+check_tensorflow_version()
