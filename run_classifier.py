@@ -740,6 +740,11 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
   try:
+    # TensorFlow 2.16+ has no Estimator, which this script trains with.
+    estimator_accum.releases.require_estimator("run_classifier.py")
+  except RuntimeError as error:
+    sys.exit(f"run_classifier: error: {error}")
+  try:
     ClassifierRun(values).run()
   except (UsageError, classification.DataError, FileNotFoundError) as error:
     sys.exit(f"run_classifier: error: {error}")

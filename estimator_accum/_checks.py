@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import tf_private
+from estimator_accum import releases, tf_private
 from estimator_accum.checkpoints import function_variables, state_variables
 from estimator_accum.distribution import replicas
 
@@ -165,10 +165,26 @@ def check_optimizer_under_strategy(optimizer):
         "parameter servers.")
 
 
+def check_keras_2(what, argument, value):
+  """Refuses the Keras integration `what` (its `argument` given `value`)
+  where `tf.keras` is Keras 3 (TensorFlow 2.16+'s default), which it does
+  not run on, in one line that says what does."""
+  if releases.keras_major() < 3:
+    return
+  raise TypeError(
+      f"{what} runs on Keras 2, and tf.keras is Keras "
+      f"{tf.keras.__version__} here (TensorFlow {tf.__version__}); got "
+      f"{argument} {short(value)}. Install tf-keras (pip install "
+      f"'tf-keras~={tf.__version__.rsplit('.', 1)[0]}.0') and set "
+      f"TF_USE_LEGACY_KERAS=1 before importing TensorFlow, or use Keras 3's "
+      f"own gradient_accumulation_steps (docs/keras.md says how they "
+      f"differ).")
+
+
 def check_optimizer(optimizer):
   """Checks that `optimizer` is an optimizer the accumulation can drive."""
   v1_optimizer = tf.compat.v1.train.Optimizer
-  keras_legacy = tf.keras.optimizers.legacy.Optimizer
+  keras_legacy = releases.keras_legacy_optimizer_types()
   if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
     raise TypeError(
         "optimizer SyncReplicasOptimizer cannot be accumulated: it gathers "
@@ -182,7 +198,7 @@ def check_optimizer(optimizer):
         f"optimizer {type(optimizer).__name__} already accumulates k "
         "micro-batches; pass its inner optimizer, or call its minimize "
         "instead of accumulating again.")
-  if isinstance(optimizer, (v1_optimizer, keras_legacy)):
+  if isinstance(optimizer, (v1_optimizer, *keras_legacy)):
     return
   if isinstance(optimizer, tf.keras.optimizers.Optimizer):
     # TensorFlow 2 (eager, or a tf.function): an optimizer wrapper builds
@@ -424,7 +440,7 @@ def check_ref_variables(trained, optimizer):
     return
   shown = ", ".join(refs[:3]) + (f" and {len(refs) - 3} more"
                                  if len(refs) > 3 else "")
-  if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+  if isinstance(optimizer, releases.keras_legacy_optimizer_types()):
     raise ValueError(
         f"var_list holds reference variables ({shown}), for which the Keras "
         f"optimizer {type(optimizer).__name__} cannot create its slots "

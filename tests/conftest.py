@@ -67,6 +67,25 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
+def _skip_what_this_tensorflow_cannot_run(items):
+  """Skips, with the reason, what this TensorFlow cannot run: tests marked
+  `estimator` where it has no tf.estimator (2.16+), tests marked `keras2`
+  where tf.keras is Keras 3."""
+  from estimator_accum import releases  # noqa: PLC0415
+
+  reasons = {}
+  if releases.estimator() is None:
+    reasons["estimator"] = (f"needs tf.estimator, which TensorFlow "
+                            f"{tf.__version__} does not have")
+  if releases.keras_major() >= 3:
+    reasons["keras2"] = ("needs Keras 2; tf.keras is Keras 3 here (tf-keras "
+                         "with TF_USE_LEGACY_KERAS=1 runs it)")
+  for item in items:
+    for marker, reason in reasons.items():
+      if item.get_closest_marker(marker):
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
 # The fast tier (`pytest -m "not slow"`, under 3 minutes on 2 cores; 2:55
 # shuffled on an AVX-512 AMD EPYC) is every test not marked slow: a module
 # that runs whole Estimator jobs, BERT, other processes or clusters says
@@ -107,6 +126,7 @@ def pytest_collection_finish(session):
 # machine (they were its last 25 s). Order only: pytest-randomly's shuffle
 # (CI's fast tier) still applies within each part.
 def pytest_collection_modifyitems(items):
+  _skip_what_this_tensorflow_cannot_run(items)
   early = [item for item in items
            if getattr(getattr(item, "module", None), "RUNS_EARLY", False)]
   if early:

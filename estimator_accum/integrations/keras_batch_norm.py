@@ -62,6 +62,7 @@ class WindowBatchNormalization(tf.keras.layers.BatchNormalization):
   """
 
   def __init__(self, k, **kwargs):
+    _checks.check_keras_2("WindowBatchNormalization", "k", k)
     for name in _UNSUPPORTED:
       if kwargs.get(name):
         raise ValueError(

@@ -194,6 +194,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     kind's module defines one, and `estimator_accum` imports them all)
     whose `takes(optimizer)`, when called as AccumulatingKerasOptimizer."""
     del args, kwargs
+    _checks.check_keras_2("AccumulatingKerasOptimizer", "optimizer", optimizer)
     if cls is AccumulatingKerasOptimizer:
       cls = next(kind for kind in cls.__subclasses__()
                  if kind.takes(optimizer))

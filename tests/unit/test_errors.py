@@ -271,6 +271,7 @@ def test_building_twice_in_one_graph_names_the_variable(reuse):
         estimator_accum.build_accumulating_train_op(loss, optimizer, 2)
 
 
+@pytest.mark.keras2
 def test_built_under_a_reusing_scope():
   """Under the caller's variable_scope(reuse=True), where a Keras optimizer
   trains (a v1 optimizer's slots fail there, as in plain TensorFlow), the

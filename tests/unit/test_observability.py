@@ -54,6 +54,7 @@ def _scalars(model_dir):
   return values
 
 
+@pytest.mark.estimator
 def test_tensorboard_scalars_and_progress_line(tmp_path, caplog):
   k, micro_batch = 2, 4
   data = support.make_data(k * micro_batch * 4)
@@ -97,6 +98,7 @@ def _progress_rates(caplog):
   return rates
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("counted_from", ["input", "num_examples", "mirrored"])
 def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
                                                    caplog):
@@ -129,6 +131,7 @@ def test_progress_line_counts_the_examples_it_runs(counted_from, tmp_path,
         ex_half + per_micro_batch * mb_half + 1e-9), (rates, expected)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_the_train_op_logs_progress_with_no_hook(replicas, tmp_path, caplog):
   """The first micro-batch, the end of the first window, then every
@@ -161,6 +164,7 @@ def test_the_train_op_logs_progress_with_no_hook(replicas, tmp_path, caplog):
         ex_half + per_micro_batch * mb_half + 1e-9), lines
 
 
+@pytest.mark.estimator
 def test_the_hook_replaces_the_train_ops_line(tmp_path, caplog):
   hook = estimator_accum.AccumulationLoggingHook(every_n_micro_batches=4,
                                                  total_micro_batches=8)
@@ -176,6 +180,7 @@ def test_the_hook_replaces_the_train_ops_line(tmp_path, caplog):
       "micro-batch 4/8 (50%)", "micro-batch 8/8 (100%)"], lines
 
 
+@pytest.mark.estimator
 def test_no_progress_line_when_asked(tmp_path, caplog):
   estimator = support.make_estimator(tmp_path, dict(
       optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01), k=2,

@@ -94,6 +94,7 @@ def test_the_test_gives_every_option():
   assert set(_given_each_option()) == set(OPTION_NAMES)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("wrapper, inner", [
     (estimator_accum.AccumulatingOptimizer,
      lambda: tf.compat.v1.train.GradientDescentOptimizer(0.1)),
@@ -124,6 +125,7 @@ def test_build_accumulating_train_op_keeps_every_option():
     assert state.updates_applied.name.startswith("window/")
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("entry", [e for e, _ in ENTRY_POINTS],
                          ids=lambda e: e.__name__)
 def test_an_unknown_option_is_named_by_every_entry_point(entry):

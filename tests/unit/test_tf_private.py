@@ -1,6 +1,7 @@
 """Each function of estimator_accum.tf_private against the installed
 TensorFlow: an upgrade that moves a private name fails here."""
 
+import importlib
 import os
 import pathlib
 import subprocess
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import releases, tf_private
 from tests.helpers import one_worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -87,6 +88,7 @@ def test_replicas_in_sync_and_a_mirrored_container():
     assert value._distributed_container() is copies
 
 
+@pytest.mark.keras2
 def test_distributed_apply_of_a_v1_optimizer():
   with tf.Graph().as_default():
     variable = tf.compat.v1.get_variable("w", initializer=1.0,
@@ -157,6 +159,7 @@ def test_slot_restoring_hook_is_called_through():
     assert seen and seen[0] is optimizer.get_slot(variable, "m")
 
 
+@pytest.mark.keras2
 def test_an_optimizers_tensor_attributes_and_adagrad_da_step():
   with tf.Graph().as_default():
     rate = tf.constant(0.1)
@@ -170,6 +173,7 @@ def test_an_optimizers_tensor_attributes_and_adagrad_da_step():
     assert tf_private.adagrad_da_global_step(dual) is step
 
 
+@pytest.mark.keras2
 def test_loss_scale_optimizers_taken_apart():
   inner = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   wrapped = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
@@ -249,13 +253,15 @@ def test_restored_checkpoint_of_a_position(tmp_path):
   assert not tf_private.keras_backup_resumes_at_an_epoch(positions[0])
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("save_freq", ["epoch", 2])
 def test_keras_backup_resumes_at_an_epoch_reads_the_callbacks_state(
     tmp_path, save_freq):
   """The training state Keras's BackupAndRestore makes (its own class)
   backs a model up and restores it; a dependency the model restored into
   lacks is kept as a position, which tells the callback's `save_freq`."""
-  from keras.src.distribute import worker_training_state  # noqa: PLC0415
+  worker_training_state = importlib.import_module(
+      f"{releases.keras2_module_prefix()}.src.distribute.worker_training_state")
 
   def model(extra):
     made = tf.keras.Sequential([tf.keras.Input((2,)),
@@ -308,6 +314,7 @@ def test_the_coordination_service_configured_in_a_fresh_process():
   assert done.returncode == 0 and "configured" in done.stdout, done.stderr
 
 
+@pytest.mark.keras2
 def test_in_keras_load_is_true_only_inside_load_model(tmp_path):
   seen = []
 
@@ -355,6 +362,7 @@ def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
   assert done.returncode == 0 and "['here']" in done.stdout, done.stderr
 
 
+@pytest.mark.keras2
 def test_the_savedmodel_keras_loads_and_a_checkpoints_object_graph(tmp_path):
   model = tf.keras.Sequential([tf.keras.layers.Dense(1, input_shape=(2,))])
   model.compile("sgd", "mse")

@@ -127,6 +127,7 @@ def _keras_window(**settings):
   return weight, wrapper, lambda: wrapper.minimize(loss, [weight])
 
 
+@pytest.mark.keras2
 def test_keras_weights_are_the_whole_state_and_set_before_the_build():
   """get_weights holds the micro-batch count, the inner optimizer's weights
   and the window's; set_weights before the window is built (as Keras's
@@ -159,6 +160,7 @@ def test_keras_weights_are_the_whole_state_and_set_before_the_build():
   tf.compat.v1.keras.backend.clear_session()
 
 
+@pytest.mark.keras2
 def test_keras_weights_of_another_window_are_refused_at_the_build():
   with tf.Graph().as_default():
     _, wrapper, make_train = _keras_window()

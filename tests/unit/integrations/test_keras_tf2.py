@@ -19,6 +19,10 @@ import estimator_accum as ea
 from estimator_accum.checkpoints import state_variables as estimator_accum_state
 from harness import keras_exactness as kx
 
+# The wrapper runs on Keras 2: TensorFlow 2.15's tf.keras, tf-keras on 2.16+
+# (Keras 3 is refused in one line: tests/integration/test_every_release.py).
+pytestmark = pytest.mark.keras2
+
 K, B = kx.K, kx.MICRO_BATCH
 WINDOW_STATE = "gradient_accumulation"
 

@@ -23,7 +23,7 @@ _X, _Y = canned_job.X, canned_job.Y
 
 
 def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
-            train_distribute=None, canned=tf.compat.v1.estimator):
+            train_distribute=None, canned=None):
   """Trains a canned regressor (tf.compat.v1's, or `canned`'s); returns its
   weights and it."""
   estimator = canned_job.canned_estimator(
@@ -33,6 +33,7 @@ def _canned(kind, optimizer, batch, steps, model_dir, loss_reduction=None,
   return canned_job.trained_weights(estimator), estimator
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("kind, optimizer_name, loss_reduction", [
     ("dnn", "adam", None),  # The canned default sums the batch's losses.
     ("dnn", "sgd", None),
@@ -59,6 +60,7 @@ def test_canned_estimator_equals_big_batch(kind, optimizer_name,
     assert estimator.get_variable_value(f"{name}/updates_applied") == UPDATES
 
 
+@pytest.mark.estimator
 def test_summed_loss_averaged_would_differ(tmp_path):
   """The control for the canned default: a summed loss averaged over the
   window (reduction="mean") moves the weights a k-th as far."""
@@ -73,6 +75,7 @@ def test_summed_loss_averaged_would_differ(tmp_path):
   assert worst > 1e-2
 
 
+@pytest.mark.estimator
 def test_canned_estimator_under_mirrored_strategy(tmp_path):
   make = OPTIMIZERS["adam"]
   replicas = 2
@@ -87,6 +90,7 @@ def test_canned_estimator_under_mirrored_strategy(tmp_path):
       "gradient_accumulation/updates_applied") == UPDATES
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("kind, optimizer_name, reduction, replicas", [
     ("dnn", "adam", "mean", 2),
     ("dnn", "sgd", "sum", 1),
@@ -206,6 +210,7 @@ def _loss():
   return w, tf.reduce_sum(w * w)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("make, error, text", [
     (lambda: ea.AccumulatingOptimizer(v1.AdamOptimizer(0.1), 0), ValueError,
      "k must be >= 1"),
@@ -260,6 +265,7 @@ def test_averaging_a_summed_loss_is_warned_about(caplog, reduction, warned):
   assert len(messages) == warned, messages
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("path", ["minimize", "apply_gradients"])
 def test_keras_wrapper_counts_micro_batches_and_its_optimizer_updates(path):
   """In a plain graph: its iterations count micro-batches, the inner Keras

@@ -157,6 +157,7 @@ def test_the_recomputation_waits_for_the_gradient_of_its_outputs():
       assert support.depends_on(op, block_1), op.name
 
 
+@pytest.mark.keras2
 def test_variables_keep_their_names_and_layers_work():
   def names(recompute):
     graph = tf.Graph()
@@ -260,6 +261,7 @@ def test_eager_calls_run_as_they_are_and_non_tensor_arguments_refused():
     estimator_accum.recompute(3)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", ["momentum", "adam"])
 def test_inside_the_window_equals_the_big_batch(optimizer_name, tmp_path):
   """Estimator, k=2: the recomputed hidden layer trains as plain big-batch
@@ -306,6 +308,7 @@ def test_blocks_sharing_variables_and_reading_earlier_outputs():
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.estimator
 def test_host_accumulators_equal_the_big_batch(tmp_path):
   """accumulator_placement='host': every accumulator is a variable of the
   host's CPU, so every add runs there; the weights are the big batch's."""
@@ -380,6 +383,7 @@ def _keras_model(recompute, weights=None):
   return model
 
 
+@pytest.mark.keras2
 def test_keras_fit_with_the_wrapper_equals_plain_keras_at_the_big_batch():
   k, micro_batch, updates = 2, 4, 3
   rng = np.random.RandomState(5)

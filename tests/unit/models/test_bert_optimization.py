@@ -84,6 +84,7 @@ def test_adamw_equals_google_style_copy_on_sparse_model():
   support.assert_weights_close(ours, google, what="adamw vs google copy")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("name", optimization.OPTIMIZERS)
 def test_bert_optimizers_accumulate_like_big_batch(name, tmp_path):
   k, micro_batch, updates = 4, 4, 3
@@ -100,6 +101,7 @@ def test_bert_optimizers_accumulate_like_big_batch(name, tmp_path):
                                         k * updates, updates, name)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("name", optimization.OPTIMIZERS)
 def test_bert_optimizers_under_mirrored_strategy(name, tmp_path):
   k, micro_batch, updates, replicas = 2, 4, 3, 2

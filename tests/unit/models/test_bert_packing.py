@@ -226,6 +226,7 @@ def test_packed_windows_train_to_the_unpacked_weights(longest):
              for n in expected)
 
 
+@pytest.mark.estimator
 def test_packed_rows_are_for_training_only():
   from models.bert import classifier  # noqa: PLC0415
 

@@ -42,6 +42,7 @@ def _assert_within_precision(actual, expected, dtype_name, what):
         f"{SHARE_OF_MOVEMENT[dtype_name]} of its movement {moved:.2e}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("setting", sorted(SETTINGS))
 @pytest.mark.parametrize("dtype_name", ["float64", "float16", "bfloat16"])
 def test_accumulator_dtype_against_big_batch(dtype_name, setting, tmp_path):

@@ -30,6 +30,7 @@ def _trained(estimator):
              for n in names}}
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("replicas", [
     pytest.param(1, id="one"),
     pytest.param(REPLICAS, id="mirrored", marks=pytest.mark.slow)])
@@ -61,6 +62,7 @@ def test_moving_average_equals_the_big_batch_recipe(replicas, control_flow,
   support.assert_weights_close(actual, expected, what=what)
 
 
+@pytest.mark.estimator
 def test_skipped_window_runs_no_update_ops(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 2)
   data["x"][MICRO_BATCH + 1, 0] = np.nan  # The first window only.

@@ -11,6 +11,7 @@ from harness import support
 from tests.helpers import tanh_stack
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("optimizer_fn", [
     lambda: tf.compat.v1.train.AdamOptimizer(0.1),
     lambda: tf.keras.optimizers.legacy.Adam(0.1, global_clipnorm=0.5),
@@ -56,6 +57,7 @@ def test_each_update_waits_for_the_previous_ones(monkeypatch):
     assert reads and all(support.depends_on(r, earlier) for r in reads)
 
 
+@pytest.mark.keras2
 def test_an_update_reading_every_gradient_is_left_unordered(monkeypatch):
   calls = _spy_on_chain(monkeypatch)
   with tf.Graph().as_default():

@@ -87,6 +87,7 @@ def test_a_dropped_graph_is_freed_with_info_logging(control_flow):
   assert graph() is None, f"mirrored, {control_flow}, INFO logging"
 
 
+@pytest.mark.estimator
 def test_estimator_train_calls_do_not_keep_their_graphs(tmp_path):
   graphs = []
 

@@ -14,6 +14,7 @@ UPDATES = 3
 PARTS = 3
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("sparse_accumulation", [False, True],
                          ids=["dense", "compact"])
 @pytest.mark.parametrize("optimizer_fn", [

@@ -30,6 +30,7 @@ def _ref_variable_model_fn(features, labels, mode, params):
   return spec
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_fn", [
     lambda: v1.AdamOptimizer(0.05),
     lambda: v1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
@@ -58,6 +59,7 @@ def test_ref_variables_under_control_flow_v2_are_refused():
   assert "tf.compat.v1.disable_control_flow_v2()" in message
 
 
+@pytest.mark.keras2
 def test_ref_variables_with_a_keras_optimizer_are_refused():
   """Keras cannot make slots for reference variables (plain apply_gradients
   fails inside TensorFlow): one line naming the variable and the ways out,

@@ -21,6 +21,7 @@ from tests.integration.test_exact_optimizers import OPTIMIZERS
 v1 = tf.compat.v1.train
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_compact_equals_big_batch(optimizer_name, tmp_path):
   optimizer_fn, uses_minimize = OPTIMIZERS[optimizer_name]
@@ -39,6 +40,7 @@ def test_compact_equals_big_batch(optimizer_name, tmp_path):
       f"compact {optimizer_name}")
 
 
+@pytest.mark.estimator
 def test_compact_with_examples_weights_and_running_mean(control_flow,
                                                         tmp_path):
   """Uneven micro-batches (30 examples, micro-batch 4, k=4) == 16 + 14."""
@@ -54,6 +56,7 @@ def test_compact_with_examples_weights_and_running_mean(control_flow,
                                  what=f"compact, {reduction}, {control_flow}")
 
 
+@pytest.mark.estimator
 def test_compact_window_survives_a_restart(control_flow, tmp_path):
   k, micro_batch, updates = 4, 4, 3
   stop_at = k + 2

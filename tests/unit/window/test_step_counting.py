@@ -56,6 +56,7 @@ def test_adagrad_da_counting_updates_or_k_1_is_accepted():
   _build(lambda step: v1.AdagradDAOptimizer(0.1, step), k=1)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("make_optimizer", [
     lambda step: v1.GradientDescentOptimizer(
         v1.exponential_decay(0.1, step, 100, 0.5)),
@@ -100,6 +101,7 @@ def test_sync_replicas_optimizer_is_refused():
   assert "MultiWorkerMirroredStrategy" in message
 
 
+@pytest.mark.estimator
 def test_schedule_on_global_step_warns_once_under_mirrored_strategy(
     caplog, tmp_path):
   """Every replica builds the train op; the warning is given once, and the

@@ -1,0 +1,185 @@
+"""The library on every TensorFlow release (2.15-2.21), without Estimator.
+
+`build_accumulating_train_op` in a plain `tf.compat.v1` graph, run by a
+`tf.compat.v1.Session` or a `MonitoredTrainingSession`, on one device and
+under MirroredStrategy (two logical CPUs, the model built in each replica by
+`call_for_each_replica`, as Estimator would): k micro-batches of B give the
+weights of plain TensorFlow's big batch of k*B at <= 1e-5 relative, for
+every tf.compat.v1.train optimizer and, where `tf.keras` is Keras 2, its
+legacy optimizers. None of it asks for tf.estimator.
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import estimator_accum
+from estimator_accum import releases
+from harness import support
+
+v1 = tf.compat.v1.train
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+
+K, MICRO_BATCH, UPDATES = 4, 8, 3
+
+V1_OPTIMIZERS = {
+    "sgd": lambda: v1.GradientDescentOptimizer(0.5),
+    "momentum": lambda: v1.MomentumOptimizer(0.2, 0.9),
+    "nesterov": lambda: v1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
+    "adam": lambda: v1.AdamOptimizer(0.05),
+    "adagrad": lambda: v1.AdagradOptimizer(0.3),
+    "rmsprop": lambda: v1.RMSPropOptimizer(0.05),
+    "rmsprop_centered_momentum": lambda: v1.RMSPropOptimizer(
+        0.05, momentum=0.5, centered=True),
+    "adadelta": lambda: v1.AdadeltaOptimizer(5.0),
+    "ftrl": lambda: v1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
+                                     l2_regularization_strength=0.001),
+    "proximal_sgd": lambda: v1.ProximalGradientDescentOptimizer(
+        0.5, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001),
+    "proximal_adagrad": lambda: v1.ProximalAdagradOptimizer(
+        0.3, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001),
+}
+
+KERAS_LEGACY = ("Adam", "SGD", "RMSprop")
+
+def _keras_legacy(name):
+  options = {"SGD": dict(momentum=0.9, nesterov=True)}.get(name, {})
+  rate = 0.2 if name == "SGD" else 0.05
+  return lambda: getattr(tf.keras.optimizers.legacy, name)(rate, **options)
+
+
+def _accumulated(optimizer_fn, data, session="plain", replicas=1):
+  """Trains UPDATES windows of K micro-batches of MICRO_BATCH per replica
+  with the library in a fresh graph; returns the weights by name. Window u
+  holds examples [u*K*B*R, (u+1)*K*B*R) in order, replica r the r-th share
+  of it, as the big batch has them."""
+  graph = tf.Graph()
+  strategy = (tf.distribute.MirroredStrategy(
+      [f"/cpu:{index}" for index in range(replicas)]) if replicas > 1
+      else tf.distribute.get_strategy())
+  share = replicas * MICRO_BATCH
+  with graph.as_default(), strategy.scope():
+    tf.compat.v1.set_random_seed(0)
+    tf.compat.v1.train.get_or_create_global_step()
+    inputs = {key: tf.compat.v1.placeholder(
+        tf.as_dtype(value.dtype), (share,) + value.shape[1:])
+        for key, value in data.items()}
+    optimizer = optimizer_fn()
+
+    def micro_batch_step():
+      replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+      own = {key: value[replica * MICRO_BATCH:(replica + 1) * MICRO_BATCH]
+             for key, value in inputs.items()}
+      loss = support.model_loss(own, own["labels"])
+      return estimator_accum.build_accumulating_train_op(
+          loss, optimizer, K, summaries=False, log_every_n_micro_batches=None)
+
+    if replicas > 1:
+      train_op = strategy.group(
+          strategy.extended.call_for_each_replica(micro_batch_step))
+    else:
+      train_op = micro_batch_step()
+    variables = {v.name.split(":")[0]: v
+                 for v in tf.compat.v1.global_variables()}
+    feeds = []
+    for update in range(UPDATES):
+      for micro in range(K):
+        rows = np.concatenate([
+            np.arange(start, start + MICRO_BATCH) for start in (
+                (update * replicas + replica) * K * MICRO_BATCH +
+                micro * MICRO_BATCH for replica in range(replicas))])
+        feeds.append({inputs[key]: value[rows] for key, value in data.items()})
+    # Two CPUs, as the suite's logical devices give (conftest.py).
+    config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
+    if session == "plain":
+      with tf.compat.v1.Session(config=config) as running:
+        running.run(tf.compat.v1.global_variables_initializer())
+        for feed in feeds:
+          running.run(train_op, feed)
+        return {name: running.run(variables[name])
+                for name in support.weight_names()}
+    with tf.compat.v1.train.MonitoredTrainingSession(
+        checkpoint_dir=None, save_summaries_steps=None,
+        log_step_count_steps=None, config=config) as running:
+      for feed in feeds:
+        running.run(train_op, feed)
+      return {name: running.run(variables[name])
+              for name in support.weight_names()}
+
+
+def _check(optimizer_fn, session="plain", replicas=1, minimize=True):
+  data = support.make_data(replicas * K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(
+      optimizer_fn, data, replicas * K * MICRO_BATCH, UPDATES,
+      minimize=minimize)
+  actual = _accumulated(optimizer_fn, data, session, replicas)
+  support.assert_weights_moved(expected, "big batch")
+  support.assert_weights_close(
+      actual, expected, what=f"{session} session, {replicas} replica(s), "
+                             f"TensorFlow {tf.__version__}")
+
+
+@pytest.mark.parametrize("name", sorted(V1_OPTIMIZERS))
+def test_every_v1_optimizer_in_a_plain_session(name):
+  _check(V1_OPTIMIZERS[name])
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_monitored_training_session(name):
+  _check(V1_OPTIMIZERS[name], session="monitored")
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "ftrl"])
+def test_mirrored_strategy_in_a_plain_graph(name):
+  _check(V1_OPTIMIZERS[name], replicas=2)
+
+
+@pytest.mark.keras2
+@pytest.mark.parametrize("name", KERAS_LEGACY)
+def test_keras_legacy_optimizers(name):
+  _check(_keras_legacy(name), minimize=False)
+
+
+def test_estimator_only_parts_say_so_in_one_line():
+  if releases.estimator() is not None:
+    releases.require_estimator("this")  # no error where Estimator exists
+    return
+  with pytest.raises(RuntimeError, match=r"^this needs tf\.estimator, which "
+                     r"TensorFlow 2\.\d+\.\d+ does not have"):
+    releases.require_estimator("this")
+
+
+@pytest.mark.skipif(releases.keras_major() < 3,
+                    reason="tf.keras is Keras 2 here, which the wrapper runs on "
+                           "(tests/unit/integrations/test_keras_tf2.py)")
+def test_keras_3_is_refused_in_one_line_that_says_what_runs():
+  adam = tf.keras.optimizers.Adam(1e-3)
+  with pytest.raises(TypeError, match=(
+      r"^AccumulatingKerasOptimizer runs on Keras 2, and tf\.keras is Keras "
+      r"3\.\d+\.\d+ here .*got optimizer .*Adam.*TF_USE_LEGACY_KERAS=1")):
+    estimator_accum.AccumulatingKerasOptimizer(adam, k=4)
+  with pytest.raises(TypeError, match=r"^WindowBatchNormalization runs on "
+                     r"Keras 2.*got k 4\."):
+    estimator_accum.WindowBatchNormalization(k=4)
+
+
+@pytest.mark.skipif(releases.estimator() is not None,
+                    reason="this TensorFlow has tf.estimator: run_classifier "
+                           "trains (tests/integration/test_run_classifier.py)")
+def test_run_classifier_says_in_one_line_that_it_needs_estimator():
+  result = subprocess.run(
+      [sys.executable, "run_classifier.py", "--num_train_epochs", "0.01"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 1, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("run_classifier: error: run_classifier.py needs "
+                         f"tf.estimator, which TensorFlow {tf.__version__} "
+                         "does not have"), result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
