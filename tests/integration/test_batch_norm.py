@@ -69,6 +69,7 @@ def _assert_statistics(actual, expected, what):
                 "window's concatenated batch")
 
 
+@pytest.mark.keras2
 def test_moving_statistics_after_each_window_equal_the_big_batch():
   images = _images(3 * K)
   actual = _session_run(images, [MICRO_BATCH] * 3 * K)
@@ -81,6 +82,7 @@ def test_moving_statistics_after_each_window_equal_the_big_batch():
   assert np.abs(plain[1] - expected[1]).max() > 0.1
 
 
+@pytest.mark.keras2
 def test_uneven_micro_batches_weigh_by_their_size():
   images = _images(K)
   sizes = [MICRO_BATCH, 2, MICRO_BATCH, 3]
@@ -94,6 +96,7 @@ def test_uneven_micro_batches_weigh_by_their_size():
   assert np.abs(equal_weights * (1 - MOMENTUM) - expected[0]).max() > 1e-2
 
 
+@pytest.mark.keras2
 def test_moving_statistics_do_not_move_inside_a_window():
   mean, variance = _session_run(_images(K), [MICRO_BATCH] * (K - 1))
   np.testing.assert_array_equal(mean, np.zeros(3))
@@ -127,6 +130,7 @@ def test_training_must_be_known_when_the_graph_is_built():
     assert windows == ["constant_true/window_sum"]
 
 
+@pytest.mark.keras2
 def test_k_must_match_and_layers_come_before_the_train_op():
   optimizer = tf.compat.v1.train.GradientDescentOptimizer(0.1)
   with tf.Graph().as_default():
@@ -176,6 +180,7 @@ def _input_fn(images, weights=None):
   return input_fn
 
 
+@pytest.mark.estimator
 def test_mirrored_replicas_update_from_the_whole_window(control_flow,
                                                         tmp_path):
   """2 replicas x k micro-batches of B: the moving statistics of one device
@@ -197,6 +202,7 @@ def test_mirrored_replicas_update_from_the_whole_window(control_flow,
   assert np.abs(alone[1] - expected[1]).max() > 1e-2
 
 
+@pytest.mark.estimator
 def test_a_skipped_window_moves_nothing(tmp_path):
   """A NaN loss weight in the second window: its gradient is NaN, its
   images (and so its statistics) are finite; the window is skipped whole."""
@@ -214,6 +220,7 @@ def test_a_skipped_window_moves_nothing(tmp_path):
       "gradient_accumulation/skipped_windows") == 1
 
 
+@pytest.mark.estimator
 def test_a_restart_mid_window_resumes_the_window(tmp_path):
   images = _images(2 * K)
   estimator = _estimator(tmp_path / "stopped")
@@ -244,6 +251,7 @@ def _cnn_model_fn(features, labels, mode, params):
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+@pytest.mark.estimator
 def test_small_cnn_with_it_trains_under_accumulation(tmp_path):
   rng = np.random.default_rng(1)
   images = rng.normal(size=(256, 8, 8, 1)).astype(np.float32)

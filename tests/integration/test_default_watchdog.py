@@ -31,6 +31,7 @@ def _env(**values):
   return dict(os.environ, ESTIMATOR_ACCUM_PEER_TIMEOUT="4", **values)
 
 
+@pytest.mark.estimator
 def test_a_chief_working_on_after_the_others_left_is_not_failed(tmp_path):
   # worker 1 leaves as soon as training ends; worker 0 works on for twice
   # the watchdog's timeout, its peer silent all along.
@@ -44,6 +45,7 @@ def test_a_chief_working_on_after_the_others_left_is_not_failed(tmp_path):
   hosts.assert_final_weights(tmp_path, 2, UPDATES, "watched by default")
 
 
+@pytest.mark.estimator
 def test_a_frozen_peer_ends_a_task_stuck_in_a_step(tmp_path):
   run = hosts.Run(_command(tmp_path, "--step_seconds", "0.3", "--save_every",
                            "1"), tmp_path, "launch", env=_env())
@@ -66,6 +68,7 @@ def test_a_frozen_peer_ends_a_task_stuck_in_a_step(tmp_path):
                    output), output[-3000:]
 
 
+@pytest.mark.estimator
 def test_it_is_off_when_asked(tmp_path):
   done = subprocess.run(
       _command(tmp_path), cwd=hosts.ROOT, capture_output=True, text=True,

@@ -80,6 +80,7 @@ def _use(monkeypatch, value, strategy, variable="TF_CONFIG"):
   return config, json.loads(os.environ["TF_CONFIG"])
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("value, strategy, expected", [
     (TFJOB, "multi_worker", {
         "cluster": {"chief": TFJOB["cluster"]["chief"],
@@ -130,6 +131,7 @@ def test_vertex_cluster_spec_is_read_without_tf_config(monkeypatch):
       "task": {"type": "worker", "index": 1}}
 
 
+@pytest.mark.estimator
 def test_an_evaluator_listed_in_the_cluster_stays_out_of_training(
     monkeypatch):
   value = dict(TFJOB, task={"type": "evaluator", "index": 0})

@@ -81,6 +81,7 @@ KERAS_CLIPPING = {
     "clipvalue": lambda: tf.keras.optimizers.legacy.SGD(0.5, clipvalue=0.01),
 }
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_accumulation_equals_big_batch(optimizer_name, control_flow,
                                        tmp_path):
@@ -96,6 +97,7 @@ def test_accumulation_equals_big_batch(optimizer_name, control_flow,
                                         K * UPDATES, UPDATES, what)
 
 
+@pytest.mark.estimator
 def test_adagrad_da_counting_updates_equals_big_batch(control_flow, tmp_path):
   """AdagradDA's update reads a step count: given update_count it sees the
   count big-batch training shows it, and the weights agree."""
@@ -116,6 +118,7 @@ def test_adagrad_da_counting_updates_equals_big_batch(control_flow, tmp_path):
       f"AdagradDA under {control_flow}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("k", [1, 3])
 def test_other_window_sizes(k, tmp_path):
   optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
@@ -126,6 +129,7 @@ def test_other_window_sizes(k, tmp_path):
   support.assert_weights_close(actual, expected, what=f"k={k}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("setting", sorted(KERAS_CLIPPING))
 def test_keras_optimizer_clipping_equals_big_batch(setting, control_flow,
                                                    tmp_path):

@@ -67,6 +67,7 @@ def _mismatches(result):
           if any(graph[k][i] != made[k][i] for k in made)]
 
 
+@pytest.mark.estimator
 def test_the_export_serves_what_estimator_predicts(tiny_model, exported):
   output_dir, path, data = exported
   result = _check(path, output_dir, "sst-2", data, tiny_model)
@@ -78,6 +79,7 @@ def test_the_export_serves_what_estimator_predicts(tiny_model, exported):
   assert _mismatches(result) == []
 
 
+@pytest.mark.estimator
 def test_a_sentence_pair_task_takes_two_strings(tiny_model, tmp_path):
   data = tmp_path / "mrpc"
   data.mkdir()
@@ -89,6 +91,7 @@ def test_a_sentence_pair_task_takes_two_strings(tiny_model, tmp_path):
   assert _mismatches(result) == []
 
 
+@pytest.mark.estimator
 def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, exported,
                                                         tmp_path):
   output_dir, path, sst2 = exported
@@ -129,6 +132,7 @@ def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, exported,
              for p in pathlib.Path(path).rglob("*"))
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("example, flags", [
     ("housing", ["--epochs", "2"]),
     ("mnist", ["--train_size", "512", "--compare=false"]),

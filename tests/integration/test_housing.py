@@ -36,6 +36,7 @@ def test_malformed_csv_names_file_and_line(tmp_path, text, message):
   assert str(raised.value) == str(path) + message
 
 
+@pytest.mark.estimator
 def test_main_job_trains_and_matches_big_batch(tmp_path):
   result = subprocess.run(
       [sys.executable, "-m", "models.housing", "--epochs", "5",
@@ -55,6 +56,7 @@ def test_main_job_rejects_bad_k():
   assert "--k must be >= 1, got 0" in result.stderr
 
 
+@pytest.mark.estimator
 def test_two_workers_train_and_evaluate(tmp_path):
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
              "--timeout", "240", "--", sys.executable, "-m", "models.housing",
@@ -70,6 +72,7 @@ def test_two_workers_train_and_evaluate(tmp_path):
   assert "after 48 micro-batches" in result.stdout
 
 
+@pytest.mark.estimator
 def test_a_diverged_run_exits_non_zero_with_one_line(tmp_path):
   message = ("housing: error: training diverged: 25 windows in a row were "
              "skipped for non-finite gradients (NaN/Inf); lower the learning "
@@ -85,6 +88,7 @@ def test_a_diverged_run_exits_non_zero_with_one_line(tmp_path):
   assert errors == [message], result.stderr[-3000:]
 
 
+@pytest.mark.estimator
 def test_checkpoints_every_n_micro_batches_and_keeps_the_last(tmp_path):
   subprocess.run(
       [sys.executable, "-m", "models.housing", "--epochs", "3",

@@ -71,6 +71,7 @@ def _global_step(estimator):
   return int(estimator.get_variable_value(name))
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("api, checkpoint_format, replicas", [
     ("keras", "checkpoint", 1),
     ("keras", "saver", 1),
@@ -115,6 +116,7 @@ def test_model_to_estimator_resumed_mid_window_equals_big_batch(
   assert len(accumulators) == 4, sorted(actual)
 
 
+@pytest.mark.estimator
 def test_stopped_mid_window_the_window_is_in_the_checkpoint(tmp_path):
   """The object-based checkpoint at a stop in the middle of a window holds
   the window's sum, under MirroredStrategy the sum over both replicas."""
@@ -139,6 +141,7 @@ def test_stopped_mid_window_the_window_is_in_the_checkpoint(tmp_path):
   np.testing.assert_allclose(kernel, total, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.keras2
 def test_config_makes_an_equal_wrapper_around_a_new_optimizer():
   wrapper = ea.AccumulatingKerasOptimizer(
       tf.keras.optimizers.legacy.Adam(0.05, beta_1=0.8), 4, clip_norm=2.0,
@@ -155,6 +158,7 @@ def test_config_makes_an_equal_wrapper_around_a_new_optimizer():
   assert config["name"] == "window"
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("optimizer_name, replicas", [
     ("adam", 1), ("sgd", 1), ("adam", 2)])
 def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, replicas,
@@ -190,6 +194,7 @@ def test_keras_fit_in_graph_mode_equals_big_batch(optimizer_name, replicas,
                                 saved["saved__accum"])
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("file_name", ["model.h5", "model.keras", "saved"])
 def test_saved_compiled_model_loads_with_its_wrapper(file_name, tmp_path):
   """Keras saves the compiled optimizer's config and loads it back by its
@@ -204,6 +209,7 @@ def test_saved_compiled_model_loads_with_its_wrapper(file_name, tmp_path):
   assert loaded.optimizer.get_config() == wrapper.get_config()
 
 
+@pytest.mark.estimator
 def test_a_mixed_float16_model_keeps_the_wrapper_which_scales_the_loss(
     tmp_path):
   """Under the mixed_float16 policy Keras's compile wraps a plain optimizer
@@ -226,6 +232,7 @@ def test_a_mixed_float16_model_keeps_the_wrapper_which_scales_the_loss(
   assert value("gradient_accumulation/loss_scale") == 2.0**(15 - skipped)
 
 
+@pytest.mark.estimator
 def test_loss_scale_optimizer_around_the_wrapper_is_refused(tmp_path):
   """A Keras LossScaleOptimizer put around the wrapper by hand would skip
   and scale every micro-batch: refused, saying what to do instead."""
@@ -254,6 +261,7 @@ def _train_mixed(model, tmp_path):
   return estimator
 
 
+@pytest.mark.estimator
 def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
   """Float16 layers in a float32 model, the wrapper scaling the loss. The
   first window overflows at the initial scale of 2**15 and is skipped; the
@@ -276,6 +284,7 @@ def test_float16_layers_with_the_wrappers_loss_scale(tmp_path):
   assert not np.allclose(value("hidden/kernel"), before[0])
 
 
+@pytest.mark.keras2
 def test_parameter_server_windows_stay_out_of_object_checkpoints():
   """Between-graph (parameter-server) training keeps each worker's window
   in local variables, which name-based checkpoints leave out (each worker
@@ -319,6 +328,7 @@ def _assert_resumed_equals_uninterrupted(output, initial):
       {n: uninterrupted[n] for n in uninterrupted.files}, what="resumed fit")
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("options", [
     (), ("--renamed",), ("--renamed", "--built")])
 def test_keras_fit_resumed_in_a_new_process_from_save_weights(
@@ -343,6 +353,7 @@ def test_keras_fit_resumed_in_a_new_process_from_save_weights(
   _assert_resumed_equals_uninterrupted(output, np.load(saved / "initial.npz"))
 
 
+@pytest.mark.keras2
 def test_model_saved_mid_window_as_h5_resumes(tmp_path):
   """model.save to .h5 in the middle of a window, load_model, fit on: the
   weights of one uninterrupted fit. Keras's .h5 file holds the optimizer's
@@ -357,6 +368,7 @@ def test_model_saved_mid_window_as_h5_resumes(tmp_path):
       tmp_path, np.load(tmp_path / "initial.npz"))
 
 
+@pytest.mark.keras2
 def test_saved_model_loaded_into_the_graph_it_was_saved_from_says_why(
     tmp_path):
   """A Keras SavedModel (tf.compat.v1 graph mode) holds no window: the
@@ -374,6 +386,7 @@ _FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures",
                         "keras_window_0a07752")
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("options", [(), ("--built",)])
 def test_checkpoint_of_the_earlier_key_format_resumes(options, tmp_path):
   """A save_weights checkpoint written by estimator_accum 0a07752 (window
@@ -385,6 +398,7 @@ def test_checkpoint_of_the_earlier_key_format_resumes(options, tmp_path):
       tmp_path, np.load(os.path.join(_FIXTURE, "initial.npz")))
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("options", [("--renamed",), ("--renamed", "--built")])
 def test_earlier_key_format_for_other_names_is_refused(options, tmp_path):
   """The same checkpoint loaded into a model whose variables are named

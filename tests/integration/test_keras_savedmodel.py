@@ -67,6 +67,7 @@ print("RESULT " + json.dumps({
 """
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_without_the_optimizer_it_loads_anywhere_and_serves(kind, tmp_path):
   model, x = _trained(kind)
@@ -103,6 +104,7 @@ def _continued(model, x):
   return model.get_weights()
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_with_its_optimizer_it_loads_serves_and_trains_on_exactly(
     kind, tmp_path):
@@ -118,6 +120,7 @@ def test_with_its_optimizer_it_loads_serves_and_trains_on_exactly(
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_savedmodel_of_an_older_version_is_refused_in_one_line(kind):
   # Written at commit 78c15dd (tests/fixtures/keras_savedmodel_78c15dd):
@@ -132,6 +135,7 @@ def test_a_savedmodel_of_an_older_version_is_refused_in_one_line(kind):
   assert ".keras" in str(refused.value)
 
 
+@pytest.mark.keras2
 def test_an_h5_file_resumes_the_legacy_kind_exactly(tmp_path):
   model, x = _trained("legacy")
   model.save(str(tmp_path / "model.h5"))

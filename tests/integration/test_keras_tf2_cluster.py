@@ -24,6 +24,7 @@ def mwms_cells(tmp_path_factory):
                        str(tmp_path_factory.mktemp("mwms")))
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("optimizer", ["adam", "momentum"])
 def test_multi_worker_mirrored_equals_the_big_batch(optimizer, mwms_cells):
   """Two workers, each fitting plain Keras at the big batch and the window
@@ -74,6 +75,7 @@ def ran_once(tmp_path_factory):
 # (two `kernel`s): the window keys the second `kernel_1`; before, it refused
 # them. BackupAndRestore: a job stopped at an epoch's start, whose epochs
 # end inside windows, fit again.
+@pytest.mark.keras2
 @pytest.mark.parametrize("strategy,kind,save", [
     ("one", "new", "weights"), ("mirrored", "new", "weights"),
     ("one", "new", "savedmodel"), ("one", "legacy", "savedmodel"),

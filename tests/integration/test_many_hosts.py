@@ -73,6 +73,7 @@ def make_bed():
 # Exact across hosts ---------------------------------------------------------
 
 
+@pytest.mark.estimator
 @pytest.mark.grappler  # the scoped allocator's merged all-reductions
 @pytest.mark.parametrize("workers, rate", [(2, None), (3, "1gbit")])
 def test_mwms_across_hosts_equals_the_big_batch(workers, rate, make_bed,
@@ -91,6 +92,7 @@ def test_mwms_across_hosts_equals_the_big_batch(workers, rate, make_bed,
     assert state["state"] == "done"
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("workers, rate", [(2, "1gbit"), (3, None)])
 def test_a_table_sent_by_its_touched_rows_across_hosts_is_exact(
     workers, rate, make_bed, tmp_path):
@@ -106,6 +108,7 @@ def test_a_table_sent_by_its_touched_rows_across_hosts_is_exact(
                              f"table by rows on {workers} hosts")
 
 
+@pytest.mark.estimator
 def test_parameter_server_job_across_hosts(make_bed, tmp_path):
   bed = make_bed(4)
   result = subprocess.run(
@@ -151,6 +154,7 @@ def _rerun_and_check(bed, tmp_path, what):
   hosts.assert_final_weights(tmp_path, 2, UPDATES, what)
 
 
+@pytest.mark.estimator
 def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
   """The launcher's --restart (a TFJob's restartPolicy: OnFailure): the cut
   ends both workers in bounded time; the link comes back; the job starts
@@ -178,6 +182,7 @@ def test_link_cut_mid_window_restarts_and_resumes_exactly(make_bed, tmp_path):
                              "restarted after a cut link")
 
 
+@pytest.mark.estimator
 def test_sigterm_across_hosts_saves_the_agreed_step_and_resumes(
     make_bed, tmp_path):
   """SIGTERM to the launcher (estimator_accum/distribution/preemption.py):
@@ -210,6 +215,7 @@ def test_sigterm_across_hosts_saves_the_agreed_step_and_resumes(
   hosts.assert_final_weights(tmp_path, 2, UPDATES, "stopped by SIGTERM")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("host, moment", [(0, "training"), (1, "save")],
                          ids=["chief_host_cut", "cut_during_a_save"])
 def test_a_cut_link_ends_every_task(host, moment, make_bed, tmp_path):
@@ -232,6 +238,7 @@ def test_a_cut_link_ends_every_task(host, moment, make_bed, tmp_path):
                    f"during {moment}")
 
 
+@pytest.mark.estimator
 def test_frozen_worker_ends_the_job(make_bed, tmp_path):
   bed = make_bed(2)
   run = _fault_job(bed, tmp_path)
@@ -248,6 +255,7 @@ def test_frozen_worker_ends_the_job(make_bed, tmp_path):
   _rerun_and_check(bed, tmp_path, "restarted after a frozen worker")
 
 
+@pytest.mark.estimator
 def test_killed_worker_ends_the_other_without_a_launcher(make_bed, tmp_path):
   """As on Kubernetes: each task started on its own host by hand, nobody
   to stop the others. worker:1 is killed; worker:0 exits by itself."""
@@ -273,6 +281,7 @@ def test_killed_worker_ends_the_other_without_a_launcher(make_bed, tmp_path):
   _rerun_and_check(bed, tmp_path, "restarted after a killed worker")
 
 
+@pytest.mark.estimator
 def test_lossy_link_is_slow_not_dead(make_bed, tmp_path):
   """5% of worker:1's input dropped at random: every step is slower, no
   task is taken for lost, and the job ends equal to the big batch."""
@@ -286,6 +295,7 @@ def test_lossy_link_is_slow_not_dead(make_bed, tmp_path):
   hosts.assert_final_weights(tmp_path, 2, 6, "over a lossy link")
 
 
+@pytest.mark.estimator
 def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
   """Each host sees its own directory (as two pods without a shared
   volume): both tasks say so in one line, in bounded time, with the
@@ -323,6 +333,7 @@ USER_TIMEOUT = 30
 DEFAULT_BOUND = USER_TIMEOUT + 30
 
 
+@pytest.mark.estimator
 def test_a_users_own_job_ends_in_bounded_time_and_restarts_exactly(
     make_bed, tmp_path):
   bed = make_bed(2)

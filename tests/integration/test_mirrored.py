@@ -44,6 +44,7 @@ def _strategy():
 # one's update); unclipped with one minimize-built and one
 # apply_gradients-built (the update code is the clipped one's, and
 # test_mirrored_other_optimizers trains the rest unclipped).
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name, clipped", [
     *[(name, True) for name in sorted(OPTIMIZERS)],
     ("adam", False), ("keras_legacy_adam", False)],
@@ -80,6 +81,7 @@ def _assert_equals_the_big_batch(optimizer_name, replicas, strategy,
 # fused_apply in an Estimator: the model's embedding has a sparse gradient
 # (and MirroredStrategy its own apply), so each variable's update is
 # compiled apart; tests/unit/window/test_fused_apply.py compiles it whole.
+@pytest.mark.estimator
 @pytest.mark.parametrize("replicas", [1, REPLICAS])
 @pytest.mark.parametrize("optimizer_name",
                          ["adam", "google_adam_weight_decay"])
@@ -91,6 +93,7 @@ def test_fused_apply_equals_the_big_batch(optimizer_name, replicas,
       fused_apply=True)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", sorted(
     name for name in exact.OPTIMIZERS
     if not name.startswith("keras") and name not in {
@@ -123,6 +126,7 @@ def _check_unclipped(optimizer_fn, tmp_path, what, **reference):
       f"{what} mirrored x{REPLICAS}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("setting", sorted(exact.KERAS_CLIPPING))
 def test_mirrored_keras_optimizer_clipping(setting, tmp_path):
   """Keras clipnorm / global_clipnorm / clipvalue clip the window's mean over
@@ -144,6 +148,7 @@ def test_mirrored_without_the_replica_scaling_would_differ(tmp_path):
                          rtol=1e-3)
 
 
+@pytest.mark.estimator
 def test_estimator_reports_the_replicas_mean_loss(tmp_path):
   """As with optimizer.minimize: Estimator sums the replicas' losses unless
   the graph says the optimizer averages them, which the window does."""
@@ -168,6 +173,7 @@ def test_estimator_reports_the_replicas_mean_loss(tmp_path):
   np.testing.assert_allclose(reported[min(reported)], expected, rtol=1e-5)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("setting", ["sum", "num_examples"])
 def test_mirrored_other_reductions(setting, tmp_path):
   """reduction="sum" with a summed loss, and num_examples with a short last
@@ -196,6 +202,7 @@ def test_mirrored_other_reductions(setting, tmp_path):
       f"{setting} mirrored x{REPLICAS}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", ["adam", "momentum"])
 def test_central_storage_equals_one_device_big_batch(optimizer_name,
                                                      tmp_path):

@@ -50,6 +50,7 @@ def _keras_wrapped_sgd():
       tf.keras.optimizers.legacy.SGD(0.5))
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("settings", [
     dict(loss_scale="dynamic"),
     # Keras's wrapper (default: dynamic from 2**15) is unwrapped the same way.
@@ -72,6 +73,7 @@ def test_float16_overflow_skips_its_window_and_halves_the_scale(tmp_path,
                                atol=FP16_ATOL, what="float16 dynamic")
 
 
+@pytest.mark.estimator
 def test_float16_small_gradients_need_the_scale(tmp_path):
   """Without scaling, float16 flushes gradients below 6e-8 to zero; the
   scaled run keeps them and tracks float32."""
@@ -100,6 +102,7 @@ def test_float16_small_gradients_need_the_scale(tmp_path):
                                  atol=FP16_ATOL, what="float16 unscaled")
 
 
+@pytest.mark.estimator
 def test_scale_grows_after_good_windows_and_survives_a_restart(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 5)
 
@@ -137,6 +140,7 @@ def test_scale_grows_after_good_windows_and_survives_a_restart(tmp_path):
       expected, what="float32 with a loss-scale optimizer")
 
 
+@pytest.mark.estimator
 def test_keras_loss_scale_optimizer_settings_are_used(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 5)
 
@@ -159,6 +163,7 @@ def test_keras_loss_scale_optimizer_settings_are_used(tmp_path):
                                what="float32 with a Keras loss-scale optimizer")
 
 
+@pytest.mark.keras2
 def test_keras_fixed_loss_scale_is_a_fixed_scale():
   with tf.Graph().as_default():
     _build(tf.keras.mixed_precision.LossScaleOptimizer(
@@ -172,6 +177,7 @@ def test_keras_fixed_loss_scale_is_a_fixed_scale():
       assert session.run(state[SCALE]) == 64.0
 
 
+@pytest.mark.estimator
 def test_loss_scale_summary(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 2)
   estimator, _ = _train(tmp_path, data, 2, loss_scale=4.0, summary_steps=100)
@@ -183,6 +189,7 @@ def test_loss_scale_summary(tmp_path):
   assert estimator.get_variable_value(SCALE) == 4.0
 
 
+@pytest.mark.estimator
 def test_bfloat16_model_tracks_float32(tmp_path):
   data = support.make_data(K * MICRO_BATCH * 3)
   _, actual = _train(tmp_path, data, 3, compute_dtype=tf.bfloat16)
@@ -191,6 +198,7 @@ def test_bfloat16_model_tracks_float32(tmp_path):
                                what="bfloat16")
 
 
+@pytest.mark.estimator
 def test_mirrored_float16_overflow_is_skipped_on_every_replica(tmp_path):
   replicas = 2
   data = _overflowing(support.make_data(replicas * K * MICRO_BATCH * 3),
@@ -228,6 +236,7 @@ def _keras_scaled_loss():
   return optimizer, {"scaled_by": optimizer}
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("make, kwargs, error, text", [
     (lambda: v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
         v1.mixed_precision.MixedPrecisionLossScaleOptimizer(_sgd(), 8.0),

@@ -90,6 +90,7 @@ def test_offline_csv_is_mixed_before_the_split():
   assert 0.0 <= train["images"].min() and train["images"].max() <= 1.0
 
 
+@pytest.mark.estimator
 def test_one_epoch_accumulated_equals_big_batch_weights(tmp_path):
   # An epoch of the first 1,024 images: 32 updates show what 125 did, in a
   # quarter of the CPU.
@@ -108,6 +109,7 @@ def test_one_epoch_accumulated_equals_big_batch_weights(tmp_path):
                                err_msg=name)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("k", [1, 2])
 def test_multi_worker_variants(k, tmp_path):
   command = [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
@@ -127,6 +129,7 @@ def test_multi_worker_variants(k, tmp_path):
       "global_step") == 4
 
 
+@pytest.mark.estimator
 def test_single_worker_variants_and_their_loss_plot(tmp_path):
   """One worker with (k=2) and without (k=1) accumulation at the same
   effective batch, then the picture of both runs' losses."""
@@ -170,6 +173,7 @@ def _measured_peaks_mb(effective_batch, tmp_path):
       "--memory_budget_mb", "0.001", "--train_size", "800"))
 
 
+@pytest.mark.estimator
 @pytest.mark.memory
 def test_a_measured_plan_trains_the_big_batch(tmp_path):
   # What MNIST's step holds depends on the CPU's kernels: about 6 MB plus
@@ -205,6 +209,7 @@ def _keras_example(*flags):
   return result.stdout
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("strategy", ["none", "mirrored"])
 def test_the_keras_example_trains_as_the_big_batch(strategy):
   """`python -m models.mnist.keras`: model.fit with the accumulating
@@ -219,6 +224,7 @@ def test_the_keras_example_trains_as_the_big_batch(strategy):
   assert difference <= 1e-5, out
 
 
+@pytest.mark.keras2
 def test_the_keras_example_in_mixed_precision():
   """With --mixed_precision the window scales the loss itself (Keras's
   compile does not wrap it): the dynamic scale starts at 2**15."""

@@ -30,6 +30,7 @@ REFERENCE_OPTIMIZERS = {
 # Under TensorFlow's default Grappler, as users run it: MultiWorkerMirrored-
 # Strategy's scoped allocator merges a step's all-reductions (the suite's
 # other multi-worker jobs run without Grappler: tests/helpers/grappler.py).
+@pytest.mark.estimator
 @pytest.mark.grappler
 @pytest.mark.parametrize("optimizer_name, clipped, control_flow, pack", [
     # Without clipping once (the optimizers' updates are the same code).
@@ -101,6 +102,7 @@ def _run_job(tmp_path, optimizer_name, *extra, clip_norm=None):
   return {n: saved[n.replace("/", "__")] for n in support.weight_names()}
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", ["momentum", "adam"])
 def test_a_table_sent_by_its_touched_rows_equals_the_big_batch(
     optimizer_name, tmp_path):
@@ -118,6 +120,7 @@ def test_a_table_sent_by_its_touched_rows_equals_the_big_batch(
   support.assert_weights_close(actual, expected, what=what)
 
 
+@pytest.mark.estimator
 def test_a_bfloat16_wire_stays_near_the_exact_window(tmp_path):
   # bfloat16 keeps 8 bits of mantissa: each window's gradient is rounded
   # once on the wire (2 workers: one sum), relative error <= 2**-8 per
@@ -137,6 +140,7 @@ def test_a_bfloat16_wire_stays_near_the_exact_window(tmp_path):
   assert 1e-5 * moved < error < 2e-2 * moved, (error, moved)
 
 
+@pytest.mark.estimator
 def test_two_workers_moving_average_after_update(tmp_path):
   """after_update's moving average, updated in cross-replica context on each
   worker, equals the one-device recipe's."""
@@ -175,6 +179,7 @@ WINDOW_TENSORS = 7
 STOP_FLAG = 1
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("k, pack, collectives_at_window_end", [
     (3, None, 1 + 1 + STOP_FLAG), (1, None, 1 + 1 + STOP_FLAG),
     (3, 1, WINDOW_TENSORS + 1 + STOP_FLAG)])
@@ -224,6 +229,7 @@ def _summaries(model_dir, tag):
   return values
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("reported", ["this_worker", "across_workers"])
 def test_reportable_loss_leaves_the_workers_alone_between_windows(
     reported, tmp_path):
@@ -290,6 +296,7 @@ def _adam_job(model_dir, *flags):
       "--micro_batch", str(MICRO_BATCH), "--updates", str(UPDATES), *flags]
 
 
+@pytest.mark.estimator
 def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   """Worker 1 dies mid-window after micro-batch 3; launch stops worker 0
   and names the task; the same command again resumes from the checkpoint
@@ -320,6 +327,7 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   support.assert_weights_close(actual, expected, what="restarted job")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("slow_worker, extra", [(0, 0), (1, 0), (0, 1)])
 def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
     slow_worker, extra, tmp_path):
@@ -352,6 +360,7 @@ def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
   assert held == extra * WORKERS, (held, extra)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("end", ["stop_hook", "rounds"])
 def test_every_way_a_job_ends_finishes_equal_to_the_big_batch(end, tmp_path):
   """A StopAtStepHook instead of max_steps; or train() in rounds that end
@@ -370,6 +379,7 @@ def test_every_way_a_job_ends_finishes_equal_to_the_big_batch(end, tmp_path):
   support.assert_weights_close(actual, expected, what=f"ended by {end}")
 
 
+@pytest.mark.estimator
 def test_a_successful_job_ends_quietly(tmp_path):
   """The chief works 25 s after training (as run_classifier's evaluation):
   the workers leave together, so TensorFlow's coordination service, which

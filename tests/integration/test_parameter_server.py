@@ -37,6 +37,7 @@ def ps_job_command(model_dir, placement="estimator", launch_flags=()):
   return command
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("placement", ["estimator", "strategy"])
 def test_each_worker_applies_its_own_windows(placement, tmp_path):
   """`placement`: Estimator's replica_device_setter, or a v1

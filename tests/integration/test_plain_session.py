@@ -62,10 +62,12 @@ def test_classifier_predicts():
   assert report["rows_sum_to_one"] < 1e-6
 
 
+@pytest.mark.estimator
 def test_mnist_predicts():
   assert _run_job("mnist") == {"predictions": 5}
 
 
+@pytest.mark.estimator
 def test_housing_predicts():
   # The regressor starts at zero weights and a bias of 22.
   assert _run_job("housing") == {"initial_price": 22.0}

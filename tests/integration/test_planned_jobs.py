@@ -40,6 +40,7 @@ def _job(model_dir, *flags, env=None, launch_workers=None):
   return done.stdout, weights, ran
 
 
+@pytest.mark.estimator
 def test_running_out_of_memory_halves_the_micro_batch_exactly(tmp_path):
   # Windows 2 and 3 carry 8 MB of ballast per example: 16 examples do not
   # fit the allocator's 100 MB, 8 do. The run starts at 16 x 2, runs out of
@@ -65,6 +66,7 @@ def test_running_out_of_memory_halves_the_micro_batch_exactly(tmp_path):
   assert "model.ckpt-4.index" not in left, left  # Old units: removed.
 
 
+@pytest.mark.estimator
 def test_without_a_limit_the_same_job_keeps_its_plan(tmp_path):
   out, weights, ran = _job(
       tmp_path / "job", "--micro_batch", "16", "--ballast_from",
@@ -86,6 +88,7 @@ def peaks():
           for m in (4, 8, 16)}
 
 
+@pytest.mark.estimator
 def test_two_workers_two_budgets_two_splits_one_result(tmp_path, peaks):
   """Each worker trains 16 examples per update: the chief measures, the
   other worker takes its plan from the model directory."""

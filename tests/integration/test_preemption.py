@@ -63,11 +63,13 @@ def _stopped(case, tmp_path, uninterrupted, tasks):
   return got
 
 
+@pytest.mark.estimator
 def test_sigterm_to_every_task_saves_the_agreed_step_and_resumes_exactly(
     tmp_path, uninterrupted):
   _stopped("all_tasks", tmp_path, uninterrupted, tasks=2)
 
 
+@pytest.mark.estimator
 def test_sigterm_to_one_task_stops_its_peer_at_the_same_step(
     tmp_path, uninterrupted):
   output = _stopped("one_task", tmp_path, uninterrupted, tasks=2)["output"]
@@ -77,10 +79,12 @@ def test_sigterm_to_one_task_stops_its_peer_at_the_same_step(
                    r"stop\) at global step", output), output[-3000:]
 
 
+@pytest.mark.estimator
 def test_sigterm_during_the_window_all_reduce(tmp_path, uninterrupted):
   _stopped("during_all_reduce", tmp_path, uninterrupted, tasks=2)
 
 
+@pytest.mark.estimator
 def test_a_second_sigterm_during_the_save_ends_it_at_once(
     tmp_path, uninterrupted):
   got = _stopped("during_save", tmp_path, uninterrupted, tasks=1)
@@ -90,12 +94,14 @@ def test_a_second_sigterm_during_the_save_ends_it_at_once(
   assert got["checkpoint_step"] == 0 < got["stop_steps"][0]
 
 
+@pytest.mark.estimator
 def test_one_process_of_two_replicas(tmp_path, uninterrupted):
   # MirroredStrategy: both replicas agree (an all-reduce in the process),
   # and the one process says so once.
   _stopped("one_process", tmp_path, uninterrupted, tasks=1)
 
 
+@pytest.mark.estimator
 def test_sigterm_while_not_training_exits_at_once(tmp_path):
   # After training (the chief evaluating, say): no micro-batch runs,
   # nothing to save, exit 143 within seconds.
@@ -113,6 +119,7 @@ def test_sigterm_while_not_training_exits_at_once(tmp_path):
   assert "while not training" in run.output()
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("case", cases.PS_CASES)
 def test_a_parameter_server_job_stops_saved(case, tmp_path):
   got = cases.run_ps_case(case, tmp_path, tmp_path)
@@ -175,6 +182,7 @@ def _stop_lines(output):
 # micro-batch waits on it. Before, worker:1 took it for lost after 5 s
 # and exited unsaved, and worker:0's micro-batch then waited on an exited
 # peer: no task saved the step they had agreed on.
+@pytest.mark.estimator
 def test_a_live_peer_between_micro_batches_is_waited_for(tmp_path):
   got = cases.run_startup_case("trained_one", tmp_path, tmp_path,
                                first_task_lag=8.0)
@@ -193,6 +201,7 @@ def test_a_live_peer_between_micro_batches_is_waited_for(tmp_path):
 # stop saves the step every task agreed on. Before, a signal between the
 # strategy and the first train op went to the coordination service's
 # handler, which only records it: both workers trained on until SIGKILL.
+@pytest.mark.estimator
 @pytest.mark.parametrize("phase", [
     "imported", "strategy_made", "building_train_op", "session_made",
     "trained_one", "one_process_building_train_op", "ps_imported"])

@@ -34,6 +34,7 @@ def _assert_same(actual, expected, what):
                                what=what)
 
 
+@pytest.mark.estimator
 def test_mirrored_recompute_equals_no_recompute_and_the_big_batch(tmp_path):
   data = support.make_data(BIG_BATCH * UPDATES)
   clip_norm = 0.5 * support.reference_gradient_norm(data, BIG_BATCH)
@@ -65,6 +66,7 @@ def _multiworker(tmp_path, *extra):
   return {n: saved[n.replace("/", "__")] for n in support.weight_names()}
 
 
+@pytest.mark.estimator
 def test_multiworker_recompute_equals_no_recompute_and_the_big_batch(
     tmp_path):
   from harness.multiworker_job import OPTIMIZERS
@@ -79,6 +81,7 @@ def test_multiworker_recompute_equals_no_recompute_and_the_big_batch(
   _assert_same(actual, plain, "multi-worker, recompute against none")
 
 
+@pytest.mark.estimator
 def test_float16_with_a_dynamic_scale_recomputes_as_it_computes(tmp_path):
   """Window 1 overflows in float16: skipped, the scale halved, with and
   without recomputation alike, to the same weights."""

@@ -85,6 +85,7 @@ K_CHANGES = {
 }
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("change", sorted(K_CHANGES))
 def test_resume_with_another_k(change, tmp_path, capfd):
   k_first, k_second, stop_at, total, windows = K_CHANGES[change]
@@ -118,6 +119,7 @@ OTHER_SETTINGS = {
 }
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("setting", sorted(OTHER_SETTINGS))
 @pytest.mark.parametrize("change", ["4to2_mid_window", "4to1_mid_window"])
 def test_resume_with_another_k_other_settings(change, setting, tmp_path):
@@ -132,6 +134,7 @@ def test_resume_with_another_k_other_settings(change, setting, tmp_path):
          clip_norm=params.get("clip_norm"))
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("reduction", ["mean", "running_mean"])
 def test_resume_on_more_replicas(reduction, control_flow, tmp_path):
   """One device, k=4, stops two micro-batches (8 examples) into its second
@@ -143,6 +146,7 @@ def test_resume_on_more_replicas(reduction, control_flow, tmp_path):
          f"resume on 2 replicas, {reduction}, {control_flow}")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("reduction", ["mean", "running_mean"])
 def test_resume_on_fewer_replicas(reduction, tmp_path):
   """2 replicas, k=2 (16 examples a window), stop after step 2 (8 examples
@@ -154,6 +158,7 @@ def test_resume_on_fewer_replicas(reduction, tmp_path):
          f"resume on one device, {reduction}")
 
 
+@pytest.mark.estimator
 def test_two_worker_checkpoint_resumed_on_one_device(tmp_path):
   """2 MultiWorkerMirroredStrategy workers, k=4: worker 1 dies after 3
   micro-batches and the chief's checkpoint of step 2 holds 2 x 2 micro-
@@ -189,6 +194,7 @@ def _plain_model_fn(features, labels, mode, params):
   return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
+@pytest.mark.estimator
 def test_start_from_a_checkpoint_written_without_accumulation(tmp_path):
   """A plain run's model_dir has no window state: resuming in it fails in
   TensorFlow's restore, naming an accumulator; warm-starting a new
@@ -225,6 +231,7 @@ def _keras_adam():
   return tf.keras.optimizers.legacy.Adam(0.05)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_fn, first, second", [
     (_adam, "v1", "v2"), (_keras_adam, "v2", "v1")],
     ids=["v1_adam_cf_v1_to_v2", "keras_adam_cf_v2_to_v1"])
@@ -288,6 +295,7 @@ def _optimizer_state_names(optimizer_fn, accumulate, scope):
                   if v.op.name not in window)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("optimizer_fn", [_adam, _keras_adam],
                          ids=["v1_adam", "keras_adam"])
 def test_optimizer_state_is_named_as_in_plain_training(optimizer_fn,

@@ -99,6 +99,7 @@ def _run(args, timeout=TIMEOUT, env=None):
                         env=env)
 
 
+@pytest.mark.estimator
 def test_train_eval_predict_with_accumulation(tiny_model, main_run):
   result, output_dir = main_run
   assert result.returncode == 0, result.stderr[-3000:]
@@ -130,6 +131,7 @@ def test_train_eval_predict_with_accumulation(tiny_model, main_run):
     assert abs(sum(probabilities) - 1.0) < 1e-4
 
 
+@pytest.mark.estimator
 def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
                                                    tmp_path):
   output_dir = tmp_path / "run"
@@ -150,6 +152,7 @@ def test_use_fp16_trains_with_a_dynamic_loss_scale(tiny_model, sst2,
   assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("change, message", [
     ("missing_file", "has no train.tsv"),
     ("malformed_row", r"train.tsv:3: expected at least 2 tab-separated"),
@@ -235,6 +238,7 @@ def _two_workers(model, data, output_dir, **extra):
   return result
 
 
+@pytest.mark.estimator
 def test_two_workers_train_with_the_effective_batch_they_print(
     tiny_model, sst2, tmp_path):
   # Dropout off: the windows sorted by length (the default), packed into
@@ -279,6 +283,7 @@ def test_two_workers_train_with_the_effective_batch_they_print(
 
 # Each trainer arranges its own windows: sorted by length (the default),
 # or packed into rows (the window weighted by the examples it holds).
+@pytest.mark.estimator
 @pytest.mark.parametrize("arrangement", ["sorted", "packed"])
 def test_parameter_server_job_trains_each_workers_windows(
     arrangement, tiny_model, sst2, tmp_path):
@@ -306,6 +311,7 @@ def test_parameter_server_job_trains_each_workers_windows(
   assert "[chief:0] eval on 10 held-out examples" in result.stdout
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("stop_after, message", [
     (2, "run_classifier: error: training diverged: 2 windows in a row were "
      "skipped for non-finite gradients"),
@@ -349,6 +355,7 @@ def _no_dropout_model(tiny_model, tmp_path):
   return model
 
 
+@pytest.mark.estimator
 def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
     tiny_model, sst2, tmp_path):
   model = _no_dropout_model(tiny_model, tmp_path)
@@ -390,6 +397,7 @@ def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
   assert len(kept) == 2, kept  # --keep_checkpoint_max's default
 
 
+@pytest.mark.estimator
 def test_evaluating_a_directory_without_a_checkpoint_is_refused(
     tiny_model, sst2, tmp_path):
   result = _run(_flags(tiny_model, sst2, tmp_path / "empty", do_train=False))
@@ -400,6 +408,7 @@ def test_evaluating_a_directory_without_a_checkpoint_is_refused(
               result.stderr)
 
 
+@pytest.mark.estimator
 def test_another_task_or_model_in_the_same_output_dir_is_refused(
     tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
@@ -437,6 +446,7 @@ def test_another_task_or_model_in_the_same_output_dir_is_refused(
           ) in fourth.stderr, fourth.stderr[-2000:]
 
 
+@pytest.mark.estimator
 def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
   """A second run in the same directory with another --data_dir trains on
   the other data's features, not on a cache of the first's."""
@@ -455,6 +465,7 @@ def test_features_are_not_reused_for_other_data(tiny_model, sst2, tmp_path):
   assert len(files) == 2, files
 
 
+@pytest.mark.estimator
 def test_the_script_shows_its_own_lines_not_tensorflows_chatter(
     tiny_model, main_run, sst2, tmp_path):
   quiet, _ = main_run  # train, eval and predict
@@ -496,6 +507,7 @@ def test_the_script_runs_onednn_unless_told_otherwise(setting, on):
       done.stdout + done.stderr[-2000:])
 
 
+@pytest.mark.estimator
 @pytest.mark.memory
 def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
   # Two layers: recomputation has a layer boundary to hold, and both train.
@@ -517,6 +529,7 @@ def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
   assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
 
 
+@pytest.mark.estimator
 def test_windows_sorted_or_packed_train_to_the_same_weights(
     tiny_model, sst2, tmp_path):
   # Each window's 2 x 4 examples sorted by length into its micro-batches

@@ -35,6 +35,7 @@ def _plan_flags(model, data, output_dir, **extra):
       ("--train_batch_size=", "--gradient_accumulation_multiplier="))]
 
 
+@pytest.mark.estimator
 @pytest.mark.memory
 def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
@@ -65,6 +66,7 @@ def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
   assert f"plan from {output_dir}/micro_batch_plan.json" in again.stdout
 
 
+@pytest.mark.estimator
 def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
   model = _no_dropout_model(tiny_model, tmp_path)
   common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
@@ -92,6 +94,7 @@ def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
   assert moved > 10, "training did not move the weights"
 
 
+@pytest.mark.estimator
 @pytest.mark.memory
 @pytest.mark.parametrize("extra, message", [
     (dict(micro_batch_size="auto", effective_batch_size=8),
@@ -120,6 +123,7 @@ def test_bad_plan_flags_are_one_line(extra, message, tiny_model, sst2,
   assert errors and re.search(message, errors[0]), result.stderr[-2000:]
 
 
+@pytest.mark.estimator
 def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
   output_dir = tmp_path / "run"
   first = _run(_plan_flags(tiny_model, sst2, output_dir, micro_batch_size=4,
@@ -134,6 +138,7 @@ def test_a_rerun_with_another_batch_is_refused(tiny_model, sst2, tmp_path):
                    r"the same batch flags", second.stderr), second.stderr
 
 
+@pytest.mark.estimator
 def test_two_workers_train_the_chiefs_plan(tiny_model, sst2, tmp_path):
   # (Not marked memory: the plan under test is the one the chief sends,
   # whatever its peak; the suite runs it without Grappler, as its other
@@ -202,6 +207,7 @@ def long_model(tmp_path_factory):
   return root / "ckpt"
 
 
+@pytest.mark.estimator
 @pytest.mark.memory
 def test_running_out_of_memory_halves_the_plan_and_trains_it(long_model,
                                                              tmp_path):

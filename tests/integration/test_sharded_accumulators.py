@@ -24,6 +24,7 @@ BIG_BATCH = strategies.BIG_BATCH
 _adam, _mirrored = strategies._adam, strategies._mirrored  # noqa: SLF001
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_fn", [
     _adam, lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9)],
     ids=["adam", "momentum"])
@@ -49,6 +50,7 @@ def test_mirrored_sharded_window_equals_the_big_batch(optimizer_fn, tmp_path):
   assert "embedding/accum" in estimator.get_variable_names()
 
 
+@pytest.mark.estimator
 def test_a_run_resumed_inside_a_sharded_window_fails_in_one_line(tmp_path):
   data = support.make_data(BIG_BATCH * UPDATES)
   support.estimator_train(tmp_path, _adam, data, MICRO_BATCH, K, K + 1,
@@ -61,6 +63,7 @@ def test_a_run_resumed_inside_a_sharded_window_fails_in_one_line(tmp_path):
                             accumulator_placement="sharded")
 
 
+@pytest.mark.estimator
 def test_resumed_at_a_window_end_it_equals_the_big_batch(tmp_path):
   data = support.make_data(BIG_BATCH * UPDATES)
   expected = support.reference_train(_adam, data, BIG_BATCH, UPDATES)
@@ -77,6 +80,7 @@ def test_resumed_at_a_window_end_it_equals_the_big_batch(tmp_path):
   support.assert_weights_close(actual, expected, what="sharded, resumed")
 
 
+@pytest.mark.estimator
 def test_multiworker_sharded_window_equals_the_big_batch(tmp_path):
   from harness.multiworker_job import OPTIMIZERS
   data = support.make_data(BIG_BATCH * UPDATES)

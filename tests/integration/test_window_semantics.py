@@ -33,6 +33,7 @@ def _is_window_state(name):
           name.startswith("gradient_accumulation/") or name == "global_step")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_fn", [
     lambda: v1.AdamOptimizer(0.05),
     lambda: v1.MomentumOptimizer(0.1, 0.9),
@@ -72,6 +73,7 @@ def test_nothing_moves_before_the_kth_micro_batch(optimizer_fn, control_flow,
       assert not np.any(snapshots[step][name]), (name, step)
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
 def test_clip_norm_equals_clipping_the_big_batch(optimizer_name, control_flow,
                                                  tmp_path):
@@ -92,6 +94,7 @@ def test_clip_norm_equals_clipping_the_big_batch(optimizer_name, control_flow,
   support.assert_weights_close(actual, expected, what="clip_norm")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("bad_value", [np.nan, np.inf], ids=["nan", "inf"])
 def test_non_finite_window_is_skipped_whole(bad_value, control_flow, tmp_path,
                                             capfd):
@@ -121,6 +124,7 @@ def test_non_finite_window_is_skipped_whole(bad_value, control_flow, tmp_path,
   assert np.isfinite(value("dense/kernel/accum")).all()
 
 
+@pytest.mark.estimator
 def test_a_loss_reported_before_the_train_op_gives_one_line_per_window(
     tmp_path, capfd):
   # reportable_loss built first: the NaN micro-batch costs its window, and
@@ -139,6 +143,7 @@ def test_a_loss_reported_before_the_train_op_gives_one_line_per_window(
       "gradient_accumulation/skipped_windows") == 1
 
 
+@pytest.mark.estimator
 def test_nan_loss_without_reportable_loss_says_how_to_train_on(tmp_path,
                                                                capfd):
   # Estimator's own NanTensorHook stops on a NaN loss, whatever the train op
@@ -157,6 +162,7 @@ def test_nan_loss_without_reportable_loss_says_how_to_train_on(tmp_path,
   assert "loss of micro-batch 4 " not in err
 
 
+@pytest.mark.estimator
 def test_restart_mid_window_loses_nothing(control_flow, tmp_path):
   k, micro_batch, updates = 4, 4, 3
   stop_at = k + 2  # two micro-batches into the second window
@@ -189,6 +195,7 @@ def test_restart_mid_window_loses_nothing(control_flow, tmp_path):
       expected, what="restart")
 
 
+@pytest.mark.estimator
 def test_resume_with_another_k_keeps_the_mean_with_num_examples(tmp_path):
   """What the README says of a resume that changes k mid-window: with
   num_examples the window in progress still gets its examples' mean.
@@ -215,6 +222,7 @@ def test_resume_with_another_k_keeps_the_mean_with_num_examples(tmp_path):
       expected, total, 4, "resume with k 4 -> 2 and num_examples")
 
 
+@pytest.mark.estimator
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
 @pytest.mark.parametrize("reduction", ["mean", "running_mean"])
 def test_uneven_micro_batches_weighted_by_num_examples(optimizer_name,
@@ -238,6 +246,7 @@ def test_uneven_micro_batches_weighted_by_num_examples(optimizer_name,
                          rtol=1e-4)
 
 
+@pytest.mark.estimator
 def test_loss_over_tokens_weighted_by_token_counts(tmp_path):
   """A loss averaged over a micro-batch's real tokens (padding left out):
   num_examples = the micro-batch's token count makes each window the big
@@ -261,6 +270,7 @@ def test_loss_over_tokens_weighted_by_token_counts(tmp_path):
                          rtol=1e-4)
 
 
+@pytest.mark.estimator
 def test_sum_reduction_equals_big_batch_with_summed_loss(tmp_path):
   optimizer_fn = lambda: v1.MomentumOptimizer(0.02, 0.9)  # noqa: E731
   data = support.make_data(48)
@@ -272,6 +282,7 @@ def test_sum_reduction_equals_big_batch_with_summed_loss(tmp_path):
   support.assert_weights_close(actual, expected, what="sum reduction")
 
 
+@pytest.mark.estimator
 def test_running_mean_equals_mean(tmp_path):
   optimizer_fn = lambda: v1.AdamOptimizer(0.05)  # noqa: E731
   data = support.make_data(48)

@@ -120,6 +120,7 @@ def test_keras_canned_estimator_equals_big_batch(kind, optimizer_name,
       "gradient_accumulation/updates_applied") == UPDATES
 
 
+@pytest.mark.estimator
 @pytest.mark.slow  # a two-process cluster
 @pytest.mark.parametrize("api, optimizer_name", [
     ("keras", "sgd"), ("v1", "sgd"), ("keras", "adam")])

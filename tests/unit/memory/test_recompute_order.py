@@ -69,6 +69,7 @@ def _peak_mb(recompute, one_thread, grappler, use):
     return _run_peak_mb(fetch, one_thread, grappler)
 
 
+@pytest.mark.keras2
 @pytest.mark.parametrize("use", ["tf.gradients", "GradientTape"])
 @pytest.mark.parametrize("grappler", [True, False], ids=["grappler", "plain"])
 @pytest.mark.parametrize("one_thread", [True, False],

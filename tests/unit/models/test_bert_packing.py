@@ -198,6 +198,7 @@ def _window_feeds(examples, labels):
   return plain, packed
 
 
+@pytest.mark.estimator
 @pytest.mark.slow  # trains the classifier twice (13 s)
 @pytest.mark.parametrize("longest", [10, 2])
 def test_packed_windows_train_to_the_unpacked_weights(longest):

@@ -61,6 +61,7 @@ def _budget_between(low_peak, high_peak, margin=planner.DEFAULT_MARGIN):
   return (low_peak + high_peak) / 2 / (1 - margin) / MB
 
 
+@pytest.mark.estimator
 def test_peak_grows_by_the_activations_of_the_added_examples(data):
   peaks = _peaks([4, 8, 16])
   # The step holds at least every example's input at its peak.
@@ -69,6 +70,7 @@ def test_peak_grows_by_the_activations_of_the_added_examples(data):
   assert peaks[16] - peaks[8] >= 8 * per_example, peaks
 
 
+@pytest.mark.estimator
 def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
   peaks = _peaks([4, 8, 16, 32])
   roomy = estimator_accum.plan_micro_batch(
@@ -95,6 +97,7 @@ def test_two_budgets_give_two_splits_that_train_the_big_batch(data, tmp_path):
   support.assert_weights_close(from_tight, from_roomy, what="4 x 8 vs 16 x 2")
 
 
+@pytest.mark.estimator
 def test_an_uneven_micro_batch_is_exact_with_num_examples(data, tmp_path):
   peaks = _peaks([5, 6])
   plan = estimator_accum.plan_micro_batch(
@@ -112,6 +115,7 @@ def test_an_uneven_micro_batch_is_exact_with_num_examples(data, tmp_path):
       what="6 x 5 + 2")
 
 
+@pytest.mark.estimator
 def test_the_plan_is_printed_and_written(data, tmp_path):
   peaks = _peaks([8, 16])
   plan = estimator_accum.plan_micro_batch(
@@ -128,6 +132,7 @@ def test_the_plan_is_printed_and_written(data, tmp_path):
   assert '"micro_batch": 8' in saved and '"peak_bytes"' in saved
 
 
+@pytest.mark.estimator
 def test_an_estimators_functions_plan_as_the_build_does(data):
   peaks = _peaks([8, 16])
   budget = _budget_between(peaks[8], peaks[16])
@@ -144,6 +149,7 @@ def test_an_estimators_functions_plan_as_the_build_does(data):
         memory_budget_mb=budget)
 
 
+@pytest.mark.estimator
 def test_a_budget_below_micro_batch_one_is_one_line(data):
   with pytest.raises(ValueError, match=r"memory_budget_mb=0\.5: even "
                      r"micro-batch 1 needs .* MB, over .* margin"):
@@ -373,6 +379,7 @@ def test_halving_refuses_a_checkpoint_saved_mid_window(tmp_path):
     estimator_accum.halve_checkpoint(str(tmp_path / "partial"), plan)
 
 
+@pytest.mark.estimator
 def test_one_threads_peak_is_the_same_from_one_measurement_to_the_next(data):
   # The budgets above lie half a candidate's growth (1.5 MB here) from a
   # measured peak; on one thread two measurements of a step differ by far

@@ -91,6 +91,7 @@ def test_counts_stay_exact_with_bfloat16_accumulators(capfd):
   assert "micro-batches over all replicas" not in capfd.readouterr().err
 
 
+@pytest.mark.estimator
 @pytest.mark.slow  # a two-process cluster
 def test_two_workers_with_float16_accumulators(tmp_path):
   """Their window mixes float16 sums with the float32 touched-row mask and

@@ -82,6 +82,7 @@ def test_the_same_weights_fused_or_not(optimizer, control_flow):
                                atol=1e-7, err_msg=name)
 
 
+@pytest.mark.keras2
 @pytest.mark.slow  # 13 optimizers trained twice; the fast tier keeps four
 @pytest.mark.parametrize("optimizer", sorted(MORE_OPTIMIZERS))
 def test_every_family_is_the_same_fused_or_not(optimizer):
