@@ -36,6 +36,7 @@ from absl import app, flags, logging
 
 import estimator_accum
 from data import bert_features, classification
+from estimator_accum.checkpoints import integrity
 from models import batch_plan, console, strategies
 from models.bert import (
   classifier,
@@ -192,8 +193,12 @@ class NotFinite(RuntimeError):
   """Training or evaluation diverged: one line and exit code 3."""
 
 
-# Exit codes: 1 for bad flags or inputs, 3 for a diverged run.
+# Exit codes: 1 for bad flags or inputs, 3 for a diverged run, 4 for an
+# --output_dir whose checkpoints are all incomplete.
 DIVERGED_EXIT_CODE = 3
+# --output_dir holds checkpoints and none of them is complete
+# (docs/operations.md).
+NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
 
 
 RUN_INFO = "run_info.json"
@@ -437,6 +442,10 @@ class ClassifierRun:
             cluster, sort_keys=True).encode()).hexdigest()[:10]
       self.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
     created = self._prepare_output_dir(processor.name, bert_config)
+    # A checkpoint cut short or corrupted is skipped, each named in a line,
+    # and the run resumes from the newest complete one (none: exit 4).
+    integrity.resume_from_complete(
+        self.output_dir, report=lambda line: print(line, flush=True))
     try:
       self.distribution = strategies.choose(
           self.flags.distribution_strategy, self.output_dir,
@@ -751,6 +760,9 @@ def main(argv):
   except NotFinite as error:
     print(f"run_classifier: error: {error}", file=sys.stderr)
     sys.exit(DIVERGED_EXIT_CODE)
+  except integrity.NoCompleteCheckpoint as error:
+    print(f"run_classifier: error: --output_dir: {error}", file=sys.stderr)
+    sys.exit(NO_COMPLETE_CHECKPOINT_EXIT_CODE)
   except estimator_accum.OutOfMemory as error:
     sys.exit(f"run_classifier: error: {error}; give a smaller "
              "--micro_batch_size or --memory_budget_mb.")

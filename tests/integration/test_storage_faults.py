@@ -1,0 +1,135 @@
+"""run_classifier.py on storage faults, made for real in the checkpoints a
+run wrote: a newest checkpoint cut short or with a flipped bit is skipped
+with one line naming it, and the run resumes from the newest complete one
+to the weights of a run that never had the bad one; none complete is one
+line and exit code 4; an emptied state file resumes from the newest."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.integration import test_run_classifier as runs
+
+# Whole jobs: not the fast tier. run_classifier trains through Estimator.
+pytestmark = [pytest.mark.slow, pytest.mark.estimator]
+
+# 40 examples x 3 epochs / (4 x k=2) = 15 updates, 30 micro-batches; a
+# checkpoint every 6 (the newest three kept: 18, 24, 30); resumed to 6
+# epochs (60 micro-batches).
+FIRST = dict(num_train_epochs=3, save_checkpoints_steps=6, do_eval=False,
+             classifier_dropout=0, keep_checkpoint_max=3)
+RESUMED = dict(FIRST, num_train_epochs=6)
+
+tiny_model = runs.tiny_model  # the module's tiny BERT, made once here too
+
+
+@pytest.fixture(scope="module")
+def first_run(tiny_model, tmp_path_factory):
+  """(model, data, output_dir) of a run stopped at micro-batch 30, with
+  checkpoints at 18, 24 and 30; and (weights) of the same directory resumed
+  to 60 with the checkpoint at 30 never written."""
+  root = tmp_path_factory.mktemp("storage")
+  model = runs._no_dropout_model(tiny_model, root)
+  data = runs._write_sst2(root / "data")
+  output_dir = root / "first"
+  done = runs._run(runs._flags(model, data, output_dir, **FIRST))
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert sorted(p.name for p in output_dir.glob("model.ckpt-*.index")) == [
+      "model.ckpt-18.index", "model.ckpt-24.index", "model.ckpt-30.index"]
+  without = root / "without_30"
+  shutil.copytree(output_dir, without)
+  for path in without.glob("model.ckpt-30.*"):
+    path.unlink()
+  (without / "checkpoint").write_text(
+      'model_checkpoint_path: "model.ckpt-24"\n'
+      'all_model_checkpoint_paths: "model.ckpt-18"\n'
+      'all_model_checkpoint_paths: "model.ckpt-24"\n')
+  resumed = runs._run(runs._flags(model, data, without, **RESUMED))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "at micro-batch 24" in resumed.stdout
+  return model, data, output_dir, _weights(without)
+
+
+def _weights(directory):
+  reader = tf.train.load_checkpoint(str(directory))
+  assert reader.get_tensor("global_step") == 60
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if name.startswith(("bert/", "output_"))}
+
+
+def _copy(first_run, tmp_path):
+  _, _, output_dir, _ = first_run
+  target = tmp_path / "run"
+  shutil.copytree(output_dir, target)
+  return target
+
+
+def _cut_to_half(path):
+  """As a copy or a save stopped half way leaves a file."""
+  os.truncate(path, path.stat().st_size // 2)
+
+
+def _flip(path, at):
+  data = bytearray(path.read_bytes())
+  data[at] ^= 0x10
+  path.write_bytes(bytes(data))
+
+
+FAULTS = {
+    "truncated_data": lambda d: _cut_to_half(
+        d / "model.ckpt-30.data-00000-of-00001"),
+    "index_bit_flip": lambda d: _flip(
+        d / "model.ckpt-30.index", (d / "model.ckpt-30.index").stat(
+            ).st_size // 2),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_bad_newest_checkpoint_is_skipped_and_the_run_resumes_exactly(
+    first_run, tmp_path, fault):
+  model, data, _, expected = first_run
+  output_dir = _copy(first_run, tmp_path)
+  FAULTS[fault](output_dir)
+  result = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  skipped = [line for line in result.stdout.splitlines()
+             if line.startswith("skipping checkpoint")]
+  assert len(skipped) == 1, result.stdout[-3000:]
+  assert skipped[0].startswith(
+      f"skipping checkpoint {output_dir / 'model.ckpt-30'}: "), skipped
+  assert "at micro-batch 24" in result.stdout
+  actual = _weights(output_dir)
+  for name, value in expected.items():
+    np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
+def test_no_complete_checkpoint_is_one_line_and_exit_4(first_run, tmp_path):
+  model, data, _, _ = first_run
+  output_dir = _copy(first_run, tmp_path)
+  for path in output_dir.glob("model.ckpt-*.data-*"):
+    _cut_to_half(path)
+  result = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert result.returncode == 4, result.stderr[-3000:]
+  assert "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"run_classifier: error: --output_dir: no checkpoint "
+                         f"in {output_dir} is complete ("), last
+  for step in (18, 24, 30):
+    assert f"model.ckpt-{step}: its data is cut short" in last
+
+
+def test_an_empty_state_file_resumes_from_the_newest(first_run, tmp_path):
+  model, data, _, _ = first_run
+  output_dir = _copy(first_run, tmp_path)
+  (output_dir / "checkpoint").write_text("")
+  result = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "at micro-batch 30" in result.stdout
+  assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step") == 60
