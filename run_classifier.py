@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 import estimator_accum
 from data import bert_features, classification
-from estimator_accum.checkpoints import integrity
+from estimator_accum.checkpoints import full_disk, integrity
 from models import batch_plan, console, strategies
 from models.bert import (
   classifier,
@@ -194,11 +194,17 @@ class NotFinite(RuntimeError):
 
 
 # Exit codes: 1 for bad flags or inputs, 3 for a diverged run, 4 for an
-# --output_dir whose checkpoints are all incomplete.
+# --output_dir whose checkpoints are all incomplete, 5 for a full disk.
 DIVERGED_EXIT_CODE = 3
 # --output_dir holds checkpoints and none of them is complete
 # (docs/operations.md).
 NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
+# A write into --output_dir found the disk full (or the quota used up).
+DISK_FULL_EXIT_CODE = 5
+
+
+class DiskFull(RuntimeError):
+  """A write into --output_dir found the disk full: one line, exit 5."""
 
 
 RUN_INFO = "run_info.json"
@@ -353,6 +359,18 @@ class ClassifierRun:
       tf.io.gfile.rename(partial, info_path, overwrite=True)
     return not existed
 
+  def _warn_if_short_of_room(self, init_checkpoint):
+    """Says at the start when --output_dir cannot hold
+    --keep_checkpoint_max checkpoints, each about 4x the model (its
+    weights, the optimizer's two slots, the window's sums)."""
+    if not (self.flags.do_train and init_checkpoint):
+      return
+    line = full_disk.short_of_room(
+        self.output_dir, 4 * full_disk.checkpoint_bytes(init_checkpoint),
+        self.flags.keep_checkpoint_max)
+    if line:
+      print(f"warning: {line}", flush=True)
+
   def _resumed_at(self):
     """The micro-batch the run resumes at: its latest checkpoint's global
     step (0 for a new run). Parameter-server workers share one global step
@@ -446,6 +464,7 @@ class ClassifierRun:
     # and the run resumes from the newest complete one (none: exit 4).
     integrity.resume_from_complete(
         self.output_dir, report=lambda line: print(line, flush=True))
+    self._warn_if_short_of_room(init_checkpoint)
     try:
       self.distribution = strategies.choose(
           self.flags.distribution_strategy, self.output_dir,
@@ -753,8 +772,18 @@ def main(argv):
     estimator_accum.releases.require_estimator("run_classifier.py")
   except RuntimeError as error:
     sys.exit(f"run_classifier: error: {error}")
+  run = None
   try:
-    ClassifierRun(values).run()
+    run = ClassifierRun(values)
+    try:
+      run.run()
+    except (tf.errors.OpError, OSError) as error:
+      if run.output_dir is None or not full_disk.is_full_disk(error):
+        raise
+      raise DiskFull(full_disk.describe(run.output_dir, error)) from None
+  except DiskFull as error:
+    print(f"run_classifier: error: {error}", file=sys.stderr)
+    sys.exit(DISK_FULL_EXIT_CODE)
   except (UsageError, classification.DataError, FileNotFoundError) as error:
     sys.exit(f"run_classifier: error: {error}")
   except NotFinite as error:

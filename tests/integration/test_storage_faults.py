@@ -2,15 +2,22 @@
 run wrote: a newest checkpoint cut short or with a flipped bit is skipped
 with one line naming it, and the run resumes from the newest complete one
 to the weights of a run that never had the bad one; none complete is one
-line and exit code 4; an emptied state file resumes from the newest."""
+line and exit code 4; an emptied state file resumes from the newest; a
+disk that fills during the run is one line and exit code 5, and freeing it
+resumes exactly."""
 
 import os
+import re
 import shutil
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_accum.checkpoints import integrity
 from tests.integration import test_run_classifier as runs
 
 # Whole jobs: not the fast tier. run_classifier trains through Estimator.
@@ -133,3 +140,71 @@ def test_an_empty_state_file_resumes_from_the_newest(first_run, tmp_path):
   assert "at micro-batch 30" in result.stdout
   assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
       "global_step") == 60
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 32 MB tmpfs mounted for the test (root only), unmounted after."""
+  if os.geteuid() != 0:
+    pytest.skip("mounts a size-limited tmpfs, which needs root (CI is root)")
+  mount = tmp_path / "disk"
+  mount.mkdir()
+  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
+                  str(mount)], check=True)
+  try:
+    yield mount
+  finally:
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
+    first_run, small_disk, tmp_path):
+  """The disk fills while the run trains (a file takes what is left once
+  its first checkpoint is written): one line naming the directory, the
+  bytes a checkpoint takes and the bytes free, exit 5, no save cut short
+  left behind, the state naming complete checkpoints only; with the file
+  removed, the same command resumes to the weights of a run that never
+  stopped."""
+  model, data, _, _ = first_run
+  whole = runs._run(runs._flags(model, data, tmp_path / "whole", **RESUMED))
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  output_dir = small_disk / "run"
+  command = [sys.executable, "run_classifier.py",
+             *runs._flags(model, data, output_dir, **RESUMED)]
+  process = subprocess.Popen(command, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + runs.TIMEOUT
+  while not list(output_dir.glob("model.ckpt-6.index")):
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+  filler = small_disk / "filler"
+  with open(filler, "wb") as file:
+    try:
+      while True:
+        file.write(b"\0" * 65536)
+        file.flush()
+    except OSError:
+      pass
+  _, stderr = process.communicate(timeout=runs.TIMEOUT)
+  assert process.returncode == 5, stderr[-3000:]
+  assert "Traceback" not in stderr and "out of memory" not in stderr
+  last = stderr.strip().splitlines()[-1]
+  assert re.match(
+      rf"run_classifier: error: --output_dir={re.escape(str(output_dir))}: "
+      r"the disk is full \(No space left on device\): a checkpoint takes "
+      r"\d+\.\d MB \(model\.ckpt-\d+\), \d+\.\d MB free; free space and run "
+      r"again to resume from .*model\.ckpt-\d+\.$", last), last
+  assert not list(output_dir.glob("*_temp")), list(output_dir.iterdir())
+  assert not list(output_dir.glob("*.tempstate*"))
+  state = tf.train.get_checkpoint_state(str(output_dir))
+  for path in state.all_model_checkpoint_paths:
+    assert integrity.problem(path) is None, path
+  filler.unlink()
+  resumed = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  expected = _weights(tmp_path / "whole")
+  actual = _weights(output_dir)
+  for name, value in expected.items():
+    np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-6,
+                               err_msg=name)

@@ -1,0 +1,103 @@
+"""A full disk, told as a full disk.
+
+TensorFlow reports a checkpoint save that runs out of space (ENOSPC, or a
+quota: EDQUOT) as `ResourceExhaustedError`, the error of an allocation
+that does not fit, whose first line is "Graph execution error:". Here such
+an error is recognised by what the file system said, the saves it cut short
+(their `*_temp` folders, `*.tempstate*` files) are removed, and the line
+names the directory, the bytes a checkpoint takes and the bytes free.
+
+    try:
+      estimator.train(...)
+    except (tf.errors.OpError, OSError) as error:
+      if not full_disk.is_full_disk(error):
+        raise
+      sys.exit(full_disk.describe(model_dir, error))
+"""
+
+import errno
+import os
+import shutil
+
+import tensorflow as tf
+
+__all__ = ["checkpoint_bytes", "describe", "is_full_disk",
+           "remove_cut_saves", "short_of_room"]
+
+_SAID = ("No space left on device", "Disk quota exceeded")
+
+
+def is_full_disk(error):
+  """Whether `error` (a tf.errors.OpError or an OSError) is a write that
+  found its disk full or its quota used up."""
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC,
+                                                    errno.EDQUOT):
+    return True
+  text = getattr(error, "message", None) or str(error)
+  return any(said in text for said in _SAID)
+
+
+def _free_bytes(directory):
+  while directory and not os.path.isdir(directory):
+    directory = os.path.dirname(directory)
+  try:
+    return shutil.disk_usage(directory or ".").free
+  except OSError:
+    return None
+
+
+def _megabytes(count):
+  return f"{count / 2**20:.1f} MB"
+
+
+def checkpoint_bytes(prefix):
+  """The bytes the checkpoint `prefix` takes (its index and data files)."""
+  return sum(tf.io.gfile.stat(path).length
+             for path in tf.io.gfile.glob(f"{prefix}.index") +
+             tf.io.gfile.glob(f"{prefix}.data-*"))
+
+
+def remove_cut_saves(directory):
+  """Removes what saves cut short left in `directory` (a sharded save's
+  `<prefix>_temp` folder, a file's `.tempstate` copy); returns their
+  names."""
+  removed = []
+  for path in tf.io.gfile.glob(os.path.join(directory, "*_temp")):
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+      removed.append(os.path.basename(path))
+  for path in tf.io.gfile.glob(os.path.join(directory, "*.tempstate*")):
+    tf.io.gfile.remove(path)
+    removed.append(os.path.basename(path))
+  return removed
+
+
+def describe(directory, error, flag="--output_dir"):
+  """One line for a write into `directory` that found the disk full: the
+  directory, what the file system said, the bytes a checkpoint takes (its
+  newest complete one's) and the bytes free, and what to do. Removes the
+  saves it cut short first."""
+  remove_cut_saves(directory)
+  said = next((s for s in _SAID if s in str(error)), None) or os.strerror(
+      getattr(error, "errno", None) or errno.ENOSPC)
+  free = _free_bytes(directory)
+  newest = tf.train.latest_checkpoint(directory)
+  needs = (f"a checkpoint takes {_megabytes(checkpoint_bytes(newest))} "
+           f"({os.path.basename(newest)}), " if newest else "")
+  has = f"{_megabytes(free)} free" if free is not None else "free space unknown"
+  resume = (f"; free space and run again to resume from {newest}" if newest
+            else "; free space and run again")
+  return (f"{flag}={directory}: the disk is full ({said}): {needs}{has}"
+          f"{resume}.")
+
+
+def short_of_room(directory, each_bytes, count, flag="--output_dir"):
+  """A line saying `directory` cannot hold `count` checkpoints of about
+  `each_bytes`, or None when it can (or its free space is unknown)."""
+  free = _free_bytes(directory)
+  if free is None or free >= each_bytes * count:
+    return None
+  return (f"{flag}={directory} has {_megabytes(free)} free, and "
+          f"{count} checkpoint(s) of about {_megabytes(each_bytes)} need "
+          f"{_megabytes(each_bytes * count)}: the run will stop when the "
+          f"disk is full.")
