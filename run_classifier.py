@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 import estimator_accum
 from data import bert_features, classification
-from estimator_accum.checkpoints import full_disk, integrity
+from estimator_accum.checkpoints import full_disk, integrity, run_lock
 from models import batch_plan, console, strategies
 from models.bert import (
   classifier,
@@ -230,9 +230,10 @@ def _refuse_another_run(path, held, info):
 
 def _remove_if_empty(path):
   """Removes `path` and its subdirectories if they hold no file but our
-  run_info.json (a start that failed before writing anything)."""
+  run_info.json and lock (a start that failed before writing anything)."""
+  ours = {RUN_INFO, run_lock.LOCK_NAME}
   for root, _, files in os.walk(path, topdown=False):
-    if set(files) <= ({RUN_INFO} if root == path else set()):
+    if set(files) <= (ours if root == path else set()):
       for name in files:
         os.remove(os.path.join(root, name))
       if not os.listdir(root):
@@ -460,6 +461,16 @@ class ClassifierRun:
             cluster, sort_keys=True).encode()).hexdigest()[:10]
       self.output_dir = os.path.join("runs", f"{processor.name}-{stamp}")
     created = self._prepare_output_dir(processor.name, bert_config)
+    lock = _hold_output_dir(self.output_dir, cluster)
+    try:
+      self._run_holding_the_directory(
+          processor, label_list, bert_config, tokenizer, init_checkpoint,
+          created)
+    finally:
+      lock.release()
+
+  def _run_holding_the_directory(self, processor, label_list, bert_config,
+                                 tokenizer, init_checkpoint, created):
     # A checkpoint cut short or corrupted is skipped, each named in a line,
     # and the run resumes from the newest complete one (none: exit 4).
     integrity.resume_from_complete(
@@ -758,6 +769,16 @@ class ClassifierRun:
         raise RuntimeError(f"predicted {written} of {num_test} test examples.")
       print(f"predictions for {num_test} test examples written to {path}",
             flush=True)
+
+
+def _hold_output_dir(output_dir, cluster):
+  """The lock of --output_dir for this run (shared by the tasks of one
+  TF_CONFIG cluster); a UsageError naming the live run that holds it."""
+  try:
+    return run_lock.hold(output_dir, cluster=cluster,
+                         report=lambda line: print(line, flush=True))
+  except run_lock.DirectoryInUse as error:
+    raise UsageError(str(error)) from None
 
 
 def main(argv):

@@ -4,11 +4,14 @@ with one line naming it, and the run resumes from the newest complete one
 to the weights of a run that never had the bad one; none complete is one
 line and exit code 4; an emptied state file resumes from the newest; a
 disk that fills during the run is one line and exit code 5, and freeing it
-resumes exactly."""
+resumes exactly; a second run on a live run's directory is refused in one
+line naming it, and a killed run's lock is taken over."""
 
+import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_accum.checkpoints import integrity
+from estimator_accum.checkpoints import integrity, run_lock
 from tests.integration import test_run_classifier as runs
 
 # Whole jobs: not the fast tier. run_classifier trains through Estimator.
@@ -208,3 +211,53 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
   for name, value in expected.items():
     np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-6,
                                err_msg=name)
+
+
+def _start_long_run(model, data, output_dir):
+  """A run of 100 epochs (1,000 micro-batches), once it holds its
+  directory's lock: (the process, the lock's JSON)."""
+  process = subprocess.Popen(
+      [sys.executable, "run_classifier.py",
+       *runs._flags(model, data, output_dir, **dict(RESUMED,
+                                                    num_train_epochs=100))],
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  lock = output_dir / run_lock.LOCK_NAME
+  deadline = time.monotonic() + runs.TIMEOUT
+  while not (lock.exists() and lock.read_text()):
+    assert process.poll() is None, process.communicate()[1][-3000:]
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+  return process, json.loads(lock.read_text())
+
+
+def test_a_second_run_on_a_live_runs_directory_is_refused(first_run,
+                                                          tmp_path):
+  model, data, _, _ = first_run
+  output_dir = tmp_path / "shared"
+  first, held = _start_long_run(model, data, output_dir)
+  try:
+    second = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+    assert first.poll() is None, "the first run ended before the second"
+  finally:
+    first_stderr = first.communicate(timeout=runs.TIMEOUT)[1]
+  assert second.returncode == 1, second.stderr[-3000:]
+  assert "Traceback" not in second.stderr
+  assert second.stderr.strip().splitlines()[-1].startswith(
+      f"run_classifier: error: --output_dir={output_dir} is in use by "
+      f"another run (pid {held['pid']} on host {held['host']}, started ")
+  assert first.returncode == 0, first_stderr[-3000:]
+  assert not (output_dir / run_lock.LOCK_NAME).exists()
+
+
+def test_the_lock_of_a_killed_run_is_taken_over(first_run, tmp_path):
+  model, data, _, _ = first_run
+  output_dir = tmp_path / "killed"
+  first, held = _start_long_run(model, data, output_dir)
+  first.send_signal(signal.SIGKILL)
+  first.communicate()
+  again = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert (f"--output_dir={output_dir}: taking over the lock of a run that "
+          f"ended without releasing it: its process (pid {held['pid']} on "
+          f"host {held['host']}, started ") in again.stdout
+  assert not (output_dir / run_lock.LOCK_NAME).exists()

@@ -1,0 +1,106 @@
+"""One run per model directory: a live run's lock refuses another, a stale
+one (its process gone on this host, or untouched for a minute from another
+host) is taken over with a line, the tasks of one cluster share it. Two
+real processes of run_classifier: tests/integration/test_storage_faults.py."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from estimator_accum.checkpoints import run_lock
+
+CLUSTER = {"worker": ["localhost:1", "localhost:2"]}
+
+
+def _write_lock(directory, age=0.0, **held):
+  path = directory / run_lock.LOCK_NAME
+  path.write_text(json.dumps(held))
+  if age:
+    stamp = time.time() - age
+    os.utime(path, (stamp, stamp))
+  return path
+
+
+def test_a_live_run_refuses_another_and_its_release_frees_it(tmp_path):
+  lock = run_lock.hold(str(tmp_path))
+  held = json.loads((tmp_path / run_lock.LOCK_NAME).read_text())
+  assert held["pid"] == os.getpid() and held["host"] == socket.gethostname()
+  with pytest.raises(run_lock.DirectoryInUse, match=(
+      rf"^--output_dir={tmp_path} is in use by another run \(pid "
+      rf"{os.getpid()} on host {socket.gethostname()}, started .*\): wait "
+      r"for it to end, stop it, or give this run another --output_dir\.$")):
+    run_lock.hold(str(tmp_path))
+  lock.release()
+  assert not (tmp_path / run_lock.LOCK_NAME).exists()
+  run_lock.hold(str(tmp_path)).release()
+
+
+def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path):
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True, check=True,
+                        env=dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0"))
+  pid = int(gone.stdout)
+  _write_lock(tmp_path, host=socket.gethostname(), pid=pid, started=1.0)
+  lines = []
+  lock = run_lock.hold(str(tmp_path), report=lines.append)
+  assert lock.owned
+  assert lines == [
+      f"--output_dir={tmp_path}: taking over the lock of a run that ended "
+      f"without releasing it: its process (pid {pid} on host "
+      f"{socket.gethostname()}, started 1970-01-01 00:00:01 UTC) is gone"]
+  assert json.loads((tmp_path / run_lock.LOCK_NAME).read_text())["pid"] == (
+      os.getpid())
+  lock.release()
+
+
+def test_another_hosts_lock_is_live_while_it_is_touched(tmp_path):
+  _write_lock(tmp_path, host="elsewhere", pid=1, started=1.0)
+  with pytest.raises(run_lock.DirectoryInUse, match="pid 1 on host elsewhere"):
+    run_lock.hold(str(tmp_path))
+  _write_lock(tmp_path, age=run_lock.STALE_SECONDS + 5, host="elsewhere",
+              pid=1, started=1.0)
+  lines = []
+  run_lock.hold(str(tmp_path), report=lines.append).release()
+  assert "was last touched 6" in lines[0], lines
+
+
+def test_the_tasks_of_one_cluster_share_it(tmp_path):
+  first = run_lock.hold(str(tmp_path), cluster=CLUSTER)
+  second = run_lock.hold(str(tmp_path), cluster=dict(CLUSTER))
+  assert first.owned and not second.owned
+  with pytest.raises(run_lock.DirectoryInUse):
+    run_lock.hold(str(tmp_path), cluster={"worker": ["localhost:3"]})
+  second.release()  # not its lock: stays
+  assert (tmp_path / run_lock.LOCK_NAME).exists()
+  first.release()
+
+
+def test_the_holder_touches_its_lock(tmp_path, monkeypatch):
+  monkeypatch.setattr(run_lock, "HEARTBEAT_SECONDS", 0.05)
+  lock = run_lock.hold(str(tmp_path))
+  path = tmp_path / run_lock.LOCK_NAME
+  stamp = time.time() - 1000
+  os.utime(path, (stamp, stamp))
+  deadline = time.monotonic() + 10
+  while path.stat().st_mtime < stamp + 500:
+    assert time.monotonic() < deadline, "the lock was not touched"
+    time.sleep(0.02)
+  lock.release()
+
+
+def test_an_unreadable_lock_is_kept_until_it_is_stale(tmp_path):
+  (tmp_path / run_lock.LOCK_NAME).write_text("{not json")
+  with pytest.raises(run_lock.DirectoryInUse):
+    run_lock.hold(str(tmp_path))
+  _write_lock(tmp_path, age=run_lock.STALE_SECONDS + 5)
+  (tmp_path / run_lock.LOCK_NAME).write_text("{not json")
+  stamp = time.time() - run_lock.STALE_SECONDS - 5
+  os.utime(tmp_path / run_lock.LOCK_NAME, (stamp, stamp))
+  lines = []
+  run_lock.hold(str(tmp_path), report=lines.append).release()
+  assert lines[0].endswith("its lock cannot be read"), lines
