@@ -313,8 +313,9 @@ class ClassifierRun:
                                   tokenizer)
     path = os.path.join(self.output_dir, "features",
                         f"{split}-{self.flags.max_seq_length}-{key}.tf_record")
-    count = bert_features.cached_tfrecord(examples, label_list,
-                                          length, tokenizer, path)
+    count = bert_features.cached_tfrecord(
+        examples, label_list, length, tokenizer, path,
+        report=lambda line: print(line, flush=True))
     return examples, path, count
 
   def _prepare_output_dir(self, task, bert_config):

@@ -119,12 +119,34 @@ def cache_key(examples, label_list, max_seq_length, tokenizer):
   return digest.hexdigest()[:16]
 
 
+def _damage(path, expected):
+  """What is wrong with the cached file `path` of `expected` records (a
+  record cut short or failing its checksum, or another count), or None."""
+  count = 0
+  try:
+    for _ in tf.compat.v1.io.tf_record_iterator(path):
+      count += 1
+  except tf.errors.OpError as error:
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"cannot be read past record {count} ({first[:160]})"
+  if count != expected:
+    return f"holds {count} of the {expected} examples"
+  return None
+
+
 def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
-                    output_file):
-  """Writes output_file once (skipped when it exists); returns its example
-  count. Name the file by `cache_key`, so that no other input reuses it."""
+                    output_file, report=None):
+  """Writes output_file once (kept when it exists whole); returns its
+  example count. Name the file by `cache_key`, so that no other input
+  reuses it. A file that is cut short, fails a record's checksum or holds
+  another number of examples is written again, and `report` (a callable
+  taking one line) told why: it is never read as fewer examples."""
   if tf.io.gfile.exists(output_file):
-    return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(output_file))
+    wrong = _damage(output_file, len(examples))
+    if wrong is None:
+      return len(examples)
+    if report is not None:
+      report(f"cached features {output_file} {wrong}: writing them again")
   tf.io.gfile.makedirs(os.path.dirname(output_file) or ".")
   features = convert_examples_to_features(examples, label_list,
                                           max_seq_length, tokenizer)

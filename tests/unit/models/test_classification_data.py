@@ -1,6 +1,8 @@
 """Task processors on small files in the public formats, the offline Rotten
 Tomatoes split, and BERT features through TFRecord files and the input_fn."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -298,3 +300,59 @@ def test_a_bad_pad_to_multiple_of_is_one_line(tmp_path, value):
     bert_features.input_fn_builder("unused", 12, 4, is_training=True,
                                    drop_remainder=True,
                                    pad_to_multiple_of=value)
+
+
+def _cached(tmp_path, tokenizer, lines):
+  examples = [classification.InputExample(str(i), "the film was good " * i,
+                                          None, str(i % 2))
+              for i in range(1, 7)]
+  path = str(tmp_path / "features" / "train.tf_record")
+  count = bert_features.cached_tfrecord(examples, ["0", "1"], 16, tokenizer,
+                                        path, report=lines.append)
+  return count, path
+
+
+def _records(path):
+  return sum(1 for _ in tf.compat.v1.io.tf_record_iterator(path))
+
+
+@pytest.mark.parametrize("damage", ["cut_at_a_record", "cut_in_a_record",
+                                    "bit_flip"])
+def test_damaged_cached_features_are_written_again(tmp_path, tokenizer,
+                                                   damage):
+  lines = []
+  assert _cached(tmp_path, tokenizer, lines) == (6, str(
+      tmp_path / "features" / "train.tf_record"))
+  path = tmp_path / "features" / "train.tf_record"
+  data = bytearray(path.read_bytes())
+  record = len(data) // 6  # the records are of nearly one size
+  if damage == "cut_at_a_record":
+    # The first 4 records whole: read alone, 4 examples instead of 6.
+    offsets, at = [], 0
+    while at < len(data):
+      offsets.append(at)
+      at += 8 + 4 + int.from_bytes(data[at:at + 8], "little") + 4
+    path.write_bytes(bytes(data[:offsets[4]]))
+    assert _records(str(path)) == 4
+    said = "holds 4 of the 6 examples"
+  elif damage == "cut_in_a_record":
+    path.write_bytes(bytes(data[:3 * record + record // 2]))
+    said = "cannot be read past record 3"
+  else:
+    data[2 * record + 20] ^= 0x10
+    path.write_bytes(bytes(data))
+    said = "cannot be read past record"
+  assert not lines
+  count, _ = _cached(tmp_path, tokenizer, lines)
+  assert count == 6 and _records(str(path)) == 6
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"cached features {path} {said}"), lines
+  assert lines[0].endswith(": writing them again")
+
+
+def test_whole_cached_features_are_kept(tmp_path, tokenizer):
+  lines = []
+  _, path = _cached(tmp_path, tokenizer, lines)
+  before = os.stat(path).st_mtime_ns
+  assert _cached(tmp_path, tokenizer, lines) == (6, path)
+  assert os.stat(path).st_mtime_ns == before and not lines
