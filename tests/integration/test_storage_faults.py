@@ -2,7 +2,8 @@
 run wrote: a newest checkpoint cut short or with a flipped bit is skipped
 with one line naming it, and the run resumes from the newest complete one
 to the weights of a run that never had the bad one; none complete is one
-line and exit code 4; an emptied state file resumes from the newest; a
+line and exit code 4; an emptied state file resumes from the newest; every
+worker of a two-worker job skips a bad checkpoint alike; a
 disk that fills during the run is one line and exit code 5, and freeing it
 resumes exactly; a second run on a live run's directory is refused in one
 line naming it, and a killed run's lock is taken over."""
@@ -261,3 +262,40 @@ def test_the_lock_of_a_killed_run_is_taken_over(first_run, tmp_path):
           f"ended without releasing it: its process (pid {held['pid']} on "
           f"host {held['host']}, started ") in again.stdout
   assert not (output_dir / run_lock.LOCK_NAME).exists()
+
+
+def test_every_worker_of_a_job_skips_a_bad_checkpoint_alike(first_run,
+                                                            tmp_path):
+  """Two MultiWorkerMirroredStrategy workers (tfconfig launch) share the
+  directory: each names the cut checkpoint, both resume from the newest
+  complete one, and the job ends at the weights of a job that never wrote
+  the bad one."""
+  model, data, _, _ = first_run
+  first = dict(num_train_epochs=2, save_checkpoints_steps=2, do_eval=False,
+               classifier_dropout=0, keep_checkpoint_max=3)
+  resumed = dict(first, num_train_epochs=4)
+  # 40 x 2 / (2 workers x 4 x k=2) = 5 updates, 10 micro-batches.
+  base = tmp_path / "base"
+  runs._two_workers(model, data, base, **first)
+  bad, without = tmp_path / "bad", tmp_path / "without_10"
+  shutil.copytree(base, bad)
+  shutil.copytree(base, without)
+  _cut_to_half(bad / "model.ckpt-10.data-00000-of-00001")
+  for path in without.glob("model.ckpt-10.*"):
+    path.unlink()
+  (without / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-8"\n')
+  expected = runs._two_workers(model, data, without, **resumed)
+  result = runs._two_workers(model, data, bad, **resumed)
+  for worker in (0, 1):
+    assert (f"[worker:{worker}] skipping checkpoint "
+            f"{bad / 'model.ckpt-10'}: its data is cut short") in result.stdout
+    assert (f"[worker:{worker}] resuming from {bad / 'model.ckpt-8'} at "
+            "micro-batch 8") in result.stdout
+    assert f"[worker:{worker}] resuming from" in expected.stdout
+  want = tf.train.load_checkpoint(str(without))
+  got = tf.train.load_checkpoint(str(bad))
+  assert got.get_tensor("global_step") == want.get_tensor("global_step") == 20
+  for name in want.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")):
+      np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name),
+                                 rtol=1e-5, atol=1e-6, err_msg=name)
