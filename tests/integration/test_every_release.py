@@ -1,14 +1,16 @@
 """The library on every TensorFlow release (2.15-2.21), without Estimator.
 
 `build_accumulating_train_op` in a plain `tf.compat.v1` graph, run by a
-`tf.compat.v1.Session` or a `MonitoredTrainingSession`, on one device and
+`tf.compat.v1.Session` or a `MonitoredTrainingSession`, on one device,
 under MirroredStrategy (two logical CPUs, the model built in each replica by
-`call_for_each_replica`, as Estimator would): k micro-batches of B give the
+`call_for_each_replica`, as Estimator would) and on two workers of
+MultiWorkerMirroredStrategy (processes on loopback): k micro-batches of B give the
 weights of plain TensorFlow's big batch of k*B at <= 1e-5 relative, for
 every tf.compat.v1.train optimizer and, where `tf.keras` is Keras 2, its
 legacy optimizers. None of it asks for tf.estimator.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -183,3 +185,31 @@ def test_run_classifier_says_in_one_line_that_it_needs_estimator():
                          f"tf.estimator, which TensorFlow {tf.__version__} "
                          "does not have"), result.stderr[-2000:]
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
+def test_multi_worker_mirrored_strategy_in_a_plain_graph(name, tmp_path):
+  """Two workers of `tf.compat.v1`'s MultiWorkerMirroredStrategy, started
+  by `python -m tfconfig launch` on loopback, each building the model in a
+  plain graph and training it in a session on its own task's server: both
+  end at the weights of plain training's batch of K x B x 2."""
+  from tests.jobs import graph_multiworker_job as job  # noqa: PLC0415
+
+  result = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+       "--timeout", "240", "--", sys.executable,
+       "tests/jobs/graph_multiworker_job.py", name],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  weights = [json.loads(line.split("WEIGHTS ", 1)[1])
+             for line in result.stdout.splitlines() if "WEIGHTS " in line]
+  assert len(weights) == 2, result.stdout[-3000:]
+  data = support.make_data(job.K * job.B * 2 * job.STEPS)
+  expected = support.reference_train(
+      job.OPTIMIZERS[name], data, job.K * job.B * 2, job.STEPS)
+  support.assert_weights_moved(expected, "big batch")
+  for worker in weights:
+    support.assert_weights_close(
+        {key: np.array(value) for key, value in worker.items()}, expected,
+        what=f"a worker, TensorFlow {tf.__version__}")

@@ -1,0 +1,74 @@
+"""A MultiWorkerMirroredStrategy worker of a plain tf.compat.v1 graph, no
+Estimator (what runs on every TensorFlow release): started by `python -m
+tfconfig launch`, it trains STEPS windows of K micro-batches of B with the
+library and prints the weights as JSON. Worker w's micro-batch m of window
+u holds examples (u * workers + w) * K * B + m * B onwards, so the
+workers' windows together are plain training's batches of K * B * workers.
+
+  python -m tfconfig launch --workers 2 -- python tests/jobs/graph_multiworker_job.py adam
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+
+import tensorflow as tf  # noqa: E402
+
+import estimator_accum  # noqa: E402
+from harness import support  # noqa: E402
+
+K, B, STEPS = 2, 4, 3
+OPTIMIZERS = {
+    "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.05),
+}
+
+
+def main(optimizer_name):
+  tf_config = json.loads(os.environ["TF_CONFIG"])
+  index = tf_config["task"]["index"]
+  workers = len(tf_config["cluster"]["worker"])
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  # The tf.compat.v1 class: its collective ops serve graph sessions, on the
+  # server its construction starts for this task.
+  strategy = tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy(
+      cluster_resolver=resolver)
+  config = strategy.update_config_proto(tf.compat.v1.ConfigProto())
+  target = "grpc://" + resolver.master().replace("grpc://", "")
+  data = support.make_data(K * B * workers * STEPS)
+  with tf.Graph().as_default(), strategy.scope():
+    tf.compat.v1.train.get_or_create_global_step()
+    inputs = {key: tf.compat.v1.placeholder(
+        tf.as_dtype(value.dtype), (B,) + value.shape[1:])
+        for key, value in data.items()}
+    optimizer = OPTIMIZERS[optimizer_name]()
+
+    def micro_batch_step():
+      loss = support.model_loss(inputs, inputs["labels"])
+      return estimator_accum.build_accumulating_train_op(
+          loss, optimizer, K, summaries=False, log_every_n_micro_batches=None)
+
+    train_op = strategy.group(
+        strategy.extended.call_for_each_replica(micro_batch_step))
+    variables = {v.name.split(":")[0]: v
+                 for v in tf.compat.v1.global_variables()}
+    initialize = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(target, config=config) as session:
+      session.run(initialize)
+      for update in range(STEPS):
+        for micro in range(K):
+          start = (update * workers + index) * K * B + micro * B
+          session.run(train_op, {inputs[key]: value[start:start + B]
+                                 for key, value in data.items()})
+      weights = {name: session.run(variables[name]).tolist()
+                 for name in support.weight_names()}
+  print("WEIGHTS " + json.dumps(weights), flush=True)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1])
