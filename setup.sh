@@ -28,6 +28,9 @@ case "$end" in
         PYTHON="$prefix/bin/python"
       elif command -v python3.12 >/dev/null; then
         PYTHON=python3.12
+      elif found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null |
+          sort -V | tail -n 1) && [ -n "$found" ]; then
+        PYTHON="$found"
       else
         echo "setup.sh: the newest end needs Python 3.12 (pyenv's 3.12 or" \
              "python3.12 on PATH), and none was found; set PYTHON=..." >&2

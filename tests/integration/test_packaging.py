@@ -3,6 +3,7 @@ import, as ranges; the scripts' needs are the `examples` extra. Installed
 into a user's own TensorFlow (2.15's full build, 2.21 on Python 3.12), it
 changes none of their packages, imports, and trains exactly."""
 
+import glob
 import json
 import os
 import pathlib
@@ -133,7 +134,9 @@ def _python(version):
                            text=True, check=False)
     if pyenv.returncode == 0:
       return os.path.join(pyenv.stdout.strip(), "bin", "python")
-  found = shutil.which(f"python{version}")
+  found = shutil.which(f"python{version}") or next(iter(sorted(
+      glob.glob(os.path.join(os.environ.get("PYENV_ROOT", os.path.expanduser(
+          "~/.pyenv")), "versions", f"{version}*", "bin", "python")))), None)
   if found:
     return found
   pytest.fail(f"no Python {version} here: the install test of that end "
