@@ -16,6 +16,29 @@ import tensorflow as tf
 
 import estimator_accum
 
+# Every tf.compat.v1.train optimizer, at settings whose few updates move the
+# model's weights well (the exactness tests' table).
+_V1 = tf.compat.v1.train
+V1_OPTIMIZERS = {
+    "sgd": lambda: _V1.GradientDescentOptimizer(0.5),
+    "momentum": lambda: _V1.MomentumOptimizer(0.2, 0.9),
+    "nesterov": lambda: _V1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
+    "adam": lambda: _V1.AdamOptimizer(0.05),
+    "adagrad": lambda: _V1.AdagradOptimizer(0.3),
+    "rmsprop": lambda: _V1.RMSPropOptimizer(0.05),
+    "rmsprop_centered_momentum": lambda: _V1.RMSPropOptimizer(
+        0.05, momentum=0.5, centered=True),
+    "adadelta": lambda: _V1.AdadeltaOptimizer(5.0),
+    "ftrl": lambda: _V1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
+                                      l2_regularization_strength=0.001),
+    "proximal_sgd": lambda: _V1.ProximalGradientDescentOptimizer(
+        0.5, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001),
+    "proximal_adagrad": lambda: _V1.ProximalAdagradOptimizer(
+        0.3, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.001),
+}
+
 NUM_FEATURES = 5
 HIDDEN = 7
 NUM_CLASSES = 3

@@ -23,31 +23,12 @@ import estimator_accum
 from estimator_accum import releases
 from harness import support
 
-v1 = tf.compat.v1.train
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
 K, MICRO_BATCH, UPDATES = 4, 8, 3
 
-V1_OPTIMIZERS = {
-    "sgd": lambda: v1.GradientDescentOptimizer(0.5),
-    "momentum": lambda: v1.MomentumOptimizer(0.2, 0.9),
-    "nesterov": lambda: v1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
-    "adam": lambda: v1.AdamOptimizer(0.05),
-    "adagrad": lambda: v1.AdagradOptimizer(0.3),
-    "rmsprop": lambda: v1.RMSPropOptimizer(0.05),
-    "rmsprop_centered_momentum": lambda: v1.RMSPropOptimizer(
-        0.05, momentum=0.5, centered=True),
-    "adadelta": lambda: v1.AdadeltaOptimizer(5.0),
-    "ftrl": lambda: v1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
-                                     l2_regularization_strength=0.001),
-    "proximal_sgd": lambda: v1.ProximalGradientDescentOptimizer(
-        0.5, l1_regularization_strength=0.001,
-        l2_regularization_strength=0.001),
-    "proximal_adagrad": lambda: v1.ProximalAdagradOptimizer(
-        0.3, l1_regularization_strength=0.001,
-        l2_regularization_strength=0.001),
-}
+V1_OPTIMIZERS = support.V1_OPTIMIZERS
 
 KERAS_LEGACY = ("Adam", "SGD", "RMSprop")
 
@@ -116,12 +97,14 @@ def _accumulated(optimizer_fn, data, session="plain", replicas=1):
               for name in support.weight_names()}
 
 
-def _check(optimizer_fn, session="plain", replicas=1, minimize=True):
+def _check(optimizer_fn, session="plain", replicas=1, minimize=True,
+           accumulated_fn=None):
   data = support.make_data(replicas * K * MICRO_BATCH * UPDATES)
   expected = support.reference_train(
       optimizer_fn, data, replicas * K * MICRO_BATCH, UPDATES,
       minimize=minimize)
-  actual = _accumulated(optimizer_fn, data, session, replicas)
+  actual = _accumulated(accumulated_fn or optimizer_fn, data, session,
+                        replicas)
   support.assert_weights_moved(expected, "big batch")
   support.assert_weights_close(
       actual, expected, what=f"{session} session, {replicas} replica(s), "
@@ -131,6 +114,18 @@ def _check(optimizer_fn, session="plain", replicas=1, minimize=True):
 @pytest.mark.parametrize("name", sorted(V1_OPTIMIZERS))
 def test_every_v1_optimizer_in_a_plain_session(name):
   _check(V1_OPTIMIZERS[name])
+
+
+def test_adagrad_da_counting_updates():
+  """AdagradDA reads a step count: given `update_count(k)` it sees the count
+  plain training gives it."""
+  def adagrad_da(step):
+    return tf.compat.v1.train.AdagradDAOptimizer(
+        0.5, step, l1_regularization_strength=0.001,
+        l2_regularization_strength=0.01)
+
+  _check(lambda: adagrad_da(tf.compat.v1.train.get_or_create_global_step()),
+         accumulated_fn=lambda: adagrad_da(estimator_accum.update_count(K)))
 
 
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])

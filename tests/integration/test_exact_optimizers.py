@@ -18,24 +18,7 @@ pytestmark = pytest.mark.slow
 v1 = tf.compat.v1.train
 
 OPTIMIZERS = {
-    "sgd": (lambda: v1.GradientDescentOptimizer(0.5), True),
-    "momentum": (lambda: v1.MomentumOptimizer(0.2, 0.9), True),
-    "nesterov": (lambda: v1.MomentumOptimizer(0.2, 0.9, use_nesterov=True),
-                 True),
-    "adam": (lambda: v1.AdamOptimizer(0.05), True),
-    "adagrad": (lambda: v1.AdagradOptimizer(0.3), True),
-    "rmsprop": (lambda: v1.RMSPropOptimizer(0.05), True),
-    "rmsprop_centered_momentum": (
-        lambda: v1.RMSPropOptimizer(0.05, momentum=0.5, centered=True), True),
-    "adadelta": (lambda: v1.AdadeltaOptimizer(5.0), True),
-    "ftrl": (lambda: v1.FtrlOptimizer(0.3, l1_regularization_strength=0.001,
-                                      l2_regularization_strength=0.001), True),
-    "proximal_sgd": (lambda: v1.ProximalGradientDescentOptimizer(
-        0.5, l1_regularization_strength=0.001,
-        l2_regularization_strength=0.001), True),
-    "proximal_adagrad": (lambda: v1.ProximalAdagradOptimizer(
-        0.3, l1_regularization_strength=0.001,
-        l2_regularization_strength=0.001), True),
+    **{name: (make, True) for name, make in support.V1_OPTIMIZERS.items()},
     "keras_legacy_adam": (lambda: tf.keras.optimizers.legacy.Adam(0.05),
                           False),
     # Keras schedules count the optimizer's own iterations: one per update.
