@@ -177,7 +177,7 @@ def check_keras_2(what, argument, value):
       f"{argument} {short(value)}. Install tf-keras (pip install "
       f"'tf-keras~={tf.__version__.rsplit('.', 1)[0]}.0') and set "
       f"TF_USE_LEGACY_KERAS=1 before importing TensorFlow, or use Keras 3's "
-      f"own gradient_accumulation_steps (docs/keras.md says how they "
+      f"own gradient_accumulation_steps (docs/releases.md says how they "
       f"differ).")
 
 

@@ -81,7 +81,10 @@ def describe(directory, error, flag="--output_dir"):
   said = next((s for s in _SAID if s in str(error)), None) or os.strerror(
       getattr(error, "errno", None) or errno.ENOSPC)
   free = _free_bytes(directory)
-  newest = tf.train.latest_checkpoint(directory)
+  try:
+    newest = tf.train.latest_checkpoint(directory)
+  except (tf.errors.OpError, ValueError):  # a state file the disk cut short
+    newest = None
   needs = (f"a checkpoint takes {_megabytes(checkpoint_bytes(newest))} "
            f"({os.path.basename(newest)}), " if newest else "")
   has = f"{_megabytes(free)} free" if free is not None else "free space unknown"

@@ -2,7 +2,8 @@
 
 Two runs writing one directory interleave their checkpoints, events and
 state file, and both exit 0. `hold(directory)` takes the directory's lock
-(`.run.lock`, made with O_EXCL: of two runs starting at once one gets it)
+(`.run.lock`, linked into place whole: of two runs starting at once one
+gets it)
 or refuses in one line naming the run that holds it. The holder touches the
 lock every `HEARTBEAT_SECONDS`; a lock whose process is gone (this host) or
 that nobody touched for `STALE_SECONDS` (another host sharing the file
@@ -55,12 +56,16 @@ def _read(path):
   """(the lock's JSON, seconds since it was last touched), or None when
   there is no lock; a lock that cannot be parsed (a holder killed while
   writing it) reads as {}."""
-  try:
-    with open(path) as file:
-      text = file.read()
-    age = time.time() - os.stat(path).st_mtime
-  except FileNotFoundError:
-    return None
+  for _ in range(20):
+    try:
+      with open(path) as file:
+        text = file.read()
+      age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+      return None
+    if text or age > 1.0:
+      break
+    time.sleep(0.05)  # being written (no hard links): read it again
   try:
     return json.loads(text), age
   except ValueError:
@@ -124,6 +129,31 @@ class Lock:
       pass
 
 
+def _create(path, content):
+  """Makes the lock `path` holding `content` (JSON) whole, unless it exists:
+  written to a file of its own, then linked into place (a reader never sees
+  it half written); where the file system has no hard links, created with
+  O_EXCL and written. Whether it was made."""
+  temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
+  with open(temporary, "w") as file:
+    json.dump(content, file)
+  try:
+    os.link(temporary, path)
+    return True
+  except FileExistsError:
+    return False
+  except OSError:  # no hard links here
+    try:
+      descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      return False
+    with os.fdopen(descriptor, "w") as file:
+      json.dump(content, file)
+    return True
+  finally:
+    os.remove(temporary)
+
+
 def hold(directory, cluster=None, report=None, flag="--output_dir"):
   """Takes `directory`'s lock for this run, or shares it with the tasks of
   the same `cluster` (TF_CONFIG's "cluster" dict, or None).
@@ -144,32 +174,27 @@ def hold(directory, cluster=None, report=None, flag="--output_dir"):
   mine = {"host": socket.gethostname(), "pid": os.getpid(),
           "started": time.time(), "cluster": _cluster_id(cluster)}
   for _ in range(3):
-    try:
-      descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      found = _read(path)
-      if found is None:
-        continue  # released in between: try again
-      held, age = found
-      if mine["cluster"] and held.get("cluster") == mine["cluster"]:
-        return Lock(path, owned=False)
-      why = _stale(held, age)
-      if why is None:
-        raise DirectoryInUse(
-            f"{flag}={directory} is in use by another run ({_describe(held)}"
-            f"; {path}): wait for it to end, stop it, or give this run "
-            f"another {flag}.") from None
-      try:  # one of the runs that found it stale moves it away
-        os.rename(path, f"{path}.stale.{os.getpid()}")
-      except FileNotFoundError:
-        continue
-      os.remove(f"{path}.stale.{os.getpid()}")
-      if report is not None:
-        report(f"{flag}={directory}: taking over the lock of a run that "
-               f"ended without releasing it: {why}")
+    if _create(path, mine):
+      return Lock(path, owned=True)
+    found = _read(path)
+    if found is None:
+      continue  # released in between: try again
+    held, age = found
+    if mine["cluster"] and held.get("cluster") == mine["cluster"]:
+      return Lock(path, owned=False)
+    why = _stale(held, age)
+    if why is None:
+      raise DirectoryInUse(
+          f"{flag}={directory} is in use by another run ({_describe(held)}"
+          f"; {path}): wait for it to end, stop it, or give this run "
+          f"another {flag}.")
+    try:  # of the runs that found it stale, one moves it away
+      os.rename(path, f"{path}.stale.{os.getpid()}")
+    except FileNotFoundError:
       continue
-    with os.fdopen(descriptor, "w") as file:
-      json.dump(mine, file)
-    return Lock(path, owned=True)
+    os.remove(f"{path}.stale.{os.getpid()}")
+    if report is not None:
+      report(f"{flag}={directory}: taking over the lock of a run that "
+             f"ended without releasing it: {why}")
   raise DirectoryInUse(f"{flag}={directory}: its lock {path} keeps changing "
                        f"hands; is another run starting there?")

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -104,3 +105,35 @@ def test_an_unreadable_lock_is_kept_until_it_is_stale(tmp_path):
   lines = []
   run_lock.hold(str(tmp_path), report=lines.append).release()
   assert lines[0].endswith("its lock cannot be read"), lines
+
+
+@pytest.mark.parametrize("cluster", [None, CLUSTER])
+def test_of_runs_starting_at_once_one_holds_it(tmp_path, cluster):
+  """Eight starts at once (threads): one lock made, whole; the others
+  refused, or sharing it when they are one cluster's tasks. A lock is
+  linked into place written, so none reads it half made."""
+  barrier = threading.Barrier(8)
+  outcomes = []
+
+  def start():
+    barrier.wait()
+    try:
+      outcomes.append(run_lock.hold(str(tmp_path), cluster=cluster))
+    except run_lock.DirectoryInUse as error:
+      outcomes.append(error)
+
+  threads = [threading.Thread(target=start) for _ in range(8)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  owned = [o for o in outcomes if isinstance(o, run_lock.Lock) and o.owned]
+  assert len(owned) == 1, outcomes
+  if cluster is None:
+    refused = [o for o in outcomes if isinstance(o, run_lock.DirectoryInUse)]
+    assert len(refused) == 7, outcomes
+    assert all(f"pid {os.getpid()} on host" in str(e) for e in refused)
+  else:
+    assert all(isinstance(o, run_lock.Lock) for o in outcomes), outcomes
+  assert sorted(os.listdir(tmp_path)) == [run_lock.LOCK_NAME]
+  owned[0].release()
