@@ -12,6 +12,7 @@ legacy optimizers. None of it asks for tf.estimator.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -38,7 +39,21 @@ def _keras_legacy(name):
   return lambda: getattr(tf.keras.optimizers.legacy, name)(rate, **options)
 
 
-def _accumulated(optimizer_fn, data, session="plain", replicas=1):
+def _weights(running, variables):
+  """The model's weights by name, a partitioned embedding's parts joined
+  (as support.reference_train returns them)."""
+  values = {}
+  for name in support.weight_names():
+    parts = sorted((n for n in variables
+                    if re.fullmatch(rf"{name}/part_\d+", n)),
+                   key=lambda n: int(n.rsplit("_", 1)[1]))
+    values[name] = (np.concatenate([running.run(variables[n]) for n in parts])
+                    if parts else running.run(variables[name]))
+  return values
+
+
+def _accumulated(optimizer_fn, data, session="plain", replicas=1,
+                 model=None, options=None):
   """Trains UPDATES windows of K micro-batches of MICRO_BATCH per replica
   with the library in a fresh graph; returns the weights by name. Window u
   holds examples [u*K*B*R, (u+1)*K*B*R) in order, replica r the r-th share
@@ -60,9 +75,10 @@ def _accumulated(optimizer_fn, data, session="plain", replicas=1):
       replica = tf.distribute.get_replica_context().replica_id_in_sync_group
       own = {key: value[replica * MICRO_BATCH:(replica + 1) * MICRO_BATCH]
              for key, value in inputs.items()}
-      loss = support.model_loss(own, own["labels"])
+      loss = support.model_loss(own, own["labels"], **(model or {}))
       return estimator_accum.build_accumulating_train_op(
-          loss, optimizer, K, summaries=False, log_every_n_micro_batches=None)
+          loss, optimizer, K, summaries=False, log_every_n_micro_batches=None,
+          **(options or {}))
 
     if replicas > 1:
       train_op = strategy.group(
@@ -86,25 +102,23 @@ def _accumulated(optimizer_fn, data, session="plain", replicas=1):
         running.run(tf.compat.v1.global_variables_initializer())
         for feed in feeds:
           running.run(train_op, feed)
-        return {name: running.run(variables[name])
-                for name in support.weight_names()}
+        return _weights(running, variables)
     with tf.compat.v1.train.MonitoredTrainingSession(
         checkpoint_dir=None, save_summaries_steps=None,
         log_step_count_steps=None, config=config) as running:
       for feed in feeds:
         running.run(train_op, feed)
-      return {name: running.run(variables[name])
-              for name in support.weight_names()}
+      return _weights(running, variables)
 
 
 def _check(optimizer_fn, session="plain", replicas=1, minimize=True,
-           accumulated_fn=None):
+           accumulated_fn=None, model=None, options=None, reference=None):
   data = support.make_data(replicas * K * MICRO_BATCH * UPDATES)
   expected = support.reference_train(
       optimizer_fn, data, replicas * K * MICRO_BATCH, UPDATES,
-      minimize=minimize)
+      minimize=minimize, **(reference or {}))
   actual = _accumulated(accumulated_fn or optimizer_fn, data, session,
-                        replicas)
+                        replicas, model, options)
   support.assert_weights_moved(expected, "big batch")
   support.assert_weights_close(
       actual, expected, what=f"{session} session, {replicas} replica(s), "
@@ -126,6 +140,37 @@ def test_adagrad_da_counting_updates():
 
   _check(lambda: adagrad_da(tf.compat.v1.train.get_or_create_global_step()),
          accumulated_fn=lambda: adagrad_da(estimator_accum.update_count(K)))
+
+
+# The window's options and the model's kinds of variables, as their
+# Estimator tests check them on 2.15 (the reference as plain TensorFlow
+# trains the same: the big batch's gradient clipped, its losses summed).
+FEATURES = {
+    "clip_norm": dict(options=dict(clip_norm=0.5),
+                      reference=dict(clip_norm=0.5)),
+    "summed": dict(model=dict(reduction="sum"), options=dict(reduction="sum"),
+                   reference=dict(loss_reduction="sum")),
+    "recompute": dict(model=dict(recompute=True)),
+    "fused_apply": dict(options=dict(fused_apply=True)),
+    # One replica's (partitioned variables and a window in host memory)...
+    "partitioned_embedding": dict(model=dict(embedding_partitions=3),
+                                  reference=dict(embedding_partitions=3)),
+    "host_accumulators": dict(options=dict(accumulator_placement="host")),
+    # ... and several replicas' (1/N of the window on each).
+    "sharded_accumulators": dict(options=dict(
+        accumulator_placement="sharded")),
+}
+ONE_REPLICA = ("partitioned_embedding", "host_accumulators")
+REPLICAS = ("sharded_accumulators",)
+
+
+@pytest.mark.parametrize("feature, replicas", [
+    (feature, replicas) for feature in sorted(FEATURES)
+    for replicas in (1, 2)
+    if not (feature in ONE_REPLICA and replicas > 1)
+    and not (feature in REPLICAS and replicas == 1)])
+def test_the_windows_options_and_models(feature, replicas):
+  _check(V1_OPTIMIZERS["adam"], replicas=replicas, **FEATURES[feature])
 
 
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
