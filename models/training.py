@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum.checkpoints import integrity
 
 
 def train_spec(loss, optimizer, params, log_every=200):
@@ -32,6 +33,21 @@ def train_spec(loss, optimizer, params, log_every=200):
 # Exit code of an example whose training diverged or whose evaluation is
 # not finite (bad flags exit 1 or 2, as absl's do).
 DIVERGED_EXIT_CODE = 3
+# Exit code of an example whose --model_dir holds checkpoints, none of them
+# complete (docs/operations.md).
+NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
+
+
+def resume_from_complete(program, model_dir):
+  """Checks `model_dir`'s checkpoints before an Estimator restores one: a
+  checkpoint cut short or corrupted is skipped with one line, the state
+  names the newest complete one; none complete exits 4 with one line."""
+  try:
+    integrity.resume_from_complete(
+        model_dir, report=lambda line: print(line, flush=True))
+  except integrity.NoCompleteCheckpoint as error:
+    print(f"{program}: error: --model_dir: {error}", file=sys.stderr)
+    raise SystemExit(NO_COMPLETE_CHECKPOINT_EXIT_CODE) from None
 
 
 def define_checkpoint_flags(flags, every_n_micro_batches):

@@ -50,6 +50,7 @@ training.define_checkpoint_flags(flags, every_n_micro_batches=500)
 
 def train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
                        strategy=None):
+  training.resume_from_complete("housing", model_dir)
   estimator = tf.estimator.Estimator(
       model_fn, model_dir=model_dir,
       config=tf.estimator.RunConfig(

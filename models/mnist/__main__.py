@@ -86,6 +86,7 @@ def _run(values, model_dir, train, test, k, micro_batch, strategy, workers):
   """Trains one configuration; returns (metrics, weights)."""
   per_step = micro_batch * workers
   micro_batches = values.epochs * len(train["labels"]) // per_step // k * k
+  training.resume_from_complete("mnist", model_dir)
   config = tf.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
       # Every micro-batch's loss: the plot draws each window's mean.

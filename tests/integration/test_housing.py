@@ -1,10 +1,12 @@
 """The housing data reader and the main housing job, end to end."""
 
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from data import housing
 
@@ -100,3 +102,26 @@ def test_checkpoints_every_n_micro_batches_and_keeps_the_last(tmp_path):
                 for p in run.glob("model.ckpt-*.index"))
   assert len(kept) == 2, kept
   assert kept[0] % 20 == 0 and kept[0] > 0, kept
+
+
+@pytest.mark.estimator
+def test_a_cut_checkpoint_is_skipped_and_none_complete_exits_4(tmp_path):
+  command = [sys.executable, "-m", "models.housing", "--epochs", "3",
+             "--save_checkpoints_steps", "20", "--keep_checkpoint_max", "2",
+             "--model_dir", str(tmp_path)]
+  subprocess.run(command, capture_output=True, text=True, timeout=300,
+                 check=True)
+  run = next(tmp_path.glob("accumulated_*"))
+  newest = tf.train.latest_checkpoint(str(run))
+  data, = run.glob(f"{os.path.basename(newest)}.data-*")
+  os.truncate(data, data.stat().st_size // 2)
+  again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"skipping checkpoint {newest}: its data is cut short" in again.stdout
+  for path in run.glob("model.ckpt-*.data-*"):
+    os.truncate(path, path.stat().st_size // 2)
+  broken = subprocess.run(command, capture_output=True, text=True, timeout=300)
+  assert broken.returncode == 4, broken.stderr[-3000:]
+  assert "Traceback" not in broken.stderr
+  assert broken.stderr.strip().splitlines()[-1].startswith(
+      f"housing: error: --model_dir: no checkpoint in {run} is complete (")

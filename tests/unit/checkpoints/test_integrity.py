@@ -152,3 +152,32 @@ def test_problem_of_a_complete_checkpoint_is_none(saved):
     assert integrity.problem(str(saved / f"model.ckpt-{step}")) is None
   assert integrity.problem(str(saved / "model.ckpt-40")) == (
       f"{saved / 'model.ckpt-40'}.index is missing")
+
+
+def test_a_checkpoint_managers_directory_resumes_from_its_newest_complete(
+    tmp_path):
+  """tf.train.CheckpointManager's directories (Keras's BackupAndRestore
+  keeps its backup in one, object-based checkpoints "ckpt-N"): the same
+  check, and a new manager restores the complete one."""
+  step = tf.Variable(0)
+  weights = tf.Variable(tf.zeros([50_000]))
+  checkpoint = tf.train.Checkpoint(step=step, weights=weights)
+  manager = tf.train.CheckpointManager(checkpoint, str(tmp_path),
+                                       max_to_keep=3)
+  for value in (1, 2, 3):
+    step.assign(value)
+    weights.assign(tf.fill([50_000], float(value)))
+    manager.save()
+  newest = tmp_path / "ckpt-3.data-00000-of-00001"
+  os.truncate(newest, newest.stat().st_size // 2)
+  lines = []
+  assert integrity.resume_from_complete(
+      str(tmp_path), report=lines.append) == str(tmp_path / "ckpt-2")
+  assert lines and lines[0].startswith(
+      f"skipping checkpoint {tmp_path / 'ckpt-3'}: its data is cut short")
+  restored = tf.train.Checkpoint(step=tf.Variable(0),
+                                 weights=tf.Variable(tf.zeros([50_000])))
+  again = tf.train.CheckpointManager(restored, str(tmp_path), max_to_keep=3)
+  again.restore_or_initialize()
+  assert int(restored.step.numpy()) == 2
+  assert float(restored.weights.numpy()[0]) == 2.0
