@@ -37,6 +37,7 @@ from absl import app, flags, logging
 import estimator_accum
 from data import bert_features, classification
 from estimator_accum.checkpoints import full_disk, integrity, run_lock
+from estimator_accum.integrations import session_runner
 from models import batch_plan, console, strategies
 from models.bert import (
   classifier,
@@ -393,6 +394,22 @@ class ClassifierRun:
           f"{self.output_dir} holds no checkpoint; train first (--do_train) "
           "or give the --output_dir of a trained run.")
 
+  def _check_release(self):
+    """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates
+    and predicts on one device; what needs Estimator is refused here."""
+    if estimator_accum.releases.estimator() is not None:
+      return
+    needs = [f"--{name}={value}" for name, value in (
+        ("distribution_strategy", self.flags.distribution_strategy),
+        ("export_dir", self.flags.export_dir))
+        if value not in (None, "", "none")]
+    if needs:
+      raise UsageError(
+          f"{', '.join(needs)} needs tf.estimator, which TensorFlow "
+          f"{tf.__version__} does not have (its last release is 2.15); on "
+          f"this release run_classifier trains, evaluates and predicts on "
+          f"one device (--distribution_strategy=none, no --export_dir).")
+
   def _check_tpu_flags(self):
     if self.flags.use_tpu:
       raise UsageError(
@@ -422,6 +439,7 @@ class ClassifierRun:
 
   def run(self):
     self._check_tpu_flags()
+    self._check_release()
     self._check_xla_auto_jit()
     if not (self.flags.do_train or self.flags.do_eval or self.flags.do_predict
             or self.flags.export_dir):
@@ -656,7 +674,7 @@ class ClassifierRun:
           training, k=k, micro_batch_size=micro_batch, recompute=recompute,
           accumulator_placement=accumulator_placement)
       return classifier.model_fn_builder(bert_config, step)(
-          features, None, tf.estimator.ModeKeys.TRAIN).train_op
+          features, None, session_runner.TRAIN).train_op
 
     return build
 
@@ -688,6 +706,14 @@ class ClassifierRun:
     save_every = self.flags.save_checkpoints_steps
     if self.flags.micro_batch_size == "auto":  # Window boundaries, for halving.
       save_every = batch_plan.save_every(plan, save_every)
+    model_fn = classifier.model_fn_builder(bert_config, training)
+    if estimator_accum.releases.estimator() is None:
+      # TensorFlow 2.16+: the same model_fn through the library's sessions
+      # (one device; _check_release refused the rest).
+      return session_runner.SessionEstimator(model_fn, session_runner.RunSettings(
+          model_dir=self.output_dir, tf_random_seed=self.flags.seed,
+          session_config=session_config, save_checkpoints_steps=save_every,
+          keep_checkpoint_max=self.flags.keep_checkpoint_max))
     run_config = tf.estimator.RunConfig(
         model_dir=self.output_dir, tf_random_seed=self.flags.seed,
         train_distribute=strategy, session_config=session_config,
@@ -698,8 +724,7 @@ class ClassifierRun:
         # file holds the graph for TensorBoard, and printing BERT's graph as
         # text took about 1 s of an 8 s tiny-BERT run (2 layers).
         checkpoint_save_graph_def=False)
-    return tf.estimator.Estimator(
-        classifier.model_fn_builder(bert_config, training), config=run_config)
+    return tf.estimator.Estimator(model_fn, config=run_config)
 
   def _train(self, estimator, plan, train_file, num_train_updates):
     between_graph = self.flags.distribution_strategy == "parameter_server"
@@ -789,11 +814,6 @@ def main(argv):
   batch_plan.use_bfc_on_cpu(values)
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
-  try:
-    # TensorFlow 2.16+ has no Estimator, which this script trains with.
-    estimator_accum.releases.require_estimator("run_classifier.py")
-  except RuntimeError as error:
-    sys.exit(f"run_classifier: error: {error}")
   run = None
   try:
     run = ClassifierRun(values)

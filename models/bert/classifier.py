@@ -13,6 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 import estimator_accum
+from estimator_accum.integrations import session_runner
 from models.bert import modeling, optimization, packing
 
 
@@ -97,7 +98,7 @@ def model_fn_builder(bert_config, training):
 
   def model_fn(features, labels, mode):
     del labels
-    is_training = mode == tf.estimator.ModeKeys.TRAIN
+    is_training = mode == session_runner.TRAIN
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
@@ -111,13 +112,13 @@ def model_fn_builder(bert_config, training):
         logging.info("Initialized %d of %d variables from %s.", len(mapping),
                      len(tf.compat.v1.trainable_variables()),
                      training.init_checkpoint)
-    if mode == tf.estimator.ModeKeys.PREDICT:
-      return tf.estimator.EstimatorSpec(
+    if mode == session_runner.PREDICT:
+      return session_runner.model_spec(
           mode, predictions={"probabilities": probabilities})
     label_ids = features["label_ids"]
     num_examples = None
     if "example_ids" in features:
-      if mode != tf.estimator.ModeKeys.TRAIN:
+      if mode != session_runner.TRAIN:
         raise ValueError("packed rows (example_ids) are for training; "
                          f"evaluate and predict one example per row, got "
                          f"mode={mode!r}")
@@ -125,7 +126,7 @@ def model_fn_builder(bert_config, training):
     else:
       loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
           labels=label_ids, logits=logits))
-    if mode == tf.estimator.ModeKeys.EVAL:
+    if mode == session_runner.EVAL:
       weights = tf.cast(features["is_real_example"], tf.float32)
       predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
       metrics = {
@@ -135,8 +136,8 @@ def model_fn_builder(bert_config, training):
               tf.nn.sparse_softmax_cross_entropy_with_logits(
                   labels=label_ids, logits=logits), weights=weights),
       }
-      return tf.estimator.EstimatorSpec(mode, loss=loss,
-                                        eval_metric_ops=metrics)
+      return session_runner.model_spec(mode, loss=loss,
+                                       eval_metric_ops=metrics)
     learning_rate = optimization.learning_rate_schedule(
         training.learning_rate, estimator_accum.update_count(training.k),
         training.num_train_updates, training.num_warmup_updates)
@@ -160,7 +161,7 @@ def model_fn_builder(bert_config, training):
         total_micro_batches=training.total_micro_batches, loss=loss,
         # Token positions: micro-batches trimmed or sorted by length differ.
         work=tf.size(features["input_ids"]))
-    return tf.estimator.EstimatorSpec(
+    return session_runner.model_spec(
         mode, loss=reported, train_op=train_op,
         training_hooks=[hook])
 

@@ -13,8 +13,10 @@ legacy optimizers. None of it asks for tf.estimator.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ import tensorflow as tf
 import estimator_accum
 from estimator_accum import releases
 from harness import support
+from tests.integration import test_run_classifier as runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
@@ -212,19 +215,83 @@ def test_keras_3_is_refused_in_one_line_that_says_what_runs():
     estimator_accum.WindowBatchNormalization(k=4)
 
 
-@pytest.mark.skipif(releases.estimator() is not None,
-                    reason="this TensorFlow has tf.estimator: run_classifier "
-                           "trains (tests/integration/test_run_classifier.py)")
-def test_run_classifier_says_in_one_line_that_it_needs_estimator():
+without_estimator = pytest.mark.skipif(
+    releases.estimator() is not None,
+    reason="this TensorFlow has tf.estimator, which run_classifier trains "
+           "through (tests/integration/test_run_classifier.py)")
+tiny_model = runs.tiny_model  # a one-layer random BERT, made once here
+
+
+@pytest.mark.slow
+@without_estimator
+def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
+    tiny_model, tmp_path):
+  """TensorFlow 2.16+: the same model_fn through the library's sessions
+  (estimator_accum.integrations.session_runner): train, eval and predict;
+  a run killed after its checkpoint at micro-batch 6 and run again ends at
+  the weights of one that ran to 60 at once (dropout off)."""
+  model = runs._no_dropout_model(tiny_model, tmp_path)
+  data = runs._write_sst2(tmp_path / "data")
+  flags = dict(save_checkpoints_steps=6, classifier_dropout=0,
+               do_predict=True)
+  whole = runs._run(runs._flags(model, data, tmp_path / "whole",
+                                num_train_epochs=6, **flags))
+  assert whole.returncode == 0, whole.stderr[-3000:]
+  assert "Traceback" not in whole.stderr
+  assert ("effective batch 8 = 1 worker(s) x 1 replica(s) x micro-batch 4 x "
+          "k=2; 30 updates (60 micro-batches)") in whole.stdout
+  assert re.search(r"eval on 10 held-out examples: accuracy [01]\.\d{4}, loss "
+                   r"\d+\.\d{4}", whole.stdout), whole.stdout
+  assert "predictions for 10 test examples written" in whole.stdout
+  rows = (tmp_path / "whole" / "test_results.tsv").read_text().splitlines()
+  assert len(rows) == 10
+  assert all(abs(sum(map(float, row.split("\t"))) - 1) < 1e-5 for row in rows)
+
+  # Killed once its checkpoint at micro-batch 6 is written, then run again.
+  stopped = tmp_path / "stopped"
+  process = subprocess.Popen(
+      [sys.executable, "run_classifier.py",
+       *runs._flags(model, data, stopped, num_train_epochs=6, **flags)],
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + runs.TIMEOUT
+  while not list(stopped.glob("model.ckpt-6.index")):
+    assert process.poll() is None, "finished before it could be killed"
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = tf.train.load_checkpoint(str(stopped)).get_tensor("global_step")
+  assert killed_at < 60, "the run was not killed mid-training"
+  again = runs._run(runs._flags(model, data, stopped, num_train_epochs=6,
+                                **flags))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert f"at micro-batch {killed_at}" in again.stdout
+  expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
+  actual = tf.train.load_checkpoint(str(stopped))
+  assert actual.get_tensor("global_step") == 60
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
+
+
+@without_estimator
+def test_what_needs_estimator_is_refused_in_one_line(tmp_path):
   result = subprocess.run(
-      [sys.executable, "run_classifier.py", "--num_train_epochs", "0.01"],
+      [sys.executable, "run_classifier.py", "--distribution_strategy",
+       "mirrored", "--export_dir", str(tmp_path / "export"), "--output_dir",
+       str(tmp_path / "run")],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 1, result.stderr[-2000:]
-  last = result.stderr.strip().splitlines()[-1]
-  assert last.startswith("run_classifier: error: run_classifier.py needs "
-                         f"tf.estimator, which TensorFlow {tf.__version__} "
-                         "does not have"), result.stderr[-2000:]
   assert "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+      f"run_classifier: error: --distribution_strategy=mirrored, "
+      f"--export_dir={tmp_path / 'export'} needs tf.estimator, which "
+      f"TensorFlow {tf.__version__} does not have (its last release is "
+      f"2.15); on this release run_classifier trains, evaluates and "
+      f"predicts on one device (--distribution_strategy=none, no "
+      f"--export_dir).")
 
 
 @pytest.mark.slow

@@ -1,0 +1,178 @@
+"""An Estimator model_fn trained, evaluated and used to predict without
+tf.estimator, which TensorFlow 2.16+ does not have.
+
+The model_fn is called as Estimator calls it (`features`, `labels`, `mode`,
+`params`, `config`, as many as it names) and returns `model_spec(...)`
+(Estimator's EstimatorSpec where it exists, a `ModelSpec` of the same
+fields where not). Training runs its train op in a
+`tf.compat.v1.train.MonitoredTrainingSession` on `model_dir`: it restores
+the latest checkpoint, saves every `save_checkpoints_steps` and at the end
+(no `.meta` graph beside each: the events file holds the graph), writes
+summaries, runs the spec's hooks, and stops at `max_steps` (global steps,
+as Estimator's). One device: a strategy's training, evaluators and
+export remain Estimator's.
+
+    runner = SessionEstimator(model_fn, RunSettings(model_dir="runs/x"))
+    runner.train(input_fn, max_steps=1000)
+    metrics = runner.evaluate(eval_input_fn)
+    for prediction in runner.predict(test_input_fn): ...
+"""
+
+import dataclasses
+import inspect
+import typing
+
+import tensorflow as tf
+
+from estimator_accum import releases
+
+__all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
+           "SessionEstimator", "model_spec"]
+
+# Estimator's ModeKeys, the same strings.
+TRAIN, EVAL, PREDICT = releases.TRAIN_MODE, "eval", "infer"
+
+
+class ModelSpec(typing.NamedTuple):
+  """Estimator's EstimatorSpec fields, where TensorFlow has no Estimator."""
+  mode: str
+  predictions: typing.Any = None
+  loss: typing.Any = None
+  train_op: typing.Any = None
+  eval_metric_ops: typing.Any = None
+  training_hooks: tuple = ()
+  evaluation_hooks: tuple = ()
+  prediction_hooks: tuple = ()
+  scaffold: typing.Any = None
+
+
+def model_spec(mode, **fields):
+  """`tf.estimator.EstimatorSpec(mode, **fields)` where this TensorFlow has
+  Estimator, else the same fields as a `ModelSpec`."""
+  estimator = releases.estimator()
+  if estimator is not None:
+    return estimator.EstimatorSpec(mode, **fields)
+  return ModelSpec(mode, **fields)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+  """What Estimator's RunConfig says of a one-device run."""
+  model_dir: str
+  tf_random_seed: typing.Optional[int] = None
+  session_config: typing.Any = None
+  save_checkpoints_steps: int = 1000
+  keep_checkpoint_max: int = 5
+  save_summary_steps: int = 100
+
+
+def _call(function, arguments):
+  """Calls `function` with the arguments it names, as Estimator does."""
+  names = inspect.signature(function).parameters
+  return function(**{name: value for name, value in arguments.items()
+                     if name in names})
+
+
+class SessionEstimator:
+  """Estimator's train, evaluate and predict for a model_fn, on one device,
+  through tf.compat.v1 sessions."""
+
+  def __init__(self, model_fn, config, params=None):
+    self._model_fn = model_fn
+    self.config = config
+    self.params = dict(params or {})
+
+  @property
+  def model_dir(self):
+    return self.config.model_dir
+
+  def latest_checkpoint(self):
+    return tf.train.latest_checkpoint(self.model_dir)
+
+  def get_variable_value(self, name):
+    return tf.train.load_checkpoint(self.model_dir).get_tensor(name)
+
+  def _spec(self, input_fn, mode):
+    """(global step, spec) of the model_fn in `mode` in the default graph,
+    its features from `input_fn`."""
+    tf.compat.v1.set_random_seed(self.config.tf_random_seed)
+    global_step = tf.compat.v1.train.get_or_create_global_step()
+    result = _call(input_fn, dict(params=self.params, config=self.config))
+    if isinstance(result, tf.data.Dataset):
+      result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
+    features, labels = (result if isinstance(result, (tuple, list))
+                        else (result, None))
+    spec = _call(self._model_fn, dict(
+        features=features, labels=labels, mode=mode, params=self.params,
+        config=self.config))
+    return global_step, spec
+
+  def _restoring(self, hooks=()):
+    """A MonitoredSession on the latest checkpoint, `hooks` run in it."""
+    checkpoint = self.latest_checkpoint()
+    if checkpoint is None:
+      raise ValueError(f"{self.model_dir} holds no checkpoint to restore.")
+    return tf.compat.v1.train.MonitoredSession(
+        session_creator=tf.compat.v1.train.ChiefSessionCreator(
+            checkpoint_filename_with_path=checkpoint,
+            config=self.config.session_config),
+        hooks=list(hooks))
+
+  def train(self, input_fn, max_steps, hooks=()):
+    """Trains until the global step is `max_steps` (nothing when the latest
+    checkpoint is there already); returns self."""
+    latest = self.latest_checkpoint()
+    if latest is not None and tf.train.load_checkpoint(latest).get_tensor(
+        tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
+      return self
+    with tf.Graph().as_default():
+      _, spec = self._spec(input_fn, TRAIN)
+      scaffold = spec.scaffold or tf.compat.v1.train.Scaffold(
+          saver=tf.compat.v1.train.Saver(
+              sharded=True, max_to_keep=self.config.keep_checkpoint_max,
+              save_relative_paths=True))
+      with tf.compat.v1.train.MonitoredTrainingSession(
+          checkpoint_dir=self.model_dir, scaffold=scaffold,
+          hooks=[tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
+                 *spec.training_hooks, *hooks],
+          save_checkpoint_steps=self.config.save_checkpoints_steps,
+          save_summaries_steps=self.config.save_summary_steps,
+          log_step_count_steps=None, save_graph_def=False,
+          config=self.config.session_config) as session:
+        while not session.should_stop():
+          session.run(spec.train_op)
+    return self
+
+  def evaluate(self, input_fn, steps=None):
+    """The spec's metrics (and "loss", the mean of its loss, and
+    "global_step") over `input_fn`'s data, or its first `steps` batches, at
+    the latest checkpoint."""
+    with tf.Graph().as_default():
+      global_step, spec = self._spec(input_fn, EVAL)
+      metrics = dict(spec.eval_metric_ops or {})
+      metrics.setdefault("loss", tf.compat.v1.metrics.mean(spec.loss))
+      updates = [update for _, update in metrics.values()]
+      final = tf.compat.v1.train.FinalOpsHook(
+          {**{name: value for name, (value, _) in metrics.items()},
+           "global_step": global_step})
+      done = 0
+      with self._restoring([*spec.evaluation_hooks, final]) as session:
+        while not session.should_stop() and (steps is None or done < steps):
+          session.run(updates)
+          done += 1
+    return dict(final.final_ops_values)
+
+  def predict(self, input_fn):
+    """Yields the spec's predictions one example at a time (a dict of
+    arrays), over `input_fn`'s data, at the latest checkpoint."""
+    with tf.Graph().as_default():
+      _, spec = self._spec(input_fn, PREDICT)
+      predictions = spec.predictions
+      with self._restoring(spec.prediction_hooks) as session:
+        # (The input's end raises OutOfRangeError, which the session's
+        # exit takes as the end.)
+        while not session.should_stop():
+          batch = session.run(predictions)
+          size = len(next(iter(batch.values())))
+          for row in range(size):
+            yield {name: value[row] for name, value in batch.items()}
