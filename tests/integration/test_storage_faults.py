@@ -3,7 +3,8 @@ run wrote: a newest checkpoint cut short or with a flipped bit is skipped
 with one line naming it, and the run resumes from the newest complete one
 to the weights of a run that never had the bad one; none complete is one
 line and exit code 4; an emptied state file resumes from the newest; every
-worker of a two-worker job skips a bad checkpoint alike; a
+worker of a two-worker job and every task of a parameter-server job skip a
+bad checkpoint alike; a
 disk that fills during the run is one line and exit code 5, and freeing it
 resumes exactly; a second run on a live run's directory is refused in one
 line naming it, and a killed run's lock is taken over."""
@@ -299,3 +300,38 @@ def test_every_worker_of_a_job_skips_a_bad_checkpoint_alike(first_run,
     if name.startswith(("bert/", "output_")):
       np.testing.assert_allclose(got.get_tensor(name), want.get_tensor(name),
                                  rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_parameter_server_job_skips_a_bad_checkpoint(first_run, tmp_path):
+  """A chief, a worker and a ps (tfconfig launch) on a directory whose
+  newest checkpoint is cut: each task names it, and the job trains on from
+  the newest complete one to its end. (Parameter-server workers apply their
+  windows asynchronously: the end is not one fixed set of weights.)"""
+  model, data, _, _ = first_run
+  output_dir = tmp_path / "ps"
+  first = dict(num_train_epochs=2, save_checkpoints_steps=2, do_eval=False,
+               keep_checkpoint_max=3, distribution_strategy="parameter_server")
+
+  def launch(**extra):
+    result = subprocess.run(
+        [sys.executable, "-m", "tfconfig", "launch", "--chief", "--workers",
+         "1", "--ps", "1", "--timeout", str(runs.TIMEOUT), "--",
+         sys.executable, "run_classifier.py",
+         *runs._flags(model, data, output_dir, **dict(first, **extra))],
+        capture_output=True, text=True, timeout=runs.TIMEOUT + 30)
+    assert result.returncode == 0, (result.stdout[-3000:] +
+                                    result.stderr[-3000:])
+    return result
+
+  launch()
+  newest = tf.train.latest_checkpoint(str(output_dir))
+  before = int(tf.train.load_checkpoint(newest).get_tensor("global_step"))
+  _cut_to_half(next(output_dir.glob(
+      f"{os.path.basename(newest)}.data-*")))
+  result = launch(num_train_epochs=4)
+  for task in ("chief:0", "worker:0", "ps:0"):
+    assert (f"[{task}] skipping checkpoint {newest}: its data is cut short"
+            in result.stdout), result.stdout[-3000:]
+  after = tf.train.latest_checkpoint(str(output_dir))
+  assert integrity.problem(after) is None
+  assert tf.train.load_checkpoint(after).get_tensor("global_step") > before
