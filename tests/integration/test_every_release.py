@@ -13,10 +13,8 @@ legacy optimizers. None of it asks for tf.estimator.
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -249,31 +247,9 @@ def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
 
   # Killed once its checkpoint at micro-batch 6 is written, then run again.
   stopped = tmp_path / "stopped"
-  process = subprocess.Popen(
-      [sys.executable, "run_classifier.py",
-       *runs._flags(model, data, stopped, num_train_epochs=6, **flags)],
-      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + runs.TIMEOUT
-  while not list(stopped.glob("model.ckpt-6.index")):
-    assert process.poll() is None, "finished before it could be killed"
-    assert time.monotonic() < deadline
-    time.sleep(0.02)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  killed_at = tf.train.load_checkpoint(str(stopped)).get_tensor("global_step")
-  assert killed_at < 60, "the run was not killed mid-training"
-  again = runs._run(runs._flags(model, data, stopped, num_train_epochs=6,
-                                **flags))
-  assert again.returncode == 0, again.stderr[-3000:]
-  assert f"at micro-batch {killed_at}" in again.stdout
-  expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
-  actual = tf.train.load_checkpoint(str(stopped))
-  assert actual.get_tensor("global_step") == 60
-  for name in expected.get_variable_to_shape_map():
-    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
-      np.testing.assert_allclose(actual.get_tensor(name),
-                                 expected.get_tensor(name), rtol=1e-5,
-                                 atol=1e-6, err_msg=name)
+  runs.kill_after_first_checkpoint_and_resume(
+      model, data, stopped, dict(num_train_epochs=6, **flags), 60)
+  runs.assert_trained_to_the_same_weights(stopped, tmp_path / "whole", 60)
 
 
 @without_estimator

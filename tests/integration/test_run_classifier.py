@@ -355,6 +355,44 @@ def _no_dropout_model(tiny_model, tmp_path):
   return model
 
 
+def kill_after_first_checkpoint_and_resume(model, data, output_dir, args,
+                                           steps):
+  """Starts run_classifier with `args` (a run of `steps` micro-batches),
+  kills it (SIGKILL) once its checkpoint at micro-batch 6 is written, runs
+  it again to its end, and checks that it said where it resumed."""
+  command = [sys.executable, "run_classifier.py",
+             *_flags(model, data, output_dir, **args)]
+  process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + TIMEOUT
+  while not list(output_dir.glob("model.ckpt-6.index")):
+    assert process.poll() is None, "finished before it could be killed"
+    assert time.monotonic() < deadline
+    time.sleep(0.02)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
+      "global_step")
+  assert killed_at < steps, "the run was not killed mid-training"
+  resumed = _run(_flags(model, data, output_dir, **args))
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"at micro-batch {killed_at}" in resumed.stdout
+
+
+def assert_trained_to_the_same_weights(actual_dir, expected_dir, steps):
+  """The model's weights (not the optimizer's slots) of the two runs'
+  latest checkpoints agree at 1e-5, both at global step `steps`."""
+  expected = tf.train.load_checkpoint(str(expected_dir))
+  actual = tf.train.load_checkpoint(str(actual_dir))
+  assert actual.get_tensor("global_step") == steps
+  assert expected.get_tensor("global_step") == steps
+  for name in expected.get_variable_to_shape_map():
+    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
+      np.testing.assert_allclose(actual.get_tensor(name),
+                                 expected.get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=name)
+
+
 @pytest.mark.estimator
 def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
     tiny_model, sst2, tmp_path):
@@ -367,32 +405,8 @@ def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
   assert whole.returncode == 0, whole.stderr[-3000:]
 
   output_dir = tmp_path / "killed"
-  command = [sys.executable, "run_classifier.py",
-             *_flags(model, sst2, output_dir, **args)]
-  process = subprocess.Popen(command, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-  deadline = time.monotonic() + TIMEOUT
-  while not list(output_dir.glob("model.ckpt-6.index")):
-    assert process.poll() is None, "finished before it could be killed"
-    assert time.monotonic() < deadline
-    time.sleep(0.02)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
-      "global_step")
-  assert killed_at < 60, "the run was not killed mid-training"
-
-  resumed = _run(_flags(model, sst2, output_dir, **args))
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"at micro-batch {killed_at}" in resumed.stdout
-  expected = tf.train.load_checkpoint(str(tmp_path / "whole"))
-  actual = tf.train.load_checkpoint(str(output_dir))
-  assert actual.get_tensor("global_step") == 60
-  for name in expected.get_variable_to_shape_map():
-    if name.startswith(("bert/", "output_")) and "adam" not in name.lower():
-      np.testing.assert_allclose(actual.get_tensor(name),
-                                 expected.get_tensor(name), rtol=1e-5,
-                                 atol=1e-6, err_msg=name)
+  kill_after_first_checkpoint_and_resume(model, sst2, output_dir, args, 60)
+  assert_trained_to_the_same_weights(output_dir, tmp_path / "whole", 60)
   kept = list(output_dir.glob("model.ckpt-*.index"))
   assert len(kept) == 2, kept  # --keep_checkpoint_max's default
 
