@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from estimator_accum.checkpoints import integrity
 from models.bert import convert_hf
 from tests.helpers import bert_fixtures
 
@@ -371,8 +372,10 @@ def kill_after_first_checkpoint_and_resume(model, data, output_dir, args,
     time.sleep(0.02)
   process.send_signal(signal.SIGKILL)
   process.wait()
-  killed_at = tf.train.load_checkpoint(str(output_dir)).get_tensor(
-      "global_step")
+  # Where the run goes on: its newest complete checkpoint, also one whose
+  # save the kill stopped before the state file named it.
+  killed_at = tf.train.load_checkpoint(integrity.newest_complete(
+      str(output_dir))).get_tensor("global_step")
   assert killed_at < steps, "the run was not killed mid-training"
   resumed = _run(_flags(model, data, output_dir, **args))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
