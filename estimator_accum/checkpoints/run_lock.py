@@ -43,13 +43,20 @@ def _cluster_id(cluster):
 
 
 def _alive(pid):
+  """Whether process `pid` runs: it exists and is not a zombie (a killed
+  run whose parent has not reaped it yet is gone all the same)."""
   try:
     os.kill(pid, 0)
   except ProcessLookupError:
     return False
   except PermissionError:
     return True
-  return True
+  try:
+    with open(f"/proc/{pid}/stat") as file:
+      # "pid (name) state ...": the state follows the name's last ")".
+      return file.read().rpartition(")")[2].split()[0] != "Z"
+  except (OSError, IndexError):
+    return True
 
 
 def _read(path):

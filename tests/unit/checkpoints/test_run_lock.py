@@ -5,6 +5,7 @@ real processes of run_classifier: tests/integration/test_storage_faults.py."""
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -57,6 +58,27 @@ def test_the_lock_of_a_process_that_is_gone_is_taken_over(tmp_path):
   assert json.loads((tmp_path / run_lock.LOCK_NAME).read_text())["pid"] == (
       os.getpid())
   lock.release()
+
+
+def test_the_lock_of_a_killed_process_not_yet_reaped_is_taken_over(tmp_path):
+  # A zombie: killed, its parent (this test) not waiting for it yet.
+  child = subprocess.Popen(
+      [sys.executable, "-c", "import time; time.sleep(60)"],
+      env=dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0"))
+  try:
+    os.kill(child.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while open(f"/proc/{child.pid}/stat").read().rpartition(")")[2].split(
+        )[0] != "Z":
+      assert time.monotonic() < deadline
+      time.sleep(0.01)
+    _write_lock(tmp_path, host=socket.gethostname(), pid=child.pid,
+                started=1.0)
+    lines = []
+    run_lock.hold(str(tmp_path), report=lines.append).release()
+    assert lines and lines[0].endswith("is gone"), lines
+  finally:
+    child.wait()
 
 
 def test_another_hosts_lock_is_live_while_it_is_touched(tmp_path):
