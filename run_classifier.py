@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 import estimator_accum
 from data import bert_features, classification
-from estimator_accum.checkpoints import full_disk, integrity, run_lock
+from estimator_accum.checkpoints import full_disk, run_lock
 from estimator_accum.integrations import session_runner
 from models import batch_plan, console, strategies
 from models.bert import (
@@ -47,6 +47,7 @@ from models.bert import (
   tokenization,
 )
 from models.script_flags import FlagValues
+from models.training import resume_from_complete
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
@@ -195,11 +196,9 @@ class NotFinite(RuntimeError):
 
 
 # Exit codes: 1 for bad flags or inputs, 3 for a diverged run, 4 for an
-# --output_dir whose checkpoints are all incomplete, 5 for a full disk.
+# --output_dir whose checkpoints are all incomplete
+# (models.training.NO_COMPLETE_CHECKPOINT_EXIT_CODE), 5 for a full disk.
 DIVERGED_EXIT_CODE = 3
-# --output_dir holds checkpoints and none of them is complete
-# (docs/operations.md).
-NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
 # A write into --output_dir found the disk full (or the quota used up).
 DISK_FULL_EXIT_CODE = 5
 
@@ -492,8 +491,8 @@ class ClassifierRun:
                                  tokenizer, init_checkpoint, created):
     # A checkpoint cut short or corrupted is skipped, each named in a line,
     # and the run resumes from the newest complete one (none: exit 4).
-    integrity.resume_from_complete(
-        self.output_dir, report=lambda line: print(line, flush=True))
+    resume_from_complete("run_classifier", self.output_dir,
+                         flag="--output_dir")
     self._warn_if_short_of_room(init_checkpoint)
     try:
       self.distribution = strategies.choose(
@@ -710,10 +709,12 @@ class ClassifierRun:
     if estimator_accum.releases.estimator() is None:
       # TensorFlow 2.16+: the same model_fn through the library's sessions
       # (one device; _check_release refused the rest).
-      return session_runner.SessionEstimator(model_fn, session_runner.RunSettings(
-          model_dir=self.output_dir, tf_random_seed=self.flags.seed,
-          session_config=session_config, save_checkpoints_steps=save_every,
-          keep_checkpoint_max=self.flags.keep_checkpoint_max))
+      return session_runner.SessionEstimator(
+          model_fn, session_runner.RunSettings(
+              model_dir=self.output_dir, tf_random_seed=self.flags.seed,
+              session_config=session_config,
+              save_checkpoints_steps=save_every,
+              keep_checkpoint_max=self.flags.keep_checkpoint_max))
     run_config = tf.estimator.RunConfig(
         model_dir=self.output_dir, tf_random_seed=self.flags.seed,
         train_distribute=strategy, session_config=session_config,
@@ -814,7 +815,6 @@ def main(argv):
   batch_plan.use_bfc_on_cpu(values)
   logging.set_verbosity(logging.INFO)
   tf.get_logger().propagate = False  # Else absl prints TF's lines twice.
-  run = None
   try:
     run = ClassifierRun(values)
     try:
@@ -831,9 +831,6 @@ def main(argv):
   except NotFinite as error:
     print(f"run_classifier: error: {error}", file=sys.stderr)
     sys.exit(DIVERGED_EXIT_CODE)
-  except integrity.NoCompleteCheckpoint as error:
-    print(f"run_classifier: error: --output_dir: {error}", file=sys.stderr)
-    sys.exit(NO_COMPLETE_CHECKPOINT_EXIT_CODE)
   except estimator_accum.OutOfMemory as error:
     sys.exit(f"run_classifier: error: {error}; give a smaller "
              "--micro_batch_size or --memory_budget_mb.")

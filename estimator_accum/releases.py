@@ -32,10 +32,6 @@ NEWEST = (2, 21)
 # that raises.
 _HAS_TENSORBOARD = importlib.util.find_spec("tensorboard") is not None
 
-# Estimator's `ModeKeys.TRAIN`: the mode a model_fn is called with to train,
-# the same string on every release (and where Estimator is gone).
-TRAIN_MODE = "train"
-
 
 def tensorflow_version():
   """(major, minor) of the TensorFlow imported."""
@@ -65,17 +61,6 @@ def estimator():
     return tf.estimator
   except (AttributeError, ImportError):
     return None
-
-
-def require_estimator(what):
-  """Raises a one-line RuntimeError naming `what` when this TensorFlow has
-  no `tf.estimator`."""
-  if estimator() is None:
-    raise RuntimeError(
-        f"{what} needs tf.estimator, which TensorFlow {tf.__version__} does "
-        f"not have (its last release is 2.15). Train the same model_fn "
-        f"through tf.compat.v1.train.MonitoredTrainingSession, or use "
-        f"TensorFlow 2.15.")
 
 
 def keras_major():

@@ -38,15 +38,16 @@ DIVERGED_EXIT_CODE = 3
 NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
 
 
-def resume_from_complete(program, model_dir):
+def resume_from_complete(program, model_dir, flag="--model_dir"):
   """Checks `model_dir`'s checkpoints before an Estimator restores one: a
   checkpoint cut short or corrupted is skipped with one line, the state
-  names the newest complete one; none complete exits 4 with one line."""
+  names the newest complete one; none complete exits 4 with one line
+  naming the directory as the script's `flag`."""
   try:
     integrity.resume_from_complete(
         model_dir, report=lambda line: print(line, flush=True))
   except integrity.NoCompleteCheckpoint as error:
-    print(f"{program}: error: --model_dir: {error}", file=sys.stderr)
+    print(f"{program}: error: {flag}: {error}", file=sys.stderr)
     raise SystemExit(NO_COMPLETE_CHECKPOINT_EXIT_CODE) from None
 
 

@@ -27,10 +27,11 @@ import tensorflow as tf
 from estimator_accum import releases
 
 __all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
-           "SessionEstimator", "model_spec"]
+           "SessionEstimator", "call_as_estimator", "input_features",
+           "model_spec"]
 
-# Estimator's ModeKeys, the same strings.
-TRAIN, EVAL, PREDICT = releases.TRAIN_MODE, "eval", "infer"
+# Estimator's ModeKeys, the same strings (on every release).
+TRAIN, EVAL, PREDICT = "train", "eval", "infer"
 
 
 class ModelSpec(typing.NamedTuple):
@@ -66,11 +67,25 @@ class RunSettings:
   save_summary_steps: int = 100
 
 
-def _call(function, arguments):
-  """Calls `function` with the arguments it names, as Estimator does."""
+def call_as_estimator(function, **arguments):
+  """Calls `function` (a model_fn or an input_fn) with those of
+  `arguments` it names, as Estimator does."""
   names = inspect.signature(function).parameters
   return function(**{name: value for name, value in arguments.items()
                      if name in names})
+
+
+def input_features(input_fn, params, config, repeat=False):
+  """(features, labels) of `input_fn` called as Estimator calls it: a
+  Dataset's next element (of the Dataset repeated, with `repeat`), a
+  (features, labels) pair, or features alone (labels None)."""
+  result = call_as_estimator(input_fn, params=params, config=config)
+  if isinstance(result, tf.data.Dataset):
+    result = tf.compat.v1.data.make_one_shot_iterator(
+        result.repeat() if repeat else result).get_next()
+  if isinstance(result, (tuple, list)) and len(result) == 2:
+    return result[0], result[1]
+  return result, None
 
 
 class SessionEstimator:
@@ -97,14 +112,10 @@ class SessionEstimator:
     its features from `input_fn`."""
     tf.compat.v1.set_random_seed(self.config.tf_random_seed)
     global_step = tf.compat.v1.train.get_or_create_global_step()
-    result = _call(input_fn, dict(params=self.params, config=self.config))
-    if isinstance(result, tf.data.Dataset):
-      result = tf.compat.v1.data.make_one_shot_iterator(result).get_next()
-    features, labels = (result if isinstance(result, (tuple, list))
-                        else (result, None))
-    spec = _call(self._model_fn, dict(
-        features=features, labels=labels, mode=mode, params=self.params,
-        config=self.config))
+    features, labels = input_features(input_fn, self.params, self.config)
+    spec = call_as_estimator(
+        self._model_fn, features=features, labels=labels, mode=mode,
+        params=self.params, config=self.config)
     return global_step, spec
 
   def _restoring(self, hooks=()):

@@ -30,7 +30,8 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import _checks, releases, tf_private
+from estimator_accum import _checks, tf_private
+from estimator_accum.integrations import session_runner
 from estimator_accum.planning import search
 
 DEFAULT_MARGIN = 0.1
@@ -714,31 +715,15 @@ def estimator_step(model_fn, input_fn, params=None, config=None):
   def build(micro_batch, k):
     tf.compat.v1.train.get_or_create_global_step()
     step_params = dict(params or {}, batch_size=micro_batch, k=k)
-    features, labels = _call_input_fn(input_fn, step_params, config)
-    spec = _call(model_fn, dict(
-        features=features, labels=labels, mode=releases.TRAIN_MODE,
-        params=step_params, config=config))
+    # Repeated: a short input still gives the few micro-batches measured.
+    features, labels = session_runner.input_features(
+        input_fn, step_params, config, repeat=True)
+    spec = session_runner.call_as_estimator(
+        model_fn, features=features, labels=labels,
+        mode=session_runner.TRAIN, params=step_params, config=config)
     return spec.train_op
 
   return build
-
-
-def _call(function, arguments):
-  """Calls `function` with the arguments it names, as Estimator does."""
-  names = inspect.signature(function).parameters
-  return function(**{name: value for name, value in arguments.items()
-                     if name in names})
-
-
-def _call_input_fn(input_fn, params, config):
-  result = _call(input_fn, dict(params=params, config=config))
-  if isinstance(result, tf.data.Dataset):
-    # Repeated: a short input still gives the few micro-batches measured.
-    result = tf.compat.v1.data.make_one_shot_iterator(
-        result.repeat()).get_next()
-  if isinstance(result, (tuple, list)) and len(result) == 2:
-    return result[0], result[1]
-  return result, None
 
 
 def window_batches(dataset, plan):

@@ -190,15 +190,6 @@ def test_keras_legacy_optimizers(name):
   _check(_keras_legacy(name), minimize=False)
 
 
-def test_estimator_only_parts_say_so_in_one_line():
-  if releases.estimator() is not None:
-    releases.require_estimator("this")  # no error where Estimator exists
-    return
-  with pytest.raises(RuntimeError, match=r"^this needs tf\.estimator, which "
-                     r"TensorFlow 2\.\d+\.\d+ does not have"):
-    releases.require_estimator("this")
-
-
 @pytest.mark.skipif(releases.keras_major() < 3,
                     reason="tf.keras is Keras 2 here, which the wrapper runs on "
                            "(tests/unit/integrations/test_keras_tf2.py)")
