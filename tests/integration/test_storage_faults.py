@@ -65,9 +65,9 @@ def first_run(tiny_model, tmp_path_factory):
   return model, data, output_dir, _weights(without)
 
 
-def _weights(directory):
+def _weights(directory, steps=60):
   reader = tf.train.load_checkpoint(str(directory))
-  assert reader.get_tensor("global_step") == 60
+  assert reader.get_tensor("global_step") == steps
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if name.startswith(("bert/", "output_"))}
@@ -171,16 +171,22 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
   removed, the same command resumes to the weights of a run that never
   stopped."""
   model, data, _, _ = first_run
-  whole = runs._run(runs._flags(model, data, tmp_path / "whole", **RESUMED))
+  # 1,000 micro-batches: seconds of training, so that the disk fills while
+  # it trains (60 took a tenth of a second, which a loaded machine's
+  # polling could miss, and the checkpoint at 6 is deleted soon after).
+  flags = dict(RESUMED, num_train_epochs=100)
+  whole = runs._run(runs._flags(model, data, tmp_path / "whole", **flags))
   assert whole.returncode == 0, whole.stderr[-3000:]
   output_dir = small_disk / "run"
   command = [sys.executable, "run_classifier.py",
-             *runs._flags(model, data, output_dir, **RESUMED)]
-  process = subprocess.Popen(command, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+             *runs._flags(model, data, output_dir, **flags)]
+  # Its lines to files: a pipe nobody reads until the end would fill.
+  with open(tmp_path / "stdout", "w") as out, \
+       open(tmp_path / "stderr", "w") as err:
+    process = subprocess.Popen(command, stdout=out, stderr=err)
   deadline = time.monotonic() + runs.TIMEOUT
-  while not list(output_dir.glob("model.ckpt-6.index")):
-    assert process.poll() is None, process.communicate()[1][-3000:]
+  while not list(output_dir.glob("model.ckpt-*.index")):
+    assert process.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
     assert time.monotonic() < deadline
     time.sleep(0.01)
   filler = small_disk / "filler"
@@ -191,7 +197,8 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
         file.flush()
     except OSError:
       pass
-  _, stderr = process.communicate(timeout=runs.TIMEOUT)
+  process.wait(timeout=runs.TIMEOUT)
+  stderr = (tmp_path / "stderr").read_text()
   assert process.returncode == 5, stderr[-3000:]
   assert "Traceback" not in stderr and "out of memory" not in stderr
   last = stderr.strip().splitlines()[-1]
@@ -206,10 +213,10 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
   for path in state.all_model_checkpoint_paths:
     assert integrity.problem(path) is None, path
   filler.unlink()
-  resumed = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  resumed = runs._run(runs._flags(model, data, output_dir, **flags))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  expected = _weights(tmp_path / "whole")
-  actual = _weights(output_dir)
+  expected = _weights(tmp_path / "whole", 1000)
+  actual = _weights(output_dir, 1000)
   for name, value in expected.items():
     np.testing.assert_allclose(actual[name], value, rtol=1e-5, atol=1e-6,
                                err_msg=name)
