@@ -7,6 +7,7 @@ comparison in benchmarks/public_recipe.py and by the tests.
 """
 
 import json
+import sys
 import time
 
 import tensorflow as tf
@@ -55,3 +56,47 @@ class CollectiveCounter(tf.compat.v1.train.SessionRunHook):
     if self._output_path:
       with open(self._output_path, "w") as writer:
         json.dump(self.steps, writer)
+
+
+def collectives_before_input(graph):
+  """The names of the collective ops the graph's train op runs that do not
+  wait for the step's input (no IteratorGetNext among what they depend on,
+  through data or control inputs). When the input ends, a worker's step
+  fails at its IteratorGetNext: a collective that started anyway waits for
+  the other workers' part of a step they may have ended already."""
+  train_ops = graph.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP)
+  runs, stack = set(), [op for t in train_ops for op in [getattr(t, "op", t)]]
+  while stack:
+    op = stack.pop()
+    if op in runs:
+      continue
+    runs.add(op)
+    stack.extend(t.op for t in op.inputs)
+    stack.extend(op.control_inputs)
+  waits = {}
+
+  def waits_for_input(op):
+    if op not in waits:
+      waits[op] = False  # (no cycles in a graph; a guard all the same)
+      waits[op] = op.type.startswith("IteratorGetNext") or any(
+          waits_for_input(o) for o in
+          [t.op for t in op.inputs] + list(op.control_inputs))
+    return waits[op]
+
+  sys.setrecursionlimit(max(sys.getrecursionlimit(), 100_000))
+  return sorted(op.name for op in runs
+                if op.type.startswith(_COLLECTIVE_OPS)
+                and not waits_for_input(op))
+
+
+class CollectivesBeforeInput(tf.compat.v1.train.SessionRunHook):
+  """Writes `collectives_before_input` of the train graph to `output_path`
+  (JSON) when the session is made."""
+
+  def __init__(self, output_path):
+    self._output_path = output_path
+
+  def after_create_session(self, session, coord):
+    del coord
+    with open(self._output_path, "w") as writer:
+      json.dump(collectives_before_input(session.graph), writer)

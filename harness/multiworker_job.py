@@ -20,7 +20,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from harness import support  # noqa: E402
-from harness.collectives import CollectiveCounter  # noqa: E402
+from harness.collectives import (  # noqa: E402
+  CollectiveCounter,
+  CollectivesBeforeInput,
+)
 from harness.google_style_adamw import GoogleStyleAdamWeightDecay  # noqa: E402
 from tfconfig import health  # noqa: E402
 
@@ -125,6 +128,10 @@ def main():
   parser.add_argument("--clip_norm", type=float, default=None)
   parser.add_argument("--control_flow", choices=["v1", "v2"], default="v2")
   parser.add_argument("--count_collectives", action="store_true")
+  parser.add_argument("--collectives_before_input", action="store_true",
+                      help="write the train op's collectives that do not "
+                      "wait for the step's input to "
+                      "collectives_before_input_<index>.json")
   parser.add_argument("--reportable_loss", default=None,
                       choices=["this_worker", "across_workers"],
                       help="give Estimator estimator_accum.reportable_loss "
@@ -261,6 +268,9 @@ def main():
   if (args.die_at is not None and task["index"] == 1
       and not os.path.exists(marker)):
     dier = _DieAfter(args.die_at, marker)
+  before_input = CollectivesBeforeInput(os.path.join(
+      args.model_dir, f"collectives_before_input_{task['index']}.json")) if (
+          args.collectives_before_input) else None
   if args.count_collectives:
     counter = CollectiveCounter(os.path.join(
         args.model_dir, f"collectives_{task['index']}.json"))
@@ -301,7 +311,7 @@ def main():
                   recompute=args.recompute,
                   accumulator_placement=args.accumulator_placement,
                   training_hooks=[h for h in (
-                      counter, dier, recorder, slow, phases,
+                      counter, dier, recorder, slow, phases, before_input,
                       args.step_seconds and _SlowEveryStep(args.step_seconds))
                                   if h]))
   total = args.k * args.updates

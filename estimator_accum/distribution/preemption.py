@@ -511,7 +511,11 @@ def gate(loss, trained, global_step, sum_over_replicas):
   # asked elsewhere arrives through the ps (stop_requests).
   requests = (stop_requests.read() if stop_requests.training_config()
               else tf.constant(0, tf.int64))
-  with tf.control_dependencies([check]):
+  # The flag's all-reduce also waits for the micro-batch's input (through
+  # the loss, or the gradients): when the input ends, a worker's step fails
+  # at its IteratorGetNext, and a collective already started would wait for
+  # a part the other workers' ended steps never send.
+  with tf.control_dependencies([check, *_made_from_input(loss, trained)]):
     flag = tf.numpy_function(_flag, [requests], tf.float32, stateful=True,
                              name="stop_flag")
   flag.set_shape([])
@@ -530,6 +534,14 @@ def join(train_op, stop):
     ended = tf.numpy_function(_ended, [check], tf.int64, stateful=True,
                               name="stop_micro_batch_ended")
   return tf.group(train_op, agreed, ended, name="train_op_stoppable")
+
+
+def _made_from_input(loss, trained):
+  """The tensors of a micro-batch that exist only once its input does."""
+  if loss is not None:
+    return [loss]
+  return [g.values if isinstance(g, tf.IndexedSlices) else g
+          for g, _ in trained if g is not None]
 
 
 def _after(gradient, check):

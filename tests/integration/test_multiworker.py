@@ -343,7 +343,8 @@ def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
   expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
                                      UPDATES)
   command = _adam_job(tmp_path, "--until_input_ends", "--slow_last_step",
-                      str(slow_worker), "--extra_micro_batches", str(extra))
+                      str(slow_worker), "--extra_micro_batches", str(extra),
+                      "--collectives_before_input")
   result = subprocess.run(command, capture_output=True, text=True,
                           timeout=300)
   # (It hung once in many runs, until the launcher's timeout: what each
@@ -358,6 +359,14 @@ def test_a_job_that_ends_with_its_input_finishes_when_a_worker_is_slower(
   reader = tf.train.load_checkpoint(str(tmp_path))
   held = reader.get_tensor("gradient_accumulation/window_micro_batches")
   assert held == extra * WORKERS, (held, extra)
+  # No collective of a micro-batch starts before its input is there: the
+  # step that finds the input ended starts none, so none can wait for a
+  # worker whose step has ended (the stop flag's all-reduce did, and hung
+  # this job once on CI).
+  for index in range(WORKERS):
+    before_input = json.loads(
+        (tmp_path / f"collectives_before_input_{index}.json").read_text())
+    assert before_input == [], (index, before_input)
 
 
 @pytest.mark.estimator
