@@ -1,7 +1,8 @@
 """Keras 3's own gradient_accumulation_steps beside AccumulatingKerasOptimizer
-(on tf-keras), each against its Keras's plain big batch, case by case.
+on Keras 3 and on tf-keras, each against its Keras's plain big batch, case
+by case.
 
-One process per Keras (TensorFlow chooses Keras 3 or tf-keras when it is
+One process per column (TensorFlow chooses Keras 3 or tf-keras when it is
 imported, by TF_USE_LEGACY_KERAS), on the same data, model and seeds:
 k=4 micro-batches of 8 against batches of 32, `model.fit`, from the same
 initial weights. Printed per case: the largest relative difference of any
@@ -38,13 +39,15 @@ from harness import bench  # noqa: E402
 K, MICRO_BATCH = 4, 8
 CASES = ("adam", "uneven last micro-batch", "batch norm", "mixed_float16",
          "mirrored")
-KERASES = {"Keras 3, gradient_accumulation_steps=4": "0",
-           "tf-keras, AccumulatingKerasOptimizer(k=4)": "1"}
+# Each column: (TF_USE_LEGACY_KERAS, whether the library's wrapper runs).
+KERASES = {"Keras 3, gradient_accumulation_steps=4": ("0", False),
+           "Keras 3, AccumulatingKerasOptimizer(k=4)": ("0", True),
+           "tf-keras, AccumulatingKerasOptimizer(k=4)": ("1", True)}
 
 
-def _run_case(case):
+def _run_case(case, ours):
   """{"difference": float} or {"error": str} for `case` in this process's
-  Keras."""
+  Keras (`ours`: the library's wrapper accumulates, else Keras 3's own)."""
   import numpy as np  # noqa: PLC0415
   import tensorflow as tf  # noqa: PLC0415
 
@@ -81,13 +84,17 @@ def _run_case(case):
     with strategy.scope():
       made = model(accumulating)
       optimizer = tf.keras.optimizers.Adam(0.01)
-      if accumulating and keras3:
+      if accumulating and keras3 and not ours:
         optimizer = tf.keras.optimizers.Adam(
             0.01, gradient_accumulation_steps=K)
-      if case == "mixed_float16":
+      # tf-keras's wrapper scales the loss itself, around a loss-scale
+      # optimizer; Keras 3's is wrapped in one, as compile wraps it.
+      if case == "mixed_float16" and not (accumulating and ours and keras3):
         optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-      if accumulating and not keras3:
+      if accumulating and ours:
         optimizer = estimator_accum.AccumulatingKerasOptimizer(optimizer, k=K)
+        if case == "mixed_float16" and keras3:
+          optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
       made.compile(optimizer=optimizer, loss=tf.keras.losses.
                    SparseCategoricalCrossentropy(from_logits=True))
     batch = MICRO_BATCH if accumulating else K * MICRO_BATCH
@@ -116,30 +123,31 @@ def _run_case(case):
       for key, value in big.items())}
 
 
-def _child():
+def _child(ours):
   import tensorflow as tf  # noqa: PLC0415
 
   tf.config.set_logical_device_configuration(
       tf.config.list_physical_devices("CPU")[0],
       [tf.config.LogicalDeviceConfiguration()] * 2)
   for case in CASES:
-    print(json.dumps({"case": case, **_run_case(case)}), flush=True)
+    print(json.dumps({"case": case, **_run_case(case, ours)}), flush=True)
 
 
 def main():
   parser = bench.parser(__doc__)
-  parser.add_argument("--child", action="store_true",
+  parser.add_argument("--child", choices=("own", "ours"),
                       help="run the cases in this process's Keras (internal)")
   args = parser.parse_args()
   if args.child:
-    _child()
+    _child(args.child == "ours")
     return 0
   rows = bench.Rows("Keras 3's accumulation and ours, against the big batch",
                     args.json, markdown=True)
   results = {}
-  for name, legacy in KERASES.items():
+  for name, (legacy, ours) in KERASES.items():
     run = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child"],
+        [sys.executable, os.path.abspath(__file__), "--child",
+         "ours" if ours else "own"],
         env=dict(os.environ, TF_USE_LEGACY_KERAS=legacy),
         capture_output=True, text=True, timeout=900, check=False)
     lines = [json.loads(line) for line in run.stdout.splitlines()

@@ -165,20 +165,22 @@ def check_optimizer_under_strategy(optimizer):
         "parameter servers.")
 
 
-def check_keras_2(what, argument, value):
+def check_keras_2(what, argument, value, under_keras_3=None):
   """Refuses the Keras integration `what` (its `argument` given `value`)
   where `tf.keras` is Keras 3 (TensorFlow 2.16+'s default), which it does
-  not run on, in one line that says what does."""
+  not run on, in one line that says what does (`under_keras_3`: what runs
+  there instead, if anything)."""
   if releases.keras_major() < 3:
     return
+  instead = under_keras_3 or (
+      "use Keras 3's own gradient_accumulation_steps (docs/releases.md says "
+      "how they differ)")
   raise TypeError(
       f"{what} runs on Keras 2, and tf.keras is Keras "
       f"{tf.keras.__version__} here (TensorFlow {tf.__version__}); got "
       f"{argument} {short(value)}. Install tf-keras (pip install "
       f"'tf-keras~={tf.__version__.rsplit('.', 1)[0]}.0') and set "
-      f"TF_USE_LEGACY_KERAS=1 before importing TensorFlow, or use Keras 3's "
-      f"own gradient_accumulation_steps (docs/releases.md says how they "
-      f"differ).")
+      f"TF_USE_LEGACY_KERAS=1 before importing TensorFlow, or {instead}.")
 
 
 def check_optimizer(optimizer):

@@ -67,10 +67,17 @@ tf.config.set_logical_device_configuration(
     [tf.config.LogicalDeviceConfiguration()] * NUM_LOGICAL_CPUS)
 
 
+def _keras3_major():
+  """The major version of the `keras` package (2 on TensorFlow 2.15)."""
+  import keras  # noqa: PLC0415
+
+  return int(keras.__version__.split(".")[0])
+
+
 def _skip_what_this_tensorflow_cannot_run(items):
   """Skips, with the reason, what this TensorFlow cannot run: tests marked
   `estimator` where it has no tf.estimator (2.16+), tests marked `keras2`
-  where tf.keras is Keras 3."""
+  where tf.keras is Keras 3, tests marked `keras3` where `keras` is not."""
   from estimator_accum import releases  # noqa: PLC0415
 
   reasons = {}
@@ -80,6 +87,9 @@ def _skip_what_this_tensorflow_cannot_run(items):
   if releases.keras_major() >= 3:
     reasons["keras2"] = ("needs Keras 2; tf.keras is Keras 3 here (tf-keras "
                          "with TF_USE_LEGACY_KERAS=1 runs it)")
+  if _keras3_major() < 3:
+    reasons["keras3"] = ("needs Keras 3 (the keras package, TensorFlow "
+                         "2.16+); this environment's is Keras 2")
   for item in items:
     for marker, reason in reasons.items():
       if item.get_closest_marker(marker):

@@ -21,6 +21,7 @@ optimizer (an EMA's weights written into the model at the end of `fit`,
 
 import copy
 import inspect
+import sys
 
 import numpy as np
 import tensorflow as tf
@@ -50,6 +51,15 @@ __all__ = ["AccumulatingKerasOptimizer"]
 # Its defaults of the window options, where they are not the table's: the
 # loss scaled as Keras scales it (dynamically, for a mixed_float16 model).
 _DEFAULTS = dict(WRAPPER_DEFAULTS, reduction="mean", loss_scale="auto")
+
+def _is_keras3_optimizer(optimizer):
+  """Whether `optimizer` is a Keras 3 optimizer (Keras 3 then imported
+  already: it made the optimizer)."""
+  keras = sys.modules.get("keras")
+  version = str(getattr(keras, "__version__", "2"))
+  return (int(version.split(".")[0]) >= 3 and
+          isinstance(optimizer, keras.optimizers.Optimizer))
+
 
 def is_of_the_new_kind(optimizer):
   """Whether `optimizer` (or the one a Keras LossScaleOptimizer wraps) is a
@@ -193,8 +203,15 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     """An instance of the kind for `optimizer`: of the subclass (each
     kind's module defines one, and `estimator_accum` imports them all)
     whose `takes(optimizer)`, when called as AccumulatingKerasOptimizer."""
+    if _is_keras3_optimizer(optimizer):
+      from estimator_accum.integrations import keras3  # noqa: PLC0415
+
+      return keras3.AccumulatingKeras3Optimizer(optimizer, *args, **kwargs)
     del args, kwargs
-    _checks.check_keras_2("AccumulatingKerasOptimizer", "optimizer", optimizer)
+    _checks.check_keras_2(
+        "AccumulatingKerasOptimizer", "optimizer", optimizer,
+        under_keras_3="give it a Keras 3 optimizer (keras.optimizers.Adam), "
+        "which it runs on one device under Keras 3 (docs/releases.md)")
     if cls is AccumulatingKerasOptimizer:
       cls = next(kind for kind in cls.__subclasses__()
                  if kind.takes(optimizer))

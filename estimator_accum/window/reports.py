@@ -164,7 +164,7 @@ _OPTIONAL_OPS = frozenset({"IteratorGetNextAsOptional", "OptionalHasValue",
 _CONDS = frozenset({"If", "StatelessIf"})
 
 
-def _hands_out_batches(op):
+def hands_out_batches(op):
   """Whether `op` hands out the input pipeline's batches: a get_next, or a
   cond choosing each replica's batch from an iterator's optionals."""
   if op.type in _BATCH_SOURCES:
@@ -190,7 +190,7 @@ def micro_batch_examples(loss, num_examples):
     pending = [loss]
   while pending:
     tensor = pending.pop()
-    if _hands_out_batches(tensor.op):
+    if hands_out_batches(tensor.op):
       batches.append(tensor)
     elif tensor.op not in seen:
       seen.add(tensor.op)

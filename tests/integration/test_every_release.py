@@ -193,12 +193,19 @@ def test_keras_legacy_optimizers(name):
 @pytest.mark.skipif(releases.keras_major() < 3,
                     reason="tf.keras is Keras 2 here, which the wrapper runs on "
                            "(tests/unit/integrations/test_keras_tf2.py)")
-def test_keras_3_is_refused_in_one_line_that_says_what_runs():
-  adam = tf.keras.optimizers.Adam(1e-3)
+def test_under_keras_3_what_runs_only_on_keras_2_is_refused_in_one_line():
+  """Around a Keras 3 optimizer the wrapper is Keras 3's
+  (tests/unit/integrations/test_keras3.py); around a tf.compat.v1 one, and
+  WindowBatchNormalization, it needs Keras 2 and says so."""
+  wrapped = estimator_accum.AccumulatingKerasOptimizer(
+      tf.keras.optimizers.Adam(1e-3), k=4)
+  assert isinstance(wrapped, tf.keras.optimizers.Optimizer)
+  v1 = tf.compat.v1.train.AdamOptimizer(1e-3)
   with pytest.raises(TypeError, match=(
       r"^AccumulatingKerasOptimizer runs on Keras 2, and tf\.keras is Keras "
-      r"3\.\d+\.\d+ here .*got optimizer .*Adam.*TF_USE_LEGACY_KERAS=1")):
-    estimator_accum.AccumulatingKerasOptimizer(adam, k=4)
+      r"3\.\d+\.\d+ here .*got optimizer .*AdamOptimizer.*"
+      r"TF_USE_LEGACY_KERAS=1.*or give it a Keras 3 optimizer")):
+    estimator_accum.AccumulatingKerasOptimizer(v1, k=4)
   with pytest.raises(TypeError, match=r"^WindowBatchNormalization runs on "
                      r"Keras 2.*got k 4\."):
     estimator_accum.WindowBatchNormalization(k=4)
