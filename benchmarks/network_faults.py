@@ -164,7 +164,7 @@ def measure(fault, peer_timeout, cap, reference):
 def main():
   parser = bench.parser(__doc__)
   parser.add_argument("--peer_timeout", type=float, default=60,
-                      help="the job's tfconfig.health timeout; 0: none")
+                      help="the job's estimator_accum.distribution.health timeout; 0: none")
   parser.add_argument("--cap", type=float, default=150,
                       help="seconds to wait for an exit before killing")
   parser.add_argument("--faults", nargs="+", default=FAULTS, choices=FAULTS)

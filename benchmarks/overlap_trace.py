@@ -45,8 +45,9 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.window_across_hosts import train_on_workers  # noqa: E402
+from estimator_accum.distribution import health  # noqa: E402
 from harness import bench  # noqa: E402
-from tfconfig import health, testbed  # noqa: E402
+from tfconfig import testbed  # noqa: E402
 
 MODES = {"overlap": True, "no_overlap": False}
 _COLLECTIVES = ("CollectiveReduceV2", "CollectiveReduce")

@@ -24,7 +24,7 @@ window. Modes, side by side on the same link in one run:
 
   python benchmarks/window_across_hosts.py [--model minilm] [--workers 2]
       [--rates none,10gbit,1gbit] [--k 4] [--windows 4]
-      [--heartbeat_seconds 60]   # slow links: tfconfig.health.coordination_heartbeat
+      [--heartbeat_seconds 60]   # slow links: estimator_accum.distribution.health.coordination_heartbeat
 
 Printed per link and mode: the window's time (k micro-batches), micro-batches
 per second per worker, and the share of the window its last step spends
@@ -49,8 +49,9 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from benchmarks.accumulation_overhead import MODELS  # noqa: E402
 from benchmarks.public_recipe import recipe_train_op  # noqa: E402
+from estimator_accum.distribution import health  # noqa: E402
 from harness import bench  # noqa: E402
-from tfconfig import health, testbed  # noqa: E402
+from tfconfig import testbed  # noqa: E402
 
 MODES = ("window", "rows", "overlap", "overlap+bf16", "recipe", "plain")
 # The window's options in each of its modes.
@@ -167,7 +168,7 @@ def main():
   parser.add_argument("--windows", type=int, default=4)
   parser.add_argument("--heartbeat_seconds", type=float, default=None,
                       help="the coordination service's heartbeat timeout "
-                      "(slow links; tfconfig.health.coordination_heartbeat)")
+                      "(slow links; estimator_accum.distribution.health.coordination_heartbeat)")
   parser.add_argument("--model_dir")
   parser.add_argument("--output")
   args = parser.parse_args()

@@ -201,7 +201,7 @@ def start_without_launcher(bed, model_dirs, updates, log_dir, *extra,
   """Starts one multiworker_job.py worker per host by hand, each with its
   own TF_CONFIG, as an engine starts pods (nobody stops the others when one
   fails). `model_dirs`: one per worker. Returns their `Run`s."""
-  from tfconfig import config as tfc
+  from clusterspec import config as tfc
 
   cluster = bed.cluster(len(model_dirs))
   runs = []

@@ -19,13 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from estimator_accum.distribution import health  # noqa: E402
 from harness import support  # noqa: E402
 from harness.collectives import (  # noqa: E402
   CollectiveCounter,
   CollectivesBeforeInput,
 )
 from harness.google_style_adamw import GoogleStyleAdamWeightDecay  # noqa: E402
-from tfconfig import health  # noqa: E402
 
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
@@ -183,7 +183,7 @@ def main():
   parser.add_argument("--peer_timeout", type=float,
                       default=health.DEFAULT_TIMEOUT,
                       help="seconds without an answer from a task before "
-                      "this one exits (tfconfig.health); 0: no watchdog")
+                      "this one exits (estimator_accum.distribution.health); 0: no watchdog")
   parser.add_argument("--peer_interval", type=float,
                       default=health.DEFAULT_INTERVAL)
   parser.add_argument("--strategy", default="multi_worker",

@@ -37,9 +37,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from estimator_accum.distribution import preemption  # noqa: E402
+from estimator_accum.distribution import (
+  health,  # noqa: E402
+  preemption,  # noqa: E402
+)
 from estimator_accum.window.batch_norm import window_statistics  # noqa: E402
-from tfconfig import health  # noqa: E402
 
 K = 2
 PLAN = {"chief:0": (1.0, 7), "worker:0": (10.0, 9), "worker:1": (100.0, 5)}

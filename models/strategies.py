@@ -13,6 +13,7 @@ import dataclasses
 import tensorflow as tf
 
 import tfconfig
+from estimator_accum.distribution import health
 
 NAMES = ("none", "mirrored", "multi_worker", "parameter_server")
 _CLUSTER = ("multi_worker", "parameter_server")
@@ -33,7 +34,7 @@ class Distribution:
     workers: training tasks (the chief and the workers), 1 without a cluster.
     replicas_per_worker: replicas each training task runs.
     tf_config: TF_CONFIG as TensorFlow reads it ({} without a cluster).
-    watchdog: the started peer watchdog (tfconfig.health), or None.
+    watchdog: the started peer watchdog (estimator_accum.distribution.health), or None.
   """
 
   name: str
@@ -117,7 +118,7 @@ def choose(name, model_dir, peer_timeout_secs=None):
   watchdog = None
   if peer_timeout_secs:
     # Before the strategy: making it waits for every peer.
-    watchdog = tfconfig.health.watch(
+    watchdog = health.watch(
         model_dir, timeout=peer_timeout_secs,
         interval=min(5.0, peer_timeout_secs))
   try:
@@ -125,7 +126,7 @@ def choose(name, model_dir, peer_timeout_secs=None):
       return Distribution(name, None, workers, 1, config, watchdog)
     # Slow is not dead: TensorFlow's own heartbeat waits as long as the
     # watchdog (10 s at least, its default).
-    tfconfig.health.coordination_heartbeat(
+    health.coordination_heartbeat(
         max(peer_timeout_secs or 0, 10.0), config)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     return Distribution(name, strategy, workers,

@@ -1,7 +1,6 @@
 """TF_CONFIG: build, parse and validate it; launch a local cluster."""
 
-from tfconfig import health
-from tfconfig.config import (
+from clusterspec.config import (
     TFConfigError,
     build,
     check_strategy,
@@ -17,6 +16,6 @@ from tfconfig.config import (
 from tfconfig.launch import local_cluster, run_cluster
 
 __all__ = ["TFConfigError", "build", "check_strategy", "describe", "for_task",
-           "from_environment", "health", "local_cluster", "parse",
+           "from_environment", "local_cluster", "parse",
            "run_cluster", "tasks", "tensorflow_form", "use_environment",
            "validate"]

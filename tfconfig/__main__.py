@@ -29,7 +29,7 @@ import os
 import signal
 import sys
 
-from tfconfig import config as tfc
+from clusterspec import config as tfc
 from tfconfig import launch as tfl
 
 

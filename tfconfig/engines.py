@@ -18,7 +18,7 @@ variables of one `srun` task with TensorFlow's own `SlurmClusterResolver`
 
 import re
 
-from tfconfig import config as tfc
+from clusterspec import config as tfc
 
 TFJOB_API_VERSION = "kubeflow.org/v1"
 TFJOB_CONTAINER = "tensorflow"

@@ -44,8 +44,8 @@ import sys
 import threading
 import time
 
-from tfconfig import config as tfc
-from tfconfig import health
+from clusterspec import config as tfc
+from clusterspec import health_format
 
 # A task stopped by SIGTERM saves its open window and exits with 143 (an
 # accumulating train op does, estimator_accum.distribution.preemption),
@@ -221,8 +221,8 @@ def describe_exit(status):
   if status < 0:
     return f"was killed by {signal_name(-status)}"
   meaning = {
-      health.PEER_LOST_EXIT: " (it lost a peer)",
-      health.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
+      health_format.PEER_LOST_EXIT: " (it lost a peer)",
+      health_format.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
       128 + int(signal.SIGTERM): " (it was stopped by SIGTERM)",
   }.get(status, "")
   if status > 128 and not meaning:

@@ -118,7 +118,7 @@ class TestBed:
     """A TF_CONFIG dict (no task), one task per host, port 2222 on each,
     hosts given in `tfconfig.tasks` order (chief, workers, ps, evaluator).
     """
-    from tfconfig import config as tfc
+    from clusterspec import config as tfc
 
     count = workers + int(chief) + ps + int(evaluator)
     if count > self.hosts:

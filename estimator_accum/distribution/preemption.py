@@ -66,10 +66,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from clusterspec import config as tfc
 from estimator_accum import tf_private
-from estimator_accum.distribution import stop_requests, watchdog
-from tfconfig import config as tfc
-from tfconfig import health
+from estimator_accum.distribution import health, stop_requests, watchdog
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_STOP_ON_SIGTERM"
 SECONDS_ENV = "ESTIMATOR_ACCUM_STOP_SECONDS"
@@ -428,7 +427,7 @@ class _ExitedPeers:
   asked while a stop waits for this task's micro-batch: a peer told to stop
   between two micro-batches, with every one that ran saved, exits at once,
   and the micro-batch this task had begun waits for it forever. Its
-  address then refuses connections (`tfconfig.health.peer_answers`);
+  address then refuses connections (`health.peer_answers`);
   asked every `_PROBE_SECONDS`, a peer that refused twice in a row is
   gone; `all_answered` says whether every peer answered the last probe
   (None: none was asked). Nothing is asked in a parameter-server job (its

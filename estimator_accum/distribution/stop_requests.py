@@ -22,8 +22,8 @@ import threading
 
 import tensorflow as tf
 
-from tfconfig import config as tfc
-from tfconfig import health
+from clusterspec import config as tfc
+from estimator_accum.distribution import health
 
 DEVICE = "/job:ps/task:0"
 SHARED_NAME = "estimator_accum_stop_requests"

@@ -2,11 +2,11 @@
 
 A graph-mode MultiWorkerMirroredStrategy (or parameter-server) task whose
 peer is cut off waits in `session.run` forever: the collective, or the
-remote variable read, never returns. `tfconfig.health.watch(model_dir)`
+remote variable read, never returns. `health.watch(model_dir)`
 ends it, and the project's scripts call it; a user's own script does not
 know to. So the first accumulating train op a process builds in a
 TF_CONFIG cluster of two or more training tasks arms a watchdog
-(`tfconfig.health.Watchdog`, no markers) that asks every peer for its
+(`health.Watchdog`, no markers) that asks every peer for its
 status, as the explicit one does (every peer counted as up when it starts:
 the strategy connected to each before the train op is built), and ends
 this process with exit 150 and
@@ -17,7 +17,7 @@ the chief evaluates, or exits later) ends nothing: this task is not in a
 step then.
 
 The train op marks each step's start and end (two host ops, `arm`); the
-watchdog reads them. Not armed when a watchdog of `tfconfig.health` already
+watchdog reads them. Not armed when a watchdog of `estimator_accum.distribution.health` already
 runs in the process, and not with ESTIMATOR_ACCUM_PEER_WATCHDOG=0.
 ESTIMATOR_ACCUM_PEER_TIMEOUT sets its timeout (seconds, default 60).
 """
@@ -29,8 +29,8 @@ import time
 
 import tensorflow as tf
 
-from tfconfig import config as tfc
-from tfconfig import health
+from clusterspec import config as tfc
+from estimator_accum.distribution import health
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_PEER_WATCHDOG"
 TIMEOUT_ENV = "ESTIMATOR_ACCUM_PEER_TIMEOUT"

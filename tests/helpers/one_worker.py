@@ -4,7 +4,7 @@ process of their own."""
 
 import json
 
-from tfconfig import config as tfc
+from clusterspec import config as tfc
 from tfconfig import launch
 
 

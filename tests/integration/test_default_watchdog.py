@@ -2,7 +2,7 @@
 (estimator_accum/distribution/watchdog.py), on loopback: no false failure
 when tasks end at different times, a frozen peer ends a task stuck in a
 step, and off when asked. The job runs with --peer_timeout 0: no
-tfconfig.health.watch of its own, as a user's own script."""
+health.watch of its own, as a user's own script."""
 
 import os
 import re
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from estimator_accum.distribution import health
 from harness import hosts
-from tfconfig import health
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""tfconfig.health's watchdog against real TensorFlow servers on loopback.
+"""estimator_accum.distribution.health's watchdog against real TensorFlow servers on loopback.
 
 Each peer is a `tf.distribute.Server` in a process of its own; a fault is a
 signal to that process. The watchdog's exit is recorded instead of taken.
@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from tfconfig import config as tfc
-from tfconfig import health
+from clusterspec import config as tfc
+from estimator_accum.distribution import health
 from tfconfig.launch import free_ports
 
 # Whole jobs, processes or clusters: not the fast tier.
@@ -274,7 +274,7 @@ def test_the_host_leaves_after_the_others_are_gone(servers):
 _HEARTBEAT = """
 import json, sys
 from tensorflow.python.eager import context
-from tfconfig import health
+from estimator_accum.distribution import health
 config = json.loads(sys.argv[1])
 print(health.coordination_heartbeat(60, config))
 service = context.context().coordination_service

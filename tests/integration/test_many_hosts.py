@@ -6,7 +6,7 @@ started by `python -m tfconfig launch --netns NAME`, or one by one with no
 launcher, as on Kubernetes. Faults are real: a link cut at the switch
 (`ip link set ... down`), a worker frozen (SIGSTOP) or killed (SIGKILL),
 packets dropped at random on a host's input (nftables). Every surviving
-task must exit in bounded time naming the task it lost (tfconfig.health,
+task must exit in bounded time naming the task it lost (estimator_accum.distribution.health,
 here with an 8 s timeout), and the job started again must end equal to
 the big batch. Every namespace a test makes is removed, also when it fails.
 
@@ -22,12 +22,13 @@ import time
 
 import pytest
 
+from estimator_accum.distribution import health
 from harness import hosts
 from tests.integration.test_parameter_server import (
-    check_each_worker_applied_its_own_windows,
-    ps_job_command,
+  check_each_worker_applied_its_own_windows,
+  ps_job_command,
 )
-from tfconfig import health, testbed
+from tfconfig import testbed
 
 # Whole jobs, processes or clusters: not the fast tier.
 pytestmark = pytest.mark.slow
@@ -325,7 +326,7 @@ def test_a_model_dir_that_is_not_shared_is_one_line(make_bed, tmp_path):
 
 
 # The watchdog a user's own script gets without asking (the job runs with
-# --peer_timeout 0: no tfconfig.health.watch of its own).
+# --peer_timeout 0: no estimator_accum.distribution.health.watch of its own).
 
 # The default watchdog's timeout here: 30 s (the default, 60 s, measured
 # the same way: both workers out 150 within 90 s; 30 s keeps CI short).

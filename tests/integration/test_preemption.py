@@ -2,7 +2,7 @@
 for real (harness/preemption_cases.py): 2 MultiWorkerMirroredStrategy
 workers on loopback started by `tfconfig launch`, and one process
 (MirroredStrategy's two replicas; no strategy), running harness/multiworker_job.py (k=2, Adam, no
-tfconfig.health.watch of its own, as a user's script). Each stopped job
+estimator_accum.distribution.health.watch of its own, as a user's script). Each stopped job
 exits 143 within the grace period with its newest checkpoint at the step
 every task agreed on (or, after a second SIGTERM inside that save, the one
 before), and the job started again ends with the weights of the

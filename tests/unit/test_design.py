@@ -296,3 +296,34 @@ def test_the_tests_mirror_the_code():
           "memory"} <= unit <= packages | {"models", "launcher"}
   assert list((tests / "integration").glob("test_*.py"))
   assert not list((tests / "jobs").glob("test_*.py"))
+
+
+def _imported(path, top_level_only=False):
+  """The top-level package of everything `path` imports (anywhere in it, or
+  in its module-level statements only)."""
+  tree = ast.parse(path.read_text(), str(path))
+  nodes = tree.body if top_level_only else ast.walk(tree)
+  names = set()
+  for node in nodes:
+    if isinstance(node, ast.Import):
+      names.update(alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      names.add((node.module or "").split(".")[0])
+  return names
+
+
+@pytest.mark.parametrize("package, refused, refused_at_import", [
+    # The library stands on its own: it imports nothing of the launcher.
+    ("estimator_accum", {"tfconfig"}, set()),
+    # What both agree on (TF_CONFIG, the health markers) is pure Python.
+    ("clusterspec", {"tfconfig", "estimator_accum", "tensorflow"}, set()),
+    # The launcher uses neither the library nor, when it is imported,
+    # TensorFlow (a task reading Slurm's variables loads it there).
+    ("tfconfig", {"estimator_accum"}, {"tensorflow"}),
+])
+def test_one_direction_between_the_library_and_the_launcher(
+    package, refused, refused_at_import):
+  for path in sorted((ROOT / package).rglob("*.py")):
+    wrong = (_imported(path) & refused) | (
+        _imported(path, top_level_only=True) & refused_at_import)
+    assert not wrong, f"{path.relative_to(ROOT)} imports {sorted(wrong)}"

@@ -79,6 +79,24 @@ def test_from_environment(monkeypatch):
     tfconfig.from_environment(require_chief=True)
 
 
+def test_from_environment_reads_once_and_follows_a_change(monkeypatch):
+  """Read once per TF_CONFIG text (the library asks at every stop check);
+  a caller's change to what it got is its own; a new text is read anew,
+  and a bad one is refused every time it is asked."""
+  first = json.dumps(dict(_cluster(worker=["a:1", "b:1"]),
+                          task={"type": "worker", "index": 0}))
+  monkeypatch.setenv("TF_CONFIG", first)
+  got = tfconfig.from_environment()
+  got["task"]["index"] = 7
+  assert tfconfig.from_environment()["task"]["index"] == 0
+  monkeypatch.setenv("TF_CONFIG", first.replace('"index": 0', '"index": 1'))
+  assert tfconfig.from_environment()["task"]["index"] == 1
+  monkeypatch.setenv("TF_CONFIG", "{not json")
+  for _ in range(2):
+    with pytest.raises(tfconfig.TFConfigError, match="TF_CONFIG"):
+      tfconfig.from_environment()
+
+
 def test_missing_chief_where_required():
   with pytest.raises(tfconfig.TFConfigError, match="this job needs a chief"):
     tfconfig.parse(json.dumps(_cluster(worker=["a:1"])), require_chief=True)

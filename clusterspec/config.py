@@ -20,6 +20,7 @@ form); other keys ("environment", "job", "trial", "cloud") are ignored.
 and rewrites TF_CONFIG in the form TensorFlow reads.
 """
 
+import copy
 import json
 import os
 import re
@@ -209,11 +210,29 @@ def from_environment(require_chief=False):
   text = os.environ.get("TF_CONFIG") or os.environ.get("CLUSTER_SPEC")
   if not text:
     return {}
-  config = parse(text, require_chief=require_chief)
-  if config.get(TASK) is not None:
-    config[TASK] = dict(config[TASK],
-                        **{INDEX: _task_index(config[TASK].get(INDEX, 0))})
-  return config
+  # Read once per process (and again only if the variable changes): the
+  # library asks at every stop check.
+  key = (text, bool(require_chief))
+  if key not in _READ:
+    try:
+      config = parse(text, require_chief=require_chief)
+    except TFConfigError as error:
+      _READ.clear()
+      _READ[key] = error
+      raise
+    if config.get(TASK) is not None:
+      config[TASK] = dict(config[TASK],
+                          **{INDEX: _task_index(config[TASK].get(INDEX, 0))})
+    _READ.clear()
+    _READ[key] = config
+  read = _READ[key]
+  if isinstance(read, TFConfigError):
+    raise TFConfigError(str(read))
+  return copy.deepcopy(read)
+
+
+# The last TF_CONFIG read: {(text, require_chief): its config or error}.
+_READ = {}
 
 
 def task_of(types):

@@ -39,16 +39,18 @@ import sys
 import threading
 import time
 
-from tfconfig import config as tfc
+from clusterspec import config as tfc
+from clusterspec.health_format import (  # noqa: F401  (the watchdog's names)
+  MARKER_DIR,
+  MODEL_DIR_NOT_SHARED_EXIT,
+  PEER_LOST_EXIT,
+)
 
-PEER_LOST_EXIT = 150
-MODEL_DIR_NOT_SHARED_EXIT = 78
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_INTERVAL = 5.0
 # How long a peer may take to answer for the first time (a pod pulling its
 # image, a slow scheduler) before it counts as lost.
 DEFAULT_STARTUP_TIMEOUT = 600.0
-MARKER_DIR = ".estimator_accum_tasks"
 _GET_STATUS = "/tensorflow.WorkerService/GetStatus"
 
 
