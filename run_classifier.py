@@ -47,7 +47,7 @@ from models.bert import (
   tokenization,
 )
 from models.script_flags import FlagValues
-from models.training import resume_from_complete
+from models.training import DISK_FULL_EXIT_CODE, resume_from_complete
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
@@ -197,10 +197,9 @@ class NotFinite(RuntimeError):
 
 # Exit codes: 1 for bad flags or inputs, 3 for a diverged run, 4 for an
 # --output_dir whose checkpoints are all incomplete
-# (models.training.NO_COMPLETE_CHECKPOINT_EXIT_CODE), 5 for a full disk.
+# (models.training.NO_COMPLETE_CHECKPOINT_EXIT_CODE), 5 for a full disk
+# (models.training.DISK_FULL_EXIT_CODE).
 DIVERGED_EXIT_CODE = 3
-# A write into --output_dir found the disk full (or the quota used up).
-DISK_FULL_EXIT_CODE = 5
 
 
 class DiskFull(RuntimeError):

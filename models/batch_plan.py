@@ -8,7 +8,6 @@ under a cluster only the chief measures: the other workers wait for its
 plan in the shared directory.
 """
 
-import json
 import os
 import time
 
@@ -140,17 +139,11 @@ def _kept(values, plan, path, effective_batch):
 
 def write(plan, path):
   """Writes `plan` to `path` atomically (workers may be waiting for it)."""
-  partial = f"{path}.partial-{os.getpid()}"
-  plan.write(partial)
-  tf.io.gfile.rename(partial, path, overwrite=True)
+  plan.write(path)
 
 
 def load(path):
-  with tf.io.gfile.GFile(path) as reader:
-    data = json.load(reader)
-  data["measurements"] = tuple(planner.Measurement(**m)
-                               for m in data.get("measurements", ()))
-  return planner.MicroBatchPlan(**data)
+  return planner.MicroBatchPlan.read(path)
 
 
 def _wait_for(path):

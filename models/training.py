@@ -1,6 +1,7 @@
 """The training half of the examples' model_fns, with or without
 accumulation."""
 
+import contextlib
 import re
 import sys
 
@@ -8,7 +9,8 @@ import numpy as np
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum.checkpoints import integrity
+from clusterspec import config as tfc
+from estimator_accum.checkpoints import full_disk, integrity, run_lock
 
 
 def train_spec(loss, optimizer, params, log_every=200):
@@ -36,6 +38,8 @@ DIVERGED_EXIT_CODE = 3
 # Exit code of an example whose --model_dir holds checkpoints, none of them
 # complete (docs/operations.md).
 NO_COMPLETE_CHECKPOINT_EXIT_CODE = 4
+# Exit code of a run whose disk filled up (docs/operations.md).
+DISK_FULL_EXIT_CODE = 5
 
 
 def resume_from_complete(program, model_dir, flag="--model_dir"):
@@ -49,6 +53,42 @@ def resume_from_complete(program, model_dir, flag="--model_dir"):
   except integrity.NoCompleteCheckpoint as error:
     print(f"{program}: error: {flag}: {error}", file=sys.stderr)
     raise SystemExit(NO_COMPLETE_CHECKPOINT_EXIT_CODE) from None
+
+
+@contextlib.contextmanager
+def guarded_run(program, model_dir, flag="--model_dir"):
+  """The run of `program` in `model_dir` (made if missing), inside a
+  `with`: the directory's lock held (another live run there: one line,
+  exit 1; the tasks of one TF_CONFIG cluster share it), its checkpoints
+  checked (`resume_from_complete`: exit 4 if none is complete), and a full
+  disk, from the lock's first write on, named in one line that says what
+  to free (exit 5)."""
+  try:
+    tf.io.gfile.makedirs(model_dir)
+    lock = _hold(program, model_dir, flag)
+    try:
+      resume_from_complete(program, model_dir, flag)
+      yield
+    finally:
+      lock.release()
+  except (tf.errors.OpError, OSError) as error:
+    if not full_disk.is_full_disk(error):
+      raise
+    print(f"{program}: error: {full_disk.describe(model_dir, error, flag)}",
+          file=sys.stderr)
+    raise SystemExit(DISK_FULL_EXIT_CODE) from None
+
+
+def _hold(program, model_dir, flag):
+  """`model_dir`'s run lock; another live run holding it exits 1 with one
+  line."""
+  cluster = (tfc.task_of(tfc.TRAINING_TYPES) or {}).get(tfc.CLUSTER)
+  try:
+    return run_lock.hold(model_dir, cluster=cluster, flag=flag,
+                         report=lambda line: print(line, flush=True))
+  except run_lock.DirectoryInUse as error:
+    print(f"{program}: error: {error}", file=sys.stderr)
+    raise SystemExit(1) from None
 
 
 def define_checkpoint_flags(flags, every_n_micro_batches):

@@ -142,8 +142,13 @@ def _create(path, content):
   it half written); where the file system has no hard links, created with
   O_EXCL and written. Whether it was made."""
   temporary = f"{path}.{os.getpid()}.{threading.get_ident()}"
-  with open(temporary, "w") as file:
-    json.dump(content, file)
+  try:
+    with open(temporary, "w") as file:
+      json.dump(content, file)
+  except OSError:  # a full disk: nothing half written left behind
+    if os.path.exists(temporary):
+      os.remove(temporary)
+    raise
   try:
     os.link(temporary, path)
     return True

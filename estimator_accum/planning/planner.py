@@ -24,7 +24,6 @@ import dataclasses
 import functools
 import gc
 import inspect
-import json
 import math
 import time
 
@@ -33,204 +32,22 @@ import tensorflow as tf
 from estimator_accum import _checks, tf_private
 from estimator_accum.integrations import session_runner
 from estimator_accum.planning import search
+from estimator_accum.planning.plan import (  # noqa: F401  (the planner's names)
+  EQUAL,
+  WEIGHTED,
+  Measurement,
+  MicroBatchPlan,
+  labelled,
+  megabytes,
+  memory_options_name,
+  replica_share,
+)
 
 DEFAULT_MARGIN = 0.1
 # Micro-batches run per candidate: two windows of k=2, so the measured peak
 # holds the accumulating step and the step that applies the window.
 _MEASURED_K = 2
 _MEASURED_MICRO_BATCHES = 4
-EQUAL = "equal micro-batches"
-WEIGHTED = "num_examples weighting"
-
-
-@dataclasses.dataclass(frozen=True)
-class Measurement:
-  """One candidate: its micro-batch, k, and peak bytes (None: the
-  allocator ran out of memory); `seconds` to measure it, and
-  `step_seconds`, the mean time of its micro-batches after the first (None
-  when it ran out of memory). `recompute` and `accumulator_placement`: the
-  memory options it was built with."""
-  micro_batch: int
-  k: int
-  peak_bytes: int | None
-  seconds: float
-  step_seconds: float | None = None
-  recompute: bool = False
-  accumulator_placement: str = "device"
-  # After the first window: the peak of a micro-batch that only adds, and
-  # of one that ends the window and applies (None: not measured).
-  adding_peak_bytes: int | None = None
-  window_end_peak_bytes: int | None = None
-
-  @property
-  def seconds_per_example(self):
-    if self.step_seconds is None:
-      return None
-    return self.step_seconds / self.micro_batch
-
-  @property
-  def options(self):
-    """How it was built: "plain", "recompute", "host accumulators", ..."""
-    return memory_options_name(self.recompute, self.accumulator_placement)
-
-
-def memory_options_name(recompute, accumulator_placement):
-  """The words the plans print for a choice of memory options."""
-  words = ["recompute"] if recompute else []
-  if accumulator_placement != "device":
-    words.append(f"{accumulator_placement} accumulators")
-  return " + ".join(words) or "plain"
-
-
-@dataclasses.dataclass(frozen=True)
-class MicroBatchPlan:
-  """How to split `effective_batch` examples per update.
-
-  Each of `replicas` data-parallel replicas (workers x devices) trains
-  micro-batches of `micro_batch` examples, k of them per update; when
-  `micro_batch` does not divide the replica's share, the last micro-batch of
-  every window holds `last_micro_batch` examples and the window is exact
-  only with `num_examples` weighting (`exact_by`).
-  """
-  effective_batch: int
-  replicas: int
-  micro_batch: int
-  k: int
-  last_micro_batch: int
-  exact_by: str
-  budget_bytes: int | None
-  margin: float
-  device: str
-  measurements: tuple = ()
-  planning_seconds: float = 0.0
-  halvings: int = 0
-  # The memory options the plan trains with.
-  recompute: bool = False
-  accumulator_placement: str = "device"
-  # Why this plan, when several memory options were weighed.
-  reason: str = ""
-
-  @property
-  def peaks(self):
-    """{micro_batch: measured peak bytes (None: out of memory)}."""
-    return {m.micro_batch: m.peak_bytes for m in self.measurements}
-
-  @property
-  def per_replica(self):
-    return self.effective_batch // self.replicas
-
-  def fits(self, peak_bytes):
-    return peak_bytes is not None and peak_bytes <= self.limit_bytes
-
-  @property
-  def limit_bytes(self):
-    """The budget less the margin: a candidate fits if its peak is at most
-    this."""
-    return int(self.budget_bytes * (1 - self.margin))
-
-  def halved(self):
-    """The plan after running out of memory: half the micro-batch, twice
-    k, the same effective batch. ValueError when that is not exact."""
-    if self.micro_batch == 1 or self.micro_batch % 2 or (
-        self.last_micro_batch != self.micro_batch):
-      raise ValueError(
-          f"micro-batch {self.micro_batch} x k={self.k} cannot be halved "
-          "into equal micro-batches")
-    return dataclasses.replace(
-        self, micro_batch=self.micro_batch // 2, k=self.k * 2,
-        last_micro_batch=self.micro_batch // 2, halvings=self.halvings + 1)
-
-  @property
-  def options(self):
-    """The memory options, as words: "plain", "recompute", ..."""
-    return memory_options_name(self.recompute, self.accumulator_placement)
-
-  def summary(self):
-    """One line: the split."""
-    text = (f"effective batch {self.effective_batch} = {self.replicas} "
-            f"replica(s) x micro-batch {self.micro_batch} x k={self.k}")
-    if self.options != "plain":
-      text += f", {self.options}"
-    if self.last_micro_batch != self.micro_batch:
-      text += (f" (each window's last micro-batch holds "
-               f"{self.last_micro_batch}; exact by {self.exact_by})")
-    return text
-
-  def describe(self):
-    """The plan as printed: the candidates measured, their peaks, the
-    choice and the planning time."""
-    lines = [f"micro-batch plan on {self.device}: budget "
-             f"{_mb(self.budget_bytes)}, margin {self.margin:.0%}, so a "
-             f"micro-batch fits under {_mb(self.limit_bytes)}"]
-    weighed = bool(self.reason)
-    for measured in sorted(self.measurements,
-                           key=lambda m: (m.options, -m.micro_batch)):
-      peak = ("out of memory" if measured.peak_bytes is None
-              else f"peak {_mb(measured.peak_bytes)}")
-      verdict = "fits" if self.fits(measured.peak_bytes) else "too big"
-      options = _labelled(measured.options)
-      speed = ("" if measured.seconds_per_example is None or not weighed else
-               f"{measured.seconds_per_example * 1000:.1f} ms/example, ")
-      chosen = "  <- chosen" if (
-          measured.micro_batch, measured.recompute,
-          measured.accumulator_placement) == (
-              self.micro_batch, self.recompute,
-              self.accumulator_placement) else ""
-      lines.append(f"  micro-batch {measured.micro_batch:>4} (k={measured.k}"
-                   f"{options}): {peak}, {verdict} ({speed}"
-                   f"{measured.seconds:.1f} s){chosen}")
-    if weighed:
-      lines.append(f"chose {self.options} at micro-batch {self.micro_batch}:"
-                   f" {self.reason}")
-    lines.append(f"{self.summary()}; planned in "
-                 f"{self.planning_seconds:.1f} s ({len(self.measurements)} "
-                 f"candidate(s) measured)")
-    return "\n".join(lines)
-
-  def to_dict(self):
-    data = dataclasses.asdict(self)
-    data["measurements"] = [dataclasses.asdict(m) for m in self.measurements]
-    return data
-
-  def write(self, path):
-    """Writes the plan as JSON to `path`."""
-    with tf.io.gfile.GFile(path, "w") as writer:
-      json.dump(self.to_dict(), writer, indent=1)
-
-  @classmethod
-  def given(cls, effective_batch, micro_batch, replicas=1):
-    """A plan chosen by hand (no measurement): `micro_batch` must divide
-    the replica's share of `effective_batch`."""
-    share = _replica_share(effective_batch, replicas)
-    micro_batch = _checks.check_positive_int("micro_batch", micro_batch)
-    if share % micro_batch:
-      raise ValueError(
-          f"micro_batch={micro_batch} does not divide the "
-          f"{share} examples per replica of effective_batch="
-          f"{effective_batch}")
-    return cls(effective_batch, replicas, micro_batch, share // micro_batch,
-               micro_batch, EQUAL, None, 0.0, "given")
-
-
-def _mb(num_bytes):
-  if num_bytes is None:
-    return "no budget"
-  megabytes = num_bytes / 2**20
-  return f"{megabytes:.1f} MB" if megabytes >= 10 else f"{megabytes:.3g} MB"
-
-
-def _replica_share(effective_batch, replicas):
-  if effective_batch is None:
-    raise ValueError("effective_batch is required: the examples per update "
-                     "over all replicas")
-  effective_batch = _checks.check_positive_int("effective_batch",
-                                               effective_batch)
-  replicas = _checks.check_positive_int("replicas", replicas)
-  if effective_batch % replicas:
-    raise ValueError(
-        f"effective_batch={effective_batch} is not a multiple of the "
-        f"{replicas} replicas: each replica must take the same share")
-  return effective_batch // replicas
 
 
 def candidate_micro_batches(share, uneven=False):
@@ -488,7 +305,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   """
   build = _build_from(build, model_fn, input_fn, params)
   started = time.perf_counter()
-  share = _replica_share(effective_batch, replicas)
+  share = replica_share(effective_batch, replicas)
   margin = _check_margin(margin)
   device = device or default_device()
   budget = _budget(memory_budget_mb, device)
@@ -534,12 +351,12 @@ def _largest_down_plan(build, plan, candidates, choice, log, started,
     smallest = measured[candidates[0]]
     given = (f"memory_budget_mb={memory_budget_mb:g}"
              if memory_budget_mb is not None
-             else f"the free memory of {device} ({_mb(budget)})")
+             else f"the free memory of {device} ({megabytes(budget)})")
     raise ValueError(
         f"{given}: even micro-batch "
         f"{smallest.micro_batch} needs "
-        f"{'more' if smallest.peak_bytes is None else _mb(smallest.peak_bytes)}"
-        f", over {_mb(plan.limit_bytes)} (the budget less the {margin:.0%} "
+        f"{'more' if smallest.peak_bytes is None else megabytes(smallest.peak_bytes)}"
+        f", over {megabytes(plan.limit_bytes)} (the budget less the {margin:.0%} "
         "margin)")
   return _split(plan, candidates[best], measurements=measurements,
                 planning_seconds=elapsed, recompute=choice[0],
@@ -646,17 +463,17 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
                if memory_budget_mb is not None
                else f"the free memory of {plan.device}")
       needs = {memory_options_name(*fit.options):
-               f"about {_mb(int(fit.peak(candidates[0])))}"
+               f"about {megabytes(int(fit.peak(candidates[0])))}"
                for fit in fits}
       needs.update({m.options: "more" if m.peak_bytes is None else
-                    _mb(m.peak_bytes) for m in measured.values()
+                    megabytes(m.peak_bytes) for m in measured.values()
                     if m.micro_batch == candidates[0]})
       others = "".join(f"; with {options} it needs {value}"
                        for options, value in needs.items()
                        if options != "plain")
       raise ValueError(
           f"{given}: even micro-batch {candidates[0]} needs "
-          f"{needs.get('plain', 'more')}, over {_mb(plan.limit_bytes)} (the "
+          f"{needs.get('plain', 'more')}, over {megabytes(plan.limit_bytes)} (the "
           f"budget less the {plan.margin:.0%} margin){others}")
     key = max(fitting, key=lambda key: key[1] / measured[key].step_seconds)
     chosen = (*key, "the fastest point measured that fits")
@@ -669,16 +486,11 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
 
 def _measured_line(measurement):
   peak = ("out of memory" if measurement.peak_bytes is None
-          else _mb(measurement.peak_bytes))
+          else megabytes(measurement.peak_bytes))
   speed = ("" if measurement.seconds_per_example is None else
            f", {measurement.seconds_per_example * 1000:.1f} ms/example")
   return (f"micro-batch {measurement.micro_batch} (k={measurement.k}"
-          f"{_labelled(measurement.options)}): {peak}{speed}")
-
-
-def _labelled(options):
-  """", recompute" and the like; nothing for plain training."""
-  return "" if options == "plain" else f", {options}"
+          f"{labelled(measurement.options)}): {peak}{speed}")
 
 
 def _build_from(build, model_fn, input_fn, params):

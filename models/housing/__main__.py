@@ -21,8 +21,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-import tfconfig  # noqa: E402
 from data import housing  # noqa: E402
+from estimator_accum.distribution import health  # noqa: E402
 from models import console, export, strategies, training  # noqa: E402
 from models.housing.model import model_fn  # noqa: E402
 from models.script_flags import FlagValues  # noqa: E402
@@ -50,7 +50,15 @@ training.define_checkpoint_flags(flags, every_n_micro_batches=500)
 
 def train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
                        strategy=None):
-  training.resume_from_complete("housing", model_dir)
+  """Trains and evaluates one configuration in `model_dir`, holding it
+  (training.guarded_run); returns (metrics, weights)."""
+  with training.guarded_run("housing", model_dir):
+    return _train_and_evaluate(values, model_dir, train, evaluation, k,
+                               micro_batch, strategy)
+
+
+def _train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
+                        strategy):
   estimator = tf.estimator.Estimator(
       model_fn, model_dir=model_dir,
       config=tf.estimator.RunConfig(
@@ -134,7 +142,7 @@ def _multi_worker(values, model_dir, train, evaluation):
     # A lost peer ends this task in bounded time instead of a hang; the
     # markers need the model_dir the tasks share (not a temporary one each).
     distribution = strategies.choose("multi_worker", values.model_dir,
-                                     tfconfig.health.DEFAULT_TIMEOUT)
+                                     health.DEFAULT_TIMEOUT)
   except strategies.StrategyError as error:
     raise SystemExit(f"housing: error: {error}") from None
   workers = distribution.workers * distribution.replicas_per_worker

@@ -27,8 +27,8 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 import estimator_accum  # noqa: E402
-import tfconfig  # noqa: E402
 from data import mnist  # noqa: E402
+from estimator_accum.distribution import health  # noqa: E402
 from models import (  # noqa: E402
   batch_plan,
   console,
@@ -83,10 +83,17 @@ def _load(values):
 
 
 def _run(values, model_dir, train, test, k, micro_batch, strategy, workers):
-  """Trains one configuration; returns (metrics, weights)."""
+  """Trains one configuration in `model_dir`, holding it
+  (training.guarded_run); returns (metrics, weights)."""
+  with training.guarded_run("mnist", model_dir):
+    return _run_holding(values, model_dir, train, test, k, micro_batch,
+                        strategy, workers)
+
+
+def _run_holding(values, model_dir, train, test, k, micro_batch, strategy,
+                 workers):
   per_step = micro_batch * workers
   micro_batches = values.epochs * len(train["labels"]) // per_step // k * k
-  training.resume_from_complete("mnist", model_dir)
   config = tf.estimator.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
       # Every micro-batch's loss: the plot draws each window's mean.
@@ -155,7 +162,7 @@ def main(argv):
     # A lost peer ends this task in bounded time instead of a hang; the
     # markers need the model_dir the tasks share (not a temporary one each).
     distribution = strategies.choose(values.strategy, values.model_dir,
-                                     tfconfig.health.DEFAULT_TIMEOUT)
+                                     health.DEFAULT_TIMEOUT)
   except strategies.StrategyError as error:
     raise SystemExit(f"mnist: error: {error}") from None
   strategy = distribution.strategy

@@ -125,3 +125,73 @@ def test_a_cut_checkpoint_is_skipped_and_none_complete_exits_4(tmp_path):
   assert "Traceback" not in broken.stderr
   assert broken.stderr.strip().splitlines()[-1].startswith(
       f"housing: error: --model_dir: no checkpoint in {run} is complete (")
+
+
+@pytest.mark.estimator
+def test_a_live_runs_directory_is_refused_in_one_line(tmp_path):
+  """Another live process holds the run's directory (its lock taken
+  through run_lock, as a housing run takes it): exit 1, one line naming
+  it; once that process has released it, the same command trains."""
+  run = tmp_path / "accumulated_b8_k4"
+  run.mkdir()
+  holder = subprocess.Popen(
+      [sys.executable, "-c",
+       "import sys, time\n"
+       "from estimator_accum.checkpoints import run_lock\n"
+       f"lock = run_lock.hold({str(run)!r})\n"
+       "print('held', flush=True)\n"
+       "sys.stdin.readline()\n"
+       "lock.release()\n"],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    command = [sys.executable, "-m", "models.housing", "--epochs", "1",
+               "--model_dir", str(tmp_path)]
+    refused = subprocess.run(command, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 1, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        f"housing: error: --model_dir={run} is in use by another run (pid "
+        f"{holder.pid} on host "), refused.stderr[-2000:]
+  finally:
+    holder.communicate("\n", timeout=60)
+  again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert not (run / ".run.lock").exists()
+
+
+@pytest.mark.estimator
+def test_a_full_disk_is_one_line_and_exit_5(tmp_path):
+  """The run's disk is full from the start (a 4 MB tmpfs, filled): one
+  line naming the directory and what the file system said, exit 5."""
+  if os.geteuid() != 0:
+    pytest.skip("mounts a size-limited tmpfs, which needs root (CI is root)")
+  disk = tmp_path / "disk"
+  disk.mkdir()
+  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs",
+                  str(disk)], check=True)
+  try:
+    model_dir = disk / "runs"
+    model_dir.mkdir()
+    with open(disk / "filler", "wb") as file:
+      try:
+        while True:
+          file.write(b"\0" * 65536)
+          file.flush()
+      except OSError:
+        pass
+    full = subprocess.run(
+        [sys.executable, "-m", "models.housing", "--epochs", "1",
+         "--model_dir", str(model_dir)], capture_output=True, text=True,
+        timeout=300)
+    left = sorted(p.name for p in model_dir.rglob(".run.lock*"))
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
+  assert full.returncode == 5, (full.returncode, full.stderr[-3000:])
+  assert "Traceback" not in full.stderr
+  last = full.stderr.strip().splitlines()[-1]
+  assert last.startswith(f"housing: error: --model_dir={model_dir}/"), last
+  assert "the disk is full (No space left on device)" in last, last
+  # Nothing of the lock left behind (its file, or the one written first).
+  assert not left, left
