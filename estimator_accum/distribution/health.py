@@ -45,6 +45,8 @@ from clusterspec.health_format import (  # noqa: F401  (the watchdog's names)
   MODEL_DIR_NOT_SHARED_EXIT,
   PEER_LOST_EXIT,
 )
+from estimator_accum import tf_private
+from estimator_accum.distribution import stop_state
 
 DEFAULT_TIMEOUT = 60.0
 DEFAULT_INTERVAL = 5.0
@@ -371,7 +373,6 @@ def coordination_heartbeat(seconds, config=None):
     strategy configures no service for an evaluator or with parameter
     servers), or when the service is already configured.
   """
-  from estimator_accum import tf_private  # noqa: PLC0415
 
   if not isinstance(seconds, (int, float)) or not seconds > 0:
     raise ValueError(f"seconds must be a number > 0, got {seconds!r}")
@@ -393,8 +394,7 @@ def _stop_serving():
   """Whether a SIGTERM stop of estimator_accum serves the variables in this
   process: its own thread ends the process, with 143, once the training
   tasks have gone (the job was stopped, not finished)."""
-  preemption = sys.modules.get("estimator_accum.distribution.preemption")
-  return preemption is not None and preemption.stopping()
+  return stop_state.stopping()
 
 
 def _hosts_coordination_service(task_type, index, peers):

@@ -112,13 +112,13 @@ _STARTUP = textwrap.dedent("""
     case = sys.argv[1]
     import tensorflow as tf
     import estimator_accum
-    from estimator_accum.distribution import preemption
+    from estimator_accum.distribution import stop_signals
     if case == "imported":
       print("ready", flush=True)
       time.sleep(30)
     if case == "recorded":
       # Nothing takes the signal back until the train op is built.
-      preemption._DISPLACED_POLL_SECONDS = 3600
+      stop_signals._DISPLACED_POLL_SECONDS = 3600
       time.sleep(0.2)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     if case == "strategy":
@@ -167,16 +167,16 @@ def test_two_threads_that_find_the_stop_done_say_so_once():
   twice, seen with forked test tasks)."""
   script = textwrap.dedent("""
       import threading, time
-      from estimator_accum.distribution import preemption
-      say = preemption._say
+      from estimator_accum.distribution import stop_state
+      say = stop_state.say
       def slow_say(line):
           say(line)
           time.sleep(0.5)
-      preemption._say = slow_say
+      stop_state.say = slow_say
       start = threading.Barrier(2)
       def finish(name):
           start.wait()
-          preemption._exit(f"stopped: {name}")
+          stop_state.exit_now(f"stopped: {name}")
       threads = [threading.Thread(target=finish, args=(name,))
                  for name in ("the stop's thread", "the main thread")]
       for thread in threads:
