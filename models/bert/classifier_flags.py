@@ -1,0 +1,145 @@
+"""run_classifier.py's flags: google-research/bert's (its TPU flags
+accepted and unused) and the accumulation's, defined when this module is
+imported. Only run_classifier.py imports it: Google's own scripts, which
+run on models.bert unchanged, define theirs."""
+
+from absl import flags
+
+from data import classification
+from models import batch_plan
+from models.bert import optimization
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool("verbose", False, "Show TensorFlow's INFO lines and "
+                  "deprecation notices too (set TF_CPP_MIN_LOG_LEVEL=0 for "
+                  "its C++ ones).")
+STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
+
+flags.DEFINE_string("task_name", "rotten_tomatoes",
+                    f"One of {sorted(classification.PROCESSORS)}.")
+flags.DEFINE_string("data_dir", None, "The task's data files (GLUE TSVs, "
+                    "Yelp CSVs); Rotten Tomatoes defaults to its package.")
+flags.DEFINE_string("bert_config_file", None, "bert_config.json; default "
+                    "all-MiniLM-L6-v2 from its offline package.")
+flags.DEFINE_string("vocab_file", None, "vocab.txt of the model.")
+flags.DEFINE_string("init_checkpoint", None, "Pretrained checkpoint prefix.")
+flags.DEFINE_string("output_dir", None, "Checkpoints, features and results; "
+                    "default runs/<task>-<time>, or runs/<task>-cluster-<hash of "
+                    "the cluster> under TF_CONFIG (one directory for all tasks).")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case the input; must match "
+                  "the vocabulary (checked).")
+flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, after "
+                     "WordPiece, with [CLS] and [SEP].", lower_bound=3)
+flags.DEFINE_bool("do_train", True, "Fine-tune on the train split.")
+flags.DEFINE_bool("do_eval", True, "Evaluate on the dev split.")
+flags.DEFINE_bool("do_predict", False, "Predict the test split.")
+flags.DEFINE_string("export_dir", None, "Write a SavedModel for serving "
+                    "under this directory (a numbered version directory, as "
+                    "TensorFlow Serving reads a model's base path): after "
+                    "training and evaluation, or from --output_dir's latest "
+                    "checkpoint with --do_train=false. Signatures "
+                    "serving_default (input_ids, input_mask, segment_ids -> "
+                    "probabilities) and text (raw strings, tokenized in the "
+                    "graph). See docs/bert.md.")
+flags.DEFINE_integer("train_batch_size", 8, "Micro-batch per replica.",
+                     lower_bound=1)
+flags.DEFINE_integer("eval_batch_size", 64, "Eval batch.", lower_bound=1)
+flags.DEFINE_integer("predict_batch_size", 64, "Predict batch.",
+                     lower_bound=1)
+flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.",
+                   lower_bound=0.0)
+flags.DEFINE_float("num_train_epochs", 1.0, "Epochs over the train split.",
+                   lower_bound=0.0)
+flags.DEFINE_float("warmup_proportion", 0.1, "Share of the updates spent "
+                   "warming the learning rate up.", lower_bound=0.0,
+                   upper_bound=1.0)
+flags.DEFINE_integer("save_checkpoints_steps", 250, "Micro-batches between "
+                     "checkpoints: a run stopped or killed resumes from the "
+                     "last one, on the batches it would have trained on.",
+                     lower_bound=1)
+flags.DEFINE_integer("keep_checkpoint_max", 2, "Checkpoints kept (weights, "
+                     "optimizer slots and window: about 3x the model each).",
+                     lower_bound=1)
+flags.DEFINE_integer("gradient_accumulation_multiplier", 4, "k: micro-batches "
+                     "accumulated per optimizer update.", lower_bound=1,
+                     upper_bound=2**24)
+# The names other accumulation scripts use for k (Hugging Face's Trainer,
+# NVIDIA's TF1 BERT), so their users' command lines carry over.
+flags.DEFINE_alias("gradient_accumulation_steps",
+                   "gradient_accumulation_multiplier")
+flags.DEFINE_alias("num_accumulation_steps",
+                   "gradient_accumulation_multiplier")
+batch_plan.define_flags(flags)
+flags.DEFINE_float("clip_norm", 1.0, "Clip the accumulated gradient to this "
+                   "global norm; 0 disables.", lower_bound=0.0)
+flags.DEFINE_float("classifier_dropout", 0.1, "Dropout on the pooled output "
+                   "(Google's 0.1). Dropout masks are drawn anew after a "
+                   "resume: only a run without dropout resumes to the very "
+                   "weights of an uninterrupted one.", lower_bound=0.0,
+                   upper_bound=0.99)
+flags.DEFINE_integer("max_consecutive_skipped_windows", 25, "Stop as diverged "
+                     "(exit code 3) when this many windows in a row are "
+                     "skipped for non-finite gradients; 0 never stops.",
+                     lower_bound=0)
+flags.DEFINE_bool("recompute", False, "Recompute each transformer layer's "
+                  "activations in the backward pass (dropout replayed "
+                  "exactly): far less activation memory for about a third "
+                  "more time; the gradient is unchanged.")
+flags.DEFINE_bool("fused_apply", True, "XLA compiles the window's end "
+                  "(AdamWeightDecay's arithmetic and the writes of the "
+                  "weights and slots, in place) into one function: one pass "
+                  "over memory instead of about ten, a few seconds' compile "
+                  "at the first window's end; the same update up to float32 "
+                  "rounding (the window option fused_apply). "
+                  "--nofused_apply: TensorFlow's ops, one by one.")
+flags.DEFINE_bool("unpadded", True, "The transformer layers' dense "
+                  "parts (projections, feed-forward, layer norms: most of "
+                  "the work) compute the real tokens only, gathered into "
+                  "one matrix; attention runs on the padded rows. The same "
+                  "outputs and update (dropout draws its masks in other "
+                  "shapes), no work on the padding that trimming and "
+                  "sorting leave. --nounpadded: every position computed.")
+flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
+                  "each window (k micro-batches) by length before cutting "
+                  "them into micro-batches, each trimmed to its longest: the "
+                  "same update (the mean over the same examples), computed "
+                  "over less padding.")
+flags.DEFINE_bool("pack_windows", False, "Pack the examples of each window "
+                  "(k micro-batches) into rows of max_seq_length, several a "
+                  "row, each attending to its own only, with its own "
+                  "positions and [CLS] (models/bert/packing.py), instead of "
+                  "sorting them: the same update, computed over the fewest "
+                  "rows. Training only; replaces --sort_windows_by_length.")
+flags.DEFINE_integer("pad_to_multiple_of", 1, "Round each batch's length "
+                     "(trimmed to its longest example) up to a multiple of "
+                     "this, at most --max_seq_length: fewer distinct shapes "
+                     "(8 suits GPU tensor cores; a compiler such as XLA "
+                     "compiles each shape anew). The same examples and "
+                     "update; 1: no rounding.", lower_bound=1)
+flags.DEFINE_integer("max_examples_per_row", 8, "With --pack_windows, the "
+                     "most examples one row holds.", lower_bound=1)
+flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
+flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
+                  "with dynamic loss scaling.")
+flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
+                  "none, mirrored (local devices), or multi_worker / "
+                  "parameter_server with the cluster from TF_CONFIG.")
+flags.DEFINE_float("peer_timeout_secs", 60.0,
+                   "In a TF_CONFIG cluster: seconds without an answer from "
+                   "another task before this one exits (exit code 150, one "
+                   "line naming it) instead of hanging; 0 never.",
+                   lower_bound=0)
+flags.DEFINE_integer("log_every", 50, "Micro-batches between progress lines.",
+                     lower_bound=1)
+flags.DEFINE_integer("seed", 42, "Random seed.")
+# google-research/bert's TPU flags, so that its command lines run unchanged.
+# As there with --use_tpu=false, the others are not used; --use_tpu=true is
+# refused (this script trains through tf.estimator.Estimator, not
+# TPUEstimator).
+flags.DEFINE_bool("use_tpu", False, "Must be false: no TPU support.")
+flags.DEFINE_string("tpu_name", None, "TPU only; not used.")
+flags.DEFINE_string("tpu_zone", None, "TPU only; not used.")
+flags.DEFINE_string("gcp_project", None, "TPU only; not used.")
+flags.DEFINE_string("master", None, "TPU only; not used.")
+flags.DEFINE_integer("num_tpu_cores", 8, "TPU only; not used.")
+flags.DEFINE_integer("iterations_per_loop", 1000, "TPU only; not used.")
