@@ -181,7 +181,7 @@ def start_serving_until_saved():
   """A parameter server told to stop: asks every training task to stop,
   serves the variables until they have (the chief's save needs them),
   then exits with 143."""
-  config = STOP.serving
+  config = STOP.serving_config
   try:
     serving = seconds() + SERVING_MARGIN_SECONDS
   except ValueError as error:

@@ -48,7 +48,7 @@ def _arrived(signum):
       end(f"a second SIGTERM: exiting now with {STOPPED_EXIT}; the newest "
           "complete checkpoint is the one restored")
     if STOP.ask(signalled=True):
-      if STOP.serving is not None:
+      if STOP.serving_config is not None:
         stop_exit.start_serving_until_saved()
         return
       if STOP.began is None:
@@ -203,8 +203,8 @@ def install_errand():
     if not stop_state.enabled():
       return
     # A parameter server builds no train op: it serves until told.
-    STOP.serving = stop_requests.serving_config()
-    if (STOP.serving is not None
+    STOP.serving_config = stop_requests.serving_config()
+    if (STOP.serving_config is not None
         or signal.getsignal(signal.SIGTERM) == signal.SIG_DFL):
       _take_sigterm()
 

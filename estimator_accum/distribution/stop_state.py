@@ -50,7 +50,7 @@ class StopState:
     # A parameter-server job's stop requests read first (stop_requests),
     # and this parameter server's TF_CONFIG (None on any other task).
     self.requests = None
-    self.serving = None
+    self.serving_config = None  # this parameter server's TF_CONFIG
     # The signal plumbing, set by the main thread (stop_signals).
     self.armed = False
     self.handler_taken = False

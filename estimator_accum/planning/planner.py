@@ -328,39 +328,54 @@ def _largest_down_plan(build, plan, candidates, choice, log, started,
                        memory_budget_mb, measure_one):
   """`plan_micro_batch` for one (recompute, accumulator_placement) `choice`:
   the largest candidate that fits, measured from the largest down."""
-  share, margin, device = plan.per_replica, plan.margin, plan.device
-  budget = plan.budget_bytes
-  options = _build_options(build, *choice)
   measured = {}
 
   def fits(index):
     micro_batch = candidates[index]
-    k = math.ceil(share / micro_batch)
-    measurement = measure_one(build, micro_batch, min(k, _MEASURED_K),
-                              device, **options)
-    measurement = dataclasses.replace(measurement, k=k)
-    measured[micro_batch] = measurement
-    if log:
-      log(_measured_line(measurement))
-    return plan.fits(measurement.peak_bytes)
+    measured[micro_batch] = _measured(build, plan, choice, micro_batch,
+                                      measure_one, log)
+    return plan.fits(measured[micro_batch].peak_bytes)
 
   best = _largest_fitting(len(candidates), fits)
   elapsed = time.perf_counter() - started
   measurements = tuple(measured[m] for m in sorted(measured, reverse=True))
   if best is None:
     smallest = measured[candidates[0]]
-    given = (f"memory_budget_mb={memory_budget_mb:g}"
-             if memory_budget_mb is not None
-             else f"the free memory of {device} ({megabytes(budget)})")
-    raise ValueError(
-        f"{given}: even micro-batch "
-        f"{smallest.micro_batch} needs "
-        f"{'more' if smallest.peak_bytes is None else megabytes(smallest.peak_bytes)}"
-        f", over {megabytes(plan.limit_bytes)} (the budget less the {margin:.0%} "
-        "margin)")
+    raise _over_budget(plan, memory_budget_mb, smallest.micro_batch, {
+        "plain": "more" if smallest.peak_bytes is None else
+                 megabytes(smallest.peak_bytes)}, free_shown=True)
   return _split(plan, candidates[best], measurements=measurements,
                 planning_seconds=elapsed, recompute=choice[0],
                 accumulator_placement=choice[1])
+
+
+def _measured(build, plan, choice, micro_batch, measure_one, log):
+  """The `Measurement` of `micro_batch` with the memory options `choice`:
+  measured at min(k, 2) micro-batches (a window's adds and its end), the
+  plan's k recorded, logged."""
+  k = math.ceil(plan.per_replica / micro_batch)
+  measurement = dataclasses.replace(measure_one(
+      build, micro_batch, min(k, _MEASURED_K), plan.device,
+      **_build_options(build, *choice)), k=k)
+  if log:
+    log(_measured_line(measurement))
+  return measurement
+
+
+def _over_budget(plan, memory_budget_mb, micro_batch, needs,
+                 free_shown=False):
+  """The ValueError of a budget no candidate fits: the smallest
+  `micro_batch`'s needs by memory options ({"plain": "1.2 MB", ...})."""
+  given = (f"memory_budget_mb={memory_budget_mb:g}"
+           if memory_budget_mb is not None
+           else f"the free memory of {plan.device}" + (
+               f" ({megabytes(plan.budget_bytes)})" if free_shown else ""))
+  others = "".join(f"; with {options} it needs {value}"
+                   for options, value in needs.items() if options != "plain")
+  return ValueError(
+      f"{given}: even micro-batch {micro_batch} needs "
+      f"{needs.get('plain', 'more')}, over {megabytes(plan.limit_bytes)} "
+      f"(the budget less the {plan.margin:.0%} margin){others}")
 
 
 def _split(plan, micro_batch, **fields):
@@ -419,18 +434,12 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
                    memory_budget_mb, measure_one):
   """plan_micro_batch over several memory options: two points measured
   per choice, the rest modelled, the choice checked."""
-  share = plan.per_replica
   measured = {}
 
   def measure(choice, micro_batch):
     if (choice, micro_batch) not in measured:
-      k = math.ceil(share / micro_batch)
-      measurement = dataclasses.replace(measure_one(
-          build, micro_batch, min(k, _MEASURED_K), plan.device,
-          **_build_options(build, *choice)), k=k)
-      measured[choice, micro_batch] = measurement
-      if log:
-        log(_measured_line(measurement))
+      measured[choice, micro_batch] = _measured(
+          build, plan, choice, micro_batch, measure_one, log)
     return measured[choice, micro_batch]
 
   fits = []
@@ -459,22 +468,13 @@ def _modelled_plan(build, plan, candidates, choices, log, started,
   if chosen is None:
     fitting = [key for key, m in measured.items() if plan.fits(m.peak_bytes)]
     if not fitting:
-      given = (f"memory_budget_mb={memory_budget_mb:g}"
-               if memory_budget_mb is not None
-               else f"the free memory of {plan.device}")
       needs = {memory_options_name(*fit.options):
                f"about {megabytes(int(fit.peak(candidates[0])))}"
                for fit in fits}
       needs.update({m.options: "more" if m.peak_bytes is None else
                     megabytes(m.peak_bytes) for m in measured.values()
                     if m.micro_batch == candidates[0]})
-      others = "".join(f"; with {options} it needs {value}"
-                       for options, value in needs.items()
-                       if options != "plain")
-      raise ValueError(
-          f"{given}: even micro-batch {candidates[0]} needs "
-          f"{needs.get('plain', 'more')}, over {megabytes(plan.limit_bytes)} (the "
-          f"budget less the {plan.margin:.0%} margin){others}")
+      raise _over_budget(plan, memory_budget_mb, candidates[0], needs)
     key = max(fitting, key=lambda key: key[1] / measured[key].step_seconds)
     chosen = (*key, "the fastest point measured that fits")
   choice, micro_batch, reason = chosen
