@@ -191,8 +191,10 @@ def test_a_parameter_server_ends_when_training_is_done(servers, tmp_path,
   # Stopping: a SIGTERM stop serves the variables in the ps; its own thread
   # exits with 143 once training has gone (tests/integration/
   # test_preemption.py), not this watchdog with 0.
-  from estimator_accum.distribution import preemption
-  monkeypatch.setattr(preemption, "stopping", lambda: stopping)
+  # The stop's own state, as a SIGTERM stop sets it (restored after).
+  from estimator_accum.distribution import stop_state
+  monkeypatch.setattr(stop_state.STOP, "asked_at",
+                      time.monotonic() if stopping else None)
   cluster, _ = servers(3)
   addresses = cluster["cluster"]["worker"]
   config = {"cluster": {"chief": addresses[:1], "worker": addresses[1:2],

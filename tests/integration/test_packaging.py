@@ -43,7 +43,8 @@ def _wheel(tmp_path):
   return wheel
 
 
-def test_the_wheel_holds_the_library_and_tfconfig_only(tmp_path):
+def test_the_wheel_holds_the_library_the_launcher_and_clusterspec_only(
+    tmp_path):
   wheel = _wheel(tmp_path)
   with zipfile.ZipFile(wheel) as archive:
     names = archive.namelist()
@@ -51,7 +52,7 @@ def test_the_wheel_holds_the_library_and_tfconfig_only(tmp_path):
                                  if n.endswith("/METADATA"))).decode()
   top = {name.split("/")[0] for name in names}
   assert {t for t in top if not t.endswith(".dist-info")} == {
-      "estimator_accum", "tfconfig"}, top
+      "estimator_accum", "tfconfig", "clusterspec"}, top
   requires = [Requirement(line.split(":", 1)[1].strip())
               for line in metadata.splitlines()
               if line.startswith("Requires-Dist:")]
