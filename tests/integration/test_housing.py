@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from data import housing
+from tests.helpers import small_disk
 
 # Whole jobs, processes or clusters: not the fast tier.
 pytestmark = pytest.mark.slow
@@ -165,29 +166,15 @@ def test_a_live_runs_directory_is_refused_in_one_line(tmp_path):
 def test_a_full_disk_is_one_line_and_exit_5(tmp_path):
   """The run's disk is full from the start (a 4 MB tmpfs, filled): one
   line naming the directory and what the file system said, exit 5."""
-  if os.geteuid() != 0:
-    pytest.skip("mounts a size-limited tmpfs, which needs root (CI is root)")
-  disk = tmp_path / "disk"
-  disk.mkdir()
-  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs",
-                  str(disk)], check=True)
-  try:
+  with small_disk.mounted(tmp_path / "disk", "4m") as disk:
     model_dir = disk / "runs"
     model_dir.mkdir()
-    with open(disk / "filler", "wb") as file:
-      try:
-        while True:
-          file.write(b"\0" * 65536)
-          file.flush()
-      except OSError:
-        pass
+    small_disk.fill(disk / "filler")
     full = subprocess.run(
         [sys.executable, "-m", "models.housing", "--epochs", "1",
          "--model_dir", str(model_dir)], capture_output=True, text=True,
         timeout=300)
     left = sorted(p.name for p in model_dir.rglob(".run.lock*"))
-  finally:
-    subprocess.run(["umount", "-l", str(disk)], check=False)
   assert full.returncode == 5, (full.returncode, full.stderr[-3000:])
   assert "Traceback" not in full.stderr
   last = full.stderr.strip().splitlines()[-1]

@@ -23,6 +23,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_accum.checkpoints import integrity, run_lock
+from tests.helpers import small_disk as small_disk_helper
 from tests.integration import test_run_classifier as runs
 
 # Whole jobs: not the fast tier. run_classifier trains through Estimator.
@@ -150,16 +151,8 @@ def test_an_empty_state_file_resumes_from_the_newest(first_run, tmp_path):
 @pytest.fixture
 def small_disk(tmp_path):
   """A 32 MB tmpfs mounted for the test (root only), unmounted after."""
-  if os.geteuid() != 0:
-    pytest.skip("mounts a size-limited tmpfs, which needs root (CI is root)")
-  mount = tmp_path / "disk"
-  mount.mkdir()
-  subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m", "tmpfs",
-                  str(mount)], check=True)
-  try:
+  with small_disk_helper.mounted(tmp_path / "disk", "32m") as mount:
     yield mount
-  finally:
-    subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
@@ -190,13 +183,7 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
     assert time.monotonic() < deadline
     time.sleep(0.01)
   filler = small_disk / "filler"
-  with open(filler, "wb") as file:
-    try:
-      while True:
-        file.write(b"\0" * 65536)
-        file.flush()
-    except OSError:
-      pass
+  small_disk_helper.fill(filler)
   process.wait(timeout=runs.TIMEOUT)
   stderr = (tmp_path / "stderr").read_text()
   assert process.returncode == 5, stderr[-3000:]
