@@ -2,7 +2,8 @@
 and 2.21.0): one venv per release, as a user would make it, and the
 release-sensitive tests in it.
 
-For each release (default 2.16 to 2.20), on Python 3.12 from pyenv: a venv
+For each release (default 2.16 to 2.20), on Python 3.12 from pyenv (3.11
+for 2.16-2.18, whose tf-keras fails on 3.12 by itself): a venv
 under --venvs with `tensorflow~=X.Y.0`, `tf-keras~=X.Y.0`, pytest and this
 project (no dependencies of its own beyond absl-py, numpy, PyYAML), then
 
@@ -32,24 +33,36 @@ from harness import bench  # noqa: E402
 
 RELEASES = ("2.16", "2.17", "2.18", "2.19", "2.20")
 TESTS = ("tests/integration/test_every_release.py", "tests/unit/integrations/")
-# The test tools, as requirements-newest.lock pins them.
-TOOLS = ("pytest==8.3.4", "pytest-xdist==3.8.0", "pytest-randomly==3.16.0",
-         "pytest-timeout==2.3.1")
+# What the tests use besides TensorFlow, pinned as requirements-newest.lock
+# pins it (the tools, BERT's tokenizer and weights reader), and the data
+# packages of requirements-data.txt.
+FROM_THE_LOCK = ("pytest", "pytest-xdist", "pytest-randomly", "pytest-timeout",
+                 "safetensors", "tokenizers", "huggingface_hub", "tf-slim")
 
 
-def _python312():
-  """Python 3.12 from pyenv (every release here has its wheels)."""
-  try:
-    prefix = subprocess.run(["pyenv", "prefix", "3.12.1"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    return os.path.join(prefix, "bin", "python")
-  except (OSError, subprocess.CalledProcessError):
-    found = sorted(glob.glob(os.path.expanduser(
-        "~/.pyenv/versions/3.12*/bin/python")))
-    if not found:
-      raise SystemExit(
-          "every_release: no Python 3.12 (pyenv install 3.12)") from None
-    return found[-1]
+def _pins():
+  with open(os.path.join(ROOT, "requirements-newest.lock")) as lock:
+    pinned = dict(line.strip().split("==", 1) for line in lock
+                  if "==" in line and not line.startswith("#"))
+  return [f"{name}=={pinned[name]}" for name in FROM_THE_LOCK]
+
+
+# Python 3.12 for each release but 2.16-2.18, on 3.11: their tf-keras
+# (2.16.0-2.18.0) seeds an initializer with random.randint(1, 1e9) once
+# tf.keras.utils.set_random_seed was called, a float Python 3.12 refuses
+# (TypeError), whatever the library does; tf-keras 2.19 passes an int.
+PYTHONS = {"2.16": "3.11", "2.17": "3.11", "2.18": "3.11"}
+
+
+def _python(release):
+  """The pyenv Python the venv of `release` is made with."""
+  version = PYTHONS.get(release, "3.12")
+  found = sorted(glob.glob(os.path.expanduser(
+      f"~/.pyenv/versions/{version}.*/bin/python")))
+  if not found:
+    raise SystemExit(f"every_release: no Python {version} (pyenv install "
+                     f"{version})")
+  return found[-1]
 
 
 def _venv(release, venvs):
@@ -59,25 +72,25 @@ def _venv(release, venvs):
   done = os.path.join(path, ".installed")
   if os.path.exists(done):
     return python, ""
-  subprocess.run([_python312(), "-m", "venv", "--clear", path], check=True)
-  install = subprocess.run(
-      [python, "-m", "pip", "install", "--quiet", f"tensorflow~={release}.0",
-       f"tf-keras~={release}.0", *TOOLS], capture_output=True, text=True,
-      check=False)
-  if install.returncode != 0:
-    return None, install.stderr.strip().splitlines()[-1][:200]
-  project = subprocess.run(
-      [python, "-m", "pip", "install", "--quiet", "-e", ROOT],
-      capture_output=True, text=True, check=False)
-  if project.returncode != 0:
-    return None, project.stderr.strip().splitlines()[-1][:200]
+  if not os.path.exists(python):
+    subprocess.run([_python(release), "-m", "venv", "--clear", path],
+                   check=True)
+  for step in (["tensorflow~=" + release + ".0", "tf-keras~=" + release + ".0",
+                *_pins()],
+               ["--no-deps", "-r", os.path.join(ROOT, "requirements-data.txt")],
+               ["-e", ROOT]):
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", *step],
+        capture_output=True, text=True, check=False)
+    if install.returncode != 0:
+      return None, install.stderr.strip().splitlines()[-1][:200]
   open(done, "w").close()
   return python, ""
 
 
 def _versions(python, legacy):
-  code = ("import tensorflow as tf; print(tf.__version__, "
-          "tf.keras.__version__)")
+  code = ("import tensorflow as tf; print(tf.__version__, getattr(tf.keras, "
+          "'__version__', None) or __import__('tf_keras').__version__)")
   found = subprocess.run(
       [python, "-c", code], capture_output=True, text=True, check=False,
       env=dict(os.environ, TF_USE_LEGACY_KERAS=legacy,
