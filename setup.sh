@@ -7,9 +7,11 @@
 #   ./setup.sh newest   .venv-newest: TensorFlow 2.21.0 (CPU build), Keras 3
 #                       and tf-keras 2.21.0, Python 3.12
 #                       (requirements-newest.lock)
+#   ./setup.sh newest-3.13
+#                       .venv-newest-3.13: the same on Python 3.13
 #
 # PYTHON names the interpreter to use (default: python3 for 2.15; for the
-# newest end pyenv's 3.12, else python3.12 on PATH).
+# newest end pyenv's 3.12 (3.13), else python3.12 (python3.13) on PATH).
 set -euo pipefail
 cd "$(dirname "$0")"
 end="${1:-2.15}"
@@ -19,28 +21,33 @@ case "$end" in
     lock=requirements.lock
     PYTHON="${PYTHON:-python3}"
     ;;
-  newest|2.21)
+  newest|2.21|newest-3.13)
     venv=.venv-newest
     lock=requirements-newest.lock
+    version=3.12
+    if [ "$end" = newest-3.13 ]; then
+      venv=.venv-newest-3.13
+      version=3.13
+    fi
     if [ -z "${PYTHON:-}" ]; then
-      if command -v pyenv >/dev/null && prefix=$(pyenv prefix 3.12 2>/dev/null ||
-          pyenv prefix 3.12.1 2>/dev/null); then
+      if command -v pyenv >/dev/null && prefix=$(pyenv prefix "$version" 2>/dev/null ||
+          pyenv prefix "$version.1" 2>/dev/null || pyenv prefix "$version.0" 2>/dev/null); then
         PYTHON="$prefix/bin/python"
-      elif command -v python3.12 >/dev/null; then
-        PYTHON=python3.12
-      elif found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python 2>/dev/null |
+      elif command -v "python$version" >/dev/null; then
+        PYTHON="python$version"
+      elif found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$version"*/bin/python 2>/dev/null |
           sort -V | tail -n 1) && [ -n "$found" ]; then
         PYTHON="$found"
       else
-        echo "setup.sh: the newest end needs Python 3.12 (pyenv's 3.12 or" \
-             "python3.12 on PATH), and none was found; set PYTHON=..." >&2
+        echo "setup.sh: the newest end needs Python $version (pyenv's $version or" \
+             "python$version on PATH), and none was found; set PYTHON=..." >&2
         exit 2
       fi
     fi
     ;;
   *)
-    echo "setup.sh: unknown end '$end'; use no argument (TensorFlow 2.15)" \
-         "or 'newest' (TensorFlow 2.21)" >&2
+    echo "setup.sh: unknown end '$end'; use no argument (TensorFlow 2.15)," \
+         "'newest' (TensorFlow 2.21) or 'newest-3.13' (the same on Python 3.13)" >&2
     exit 2
     ;;
 esac
