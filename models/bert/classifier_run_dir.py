@@ -62,9 +62,14 @@ def prepare(path, task, bert_config):
     # --output_dir and start together, and one must never read the file
     # half written.
     partial = os.path.join(path, f".{RUN_INFO}.{os.getpid()}")
-    with tf.io.gfile.GFile(partial, "w") as f:
-      json.dump(info, f, indent=2)
-    tf.io.gfile.rename(partial, info_path, overwrite=True)
+    try:
+      with tf.io.gfile.GFile(partial, "w") as f:
+        json.dump(info, f, indent=2)
+      tf.io.gfile.rename(partial, info_path, overwrite=True)
+    except (OSError, tf.errors.OpError):  # a full disk: nothing half left
+      if tf.io.gfile.exists(partial):
+        tf.io.gfile.remove(partial)
+      raise
   return not existed
 
 

@@ -209,6 +209,33 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
                                err_msg=name)
 
 
+@pytest.mark.parametrize("room_kb", [0, 48], ids=["full", "fills_starting"])
+def test_a_disk_full_before_the_first_checkpoint_is_named_too(
+    first_run, small_disk, room_kb):
+  """The disk has no room (the run directory's own marker cannot be
+  written), or room for the marker and the features but not for what the
+  run writes next (its events file, its first checkpoint): the same one
+  line naming the disk full and exit 5, never "not writable", never a
+  traceback; nothing of the lock or the marker left half written."""
+  model, data, _, _ = first_run
+  filler = small_disk / "filler"
+  small_disk_helper.fill(filler)
+  if room_kb:
+    with open(filler, "r+b") as file:
+      file.truncate(filler.stat().st_size - room_kb * 1024)
+  output_dir = small_disk / "run"
+  full = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert full.returncode == 5, full.stderr[-3000:]
+  assert "Traceback" not in full.stderr
+  last = full.stderr.strip().splitlines()[-1]
+  assert last.startswith(
+      f"run_classifier: error: --output_dir={output_dir}: the disk is full "
+      "(No space left on device)"), last
+  assert not list(small_disk.rglob(".run.lock*"))
+  # Nothing half written left behind: the run's marker is whole or absent.
+  assert not [p.name for p in small_disk.rglob(".run_info.json*")]
+
+
 def _start_long_run(model, data, output_dir):
   """A run of 100 epochs (1,000 micro-batches), once it holds its
   directory's lock: (the process, the lock's JSON)."""
