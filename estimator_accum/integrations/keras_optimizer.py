@@ -141,16 +141,12 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
   model.compile(optimizer=estimator_accum.AccumulatingKerasOptimizer(
       tf.keras.optimizers.Adam(1e-3), k=4), loss=...)
   model.fit(dataset.batch(8))                     # batch 32, exactly
-
-  estimator = tf.estimator.DNNRegressor(
-      hidden_units=[64], feature_columns=columns,
-      optimizer=lambda: estimator_accum.AccumulatingKerasOptimizer(
-          tf.keras.optimizers.legacy.Adam(1e-3), k=4, clip_norm=1.0))
   ```
 
-  (A callable for an Estimator that trains more than once, as for any
-  Keras optimizer given to one: an instance can only be used in one graph.)
-  It is a Keras optimizer of its optimizer's kind (a
+  A canned estimator takes it through a callable, as any Keras optimizer
+  (docs/user_guide.md, "TensorFlow 2's canned estimators"). Around a Keras 3 optimizer (TensorFlow 2.16+'s Keras)
+  it is `integrations/keras3.py`'s, on one device. Else it is a Keras
+  optimizer of its optimizer's kind (a
   `tf.keras.optimizers.Optimizer` around one, in TensorFlow 2; a legacy
   one otherwise), and a Keras LossScaleOptimizer: `compile` does not wrap
   it in another for a mixed_float16 model; it scales the loss itself, once

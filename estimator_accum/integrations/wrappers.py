@@ -268,7 +268,7 @@ class WrapperWindow:
         gradient_options=(gradient_options or
                           dict(colocate_gradients_with_ops=False)))
     batch = dataclasses.replace(
-        batch, num_examples=self._examples(batch.source, settings))
+        batch, num_examples=_examples(batch.source, settings))
     train_op, window = accumulating_train_op(
         batch, self.optimizer, settings, global_step=global_step)
     window_variables, slots = window.state_variables()
@@ -297,24 +297,28 @@ class WrapperWindow:
     return "dynamic" if config.dynamic else config.initial
 
   def _name(self):
-    """The given name, or the next default name of this replica (in a
-    tf.function, the default name: the wrapper's state is its own)."""
-    if self._given["name"] is not None:
-      return self._given["name"]
-    if _in_function():
-      return DEFAULT_NAME
-    return next_default_name()
+    return _window_name(self._given["name"])
 
-  @staticmethod
-  def _examples(source, settings):
-    """In a tf.function, where the window weighs each micro-batch by its
-    examples when they can be told (Keras's last batch of an epoch is
-    short): the examples on this replica of the micro-batch `source` (its
-    loss or a gradient) is computed from; else None."""
-    if not (_in_function() and source is not None and
-            reductions.for_options(settings.reduction, None).weighs_examples):
-      return None
-    return micro_batch_examples(source, None)
+
+def _window_name(given):
+  """The `given` name, or the next default name of this replica (in a
+  tf.function, the default name: the wrapper's state is its own)."""
+  if given is not None:
+    return given
+  if _in_function():
+    return DEFAULT_NAME
+  return next_default_name()
+
+
+def _examples(source, settings):
+  """In a tf.function, where the window weighs each micro-batch by its
+  examples when they can be told (Keras's last batch of an epoch is
+  short): the examples on this replica of the micro-batch `source` (its
+  loss or a gradient) is computed from; else None."""
+  if not (_in_function() and source is not None and
+          reductions.for_options(settings.reduction, None).weighs_examples):
+    return None
+  return micro_batch_examples(source, None)
 
 
 def _in_function():
