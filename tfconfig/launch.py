@@ -399,13 +399,18 @@ def _supervise(tasks, signals, deadline, evaluator_wait, timeout):
       tasks.report(f"received {signal_name(signals.received)}; stopping "
                    "every task")
       return 128 + signals.received
+    # Whether training tasks run, read once a turn and before their
+    # failures: a task that ends after this reading is seen next turn, one
+    # that ended before it with its failure (read twice, a stopped job's
+    # launch could return 0 when its last task ended between the reads).
+    running = tasks.training_running()
     failed = tasks.first_failure()
-    if failed and not _stopping_together(tasks, failed):
+    if failed and not _stopping_together(tasks, failed, running):
       name, status = failed
       tasks.report(f"task {name} {describe_exit(status)}; stopping the "
                    "other tasks")
       return status if status > 0 else 1
-    if not tasks.training_running():
+    if not running:
       if training_finished is None:
         tasks.report("all training tasks finished")
         training_finished = time.monotonic()
@@ -427,7 +432,7 @@ def _supervise(tasks, signals, deadline, evaluator_wait, timeout):
     time.sleep(0.1)
 
 
-def _stopping_together(tasks, failed):
+def _stopping_together(tasks, failed, running):
   """Whether the launch waits for the other training tasks to finish a
   stop on their own: `failed` (name, status) exited 143, the stop on
   SIGTERM (a pod deleted, a parameter server told to stop), and its
@@ -437,7 +442,7 @@ def _stopping_together(tasks, failed):
   at most the grace period; any other failure ends the wait."""
   if any(status != STOPPED for status in tasks.failures()):
     return False
-  if not tasks.training_running():
+  if not running:  # (whether training tasks run, read once this turn)
     return False
   if tasks.stopping_since is None:
     tasks.stopping_since = time.monotonic()
