@@ -246,13 +246,8 @@ def _check(optimizer, k, clip_norm, reduction, options):
         f"gradient_accumulation_steps={optimizer.gradient_accumulation_steps}"
         f": give AccumulatingKerasOptimizer one without it (it accumulates "
         f"k micro-batches itself)")
-  if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-    raise ValueError(f"k must be an int >= 1, got k={_checks.short(k)}")
-  if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(
-      clip_norm, (int, float)) or not clip_norm > 0):
-    raise ValueError(
-        f"clip_norm must be a number > 0 or None, got "
-        f"clip_norm={_checks.short(clip_norm)}")
+  _checks.check_k(k)
+  _checks.check_clip_norm(clip_norm)
   if reduction not in _REDUCTIONS:
     raise ValueError(
         f"reduction must be one of {', '.join(_REDUCTIONS)}, got "

@@ -210,7 +210,8 @@ def test_a_loss_factor_of_the_inner_optimizer_scales_and_unscales():
 
 def test_refusals_name_the_argument_and_the_value():
   keras = _keras()
-  with pytest.raises(ValueError, match=r"k must be an int >= 1, got k=0"):
+  with pytest.raises(ValueError, match=r"k must be >= 1 \(micro-batches per "
+                     r"update\), got 0\."):
     estimator_accum.AccumulatingKerasOptimizer(keras.optimizers.Adam(), 0)
   with pytest.raises(TypeError, match=r"got accumulator_placement='host'"):
     _accumulating(keras.optimizers.Adam(), accumulator_placement="host")
@@ -220,7 +221,8 @@ def test_refusals_name_the_argument_and_the_value():
     _accumulating(keras.optimizers.Adam(), reduction="median")
   with pytest.raises(TypeError, match=r"LossScaleOptimizer\(Accumulating"):
     _accumulating(keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()))
-  with pytest.raises(ValueError, match=r"clip_norm=-1"):
+  with pytest.raises(ValueError, match=r"clip_norm must be a finite number > "
+                     r"0 or None, got -1\."):
     _accumulating(keras.optimizers.Adam(), clip_norm=-1)
 
 
