@@ -182,6 +182,14 @@ def mirrored(tensors):
   return values.Mirrored(tuple(tensors))
 
 
+def local_copy(variable):
+  """This replica's (or this device's) own component of the distributed
+  `variable` (`DistributedVariable._get_on_device_or_primary`), or the
+  variable itself when it is not distributed."""
+  get = getattr(variable, "_get_on_device_or_primary", None)
+  return variable if get is None else get()
+
+
 # Optimizers ---------------------------------------------------------------
 
 

@@ -97,7 +97,7 @@ class _OneHotEmbedding(tf.keras.layers.Layer):
 
   def build(self, input_shape):
     self.embeddings = self.add_weight(
-        "embeddings", [VOCAB, 4],
+        name="embeddings", shape=[VOCAB, 4],
         initializer=tf.keras.initializers.RandomUniform(-0.05, 0.05))
 
   def call(self, ids):

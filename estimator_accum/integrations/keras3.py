@@ -14,9 +14,16 @@ one update per window.
 The micro-batch's examples are the leading dimension of the batch its
 gradients are computed from, read from the step function's graph (Keras's
 `train_step`, or a custom training loop's tf.function); run eagerly, where
-there is no graph to read, every micro-batch weighs the same. One device
-only: under a strategy with several replicas it refuses in one line (the
-tf-keras wrapper runs there; docs/releases.md).
+there is no graph to read, every micro-batch weighs the same.
+
+Under a distribution strategy each replica adds its own micro-batches to
+its own copy of the accumulators (variables synchronized on read, summed):
+nothing crosses devices until the window's end, where the inner optimizer
+all-reduces the window once, as it would a big batch's gradients. The
+window's end runs in a cond taken in cross-replica context, as Keras 3's
+LossScaleOptimizer takes its own (a cond in a replica's context may not
+hold the inner optimizer's merge_call; Keras 3's own
+`gradient_accumulation_steps` fails there for that reason).
 
 Imported by `AccumulatingKerasOptimizer` when it is given a Keras 3
 optimizer: the class subclasses Keras 3's.
@@ -25,7 +32,7 @@ optimizer: the class subclasses Keras 3's.
 import keras
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, tf_private
 from estimator_accum.distribution import replicas
 from estimator_accum.window import reductions, reports
 
@@ -116,24 +123,31 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
         reduction, None).weighs_examples
 
   def build(self, var_list):
-    if replicas.num_replicas() > 1:
-      raise ValueError(
-          f"AccumulatingKerasOptimizer under Keras 3 runs on one device; "
-          f"got {replicas.strategy_name()} with "
-          f"{replicas.num_replicas()} replicas. Install tf-keras and "
-          f"set TF_USE_LEGACY_KERAS=1, where it runs under every strategy "
-          f"(docs/releases.md).")
     if self.built:
       return
-    # Made untracked by Keras's tracker: listed in `variables` below.
-    self.window_examples = self.add_variable(
-        shape=(), dtype="float32", initializer="zeros",
-        aggregation="none", name="window_examples")
+    if replicas.num_replicas() > 1 and not _takes_synchronization():
+      raise ValueError(
+          f"AccumulatingKerasOptimizer under Keras {keras.__version__} runs "
+          f"on one device; got {replicas.strategy_name()} with "
+          f"{replicas.num_replicas()} replicas. Keras 3.6 or later runs it "
+          f"under strategies (its variables can be synchronized on read).")
+    # Each replica's own sums (summed when read across replicas, and when
+    # saved); made untracked by Keras's tracker: listed in `variables`.
+    self.window_examples = self._replica_sum((), "float32", "window_examples")
     self.accumulators = [
-        self.add_variable_from_reference(v, name="accumulator")
+        self._replica_sum(v.shape, v.dtype, _accumulator_name(v))
         for v in var_list]
     self.inner_optimizer.build(var_list)
     super().build(var_list)
+
+  def _replica_sum(self, shape, dtype, name):
+    options = {"synchronization": "on_read"} if _takes_synchronization() else {}
+    with keras.name_scope(self.name, caller=self):
+      variable = keras.Variable(
+          initializer="zeros", shape=shape, dtype=dtype, trainable=False,
+          aggregation="sum", name=name, **options)
+    self._track_variable(variable)
+    return variable
 
   @property
   def variables(self):
@@ -164,39 +178,89 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     weight = tf.constant(1.0) if examples is None else examples
     accumulators = [self.accumulators[self._get_variable_index(v)]
                     for v in trainable_variables]
+    applied = [(a, v) for g, a, v in
+               zip(grads, accumulators, trainable_variables) if g is not None]
     for gradient, accumulator in zip(grads, accumulators):
       if gradient is None:
         continue
       if isinstance(gradient, tf.IndexedSlices):
-        gradient = tf.IndexedSlices(
-            gradient.values * tf.cast(weight, gradient.values.dtype),
-            gradient.indices, gradient.dense_shape)
+        # Added to this replica's own copy (a variable synchronized on read
+        # takes no scatter itself).
+        tf_private.local_copy(accumulator.value).scatter_add(
+            tf.IndexedSlices(
+                gradient.values * tf.cast(weight, gradient.values.dtype),
+                gradient.indices, gradient.dense_shape))
       else:
-        gradient = gradient * tf.cast(weight, gradient.dtype)
-      self.assign_add(accumulator, gradient)
+        self.assign_add(accumulator, gradient * tf.cast(weight,
+                                                       gradient.dtype))
     self.window_examples.assign_add(weight)
-    ends_window = tf.equal((self._iterations + 1) % self.k, 0)
-    tf.cond(ends_window,
-            lambda: self._end_window(grads, accumulators,
-                                     trainable_variables),
-            lambda: tf.no_op())
+    if tf.__internal__.distribute.strategy_supports_no_merge_call():
+      tf.cond(self._ends_window(),
+              lambda: self._end_window(applied, accumulators),
+              tf.no_op)
+    else:
+      tf.distribute.get_replica_context().merge_call(
+          self._end_window_across_replicas, args=(applied, accumulators))
     self._iterations.assign_add(1)
 
-  def _end_window(self, grads, accumulators, trainable_variables):
-    applied = [(a, v) for g, a, v in
-               zip(grads, accumulators, trainable_variables)
-               if g is not None]
-    divisor = (self.window_examples if self._weighs_examples else
-               tf.constant(1.0))
-    window = [tf.convert_to_tensor(a) / tf.cast(divisor, a.dtype)
-              for a, _ in applied]
-    if self.clip_norm is not None:
-      window, _ = tf.clip_by_global_norm(window, self.clip_norm)
-    self.inner_optimizer.apply(window, [v for _, v in applied])
+  def _ends_window(self):
+    return tf.equal((self._iterations + 1) % self.k, 0)
+
+  def _end_window_across_replicas(self, distribution, applied, accumulators):
+    """The window's end, in cross-replica context: the cond there, each
+    replica's part of the end in its own context."""
+
+    def end():
+      distribution.extended.call_for_each_replica(
+          self._end_window, args=(applied, accumulators))
+      return tf.no_op()
+
+    tf.cond(self._ends_window(), end, tf.no_op)
+
+  def _end_window(self, applied, accumulators):
+    """Applies the window through the inner optimizer and clears it, in a
+    replica's context: each replica hands the inner optimizer its own part,
+    which the inner optimizer sums over the replicas."""
+    # On this replica's device: a collective's destination is its value's
+    # device, which a variable's read in a cond's branch does not name
+    # (hence the identities below).
+    with tf.device(tf_private.local_copy(self.window_examples.value).device):
+      self._end_window_on_device(applied, accumulators)
+    return tf.no_op()
+
+  def _end_window_on_device(self, applied, accumulators):
+    context = tf.distribute.get_replica_context()
+    replica_count = context.num_replicas_in_sync
+    parts = [tf.identity(a) for a, _ in applied]
+    if self._weighs_examples:
+      examples = tf.identity(self.window_examples)
+      if replica_count > 1:
+        # The mean over replicas of their means, as Keras's losses divide
+        # each replica's by the replicas' number.
+        examples = context.all_reduce(
+            tf.distribute.ReduceOp.SUM, examples) / replica_count
+      parts = [p / tf.cast(examples, p.dtype) for p in parts]
+    clips = self.clip_norm is not None or _clips(self.inner_optimizer)
+    if replica_count > 1 and clips:
+      # Clipped as one device clips the big batch: the window's own norm
+      # (Keras 3 clips each replica's share before summing them, which
+      # differs with how the examples fall on the replicas). The inner
+      # optimizer's clipping of the parts is then a no-op.
+      window = context.all_reduce(tf.distribute.ReduceOp.SUM, parts)
+      window = self._clip(window)
+      window = self.inner_optimizer._clip_gradients(window)  # noqa: SLF001
+      parts = [w / replica_count for w in window]
+    else:
+      parts = self._clip(parts)
+    self.inner_optimizer.apply(parts, [v for _, v in applied])
     for accumulator in accumulators:
       accumulator.assign(tf.zeros_like(accumulator))
     self.window_examples.assign(0.0)
-    return tf.no_op()
+
+  def _clip(self, window):
+    if self.clip_norm is None:
+      return window
+    return tf.clip_by_global_norm(window, self.clip_norm)[0]
 
   def finalize_variable_values(self, var_list):
     self.inner_optimizer.finalize_variable_values(var_list)
@@ -216,6 +280,24 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
         config.pop("optimizer"), custom_objects=custom_objects)
     return cls(optimizer, config.pop("k"), clip_norm=config.pop("clip_norm"),
                reduction=config.pop("reduction"), name=config.get("name"))
+
+
+def _takes_synchronization():
+  """Whether this Keras makes variables synchronized on read (3.6+)."""
+  import inspect  # noqa: PLC0415
+
+  return "synchronization" in inspect.signature(keras.Variable).parameters
+
+
+def _accumulator_name(variable):
+  path = getattr(variable, "path", None) or str(variable.name)
+  return f"{path.replace('/', '_').replace(':', '_')}_accumulator"
+
+
+def _clips(optimizer):
+  """Whether the Keras 3 `optimizer` clips its gradients."""
+  return any(getattr(optimizer, name, None)
+             for name in ("clipnorm", "global_clipnorm", "clipvalue"))
 
 
 def _check(optimizer, k, clip_norm, reduction, options):

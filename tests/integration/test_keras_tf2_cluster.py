@@ -3,6 +3,7 @@ worker processes configured by TF_CONFIG (`python -m tfconfig launch`),
 and a job stopped in the middle of a window that goes on in a new process
 from `model.save_weights`."""
 
+import json
 import shutil
 import subprocess
 import sys
@@ -106,3 +107,27 @@ def test_saved_mid_window_resumes_in_a_new_process(strategy, kind, save,
   for name in whole:
     np.testing.assert_allclose(second[name], whole[name], rtol=1e-5,
                                atol=1e-6, err_msg=name)
+
+
+@pytest.mark.keras3
+def test_keras3_multi_worker_mirrored_equals_the_big_batch(tmp_path):
+  """Keras 3 across 2 worker processes (a custom loop: Keras 3's fit does
+  not run under MultiWorkerMirroredStrategy): each worker's window, at the
+  micro-batch, equals the big batch on one device and Keras 3's own big
+  batch under the strategy, clipped by clip_norm or by the inner
+  optimizer's global_clipnorm too (one update per window)."""
+  output = tmp_path / "results.json"
+  result = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+       "--timeout", "300", "--", sys.executable,
+       "tests/jobs/keras3_mwms_job.py", "--output", str(output)],
+      capture_output=True, text=True, timeout=360)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  results = json.loads(output.read_text())
+  assert results.pop("replicas") == 2
+  assert set(results) == {"adam", "momentum", "clip_norm", "inner_clipnorm"}
+  for name, case in results.items():
+    assert case["one_device"] <= 1e-5, (name, case)
+    assert (case["micro_batches"], case["updates"]) == (12, 3), (name, case)
+    assert case.get("keras_big_batch", 0.0) <= 1e-5, (name, case)
+  assert "keras_big_batch" in results["adam"]

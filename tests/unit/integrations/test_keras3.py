@@ -226,15 +226,154 @@ def test_refusals_name_the_argument_and_the_value():
     _accumulating(keras.optimizers.Adam(), clip_norm=-1)
 
 
-def test_several_replicas_are_refused_in_one_line():
-  keras = _keras()
-  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+def _mirrored():
+  from harness.keras_exactness import mirrored_strategy  # noqa: PLC0415
+
+  return mirrored_strategy()
+
+
+def _fit_under(strategy, optimizer, batch, epochs=1, examples=EXAMPLES,
+               model=None):
+  x, y = _data(examples)
   with strategy.scope():
-    model = _model()
-    model.compile(optimizer=_accumulating(keras.optimizers.Adam(1e-2)),
-                  loss="mse")
-  x, y = _data()
-  with pytest.raises(ValueError,
-                     match=r"runs on one device; got MirroredStrategy with 2 "
-                           r"replicas"):
-    model.fit(x, y, batch_size=MICRO_BATCH, verbose=0)
+    model = model() if model else _model()
+    model.compile(optimizer=optimizer(), loss="mse")
+  model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+  return model
+
+
+MIRRORED = ("sgd", "momentum", "adam", "adamw", "rmsprop", "lamb")
+
+
+@pytest.mark.parametrize("name", MIRRORED)
+def test_mirrored_equals_the_big_batch(name):
+  """Each replica accumulates its own share: the window is Keras 3's big
+  batch under the same strategy, and the big batch on one device; an
+  uneven last micro-batch (60 examples) included."""
+  optimizers = _keras().optimizers
+  made = OPTIMIZERS[name]
+  mirrored = _mirrored()
+  expected = _fit_under(mirrored, lambda: made(optimizers), K * MICRO_BATCH,
+                        epochs=2)
+  actual = _fit_under(mirrored, lambda: _accumulating(made(optimizers)),
+                      MICRO_BATCH, epochs=2)
+  _assert_close(actual, expected)
+  assert int(actual.optimizer.inner_optimizer.iterations.numpy()) == 2 * 2
+  one_device = _fit(made(optimizers), K * MICRO_BATCH, epochs=2)
+  _assert_close(actual, one_device)
+
+
+def test_mirrored_clips_the_window_as_one_device_clips_the_big_batch():
+  """Keras 3 clips each replica's share before summing them (its big batch
+  under MirroredStrategy is then not the one device's); the window is
+  clipped whole, by its clip_norm and by the inner optimizer's own."""
+  optimizers = _keras().optimizers
+  mirrored = _mirrored()
+  for inner, options, reference in (
+      (lambda: optimizers.Adam(1e-2, global_clipnorm=0.05), {},
+       lambda: optimizers.Adam(1e-2, global_clipnorm=0.05)),
+      (lambda: optimizers.SGD(0.1, clipnorm=0.02), {},
+       lambda: optimizers.SGD(0.1, clipnorm=0.02)),
+      (lambda: optimizers.SGD(0.1), {"clip_norm": 0.05},
+       lambda: optimizers.SGD(0.1, global_clipnorm=0.05))):
+    expected = _fit(reference(), K * MICRO_BATCH)
+    actual = _fit_under(mirrored,
+                        lambda: _accumulating(inner(), **options),  # noqa: B023
+                        MICRO_BATCH)
+    _assert_close(actual, expected)
+  own = _fit_under(mirrored, lambda: optimizers.Adam(1e-2,
+                                                     global_clipnorm=0.05),
+                   K * MICRO_BATCH)
+  expected = _fit(optimizers.Adam(1e-2, global_clipnorm=0.05),
+                  K * MICRO_BATCH)
+  with pytest.raises(AssertionError):
+    _assert_close(own, expected, rtol=1e-3)
+
+
+def _embedding_model():
+  keras = _keras()
+  keras.utils.set_random_seed(0)
+  ids = keras.Input((3,), dtype="int32")
+  embedded = keras.layers.GlobalAveragePooling1D()(
+      keras.layers.Embedding(20, 4)(ids))
+  return keras.Model(ids, keras.layers.Dense(1)(embedded))
+
+
+def test_mirrored_accumulates_sparse_gradients_on_each_replica():
+  """An Embedding's gradient (tf.IndexedSlices) is added to the replica's
+  own copy of its accumulator, row by row; the window hands the inner
+  optimizer the window's gradient, dense. SGD: Keras's big batch. Adam:
+  the big batch given its gradient dense, as Keras 3's optimizers square
+  a tf.IndexedSlices slice by slice (the squares of a repeated row's
+  slices summed, not the square of their sum: Keras's own big batch is
+  then 0.21 away from the dense one here)."""
+  keras = _keras()
+  rng = np.random.default_rng(1)
+  ids = rng.integers(0, 20, size=(EXAMPLES, 3)).astype("int32")
+  y = rng.normal(size=(EXAMPLES, 1)).astype("float32")
+
+  def fit(strategy, optimizer, batch):
+    with strategy.scope():
+      model = _embedding_model()
+      model.compile(optimizer=optimizer(), loss="mse")
+    model.fit(ids, y, batch_size=batch, shuffle=False, verbose=0)
+    return model
+
+  def dense_big_batch(optimizer):
+    model = _embedding_model()
+    loss_fn = keras.losses.MeanSquaredError()
+
+    @tf.function
+    def step(features, labels):
+      with tf.GradientTape() as tape:
+        loss = loss_fn(labels, model(features, training=True))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply([tf.convert_to_tensor(g) for g in grads],
+                      model.trainable_variables)
+
+    for features, labels in tf.data.Dataset.from_tensor_slices(
+        (ids, y)).batch(K * MICRO_BATCH):
+      step(features, labels)
+    return model
+
+  optimizers = keras.optimizers
+  _assert_close(
+      fit(_mirrored(), lambda: _accumulating(optimizers.SGD(0.1)),
+          MICRO_BATCH),
+      fit(tf.distribute.get_strategy(), lambda: optimizers.SGD(0.1),
+          K * MICRO_BATCH))
+  _assert_close(
+      fit(_mirrored(), lambda: _accumulating(optimizers.Adam(1e-2)),
+          MICRO_BATCH),
+      dense_big_batch(optimizers.Adam(1e-2)))
+
+
+def test_mirrored_saved_mid_window_and_loaded_goes_on_exactly(tmp_path):
+  """Each replica's sums are saved summed and loaded split: a .keras file
+  saved mid-window under MirroredStrategy, loaded into it, trains on to
+  the uninterrupted run's weights."""
+  keras = _keras()
+  mirrored = _mirrored()
+  x, y = _data(K * MICRO_BATCH * 3)
+
+  def compiled():
+    with mirrored.scope():
+      model = _model()
+      model.compile(optimizer=_accumulating(keras.optimizers.Adam(1e-2)),
+                    loss="mse")
+    return model
+
+  whole = compiled()
+  whole.fit(x, y, batch_size=MICRO_BATCH, shuffle=False, verbose=0)
+  first = compiled()
+  cut = 6 * MICRO_BATCH
+  first.fit(x[:cut], y[:cut], batch_size=MICRO_BATCH, shuffle=False,
+            verbose=0)
+  path = str(tmp_path / "mid_window.keras")
+  first.save(path)
+  with mirrored.scope():
+    loaded = keras.models.load_model(path)
+  assert float(loaded.optimizer.window_examples.numpy()) == 2 * MICRO_BATCH
+  loaded.fit(x[cut:], y[cut:], batch_size=MICRO_BATCH, shuffle=False,
+             verbose=0)
+  _assert_close(loaded, whole)
