@@ -193,6 +193,14 @@ def local_copy(variable):
 # Optimizers ---------------------------------------------------------------
 
 
+def keras3_clip_gradients(optimizer, grads):
+  """`grads` clipped as the Keras 3 `optimizer` clips its own (its
+  clipnorm, global_clipnorm or clipvalue): `BaseOptimizer._clip_gradients`
+  (Keras 3.0-3.15), which has no public name; the window clips its summed
+  gradient with it where Keras would clip each replica's share."""
+  return optimizer._clip_gradients(grads)  # noqa: SLF001
+
+
 def applies_through_distributed_apply(optimizer):
   """Whether the tf.compat.v1 `optimizer` applies through the base class's
   private `_distributed_apply` (whose first step is the all-reduce): not

@@ -190,6 +190,30 @@ def mark_loss_mean_over_replicas():
     tf_private.mark_loss_mean_over_replicas(tf.compat.v1.get_default_graph())
 
 
+def in_each_replica_when(predicate, function, *args):
+  """From replica context: `function(*args)` in each replica's own context
+  when the scalar `predicate()` holds, `function` free to merge (an
+  optimizer's apply). Where the strategy merges nothing, a cond right
+  here; else the cond taken in cross-replica context and `function` run
+  in each replica's context from there, as Keras 3's LossScaleOptimizer
+  does (a cond in a replica's context may not hold a merge_call)."""
+  if tf.__internal__.distribute.strategy_supports_no_merge_call():
+    tf.cond(predicate(), lambda: _no_op_after(function, args), tf.no_op)
+    return
+
+  def across(strategy, *values):
+    tf.cond(predicate(), lambda: _no_op_after(
+        strategy.extended.call_for_each_replica, (function, values)),
+            tf.no_op)
+
+  tf.distribute.get_replica_context().merge_call(across, args=args)
+
+
+def _no_op_after(function, args):
+  function(*args)
+  return tf.no_op()
+
+
 def merge(function, *args):
   """From replica context: `function(cross_replica, *args)` once, in
   cross-replica context (`merge_call`), `cross_replica` a `CrossReplica`.

@@ -194,28 +194,12 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
         self.assign_add(accumulator, gradient * tf.cast(weight,
                                                        gradient.dtype))
     self.window_examples.assign_add(weight)
-    if tf.__internal__.distribute.strategy_supports_no_merge_call():
-      tf.cond(self._ends_window(),
-              lambda: self._end_window(applied, accumulators),
-              tf.no_op)
-    else:
-      tf.distribute.get_replica_context().merge_call(
-          self._end_window_across_replicas, args=(applied, accumulators))
+    replicas.in_each_replica_when(self._ends_window, self._end_window,
+                                  applied, accumulators)
     self._iterations.assign_add(1)
 
   def _ends_window(self):
     return tf.equal((self._iterations + 1) % self.k, 0)
-
-  def _end_window_across_replicas(self, distribution, applied, accumulators):
-    """The window's end, in cross-replica context: the cond there, each
-    replica's part of the end in its own context."""
-
-    def end():
-      distribution.extended.call_for_each_replica(
-          self._end_window, args=(applied, accumulators))
-      return tf.no_op()
-
-    tf.cond(self._ends_window(), end, tf.no_op)
 
   def _end_window(self, applied, accumulators):
     """Applies the window through the inner optimizer and clears it, in a
@@ -229,16 +213,14 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     return tf.no_op()
 
   def _end_window_on_device(self, applied, accumulators):
-    context = tf.distribute.get_replica_context()
-    replica_count = context.num_replicas_in_sync
+    replica_count = replicas.num_replicas()
     parts = [tf.identity(a) for a, _ in applied]
     if self._weighs_examples:
       examples = tf.identity(self.window_examples)
       if replica_count > 1:
         # The mean over replicas of their means, as Keras's losses divide
         # each replica's by the replicas' number.
-        examples = context.all_reduce(
-            tf.distribute.ReduceOp.SUM, examples) / replica_count
+        examples = _summed([examples])[0] / replica_count
       parts = [p / tf.cast(examples, p.dtype) for p in parts]
     clips = self.clip_norm is not None or _clips(self.inner_optimizer)
     if replica_count > 1 and clips:
@@ -246,9 +228,8 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
       # (Keras 3 clips each replica's share before summing them, which
       # differs with how the examples fall on the replicas). The inner
       # optimizer's clipping of the parts is then a no-op.
-      window = context.all_reduce(tf.distribute.ReduceOp.SUM, parts)
-      window = self._clip(window)
-      window = self.inner_optimizer._clip_gradients(window)  # noqa: SLF001
+      window = self._clip(_summed(parts))
+      window = tf_private.keras3_clip_gradients(self.inner_optimizer, window)
       parts = [w / replica_count for w in window]
     else:
       parts = self._clip(parts)
@@ -292,6 +273,12 @@ def _takes_synchronization():
 def _accumulator_name(variable):
   path = getattr(variable, "path", None) or str(variable.name)
   return f"{path.replace('/', '_').replace(':', '_')}_accumulator"
+
+
+def _summed(values):
+  """`values` summed over the replicas, from a replica's context."""
+  return replicas.sum_in_replica(values, replicas.communication_options(
+      None, default_bytes_per_pack=0))
 
 
 def _clips(optimizer):

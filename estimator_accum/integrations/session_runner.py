@@ -9,8 +9,9 @@ fields where not). Training runs its train op in a
 the latest checkpoint, saves every `save_checkpoints_steps` and at the end
 (no `.meta` graph beside each: the events file holds the graph), writes
 summaries, runs the spec's hooks, and stops at `max_steps` (global steps,
-as Estimator's). One device: a strategy's training, evaluators and
-export remain Estimator's.
+as Estimator's); `export_saved_model` writes the PREDICT graph for serving
+(session_export.py). One device: a strategy's training and evaluators
+remain Estimator's.
 
     runner = SessionEstimator(model_fn, RunSettings(model_dir="runs/x"))
     runner.train(input_fn, max_steps=1000)
@@ -25,6 +26,7 @@ import typing
 import tensorflow as tf
 
 from estimator_accum import releases
+from estimator_accum.integrations import session_export
 
 __all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
            "SessionEstimator", "call_as_estimator", "input_features",
@@ -45,6 +47,7 @@ class ModelSpec(typing.NamedTuple):
   evaluation_hooks: tuple = ()
   prediction_hooks: tuple = ()
   scaffold: typing.Any = None
+  export_outputs: typing.Any = None
 
 
 def model_spec(mode, **fields):
@@ -187,3 +190,22 @@ class SessionEstimator:
           size = len(next(iter(batch.values())))
           for row in range(size):
             yield {name: value[row] for name, value in batch.items()}
+
+  def export_saved_model(self, export_dir_base, serving_input_receiver_fn,
+                         checkpoint_path=None):
+    """Writes the PREDICT graph with the latest checkpoint's (or
+    `checkpoint_path`'s) variables as a SavedModel under `export_dir_base`,
+    as Estimator's `export_saved_model` does; returns its directory."""
+    checkpoint = checkpoint_path or self.latest_checkpoint()
+    if checkpoint is None:
+      raise ValueError(f"{self.model_dir} holds no checkpoint to export.")
+
+    def build_predict(features):
+      tf.compat.v1.set_random_seed(self.config.tf_random_seed)
+      return call_as_estimator(
+          self._model_fn, features=features, labels=None, mode=PREDICT,
+          params=self.params, config=self.config)
+
+    return session_export.export_saved_model(
+        build_predict, export_dir_base, serving_input_receiver_fn,
+        checkpoint)

@@ -100,20 +100,20 @@ def _model_files(values):
 
 
 def _check_release(values):
-  """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates
-  and predicts on one device; what needs Estimator is refused here."""
+  """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates,
+  predicts and exports on one device; what needs Estimator is refused
+  here."""
   if estimator_accum.releases.estimator() is not None:
     return
   needs = [f"--{name}={value}" for name, value in (
-      ("distribution_strategy", values.distribution_strategy),
-      ("export_dir", values.export_dir))
+      ("distribution_strategy", values.distribution_strategy),)
       if value not in (None, "", "none")]
   if needs:
     raise UsageError(
         f"{', '.join(needs)} needs tf.estimator, which TensorFlow "
         f"{tf.__version__} does not have (its last release is 2.15); on "
-        f"this release run_classifier trains, evaluates and predicts on "
-        f"one device (--distribution_strategy=none, no --export_dir).")
+        f"this release run_classifier trains, evaluates, predicts and "
+        f"exports on one device (--distribution_strategy=none).")
 
 
 def _check_tpu_flags(values):

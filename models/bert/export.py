@@ -25,6 +25,8 @@ import tensorflow as tf
 import tensorflow_text as text
 from tensorflow.core.protobuf import saved_model_pb2
 
+from estimator_accum.integrations import session_export
+
 SERVING_INPUTS = ("input_ids", "input_mask", "segment_ids")
 TEXT_SIGNATURE = "text"
 
@@ -128,7 +130,7 @@ def serving_input_receiver_fn(vocab_file, do_lower_case, max_seq_length,
         name: tf.compat.v1.placeholder_with_default(value, [None, None],
                                                     name=name)
         for name, value in zip(SERVING_INPUTS, made)}
-    return tf.estimator.export.ServingInputReceiver(
+    return session_export.serving_input_receiver(
         features, dict(features),
         receiver_tensors_alternatives={TEXT_SIGNATURE: strings})
 

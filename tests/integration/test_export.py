@@ -67,7 +67,6 @@ def _mismatches(result):
           if any(graph[k][i] != made[k][i] for k in made)]
 
 
-@pytest.mark.estimator
 def test_the_export_serves_what_estimator_predicts(tiny_model, exported):
   output_dir, path, data = exported
   result = _check(path, output_dir, "sst-2", data, tiny_model)
@@ -79,7 +78,6 @@ def test_the_export_serves_what_estimator_predicts(tiny_model, exported):
   assert _mismatches(result) == []
 
 
-@pytest.mark.estimator
 def test_a_sentence_pair_task_takes_two_strings(tiny_model, tmp_path):
   data = tmp_path / "mrpc"
   data.mkdir()
@@ -91,7 +89,6 @@ def test_a_sentence_pair_task_takes_two_strings(tiny_model, tmp_path):
   assert _mismatches(result) == []
 
 
-@pytest.mark.estimator
 def test_saved_model_cli_runs_it_and_it_holds_no_window(tiny_model, exported,
                                                         tmp_path):
   output_dir, path, sst2 = exported

@@ -67,8 +67,8 @@ def _train(keras, strategy, make_optimizer, batch):
   def input_fn(context):
     index = context.input_pipeline_id
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).map(
-        lambda f, l: (f[index * share:(index + 1) * share],
-                      l[index * share:(index + 1) * share]))
+        lambda f, y: (f[index * share:(index + 1) * share],
+                      y[index * share:(index + 1) * share]))
 
   @tf.function
   def step(features, labels):

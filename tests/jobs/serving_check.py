@@ -8,7 +8,8 @@ the held-out features run_classifier.py wrote in OUTPUT_DIR
 (features/dev-*.tf_record, made with models.bert.tokenization), runs the
 `text` signature on the same examples' raw sentences, reads the ids the
 text signature makes inside the exported graph, runs Estimator's predict on
-OUTPUT_DIR's checkpoint, and prints one JSON line with all of them.
+OUTPUT_DIR's checkpoint (the library's session runner's where TensorFlow
+has no Estimator), and prints one JSON line with all of them.
 """
 
 import glob
@@ -38,11 +39,17 @@ def _features(output_dir, length):
 def _estimator_predict(output_dir, bert_config_file, num_labels, path,
                        length):
   from data import bert_features  # noqa: PLC0415
+  from estimator_accum import releases  # noqa: PLC0415
+  from estimator_accum.integrations import session_runner  # noqa: PLC0415
   from models.bert import classifier, modeling  # noqa: PLC0415
   config = modeling.BertConfig.from_json_file(bert_config_file)
-  estimator = tf.estimator.Estimator(classifier.model_fn_builder(
-      config, classifier.TrainingConfig(num_labels=num_labels)),
-      model_dir=output_dir)
+  model_fn = classifier.model_fn_builder(
+      config, classifier.TrainingConfig(num_labels=num_labels))
+  if releases.estimator() is None:
+    estimator = session_runner.SessionEstimator(
+        model_fn, session_runner.RunSettings(model_dir=output_dir))
+  else:
+    estimator = tf.estimator.Estimator(model_fn, model_dir=output_dir)
   return [p["probabilities"].tolist() for p in estimator.predict(
       bert_features.input_fn_builder(path, length, 3, is_training=False,
                                      drop_remainder=False))]

@@ -443,3 +443,28 @@ def test_ops_xla_cannot_compile_of_a_function_and_what_it_calls():
     assert tf_private.ops_xla_cannot_compile(
         concrete.function_def,
         concrete.graph.as_graph_def().library.function, "CPU") == []
+
+
+def test_local_copy_is_a_replicas_own_component():
+  plain = tf.Variable(1.0)
+  assert tf_private.local_copy(plain) is plain
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+  with strategy.scope():
+    summed = tf.Variable(0.0, synchronization=tf.VariableSynchronization.
+                         ON_READ, aggregation=tf.VariableAggregation.SUM)
+  component = tf_private.local_copy(summed)
+  assert component is summed.values[0]
+  component.assign(3.0)
+  assert float(summed.read_value()) == 3.0
+
+
+@pytest.mark.keras3
+def test_keras3_clip_gradients_clips_as_the_optimizer_does():
+  import keras  # noqa: PLC0415
+
+  grads = [tf.constant([3.0, 4.0])]
+  clipped = tf_private.keras3_clip_gradients(
+      keras.optimizers.SGD(global_clipnorm=1.0), grads)
+  np.testing.assert_allclose(clipped[0].numpy(), [0.6, 0.8], rtol=1e-6)
+  same = tf_private.keras3_clip_gradients(keras.optimizers.SGD(), grads)
+  np.testing.assert_allclose(same[0].numpy(), [3.0, 4.0])
