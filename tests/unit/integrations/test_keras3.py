@@ -37,12 +37,39 @@ def _model():
                            keras.layers.Dense(1)])
 
 
-def _fit(optimizer, batch, epochs=1, examples=EXAMPLES, **fit):
+def _fit_under(strategy, make_optimizer, batch, epochs=1,
+               examples=EXAMPLES, **fit):
+  """The model compiled in `strategy`'s scope with `make_optimizer()` (a
+  Keras 3 optimizer takes the strategy it is made in), fitted."""
   x, y = _data(examples)
-  model = _model()
-  model.compile(optimizer=optimizer, loss="mse")
+  with strategy.scope():
+    model = _model()
+    model.compile(optimizer=make_optimizer(), loss="mse")
   model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0,
             **fit)
+  return model
+
+
+def _fit(optimizer, batch, epochs=1, examples=EXAMPLES, **fit):
+  return _fit_under(tf.distribute.get_strategy(), lambda: optimizer, batch,
+                    epochs, examples, **fit)
+
+
+def _train_in_a_loop(model, apply, x, y, batch):
+  """`model` trained by a custom loop in batches of `batch`, each step's
+  gradients handed to `apply(gradients, variables)`."""
+  loss_fn = _keras().losses.MeanSquaredError()
+
+  @tf.function
+  def step(features, labels):
+    with tf.GradientTape() as tape:
+      loss = loss_fn(labels, model(features, training=True))
+    apply(tape.gradient(loss, model.trainable_variables),
+          model.trainable_variables)
+
+  for features, labels in tf.data.Dataset.from_tensor_slices((x, y)).batch(
+      batch):
+    step(features, labels)
   return model
 
 
@@ -143,20 +170,10 @@ def test_a_custom_loop_and_a_short_last_batch():
   keras = _keras()
   x, y = _data()
   expected = _fit(keras.optimizers.Adam(1e-2), K * MICRO_BATCH)
-  model = _model()
   optimizer = _accumulating(keras.optimizers.Adam(1e-2))
-  loss_fn = keras.losses.MeanSquaredError()
-
-  @tf.function
-  def step(features, labels):
-    with tf.GradientTape() as tape:
-      loss = loss_fn(labels, model(features, training=True))
-    grads = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(grads, model.trainable_variables))
-
-  for features, labels in tf.data.Dataset.from_tensor_slices((x, y)).batch(
-      MICRO_BATCH):
-    step(features, labels)
+  model = _train_in_a_loop(
+      _model(), lambda grads, variables: optimizer.apply_gradients(
+          zip(grads, variables)), x, y, MICRO_BATCH)
   _assert_close(model, expected)
 
 
@@ -230,16 +247,6 @@ def _mirrored():
   from harness.keras_exactness import mirrored_strategy  # noqa: PLC0415
 
   return mirrored_strategy()
-
-
-def _fit_under(strategy, optimizer, batch, epochs=1, examples=EXAMPLES,
-               model=None):
-  x, y = _data(examples)
-  with strategy.scope():
-    model = model() if model else _model()
-    model.compile(optimizer=optimizer(), loss="mse")
-  model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
-  return model
 
 
 MIRRORED = ("sgd", "momentum", "adam", "adamw", "rmsprop", "lamb")
@@ -320,21 +327,10 @@ def test_mirrored_accumulates_sparse_gradients_on_each_replica():
     return model
 
   def dense_big_batch(optimizer):
-    model = _embedding_model()
-    loss_fn = keras.losses.MeanSquaredError()
-
-    @tf.function
-    def step(features, labels):
-      with tf.GradientTape() as tape:
-        loss = loss_fn(labels, model(features, training=True))
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply([tf.convert_to_tensor(g) for g in grads],
-                      model.trainable_variables)
-
-    for features, labels in tf.data.Dataset.from_tensor_slices(
-        (ids, y)).batch(K * MICRO_BATCH):
-      step(features, labels)
-    return model
+    return _train_in_a_loop(
+        _embedding_model(), lambda grads, variables: optimizer.apply(
+            [tf.convert_to_tensor(g) for g in grads], variables),
+        ids, y, K * MICRO_BATCH)
 
   optimizers = keras.optimizers
   _assert_close(
