@@ -29,6 +29,9 @@ Imported by `AccumulatingKerasOptimizer` when it is given a Keras 3
 optimizer: the class subclasses Keras 3's.
 """
 
+import functools
+import inspect
+
 import keras
 import tensorflow as tf
 
@@ -263,10 +266,9 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
                reduction=config.pop("reduction"), name=config.get("name"))
 
 
+@functools.cache
 def _takes_synchronization():
   """Whether this Keras makes variables synchronized on read (3.6+)."""
-  import inspect  # noqa: PLC0415
-
   return "synchronization" in inspect.signature(keras.Variable).parameters
 
 
