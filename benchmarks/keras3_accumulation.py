@@ -13,10 +13,12 @@ weight, moving statistics included, from the big batch's (|a - b| /
 - uneven last micro-batch: 60 examples, so the big batches are 32 and 28
   and the second window's last micro-batch holds 4 examples.
 - batch norm: BatchNormalization after the first layer. The micro-batches
-  normalize by their own statistics, so the reference is Keras's ghost
-  batch norm (`virtual_batch_size=8`) where that Keras has it (tf-keras),
-  with the library's WindowBatchNormalization; Keras 3 has no ghost batch
-  norm, and is compared with its plain big batch.
+  normalize by their own statistics, so the reference of the library's
+  WindowBatchNormalization is Keras 2's ghost batch norm
+  (`virtual_batch_size=8`, from tf-keras, in the Keras 3 process too, from
+  the same initial weights); Keras 3's own accumulation, with Keras 3's
+  BatchNormalization (it has no ghost batch norm), is compared with its
+  plain big batch.
 - mixed_float16: the policy and Keras's LossScaleOptimizer, both sides.
 - mirrored: MirroredStrategy over 2 logical CPUs, global batches.
 
@@ -61,29 +63,45 @@ def _run_case(case, ours):
   strategy = (tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
               if case == "mirrored" else tf.distribute.get_strategy())
 
+  # The reference of WindowBatchNormalization: Keras 2's ghost batch norm.
+  ghost = case == "batch norm" and (ours or not keras3)
+  reference_keras = tf.keras
+  if ghost and keras3:
+    import tf_keras as reference_keras  # noqa: PLC0415
+
   def model(accumulating):
+    keras = tf.keras if accumulating else reference_keras
     tf.keras.utils.set_random_seed(1)
     # No bias before a batch norm: its gradient is rounding noise, which
     # Adam turns into steps of the learning rate's size.
-    layers = [tf.keras.Input((6,)),
-              tf.keras.layers.Dense(16, use_bias=case != "batch norm")]
+    layers = [keras.Input((6,)),
+              keras.layers.Dense(16, use_bias=case != "batch norm")]
     if case == "batch norm":
-      if keras3:
-        layers.append(tf.keras.layers.BatchNormalization())
+      if not ghost:
+        layers.append(keras.layers.BatchNormalization())
       elif accumulating:
         layers.append(estimator_accum.WindowBatchNormalization(k=K))
       else:
-        layers.append(tf.keras.layers.BatchNormalization(
+        layers.append(keras.layers.BatchNormalization(
             virtual_batch_size=MICRO_BATCH))
-    layers += [tf.keras.layers.Activation("tanh"), tf.keras.layers.Dense(3)]
-    return tf.keras.Sequential(layers)
+    layers += [keras.layers.Activation("tanh"), keras.layers.Dense(3)]
+    return keras.Sequential(layers)
+
+  # The accumulating model's initial weights (its window's sums left out),
+  # set into the reference, which may be of the other Keras.
+  initial = [w.numpy() for w in model(True).weights
+             if not w.name.split("/")[-1].startswith("window_")]
 
   def trained(accumulating):
+    keras = tf.keras if accumulating else reference_keras
     if case == "mixed_float16":
       tf.keras.mixed_precision.set_global_policy("mixed_float16")
     with strategy.scope():
       made = model(accumulating)
-      optimizer = tf.keras.optimizers.Adam(0.01)
+      if not accumulating:
+        made.set_weights([np.reshape(w, v.shape)
+                          for w, v in zip(initial, made.get_weights())])
+      optimizer = keras.optimizers.Adam(0.01)
       if accumulating and keras3 and not ours:
         optimizer = tf.keras.optimizers.Adam(
             0.01, gradient_accumulation_steps=K)
@@ -95,11 +113,11 @@ def _run_case(case, ours):
         optimizer = estimator_accum.AccumulatingKerasOptimizer(optimizer, k=K)
         if case == "mixed_float16" and keras3:
           optimizer = tf.keras.mixed_precision.LossScaleOptimizer(optimizer)
-      made.compile(optimizer=optimizer, loss=tf.keras.losses.
+      made.compile(optimizer=optimizer, loss=keras.losses.
                    SparseCategoricalCrossentropy(from_logits=True))
     batch = MICRO_BATCH if accumulating else K * MICRO_BATCH
     inputs, labels = x, y
-    if case == "batch norm" and not keras3 and not accumulating:
+    if ghost and not accumulating:
       # Keras's virtual batch j of a batch holds its examples j, j + k, ...:
       # interleaved, its virtual batches are the micro-batches.
       inputs, labels = (np.concatenate([
@@ -110,7 +128,8 @@ def _run_case(case, ours):
              verbose=0)
     tf.keras.mixed_precision.set_global_policy("float32")
     # By layer and weight name: a window's layer may hold more state.
-    return {(index, weight.name.split("/")[-1].split(":")[0]): weight.numpy()
+    return {(index, weight.name.split("/")[-1].split(":")[0]):
+            weight.numpy().ravel()
             for index, layer in enumerate(made.layers)
             for weight in layer.weights}
 

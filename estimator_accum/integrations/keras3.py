@@ -29,14 +29,16 @@ Imported by `AccumulatingKerasOptimizer` when it is given a Keras 3
 optimizer: the class subclasses Keras 3's.
 """
 
-import functools
-import inspect
-
 import keras
 import tensorflow as tf
 
 from estimator_accum import _checks, tf_private
 from estimator_accum.distribution import replicas
+from estimator_accum.integrations import keras3_batch_norm
+from estimator_accum.integrations.keras3_variables import (
+  replica_sum,
+  takes_synchronization,
+)
 from estimator_accum.window import reductions, reports
 
 __all__ = ["AccumulatingKeras3Optimizer"]
@@ -128,7 +130,7 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
   def build(self, var_list):
     if self.built:
       return
-    if replicas.num_replicas() > 1 and not _takes_synchronization():
+    if replicas.num_replicas() > 1 and not takes_synchronization():
       raise ValueError(
           f"AccumulatingKerasOptimizer under Keras {keras.__version__} runs "
           f"on one device; got {replicas.strategy_name()} with "
@@ -144,11 +146,7 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     super().build(var_list)
 
   def _replica_sum(self, shape, dtype, name):
-    options = {"synchronization": "on_read"} if _takes_synchronization() else {}
-    with keras.name_scope(self.name, caller=self):
-      variable = keras.Variable(
-          initializer="zeros", shape=shape, dtype=dtype, trainable=False,
-          aggregation="sum", name=name, **options)
+    variable = replica_sum(self, shape, dtype, name)
     self._track_variable(variable)
     return variable
 
@@ -197,14 +195,15 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
         self.assign_add(accumulator, gradient * tf.cast(weight,
                                                        gradient.dtype))
     self.window_examples.assign_add(weight)
-    replicas.in_each_replica_when(self._ends_window, self._end_window,
-                                  applied, accumulators)
+    replicas.in_each_replica_when(
+        self._ends_window, self._end_window, applied, accumulators,
+        keras3_batch_norm.windows_in_step(self.k))
     self._iterations.assign_add(1)
 
   def _ends_window(self):
     return tf.equal((self._iterations + 1) % self.k, 0)
 
-  def _end_window(self, applied, accumulators):
+  def _end_window(self, applied, accumulators, layers):
     """Applies the window through the inner optimizer and clears it, in a
     replica's context: each replica hands the inner optimizer its own part,
     which the inner optimizer sums over the replicas."""
@@ -212,18 +211,26 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     # device, which a variable's read in a cond's branch does not name
     # (hence the identities below).
     with tf.device(tf_private.local_copy(self.window_examples.value).device):
-      self._end_window_on_device(applied, accumulators)
+      self._end_window_on_device(applied, accumulators, layers)
     return tf.no_op()
 
-  def _end_window_on_device(self, applied, accumulators):
+  def _end_window_on_device(self, applied, accumulators, layers):
+    """`layers`: the step's `WindowBatchNormalization` layers, whose moving
+    statistics move here."""
     replica_count = replicas.num_replicas()
+    # The window's examples and its layers' sums, over every replica in
+    # one all-reduce.
+    shared = [tf.identity(self.window_examples)] + [
+        part for layer in layers for part in layer.window_parts()]
+    if replica_count > 1:
+      shared = _summed(shared)
+    for i, layer in enumerate(layers):
+      layer.end_window(shared[1 + 3 * i:4 + 3 * i])
     parts = [tf.identity(a) for a, _ in applied]
     if self._weighs_examples:
-      examples = tf.identity(self.window_examples)
-      if replica_count > 1:
-        # The mean over replicas of their means, as Keras's losses divide
-        # each replica's by the replicas' number.
-        examples = _summed([examples])[0] / replica_count
+      # The mean over replicas of their means, as Keras's losses divide
+      # each replica's by the replicas' number.
+      examples = shared[0] / replica_count
       parts = [p / tf.cast(examples, p.dtype) for p in parts]
     clips = self.clip_norm is not None or _clips(self.inner_optimizer)
     if replica_count > 1 and clips:
@@ -264,12 +271,6 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
         config.pop("optimizer"), custom_objects=custom_objects)
     return cls(optimizer, config.pop("k"), clip_norm=config.pop("clip_norm"),
                reduction=config.pop("reduction"), name=config.get("name"))
-
-
-@functools.cache
-def _takes_synchronization():
-  """Whether this Keras makes variables synchronized on read (3.6+)."""
-  return "synchronization" in inspect.signature(keras.Variable).parameters
 
 
 def _accumulator_name(variable):
