@@ -27,6 +27,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Read when TensorFlow starts; TF_ENABLE_ONEDNN_OPTS=0 keeps Eigen's.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
+# First: TensorFlow loaded with its load-time lines held back.
+from models import quiet_import  # noqa: E402, F401, I001
 import tensorflow as tf  # noqa: E402
 from absl import app, logging
 

@@ -2,10 +2,13 @@
 errors and warnings, not its deprecation chatter nor Estimator's INFO lines
 (`--verbose` shows everything)."""
 
+import glob
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 import warnings
 
 # Lines TensorFlow logs for every tf.compat.v1 API the scripts use on
@@ -20,6 +23,60 @@ _CHATTER = ("is deprecated and will be removed",
             # scripts' train ops count every micro-batch.
             "It seems that global step (tf.train.get_global_step) has not "
             "been increased")
+
+
+# What TensorFlow 2.16+ writes from C++ while it loads, through absl before
+# absl is set up (TF_CPP_MIN_LOG_LEVEL does not reach it): absl's notice of
+# that, and INFO lines about the build (oneDNN, a CPU build's CUDA stub, the
+# CPU's instructions, the next line included).
+_LOAD_CHATTER = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called "
+    r"are written to STDERR|I\d{4} .*|To enable the following instructions:"
+    r".*)$")
+# A build with CUDA on a machine with no NVIDIA device: not an error there.
+_NO_GPU_CHATTER = re.compile(r"^E\d{4} .*(cuInit|cuda_platform|cuda_driver).*$")
+
+
+def import_tensorflow(argv=None):
+  """Imports TensorFlow (returned) with the lines it writes while it loads
+  and finds its devices held back, then writes those of them that say
+  something: a script's first lines are its own, not TensorFlow 2.16+'s
+  notes on its build (`_LOAD_CHATTER`) nor a CUDA build's failed cuInit on
+  a machine without an NVIDIA device. With `--verbose` in `argv` (default
+  sys.argv) every line is written. Call before the script's own work
+  (TensorFlow already loaded, as in a forked process: its devices'
+  lines are held back)."""
+  argv = sys.argv if argv is None else argv
+  if any(arg in ("--verbose", "--verbose=true", "--verbose=True",
+                 "--verbose=1") for arg in argv):
+    import tensorflow as tf  # noqa: PLC0415
+
+    return tf
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      import tensorflow as tf  # noqa: PLC0415
+
+      tf.config.list_physical_devices()
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      _write_said(held.read().decode("utf-8", "replace").splitlines())
+  return tf
+
+
+def _write_said(lines):
+  """Writes to stderr those of `lines` (TensorFlow's while it loaded) that
+  say something."""
+  no_gpu = not glob.glob("/dev/nvidia[0-9]*")
+  for line in lines:
+    if not (_LOAD_CHATTER.match(line) or
+            (no_gpu and _NO_GPU_CHATTER.match(line))):
+      sys.stderr.write(line + "\n")
+  sys.stderr.flush()
 
 
 class _NoChatter(logging.Filter):

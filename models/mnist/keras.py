@@ -21,6 +21,8 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+# First: TensorFlow loaded with its load-time lines held back.
+from models import quiet_import  # noqa: E402, F401, I001
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402

@@ -8,6 +8,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from models import console
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
@@ -63,3 +67,42 @@ def test_a_sigterm_during_the_quiet_xla_start_is_handled_with_stderr_back():
   assert result.returncode == 0, result.stderr[-2000:]
   assert "stopped by SIGTERM\nstarted" in result.stderr, result.stderr
   assert "Compiled cluster using XLA" not in result.stderr, result.stderr
+
+
+LOADED = """
+import os, sys
+os.write(2, b"before\\n")
+from models import quiet_import
+os.write(2, b"after\\n")
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_tensorflows_lines_while_it_loads_are_held_back(verbose):
+  """A script's first lines are its own: what TensorFlow 2.16+ writes
+  while it loads (absl's notice, INFO lines) is held back, the rest
+  written after; `--verbose` holds nothing back. The lines are a real
+  TensorFlow's where this one writes them (2.16+), else none."""
+  result = subprocess.run(
+      [sys.executable, "-c", LOADED] + (["--verbose"] if verbose else []),
+      cwd=ROOT, capture_output=True, text=True, timeout=120,
+      env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  lines = result.stderr.splitlines()
+  assert lines[0] == "before" and lines[-1] == "after", lines
+  if not verbose:
+    assert lines == ["before", "after"], lines
+
+
+def test_the_held_lines_that_say_something_are_written(capsys):
+  held = [
+      "WARNING: All log messages before absl::InitializeLog() is called are "
+      "written to STDERR",
+      "I0000 00:00:1.0    42 port.cc:153] oneDNN custom operations are on.",
+      "I0000 00:00:1.0    42 cpu_feature_guard.cc:227] This TensorFlow binary",
+      "To enable the following instructions: AVX2 FMA, in other operations",
+      "W0000 00:00:1.0    42 some.cc:1] a warning that says something",
+      "E0000 00:00:1.0    42 other.cc:2] an error that says something"]
+  console._write_said(held)  # noqa: SLF001
+  written = capsys.readouterr().err.splitlines()
+  assert written == held[4:], written
