@@ -332,11 +332,11 @@ class ClassifierRun:
     model_fn = classifier.model_fn_builder(self.setup.bert_config, training)
     if estimator_accum.releases.estimator() is None:
       # TensorFlow 2.16+: the same model_fn through the library's sessions
-      # (one device; _check_release refused the rest).
+      # (one process; _check_release refused the cluster strategies).
       return session_runner.SessionEstimator(
           model_fn, session_runner.RunSettings(
               model_dir=self.output_dir, tf_random_seed=self.flags.seed,
-              session_config=session_config,
+              session_config=session_config, train_distribute=strategy,
               save_checkpoints_steps=save_every,
               keep_checkpoint_max=self.flags.keep_checkpoint_max))
     run_config = tf.estimator.RunConfig(

@@ -10,8 +10,10 @@ the latest checkpoint, saves every `save_checkpoints_steps` and at the end
 (no `.meta` graph beside each: the events file holds the graph), writes
 summaries, runs the spec's hooks, and stops at `max_steps` (global steps,
 as Estimator's); `export_saved_model` writes the PREDICT graph for serving
-(session_export.py). One device: a strategy's training and evaluators
-remain Estimator's.
+(session_export.py). Training runs in each replica of a one-process
+strategy (`RunSettings.train_distribute`: MirroredStrategy) as Estimator's
+does; evaluation and prediction on one device, as Estimator's without an
+`eval_distribute`.
 
     runner = SessionEstimator(model_fn, RunSettings(model_dir="runs/x"))
     runner.train(input_fn, max_steps=1000)
@@ -19,6 +21,7 @@ remain Estimator's.
     for prediction in runner.predict(test_input_fn): ...
 """
 
+import contextlib
 import dataclasses
 import inspect
 import typing
@@ -26,6 +29,7 @@ import typing
 import tensorflow as tf
 
 from estimator_accum import releases
+from estimator_accum.distribution import replicas
 from estimator_accum.integrations import session_export
 
 __all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
@@ -68,6 +72,9 @@ class RunSettings:
   save_checkpoints_steps: int = 1000
   keep_checkpoint_max: int = 5
   save_summary_steps: int = 100
+  # A tf.distribute strategy whose replicas each train a copy of the
+  # model_fn, as Estimator's `train_distribute` (one process: Mirrored).
+  train_distribute: typing.Any = None
 
 
 def call_as_estimator(function, **arguments):
@@ -86,13 +93,20 @@ def input_features(input_fn, params, config, repeat=False):
   if isinstance(result, tf.data.Dataset):
     result = tf.compat.v1.data.make_one_shot_iterator(
         result.repeat() if repeat else result).get_next()
-  if isinstance(result, (tuple, list)) and len(result) == 2:
-    return result[0], result[1]
-  return result, None
+  return _features_and_labels(result)
+
+
+def _features_and_labels(element):
+  """(features, labels) of an input_fn's element: a (features, labels)
+  pair, or features alone (labels None)."""
+  if isinstance(element, (tuple, list)) and len(element) == 2:
+    return element[0], element[1]
+  return element, None
 
 
 class SessionEstimator:
-  """Estimator's train, evaluate and predict for a model_fn, on one device,
+  """Estimator's train, evaluate and predict for a model_fn (training in a
+  one-process strategy's replicas if the settings give one),
   through tf.compat.v1 sessions."""
 
   def __init__(self, model_fn, config, params=None):
@@ -139,8 +153,11 @@ class SessionEstimator:
     if latest is not None and tf.train.load_checkpoint(latest).get_tensor(
         tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
       return self
-    with tf.Graph().as_default():
-      _, spec = self._spec(input_fn, TRAIN)
+    strategy = self.config.train_distribute
+    with tf.Graph().as_default(), (
+        strategy.scope() if strategy else contextlib.nullcontext()):
+      train_op, spec = (self._replicated_train_op(input_fn, strategy)
+                        if strategy else self._train_op(input_fn))
       scaffold = spec.scaffold or tf.compat.v1.train.Scaffold(
           saver=tf.compat.v1.train.Saver(
               sharded=True, max_to_keep=self.config.keep_checkpoint_max,
@@ -154,8 +171,42 @@ class SessionEstimator:
           log_step_count_steps=None, save_graph_def=False,
           config=self.config.session_config) as session:
         while not session.should_stop():
-          session.run(spec.train_op)
+          session.run(train_op)
     return self
+
+  def _train_op(self, input_fn):
+    """(train op, spec) of the model_fn in TRAIN mode."""
+    _, spec = self._spec(input_fn, TRAIN)
+    return spec.train_op, spec
+
+  def _replicated_train_op(self, input_fn, strategy):
+    """(train op, the first replica's spec) of the model_fn in TRAIN mode
+    in each of `strategy`'s replicas, in its scope, as Estimator's
+    `train_distribute` builds it: the input_fn's Dataset holds one
+    replica's batches, and each replica takes the next batch of it."""
+    tf.compat.v1.set_random_seed(self.config.tf_random_seed)
+    tf.compat.v1.train.get_or_create_global_step()
+    dataset = call_as_estimator(input_fn, params=self.params,
+                                config=self.config)
+    if not isinstance(dataset, tf.data.Dataset):
+      raise TypeError(
+          f"under {type(strategy).__name__} the input_fn returns a "
+          f"tf.data.Dataset of each replica's batches, as Estimator's "
+          f"train_distribute takes; got {type(dataset).__name__}.")
+    iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+    specs = {}
+
+    def replica_step():
+      features, labels = _features_and_labels(iterator.get_next())
+      spec = call_as_estimator(
+          self._model_fn, features=features, labels=labels, mode=TRAIN,
+          params=self.params, config=self.config)
+      specs[replicas.replica_id()] = spec
+      return spec.train_op
+
+    train_op = strategy.group(
+        strategy.extended.call_for_each_replica(replica_step))
+    return train_op, specs[0]
 
   def evaluate(self, input_fn, steps=None):
     """The spec's metrics (and "loss", the mean of its loss, and

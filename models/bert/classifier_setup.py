@@ -101,19 +101,19 @@ def _model_files(values):
 
 def _check_release(values):
   """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates,
-  predicts and exports on one device; what needs Estimator is refused
-  here."""
+  predicts and exports in one process, on one device or in MirroredStrategy's
+  replicas; the cluster strategies, which run through Estimator's
+  train_and_evaluate, are refused here."""
   if estimator_accum.releases.estimator() is not None:
     return
-  needs = [f"--{name}={value}" for name, value in (
-      ("distribution_strategy", values.distribution_strategy),)
-      if value not in (None, "", "none")]
-  if needs:
+  strategy = values.distribution_strategy
+  if strategy in ("multi_worker", "parameter_server"):
     raise UsageError(
-        f"{', '.join(needs)} needs tf.estimator, which TensorFlow "
-        f"{tf.__version__} does not have (its last release is 2.15); on "
-        f"this release run_classifier trains, evaluates, predicts and "
-        f"exports on one device (--distribution_strategy=none).")
+        f"--distribution_strategy={strategy} needs tf.estimator, which "
+        f"TensorFlow {tf.__version__} does not have (its last release is "
+        f"2.15); on this release run_classifier trains, evaluates, predicts "
+        f"and exports in one process (--distribution_strategy=none or "
+        f"mirrored).")
 
 
 def _check_tpu_flags(values):

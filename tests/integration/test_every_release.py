@@ -257,17 +257,38 @@ def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
 def test_what_needs_estimator_is_refused_in_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, "run_classifier.py", "--distribution_strategy",
-       "mirrored", "--output_dir", str(tmp_path / "run")],
+       "multi_worker", "--output_dir", str(tmp_path / "run")],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 1, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
   # Its only line (TensorFlow's lines while it loads held back).
   assert result.stderr.strip().splitlines() == [(
-      f"run_classifier: error: --distribution_strategy=mirrored needs "
+      f"run_classifier: error: --distribution_strategy=multi_worker needs "
       f"tf.estimator, which TensorFlow {tf.__version__} does not have (its "
       f"last release is 2.15); on this release run_classifier trains, "
-      f"evaluates, predicts and exports on one device "
-      f"(--distribution_strategy=none).")], result.stderr
+      f"evaluates, predicts and exports in one process "
+      f"(--distribution_strategy=none or mirrored).")], result.stderr
+
+
+@pytest.mark.slow
+@without_estimator
+def test_run_classifier_mirrored_without_estimator(tiny_model, tmp_path):
+  """TensorFlow 2.16+: --distribution_strategy=mirrored trains in
+  MirroredStrategy's replicas through the library's sessions (here the one
+  CPU's: MirroredStrategy() takes every GPU, else the CPU), to the weights
+  of the run on one device (dropout off); 2 replicas are exact in
+  tests/unit/integrations/test_session_runner.py."""
+  model = runs._no_dropout_model(tiny_model, tmp_path)
+  data = runs._write_sst2(tmp_path / "data")
+  flags = dict(classifier_dropout=0, num_train_epochs=2)
+  for strategy in ("none", "mirrored"):
+    result = runs._run(runs._flags(model, data, tmp_path / strategy,
+                                   distribution_strategy=strategy, **flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+  assert re.search(r"eval on 10 held-out examples: accuracy", result.stdout)
+  runs.assert_trained_to_the_same_weights(tmp_path / "mirrored",
+                                          tmp_path / "none", 20)
 
 
 @pytest.mark.slow

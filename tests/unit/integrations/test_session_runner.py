@@ -108,3 +108,28 @@ def test_the_spec_is_estimators_where_it_exists():
               else session_runner.ModelSpec)
   assert isinstance(spec, expected)
   assert spec.mode == "infer"
+
+
+def test_training_in_each_replica_equals_the_big_batch(tmp_path):
+  """`train_distribute` (MirroredStrategy over 2 CPUs): each replica takes
+  the next micro-batch of the input, as Estimator's does; the window of
+  2 replicas x K micro-batches ends at the big batch of 2 x K x B."""
+  from harness.keras_exactness import mirrored_strategy  # noqa: PLC0415
+
+  strategy = mirrored_strategy()
+  replicas = strategy.num_replicas_in_sync
+  assert replicas == 2
+  data = support.make_data(replicas * K * MICRO_BATCH * UPDATES)
+  expected = support.reference_train(support.V1_OPTIMIZERS["adam"], data,
+                                     replicas * K * MICRO_BATCH, UPDATES)
+  runner = session_runner.SessionEstimator(
+      _model_fn, session_runner.RunSettings(
+          model_dir=str(tmp_path / "run"), tf_random_seed=0,
+          save_checkpoints_steps=4, train_distribute=strategy,
+          session_config=tf.compat.v1.ConfigProto(
+              device_count={"CPU": replicas})),
+      params={"optimizer": support.V1_OPTIMIZERS["adam"]})
+  runner.train(_input_fn(data, MICRO_BATCH), max_steps=K * UPDATES)
+  assert runner.get_variable_value("global_step") == K * UPDATES
+  support.assert_weights_close(_weights(runner), expected,
+                               what=f"mirrored, TensorFlow {tf.__version__}")
