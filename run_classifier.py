@@ -237,9 +237,16 @@ class ClassifierRun:
     run_dir.require_checkpoint(self.output_dir, "export")
     pair = any(e.text_b is not None for e in
                self.setup.processor.get_dev_examples(self.flags.data_dir))
-    path = export.export_classifier(
-        estimator, self.flags.export_dir, self.setup.vocab_file,
-        self.flags.do_lower_case, self.flags.max_seq_length, pair=pair)
+    try:
+      path = export.export_classifier(
+          estimator, self.flags.export_dir, self.setup.vocab_file,
+          self.flags.do_lower_case, self.flags.max_seq_length, pair=pair)
+    except (tf.errors.OpError, OSError) as error:
+      if not full_disk.is_full_disk(error):
+        raise
+      raise DiskFull(full_disk.describe_export(
+          self.flags.export_dir, error,
+          tf.train.latest_checkpoint(self.output_dir))) from None
     print(f"exported for serving to {path} (signatures serving_default: "
           f"input_ids, input_mask, segment_ids -> probabilities; text: "
           f"{'text, text_b' if pair else 'text'} -> probabilities)",

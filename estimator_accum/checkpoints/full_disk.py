@@ -21,8 +21,9 @@ import shutil
 
 import tensorflow as tf
 
-__all__ = ["checkpoint_bytes", "describe", "is_full_disk",
-           "remove_cut_saves", "short_of_room"]
+__all__ = ["checkpoint_bytes", "describe", "describe_export",
+           "is_full_disk", "remove_cut_exports", "remove_cut_saves",
+           "short_of_room"]
 
 _SAID = ("No space left on device", "Disk quota exceeded")
 
@@ -70,6 +71,36 @@ def remove_cut_saves(directory):
     tf.io.gfile.remove(path)
     removed.append(os.path.basename(path))
   return removed
+
+
+def remove_cut_exports(export_dir_base):
+  """Removes the SavedModels that exports cut short left under
+  `export_dir_base` (Estimator's `temp-<version>` folders, the session
+  runner's `<version>.temp`); returns their names."""
+  removed = []
+  for pattern in ("temp-*", "*.temp"):
+    for path in tf.io.gfile.glob(os.path.join(export_dir_base, pattern)):
+      if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+        removed.append(os.path.basename(path))
+  return removed
+
+
+def describe_export(export_dir_base, error, checkpoint,
+                    flag="--export_dir"):
+  """One line for an export under `export_dir_base` that found the disk
+  full: the directory, what the file system said, the bytes the exported
+  variables take (`checkpoint`'s) and the bytes free. Removes the exports
+  it cut short first."""
+  remove_cut_exports(export_dir_base)
+  said = next((s for s in _SAID if s in str(error)), None) or os.strerror(
+      getattr(error, "errno", None) or errno.ENOSPC)
+  free = _free_bytes(export_dir_base)
+  has = f"{_megabytes(free)} free" if free is not None else "free space unknown"
+  return (f"{flag}={export_dir_base}: the disk is full ({said}): the "
+          f"SavedModel's variables take {_megabytes(checkpoint_bytes(checkpoint))}"
+          f" ({os.path.basename(checkpoint)}), {has}; nothing was exported: "
+          f"free space and run again to export it.")
 
 
 def describe(directory, error, flag="--output_dir"):

@@ -76,6 +76,19 @@ def export_saved_model(build_predict, export_dir_base,
   temporary = export_dir + ".temp"
   if tf.io.gfile.exists(temporary):
     tf.io.gfile.rmtree(temporary)
+  try:
+    _write(build_predict, serving_input_receiver_fn, checkpoint, temporary)
+  except BaseException:
+    # Nothing half written left behind (a full disk, a stop).
+    if tf.io.gfile.exists(temporary):
+      tf.io.gfile.rmtree(temporary)
+    raise
+  tf.io.gfile.rename(temporary, export_dir)
+  return export_dir.encode()
+
+
+def _write(build_predict, serving_input_receiver_fn, checkpoint, directory):
+  """Writes the SavedModel into `directory`."""
   with tf.Graph().as_default():
     tf.compat.v1.train.get_or_create_global_step()
     receiver = serving_input_receiver_fn()
@@ -84,7 +97,7 @@ def export_saved_model(build_predict, export_dir_base,
     saver = tf.compat.v1.train.Saver(sharded=True)
     with tf.compat.v1.Session() as session:
       saver.restore(session, checkpoint)
-      builder = tf.compat.v1.saved_model.Builder(temporary)
+      builder = tf.compat.v1.saved_model.Builder(directory)
       builder.add_meta_graph_and_variables(
           session, [tf.saved_model.SERVING], signature_def_map=signatures,
           assets_collection=tf.compat.v1.get_collection(
@@ -92,5 +105,3 @@ def export_saved_model(build_predict, export_dir_base,
           main_op=tf.compat.v1.tables_initializer(), strip_default_attrs=True,
           saver=saver)
       builder.save()
-  tf.io.gfile.rename(temporary, export_dir)
-  return export_dir.encode()

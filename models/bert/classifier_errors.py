@@ -16,4 +16,5 @@ class NotFinite(RuntimeError):
 
 
 class DiskFull(RuntimeError):
-  """A write into --output_dir found the disk full: one line, exit 5."""
+  """A write (a checkpoint, an export) found the disk full: one line,
+  exit 5."""

@@ -158,3 +158,36 @@ def test_the_examples_export_what_they_predict(example, flags, tmp_path):
   assert result["variables"] and not [
       v for v in result["variables"]
       if "accum" in v or "gradient_accumulation" in v or "Momentum" in v]
+
+
+def test_a_disk_full_during_the_export_is_named_and_freeing_it_exports(
+    tiny_model, exported, tmp_path):
+  """--export_dir on a full disk (a tmpfs mounted by the test, filled):
+  one line naming the export directory, the bytes the variables take and
+  the bytes free, exit 5, no SavedModel half written left there (neither
+  Estimator's temp-<version> nor the session runner's <version>.temp);
+  with the disk freed, the same command exports it."""
+  from tests.helpers import small_disk  # noqa: PLC0415
+
+  output_dir, _, data = exported
+  with small_disk.mounted(tmp_path / "disk", "16m") as disk:
+    filler = disk / "filler"
+    small_disk.fill(filler)
+    export_dir = disk / "export"
+    flags = base._flags(tiny_model, data, output_dir, do_train=False,
+                        do_eval=False, export_dir=export_dir)
+    full = base._run(flags)
+    assert full.returncode == 5, full.stderr[-3000:]
+    assert "Traceback" not in full.stderr
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        f"run_classifier: error: --export_dir={export_dir}: the disk is full "
+        f"(No space left on device): the SavedModel's variables take "), last
+    assert last.endswith("; nothing was exported: free space and run again "
+                         "to export it."), last
+    assert not list(export_dir.glob("*")), list(export_dir.iterdir())
+    filler.unlink()
+    again = base._run(flags)
+    assert again.returncode == 0, again.stderr[-3000:]
+    [version] = list(export_dir.iterdir())
+    assert version.name.isdigit() and (version / "saved_model.pb").exists()
