@@ -12,6 +12,7 @@ from estimator_accum import releases  # noqa: F401
 # makes one of its subclasses).
 from estimator_accum.integrations import keras_optimizer_v3  # noqa: F401
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
+from estimator_accum.integrations.keras_backup import BackupAndRestore
 from estimator_accum.integrations.keras_optimizer import (
     AccumulatingKerasOptimizer,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
     "AccumulationState",
+    "BackupAndRestore",
     "adjusted_momentum",
     "batch_norm",
     "estimator_step",

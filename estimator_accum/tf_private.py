@@ -427,6 +427,14 @@ def keras_backup_resumes_at_an_epoch(position):
           and not getattr(state, "_enable_save_before_preemption", True))
 
 
+def keep_keras2_backups(training_state, count):
+  """Keeps the last `count` backups of a Keras 2 BackupAndRestore: its
+  `WorkerTrainingState`'s `write_checkpoint_manager._max_to_keep` (Keras
+  2.15 and tf-keras 2.16-2.21 keep one, `MAX_CHECKPOINT_TO_KEEP`, and take
+  no argument for it)."""
+  training_state.write_checkpoint_manager._max_to_keep = count  # noqa: SLF001
+
+
 # Devices ------------------------------------------------------------------
 
 

@@ -282,6 +282,22 @@ def test_keras_backup_resumes_at_an_epoch_reads_the_callbacks_state(
       save_freq == "epoch")
 
 
+@pytest.mark.keras2
+def test_keep_keras2_backups_keeps_that_many(tmp_path):
+  """Keras's own training state keeps one backup; kept at 2, three
+  backups leave the last two."""
+  worker_training_state = importlib.import_module(
+      f"{releases.keras2_module_prefix()}.src.distribute.worker_training_state")
+  model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+  state = worker_training_state.WorkerTrainingState(model, str(tmp_path),
+                                                    "epoch")
+  tf_private.keep_keras2_backups(state, 2)
+  for epoch in range(3):
+    state.back_up(epoch=epoch)
+  kept = sorted(path.name for path in (tmp_path / "chief").glob("*.index"))
+  assert kept == ["ckpt-2.index", "ckpt-3.index"], kept
+
+
 def test_local_devices_include_the_cpu():
   assert any(d.device_type == "CPU" for d in tf_private.local_devices())
 
