@@ -1,10 +1,13 @@
 """One run per model directory: a live run's lock refuses another, a stale
 one (its process gone on this host, or untouched for a minute from another
-host) is taken over with a line, the tasks of one cluster share it. Two
-real processes of run_classifier: tests/integration/test_storage_faults.py."""
+host) is taken over with a line, the tasks of one cluster share it; a
+real process on another host (its own UTS and PID namespaces) holds it.
+Two real processes of run_classifier:
+tests/integration/test_storage_faults.py."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,3 +162,51 @@ def test_of_runs_starting_at_once_one_holds_it(tmp_path, cluster):
     assert all(isinstance(o, run_lock.Lock) for o in outcomes), outcomes
   assert sorted(os.listdir(tmp_path)) == [run_lock.LOCK_NAME]
   owned[0].release()
+
+
+HOLDER = """
+import importlib.util, sys, time
+spec = importlib.util.spec_from_file_location("run_lock", sys.argv[1])
+run_lock = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_lock)
+run_lock.hold(sys.argv[2])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_run_on_another_host_holds_it_until_its_lock_goes_stale(tmp_path):
+  """A real process on another host, as the lock sees one: its own host
+  name and process ids (UTS and PID namespaces made for the test; the
+  file system shared). While it runs it holds the directory; killed, its
+  lock stays live (no process of another host can be looked up) until it
+  is untouched for STALE_SECONDS, then it is taken over with a line."""
+  if os.geteuid() != 0 or not shutil.which("unshare"):
+    pytest.skip("namespaces need root and unshare (CI is root)")
+  holder = subprocess.Popen(
+      ["unshare", "--uts", "--pid", "--fork", "--mount-proc", "sh", "-c",
+       'hostname estimator-accum-other-host && exec "$0" -c "$1" "$2" "$3"',
+       sys.executable, HOLDER, run_lock.__file__, str(tmp_path)],
+      stdout=subprocess.PIPE, text=True, start_new_session=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    held = json.loads((tmp_path / run_lock.LOCK_NAME).read_text())
+    assert held["host"] == "estimator-accum-other-host"
+    assert held["host"] != socket.gethostname()
+    with pytest.raises(run_lock.DirectoryInUse, match=(
+        rf"is in use by another run \(pid {held['pid']} on host "
+        rf"estimator-accum-other-host, started ")):
+      run_lock.hold(str(tmp_path))
+  finally:
+    os.killpg(holder.pid, signal.SIGKILL)
+    holder.wait(timeout=30)
+  # Killed: still live from here, whose process table cannot tell.
+  with pytest.raises(run_lock.DirectoryInUse, match="estimator-accum-other"):
+    run_lock.hold(str(tmp_path))
+  stamp = time.time() - run_lock.STALE_SECONDS - 1
+  os.utime(tmp_path / run_lock.LOCK_NAME, (stamp, stamp))
+  lines = []
+  run_lock.hold(str(tmp_path), report=lines.append).release()
+  assert len(lines) == 1 and "taking over the lock of a run that ended " \
+      "without releasing it: its lock (pid" in lines[0], lines
+  assert "on host estimator-accum-other-host" in lines[0], lines
