@@ -12,19 +12,20 @@ from estimator_accum import releases  # noqa: F401
 # makes one of its subclasses).
 from estimator_accum.integrations import keras_optimizer_v3  # noqa: F401
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
-from estimator_accum.integrations.keras_backup import BackupAndRestore
 from estimator_accum.integrations.keras_optimizer import (
     AccumulatingKerasOptimizer,
 )
 from estimator_accum.integrations.optimizer import AccumulatingOptimizer
 
-# The layer of the Keras `tf.keras` is: Keras 3's (TensorFlow 2.16+'s
-# default) or Keras 2's (2.15, or tf-keras).
+# The layer and the callback of the Keras `tf.keras` is: Keras 3's
+# (TensorFlow 2.16+'s default) or Keras 2's (2.15, or tf-keras).
 if releases.keras_major() >= 3:
+  from estimator_accum.integrations.keras3_backup import BackupAndRestore
   from estimator_accum.integrations.keras3_batch_norm import (
       WindowBatchNormalization,
   )
 else:
+  from estimator_accum.integrations.keras_backup import BackupAndRestore
   from estimator_accum.integrations.keras_batch_norm import (
       WindowBatchNormalization,
   )

@@ -12,7 +12,7 @@ two, and checks the newest before Keras restores it
 one warning naming the file and what is wrong, and training resumes from
 the one before it, at the epoch that one was written; none complete raises
 `NoCompleteCheckpoint`, one line naming each, never a silent start from
-scratch.
+scratch. (Under Keras 3 the callback is `keras3_backup.py`'s.)
 """
 
 import os
@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import tf_private
 from estimator_accum.checkpoints import integrity
 
 __all__ = ["BackupAndRestore"]
@@ -38,13 +38,6 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
     NoCompleteCheckpoint (from `fit`): the backup directory holds backups
       and none is complete.
   """
-
-  def __init__(self, backup_dir, **kwargs):
-    _checks.check_keras_2(
-        "estimator_accum.BackupAndRestore", "backup_dir", backup_dir,
-        "use keras.callbacks.BackupAndRestore(backup_dir, "
-        "double_checkpoint=True), which restores the backup before a bad one")
-    super().__init__(backup_dir, **kwargs)
 
   def on_train_begin(self, logs=None):
     # What every task restores: the chief's backups.

@@ -241,9 +241,6 @@ def test_refusals_name_the_argument_and_the_value():
   with pytest.raises(ValueError, match=r"clip_norm must be a finite number > "
                      r"0 or None, got -1\."):
     _accumulating(keras.optimizers.Adam(), clip_norm=-1)
-  with pytest.raises(TypeError, match=r"estimator_accum\.BackupAndRestore "
-                     r"runs on Keras 2.*double_checkpoint=True"):
-    estimator_accum.BackupAndRestore("backup")
 
 
 def _mirrored():
