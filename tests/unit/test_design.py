@@ -261,7 +261,8 @@ def test_tests_and_benchmarks_never_import_each_other(folder, other):
 
 # Benchmark scripts another script starts, which print no figures of their
 # own (their parent does).
-BENCHMARK_JOBS = {"recipe_worker.py"}
+# Jobs the benchmarks start (in another process, or another venv).
+BENCHMARK_JOBS = {"recipe_worker.py", "peer_hf_trainer.py"}
 
 
 def test_every_benchmark_script_runs_on_the_one_harness():

@@ -1,0 +1,240 @@
+"""The main job beside Hugging Face Trainer on PyTorch, on this machine:
+the same model, split, batch, schedule and epochs, interleaved.
+
+The main job is `python run_classifier.py` with its defaults (MiniLM on the
+movie-disjoint Rotten Tomatoes split, micro-batch 8 x k=4, AdamW 5e-5, 10%
+warmup then linear decay, weight decay 0.01, clip 1.0, max length 128),
+each run in a fresh output directory (its features written anew, as a new
+user's first run). Hugging Face Trainer (benchmarks/peer_hf_trainer.py, in
+a venv of its own: requirements-peer.txt, never the library's or the
+README's) fine-tunes the same all-MiniLM-L6-v2 folder on the same train
+examples with the same recipe, padding per batch (its default), and with
+`group_by_length=True` (its best arrangement here). Each arrangement runs
+`--rounds` times, interleaved (A B C A B C: a busier minute falls on each
+alike).
+
+Printed per arrangement (medians over the rounds): whole-process seconds
+(start to exit: imports, data, model, training, evaluation), training
+seconds (Trainer's `train()`; the main job's "trained N micro-batches in S
+s", graph build and first compiles included), training examples a second,
+dev accuracy, and the whole process against Trainer's best. Then the FLOP
+floor measured here: TensorFlow's float32 matmul rate (2048 x 2048) and the
+job's work, 6 x the non-embedding parameters x the real tokens it trains
+on (attention's own products left out, as is usual): the training seconds
+no implementation can beat at that rate.
+
+  python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
+      [--peer_python .venv-peer/bin/python]
+
+The peer venv is made on first use (`--peer_python` names another): Python
+3.11's venv, `pip install --find-links /opt/wheels -r
+requirements-peer.txt` (this machine kind's disk holds PyTorch's CPU
+build; elsewhere pip takes PyTorch from the registry).
+"""
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from harness import bench  # noqa: E402
+
+PEER_VENV = os.path.join(ROOT, ".venv-peer")
+LOCAL_WHEELS = "/opt/wheels"
+TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
+ACCURACY = re.compile(r"eval on \d+ held-out examples: accuracy ([\d.]+)")
+MAX_LENGTH = 128
+ARRANGEMENTS = ("run_classifier.py (its defaults)",
+                "Hugging Face Trainer, padding per batch",
+                "Hugging Face Trainer, group_by_length=True")
+
+
+def cpu_name():
+  """The CPU's model name, and whether it has AVX-512."""
+  name, avx512 = "unknown CPU", False
+  try:
+    with open("/proc/cpuinfo") as file:
+      for line in file:
+        if line.startswith("model name") and name == "unknown CPU":
+          name = line.split(":", 1)[1].strip()
+        if line.startswith("flags"):
+          avx512 = " avx512f" in line
+  except OSError:
+    pass
+  return f"{name}, {'with' if avx512 else 'without'} AVX-512, " \
+         f"{os.cpu_count()} cores"
+
+
+def peer_python(path):
+  """The peer venv's Python, made on first use."""
+  if path:
+    return path
+  python = os.path.join(PEER_VENV, "bin", "python")
+  if not os.path.exists(python):
+    print(f"making {PEER_VENV} (PyTorch, transformers: "
+          f"requirements-peer.txt)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", PEER_VENV], check=True)
+    links = ["--find-links", LOCAL_WHEELS] if os.path.isdir(
+        LOCAL_WHEELS) else []
+    subprocess.run([python, "-m", "pip", "install", "-q", *links, "-r",
+                    os.path.join(ROOT, "requirements-peer.txt")], check=True)
+  return python
+
+
+def write_examples(directory):
+  """The main job's train and dev examples as JSON lines of text and
+  label index; returns the train texts."""
+  from data import classification  # noqa: PLC0415
+
+  processor = classification.get_processor("rotten_tomatoes")
+  labels = processor.get_labels()
+  texts = {}
+  for split, examples in (("train", processor.get_train_examples(None)),
+                          ("dev", processor.get_dev_examples(None))):
+    with open(os.path.join(directory, f"{split}.jsonl"), "w") as file:
+      for example in examples:
+        file.write(json.dumps({"text": example.text_a,
+                               "label": labels.index(example.label)}) + "\n")
+    texts[split] = [example.text_a for example in examples]
+  return texts["train"]
+
+
+def floor(train_texts, epochs):
+  """(matmul GFLOP/s, real tokens, TFLOP, floor seconds) on this machine."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  from models.bert import modeling, pretrained, tokenization  # noqa: PLC0415
+
+  checkpoint = pretrained.minilm_checkpoint()
+  config = modeling.BertConfig.from_json_file(checkpoint.bert_config_file)
+  tokenizer = tokenization.FullTokenizer(checkpoint.vocab_file,
+                                         checkpoint.do_lower_case)
+  tokens = epochs * sum(min(len(tokenizer.tokenize(text)) + 2, MAX_LENGTH)
+                        for text in train_texts)
+  h, i = config.hidden_size, config.intermediate_size
+  per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
+  parameters = config.num_hidden_layers * per_layer + h * h + h + 2 * h + 2
+  size = 2048
+  a = tf.random.normal([size, size])
+  matmul = tf.function(lambda x: tf.matmul(x, x))
+  matmul(a).numpy()
+  repeats = 20
+  started = time.perf_counter()
+  for _ in range(repeats):
+    matmul(a).numpy()
+  rate = 2 * size ** 3 * repeats / (time.perf_counter() - started)
+  flops = 6 * parameters * tokens
+  return rate / 1e9, int(tokens), flops / 1e12, flops / rate, parameters
+
+
+def run_ours(root, epochs, seed):
+  output_dir = tempfile.mkdtemp(prefix="ours-", dir=root)
+  started = time.perf_counter()
+  done = subprocess.run(
+      [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
+       f"--num_train_epochs={epochs}", f"--seed={seed}"],
+      cwd=ROOT, capture_output=True, text=True, check=False)
+  whole = time.perf_counter() - started
+  trained, accuracy = TRAINED.search(done.stdout), ACCURACY.search(done.stdout)
+  if done.returncode or not trained or not accuracy:
+    raise RuntimeError(f"run_classifier.py: exit {done.returncode}: "
+                       f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
+  micro_batches = int(trained.group(1))
+  return {"whole": whole, "train": float(trained.group(2)),
+          "examples": micro_batches * 8, "accuracy": float(accuracy.group(1))}
+
+
+def run_peer(python, data, model, epochs, seed, grouped):
+  started = time.perf_counter()
+  done = subprocess.run(
+      [python, os.path.join(ROOT, "benchmarks", "peer_hf_trainer.py"),
+       "--model", model, "--data", data, f"--epochs={epochs}",
+       f"--seed={seed}", *(["--group_by_length"] if grouped else [])],
+      capture_output=True, text=True, check=False)
+  whole = time.perf_counter() - started
+  line = next((li for li in done.stdout.splitlines()
+               if li.startswith("RESULT ")), None)
+  if done.returncode or line is None:
+    raise RuntimeError(f"Hugging Face Trainer: exit {done.returncode}: "
+                       f"{done.stderr[-2500:]}")
+  found = json.loads(line[len("RESULT "):])
+  return {"whole": whole, "train": found["train_seconds"],
+          "examples": found["examples"], "accuracy": found["accuracy"],
+          "versions": f"torch {found['torch']}, transformers "
+                      f"{found['transformers']}"}
+
+
+def main():
+  parser = bench.parser(__doc__)
+  parser.add_argument("--epochs", type=float, default=1.0)
+  parser.add_argument("--rounds", type=int, default=1)
+  parser.add_argument("--seed", type=int, default=42)
+  parser.add_argument("--peer_python", default=None,
+                      help="a Python with torch and transformers "
+                           "(default: .venv-peer, made on first use)")
+  args = parser.parse_args()
+  from models.bert import pretrained  # noqa: PLC0415
+
+  python = peer_python(args.peer_python)
+  print(f"machine: {cpu_name()}", flush=True)
+  rows = bench.Rows(f"The main job beside Hugging Face Trainer, "
+                    f"{args.epochs:g} epoch(s), {args.rounds} round(s), "
+                    f"seed {args.seed}", args.json, markdown=True,
+                    formats={"whole s": ".1f", "training s": ".1f",
+                             "examples/s": ".1f", "accuracy": ".4f",
+                             "whole vs Trainer's best": ".2f"})
+  with tempfile.TemporaryDirectory() as root:
+    data = os.path.join(root, "data")
+    os.makedirs(data)
+    train_texts = write_examples(data)
+    model = pretrained.minilm_hf_dir()
+    results = {name: [] for name in ARRANGEMENTS}
+    versions = ""
+    for _ in range(args.rounds):
+      for name in ARRANGEMENTS:
+        try:
+          if name == ARRANGEMENTS[0]:
+            result = run_ours(root, args.epochs, args.seed)
+          else:
+            result = run_peer(python, data, model, args.epochs, args.seed,
+                              grouped=name == ARRANGEMENTS[2])
+            versions = result["versions"]
+        except RuntimeError as error:
+          rows.fail(str(error))
+          return rows.exit_code()
+        results[name].append(result)
+    medians = {name: {key: statistics.median(r[key] for r in runs)
+                      for key in ("whole", "train", "examples", "accuracy")}
+               for name, runs in results.items()}
+    best = min(medians[name]["whole"] for name in ARRANGEMENTS[1:])
+    for name in ARRANGEMENTS:
+      found = medians[name]
+      rows.add(**{"arrangement": name, "whole s": found["whole"],
+                  "training s": found["train"],
+                  "examples/s": found["examples"] / found["train"],
+                  "accuracy": found["accuracy"],
+                  "whole vs Trainer's best": best / found["whole"]})
+    rate, tokens, tflop, seconds, parameters = floor(train_texts, args.epochs)
+    rows.add(**{"arrangement": f"FLOP floor: {tflop:.1f} TFLOP (6 x "
+                               f"{parameters / 1e6:.1f}M non-embedding "
+                               f"parameters x {tokens:,} real tokens) at "
+                               f"{rate:.0f} GFLOP/s (tf.matmul 2048^2)",
+                "whole s": "", "training s": seconds, "examples/s": "",
+                "accuracy": "", "whole vs Trainer's best": ""})
+    print(f"peer: {versions}; training vs the floor: main job "
+          f"{medians[ARRANGEMENTS[0]]['train'] / seconds:.2f}x, Trainer's "
+          f"best {min(medians[n]['train'] for n in ARRANGEMENTS[1:]) / seconds:.2f}x",
+          flush=True)
+  return rows.exit_code()
+
+
+if __name__ == "__main__":
+  sys.exit(main())
