@@ -8,9 +8,12 @@ parameter-server workers. See `build_accumulating_train_op`.
 # First: a missing or unsupported TensorFlow is named in one line.
 from estimator_accum import releases  # noqa: F401
 
-# The kind around a tf.keras.optimizers.Optimizer (AccumulatingKerasOptimizer
-# makes one of its subclasses).
-from estimator_accum.integrations import keras_optimizer_v3  # noqa: F401
+# The kinds around a tf.keras.optimizers.Optimizer and a legacy one
+# (AccumulatingKerasOptimizer makes one of its subclasses).
+from estimator_accum.integrations import (  # noqa: F401
+    keras_optimizer_legacy,
+    keras_optimizer_v3,
+)
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
 from estimator_accum.integrations.keras_optimizer import (
     AccumulatingKerasOptimizer,

@@ -15,7 +15,7 @@ TensorFlow's object-graph hooks (`_track_trackable`, `_trackable_children`,
 
 import tensorflow as tf
 
-from estimator_accum import releases, tf_private
+from estimator_accum import keras_private, releases, tf_private
 from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
 
@@ -48,6 +48,36 @@ def _unclaimed_state(unclaimed, children=None, slots=None):
       "variable names, for variables named otherwise. "
       "Resuming without it would train wrongly; build the window as it was "
       "saved.")
+
+
+def _state_views(tracking, state, slot_names, window_name, prefix, children):
+  """What a checkpoint saves of each of the window's `state` variables (a
+  variable synchronized on read, saved across replicas, through a view),
+  recorded in `tracking`: the views that are a trained variable's slots,
+  returned by (variable, slot name); the others added to `children` under
+  their names (the window's counters under `prefix`). Local variables (a
+  parameter-server worker's) are left out."""
+  local = tf.compat.v1.local_variables()
+  slots = {}
+  for name, variable in state.items():
+    if any(variable is v for v in local):
+      continue
+    releases.keras_track_variable(variable)
+    if name != "micro_batches":  # (the caller's counter, not the window's)
+      tracking.variables[name] = variable
+    # (Eagerly, in TensorFlow 2, the variable saves itself across replicas
+    # and workers.)
+    view = (SyncOnReadCheckpoint(variable)
+            if replicas.is_sync_on_read(variable) and
+            not tf.executing_eagerly() else variable)
+    tracking.by_name[name] = view
+    if name in slot_names:
+      slots[slot_names[name]] = view
+    elif name.startswith(window_name + "/"):
+      children[prefix + name[len(window_name):]] = view
+    else:
+      children[name] = view
+  return slots
 
 
 class WrapperCheckpoints:
@@ -113,27 +143,9 @@ class WrapperCheckpoints:
     tracking = self._tracking(tf.compat.v1.get_default_graph())
     index = tracking.windows.setdefault(window_name, len(tracking.windows))
     prefix = "window" if index == 0 else f"window_{index}"
-    local = tf.compat.v1.local_variables()
     children = dict(_optimizer_children(optimizer))
-    slots = {}
-    for name, variable in state.items():
-      if any(variable is v for v in local):
-        continue
-      releases.keras_track_variable(variable)
-      if name != "micro_batches":  # (the caller's counter, not the window's)
-        tracking.variables[name] = variable
-      # (Eagerly, in TensorFlow 2, the variable saves itself across
-      # replicas and workers.)
-      view = (SyncOnReadCheckpoint(variable)
-              if replicas.is_sync_on_read(variable) and
-              not tf.executing_eagerly() else variable)
-      tracking.by_name[name] = view
-      if name in slot_names:
-        slots[slot_names[name]] = view
-      elif name.startswith(window_name + "/"):
-        children[prefix + name[len(window_name):]] = view
-      else:
-        children[name] = view
+    slots = _state_views(tracking, state, slot_names, window_name, prefix,
+                         children)
     tracking.slots.update(slots)
     tracking.children.update(children)
     for name, child in sorted(children.items()):
@@ -142,20 +154,24 @@ class WrapperCheckpoints:
       # Values a checkpoint loaded before this build holds for it (Keras's
       # load_weights before fit): restored now.
       tf_private.track_child(owner, name, child)
-    deferred = self._deferred_slots
-    for key, view in slots.items():
-      for position in deferred.pop(key, ()):
-        position.restore(view)
-    # A checkpoint that keys window state by the state variables' names
-    # (by-name keys) rather than as the trained variables' slots.
-    for name in state:
-      if name in tracking.by_name:
-        tf_private.restore_deferred(owner, name, tracking.by_name[name])
+    self._restore_loaded(owner, tracking, state, slots)
     unclaimed = sorted(n for n in tf_private.deferred_dependency_names(owner)
                        if "/" in n)
     if unclaimed:
       raise _unclaimed_state(unclaimed, children, slots)
 
+
+  def _restore_loaded(self, owner, tracking, state, slots):
+    """Restores what a checkpoint loaded before this build holds for the
+    window: as the trained variables' slots, or keyed by the state
+    variables' names (by-name keys)."""
+    deferred = self._deferred_slots
+    for key, view in slots.items():
+      for position in deferred.pop(key, ()):
+        position.restore(view)
+    for name in state:
+      if name in tracking.by_name:
+        tf_private.restore_deferred(owner, name, tracking.by_name[name])
 
   def slot_names(self):
     """The slot names of the window state the wrapper built in this graph."""
@@ -229,7 +245,7 @@ def _refuse_a_replaying_backup(position):
   backup at an epoch's end records the epoch's last batch when another
   callback has batch hooks; Keras resumes it at the next epoch, as the
   callback's own `save_freq='epoch'` says."""
-  if tf_private.keras_backup_resumes_at_an_epoch(position):
+  if keras_private.keras_backup_resumes_at_an_epoch(position):
     return
   graph, path = tf_private.restored_checkpoint(position)
   for child in graph.nodes[0].children:

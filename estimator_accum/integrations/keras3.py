@@ -32,7 +32,7 @@ optimizer: the class subclasses Keras 3's.
 import keras
 import tensorflow as tf
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import _checks, keras_private, tf_private
 from estimator_accum.distribution import replicas
 from estimator_accum.integrations import keras3_batch_norm
 from estimator_accum.integrations.keras3_variables import (
@@ -239,7 +239,7 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
       # differs with how the examples fall on the replicas). The inner
       # optimizer's clipping of the parts is then a no-op.
       window = self._clip(_summed(parts))
-      window = tf_private.keras3_clip_gradients(self.inner_optimizer, window)
+      window = keras_private.keras3_clip_gradients(self.inner_optimizer, window)
       parts = [w / replica_count for w in window]
     else:
       parts = self._clip(parts)

@@ -20,7 +20,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import tf_private
+from estimator_accum import keras_private
 from estimator_accum.checkpoints import integrity
 
 __all__ = ["BackupAndRestore"]
@@ -44,4 +44,4 @@ class BackupAndRestore(tf.keras.callbacks.BackupAndRestore):
     integrity.resume_from_complete(
         os.path.join(self.backup_dir, "chief"), report=logging.warning)
     super().on_train_begin(logs)
-    tf_private.keep_keras2_backups(self._training_state, KEPT)
+    keras_private.keep_keras2_backups(self._training_state, KEPT)

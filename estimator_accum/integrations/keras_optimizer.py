@@ -23,10 +23,9 @@ import copy
 import inspect
 import sys
 
-import numpy as np
 import tensorflow as tf
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import _checks, keras_private
 from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints import saved_model_state
 from estimator_accum.distribution import replicas
@@ -37,7 +36,6 @@ from estimator_accum.integrations.wrappers import (
   Wrapper,
   WrapperWindow,
   gradient_options,
-  gradients_as_they_are,
 )
 from estimator_accum.options import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
@@ -80,7 +78,7 @@ class _KerasConfig:
     # ("no attribute 'add_slot'"), the legacy kind's makes each slot the
     # shape of its variable. While one is saved, the window is not served
     # as slots; its whole state is one child (saved_model_state.py).
-    self._window.saving_savedmodel = save_type == "savedmodel"
+    self._window.keras.saving_savedmodel = save_type == "savedmodel"
     children = super()._trackable_children(save_type, **kwargs)
     # (TensorFlow 2 only: a tf.compat.v1 graph's SavedModel holds no window,
     # and its optimizer refuses to train on.)
@@ -94,10 +92,10 @@ class _KerasConfig:
   def _take_state_of_the_savedmodel_being_loaded(self):
     """Made by Keras's load_model: takes the state back from the SavedModel
     it loads, if this version wrote it."""
-    path = tf_private.keras_saved_model_being_loaded()
+    path = keras_private.keras_saved_model_being_loaded()
     state = saved_model_state.read(path) if path else None
     if state is not None:
-      self._window.revived_without_window = False
+      self._window.keras.revived_without_window = False
       self._take_saved_model_state(state)
 
   def get_config(self):
@@ -143,28 +141,19 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
   model.fit(dataset.batch(8))                     # batch 32, exactly
   ```
 
-  A canned estimator takes it through a callable, as any Keras optimizer
-  (docs/user_guide.md, "TensorFlow 2's canned estimators"). Around a Keras 3 optimizer (TensorFlow 2.16+'s Keras)
-  it is `integrations/keras3.py`'s, on one device. Else it is a Keras
-  optimizer of its optimizer's kind (a
-  `tf.keras.optimizers.Optimizer` around one, in TensorFlow 2; a legacy
-  one otherwise), and a Keras LossScaleOptimizer: `compile` does not wrap
-  it in another for a mixed_float16 model; it scales the loss itself, once
-  per window (`loss_scale="auto"`). docs/keras.md has the TensorFlow 2
-  details.
-
-  The micro-batch counter is the optimizer's `iterations`, which those
-  estimators set to their global step: it counts micro-batches. The inner
-  optimizer's own `iterations` counts updates, so a Keras
-  `LearningRateSchedule` runs as in big-batch training. As Keras
-  optimizers do, it takes the loss (or gradients) of each replica as
-  scaled by the caller for a sum over the replicas (the canned heads divide
-  a mean loss by the number of replicas).
-
-  The loss of a micro-batch is taken to be a mean over its examples
-  (`reduction="mean"`, the canned heads' default `SUM_OVER_BATCH_SIZE`);
-  with a canned head's `loss_reduction=SUM` pass `reduction="sum"`: Keras
-  losses do not record their reduction where it could be read.
+  Around a Keras 3 optimizer (TensorFlow 2.16+'s Keras) it is
+  `integrations/keras3.py`'s. Else it is a Keras optimizer of its
+  optimizer's kind (a `tf.keras.optimizers.Optimizer` around one, a legacy
+  one otherwise) and a Keras LossScaleOptimizer: `compile` does not wrap it
+  in another for a mixed_float16 model; it scales the loss itself, once per
+  window (`loss_scale="auto"`). Its `iterations` counts micro-batches (the
+  canned estimators set it to their global step), the inner optimizer's
+  counts updates (a `LearningRateSchedule` runs as in big-batch training).
+  As Keras optimizers do, it takes each replica's loss (or gradients) as
+  scaled for a sum over the replicas. A loss is taken as a mean over its
+  examples (`reduction="mean"`); with a canned head's `loss_reduction=SUM`
+  pass `reduction="sum"` (Keras losses do not record theirs). docs/keras.md
+  and docs/user_guide.md ("TensorFlow 2's canned estimators") say more.
 
   Args:
     optimizer: a `tf.keras.optimizers.Optimizer` (TensorFlow 2), a
@@ -172,18 +161,9 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
       one, or a Keras LossScaleOptimizer around one (its settings taken),
       applied once per window.
     k: int >= 1, micro-batches per update.
-    clip_norm, reduction, accumulator_dtype, accumulator_placement,
-      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
-      communication_options, table_all_reduce, communication_dtype,
-      overlap_backward, sequential_apply, fused_apply, after_update,
-      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
-      window options, keyword-only, each documented with its check in
-      `estimator_accum.options.OPTIONS` and in docs/user_guide.md
-      ("Options").
-
-  Here `reduction` is "mean" unless given (not None: Keras losses do not
-  record theirs), `loss_scale` is "auto", and `name` defaults to None, as
-  for `AccumulatingOptimizer`.
+    clip_norm ... name: the window options (keyword-only), each documented
+      in `estimator_accum.options.OPTIONS` and docs/user_guide.md; here
+      `reduction` is "mean" unless given, `loss_scale` "auto", `name` None.
   """
 
   accumulates_micro_batches = True
@@ -207,7 +187,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     _checks.check_keras_2(
         "AccumulatingKerasOptimizer", "optimizer", optimizer,
         under_keras_3="give it a Keras 3 optimizer (keras.optimizers.Adam), "
-        "which it runs on one device under Keras 3 (docs/releases.md)")
+        "which it wraps under Keras 3 (docs/releases.md)")
     if cls is AccumulatingKerasOptimizer:
       cls = next(kind for kind in cls.__subclasses__()
                  if kind.takes(optimizer))
@@ -239,10 +219,10 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     # Made by Keras's load_model: the window comes back from a SavedModel
     # this version wrote (read here) or an .h5 file (through set_weights,
     # which clears this); one of an older version holds none.
-    self._window.revived_without_window = tf_private.in_keras_load()
+    self._window.keras.revived_without_window = keras_private.in_keras_load()
     super().__init__(name=options.get("name") or DEFAULT_NAME,
                      **self._KERAS_ARGUMENTS)
-    if self._window.revived_without_window:
+    if self._window.keras.revived_without_window:
       self._take_state_of_the_savedmodel_being_loaded()
 
   # What the class is called with: `__init__`'s arguments. (The metaclass
@@ -293,7 +273,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     """Refuses a Keras LossScaleOptimizer around the wrapper: it would
     all-reduce, check and skip every micro-batch, and call the wrapper
     inside its own tf.cond."""
-    if tf_private.is_wrapped_by_keras_loss_scale_optimizer(self):
+    if keras_private.is_wrapped_by_keras_loss_scale_optimizer(self):
       raise ValueError(
           "a Keras LossScaleOptimizer wraps this AccumulatingKerasOptimizer, "
           "which scales the loss itself, once per window (it is a "
@@ -319,140 +299,3 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
                               None).divides_by_replicas:
       return replicas.num_replicas()
     return 1
-
-
-# Registered, so that a Keras model saved compiled with the wrapper loads
-# without custom_objects (under the name it always had).
-@tf.keras.utils.register_keras_serializable(
-    package="estimator_accum", name="AccumulatingKerasOptimizer")
-class _LegacyAccumulatingKerasOptimizer(AccumulatingKerasOptimizer,
-                                        tf.keras.optimizers.legacy.Optimizer):
-  """`AccumulatingKerasOptimizer` around a legacy or tf.compat.v1
-  optimizer: a Keras legacy optimizer."""
-
-  @classmethod
-  def takes(cls, optimizer):
-    return not is_of_the_new_kind(optimizer)
-
-  @property
-  def iterations(self):
-    """int64 variable counting micro-batches (Keras's `iterations`); the
-    estimators that take Keras optimizers set it to their global step.
-    Made here, it is named and checkpointed `micro_batches`: the key
-    `iter` is the inner optimizer's, which counts updates as the plain
-    optimizer's `iter` does."""
-    if self._iterations is None:
-      # Outside any tf.function being traced, as Keras makes its own.
-      with tf.init_scope(), self._distribution_strategy_scope():
-        self._iterations = self.add_weight(
-            "micro_batches", shape=[], dtype=tf.int64, trainable=False,
-            aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-      self._weights.append(self._iterations)
-    return self._iterations
-
-  @iterations.setter
-  def iterations(self, variable):
-    tf.keras.optimizers.legacy.Optimizer.iterations.fset(self, variable)
-
-  @property
-  def weights(self):
-    """The optimizer's state, as Keras's `get_weights`, `set_weights` and
-    `.h5` files of a compiled model hold it: the micro-batch count, the
-    inner optimizer's weights (its update count and slots), then the
-    window's state variables in this graph."""
-    inner = self._window.optimizer
-    inner = (inner.weights if isinstance(inner, tf.keras.optimizers.legacy.Optimizer)
-             else inner.variables())
-    return (list(self._weights) + list(inner) +
-            self._window.checkpoints.variables())
-
-  def variables(self):
-    """As `weights`."""
-    return self.weights
-
-  def _state_by_key(self):
-    """{position: a copy of the weight} (`weights`' order): TensorFlow
-    saves a slot variable only as its variable's slot, never as another
-    object's dependency. The copies live in host memory, made at the first
-    SavedModel save and set anew at each."""
-    weights = self.weights
-    copies = self._window.saved_model_copies
-    if [tuple(c.shape) for c in copies] != [tuple(w.shape) for w in weights]:
-      with tf.init_scope(), tf.device("/cpu:0"):
-        copies = [tf.Variable(replicas.saved_value(w), trainable=False,
-                              name=f"saved_weight_{i}")
-                  for i, w in enumerate(weights)]
-      self._window.saved_model_copies = copies
-    else:
-      with tf.init_scope():
-        for copy_, weight in zip(copies, weights):
-          copy_.assign(replicas.saved_value(weight))
-    return {str(i): copy_ for i, copy_ in enumerate(copies)}
-
-  def _take_saved_model_state(self, state):
-    self.set_weights([state[str(i)] for i in range(len(state))])
-
-  def set_weights(self, weights):
-    """Sets the optimizer's state from `get_weights`' list. Before the window
-    is built (Keras's `load_model` of an `.h5` file sets it right after
-    compile), the values beyond the micro-batch count are kept and set when
-    it is built, and must then match its weights in number and shapes."""
-    weights = list(weights)
-    self._window.revived_without_window = False  # (an .h5 file's state)
-    _ = self.iterations  # (the first value, made if need be)
-    if weights and len(weights) != len(self.weights):
-      # Read now: Keras hands over datasets of an .h5 file it then closes.
-      self._window.pending_weights = [
-          np.asarray(w) for w in weights[len(self._weights):]]
-      weights = weights[:len(self._weights)]
-    tf.keras.optimizers.legacy.Optimizer.set_weights(self, weights)
-
-  def window_built(self):
-    """Sets the values `set_weights` kept, now that the window is built."""
-    pending = self._window.pending_weights
-    if pending is None:
-      return
-    weights = self.weights[len(self._weights):]
-    shapes = [tuple(w.shape) for w in weights]
-    given = [p.shape for p in pending]
-    if shapes != given:
-      raise ValueError(
-          f"set_weights was given {len(pending) + len(self._weights)} "
-          f"values of shapes {given} after the micro-batch count, but this "
-          f"optimizer's weights there, now that its window is built, are "
-          f"{len(weights)} of shapes {shapes}: they were saved by another "
-          "optimizer or window.")
-
-    def set_all():
-      # Now (TensorFlow 2 builds the window in the train step's
-      # tf.function: an assignment made there would run at every step).
-      self._window.pending_weights = None
-      with tf.init_scope():
-        if not tf.executing_eagerly():  # a tf.compat.v1 graph: run now
-          tf.keras.backend.batch_set_value(list(zip(weights, pending)))
-          return
-        for weight, value in zip(weights, pending):
-          replicas.assign_saved(weight, value)
-
-    if replicas.in_a_replica_of_a_strategy() and not (
-        tf.compat.v1.executing_eagerly_outside_functions()):
-      raise ValueError(
-          "optimizer weights set before the window was built (load_model of "
-          "an .h5 file) cannot be set in a replica's context under a "
-          "distribution strategy in a tf.compat.v1 graph: call set_weights "
-          "after the first fit, or save and load with "
-          "save_weights/load_weights.")
-    # Once, in cross-replica context (each replica builds the window).
-    replicas.once_across_replicas(set_all)
-
-  @as_written
-  def get_updates(self, loss, params):
-    """[the train op of one micro-batch of `loss`], as Keras returns."""
-    return [self._from_loss(loss, params, None)]
-
-  @as_written
-  def get_gradients(self, loss, params):
-    """The gradients of one micro-batch's loss, as they are."""
-    self._check_not_loss_scaled_outside()
-    return [gradient for gradient, _ in gradients_as_they_are(
-        loss, params, dict(colocate_gradients_with_ops=False))]

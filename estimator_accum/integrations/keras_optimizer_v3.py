@@ -59,7 +59,7 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
     """Sets the state a SavedModel held, once the window's and the inner
     optimizer's state exist: once, in cross-replica context (every
     replica's thread builds the window and reaches here)."""
-    state = self._window.saved_model_state
+    state = self._window.keras.saved_model_state
     store = self._window.function_variables
     if state is None and not store.has_pending():
       return
@@ -68,14 +68,14 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
       with tf.init_scope():
         if state is not None:
           self.load_own_variables(state)
-          self._window.saved_model_state = None
+          self._window.keras.saved_model_state = None
         store.settle()
 
     replicas.once_across_replicas(load)
 
   def _take_saved_model_state(self, state):
     # Set in the first step, once the state is built (window_built).
-    self._window.saved_model_state = state
+    self._window.keras.saved_model_state = state
 
   def _state_by_key(self):
     """{key: variable}, keyed as in a `.keras` file."""
@@ -139,7 +139,7 @@ class AccumulatingKerasOptimizerV3(AccumulatingKerasOptimizer,
 
   def get_slot_names(self):
     """The window's slot names, none while a SavedModel is saved."""
-    if self._window.saving_savedmodel:
+    if self._window.keras.saving_savedmodel:
       return []
     return super().get_slot_names()
 

@@ -9,6 +9,7 @@ graph through `train_op.accumulating_train_op`.
 
 import contextlib
 import dataclasses
+import typing
 
 import tensorflow as tf
 
@@ -77,7 +78,7 @@ class Wrapper:
     (A Keras optimizer of the new kind saves its slots itself.)"""
     inner = (list(self._window.optimizer.get_slot_names())
              if _serves_slots(self._window.optimizer) else [])
-    if self._window.saving_savedmodel:
+    if self._window.keras.saving_savedmodel:
       # TensorFlow's loader makes a slot the shape of its variable (a row
       # mask's is not); the SavedModel keeps the window otherwise
       # (checkpoints/saved_model_state.py).
@@ -115,6 +116,21 @@ def _serves_slots(optimizer):
 WRAPPER_DEFAULTS = {"reduction": None, "name": None}
 
 
+@dataclasses.dataclass
+class KerasSaving:
+  """What Keras's saving and loading leave with a wrapper's window."""
+  # Values Keras's set_weights gave before the window was built.
+  pending_weights: typing.Any = None
+  # Made by Keras's load_model from a SavedModel, whose window (and
+  # micro-batch count) it does not carry: training from here is refused.
+  revived_without_window: bool = False
+  # Inside a SavedModel save; the state one held, set in the first step;
+  # the legacy kind's copies of its weights one saves.
+  saving_savedmodel: bool = False
+  saved_model_state: typing.Any = None
+  saved_model_copies: list = dataclasses.field(default_factory=list)
+
+
 class WrapperWindow:
   """The settings of a wrapper's window, checked when the wrapper is made,
   and the window built from them in each graph."""
@@ -141,15 +157,7 @@ class WrapperWindow:
     # [the LossScaleConfig or None] once a window was built: "auto" is read
     # once, and every later build (a tf.function traced again) keeps it.
     self._loss_scale_config = None
-    # Values Keras's set_weights gave before the window was built.
-    self.pending_weights = None
-    # Made by Keras's load_model from a SavedModel, whose window (and
-    # micro-batch count) it does not carry: training from here is refused.
-    self.revived_without_window = False
-    # Inside a SavedModel save; the state one held, set in the first step;
-    # the legacy kind's copies of its weights one saves.
-    self.saving_savedmodel, self.saved_model_state = False, None
-    self.saved_model_copies = []
+    self.keras = KerasSaving()
 
   def arguments(self):
     """The arguments that make an equal window: the optimizer, k and the
@@ -223,7 +231,7 @@ class WrapperWindow:
     window and the optimizer's state, as name-based ones do. Its hooks
     `before_window(variables)` and `window_built()` run around the build.
     """
-    if self.revived_without_window:
+    if self.keras.revived_without_window:
       raise ValueError(
           "this AccumulatingKerasOptimizer was loaded from a SavedModel, "
           "which does not hold its window or micro-batch count: training on "

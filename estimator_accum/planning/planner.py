@@ -22,16 +22,23 @@ plan, so the peaks of every larger one are printed with it.
 
 import dataclasses
 import functools
-import gc
 import inspect
 import math
 import time
 
-import tensorflow as tf
-
-from estimator_accum import _checks, tf_private
-from estimator_accum.integrations import session_runner
 from estimator_accum.planning import search
+from estimator_accum.planning.inputs import (  # noqa: F401
+  estimator_step,
+  window_batches,
+)
+from estimator_accum.planning.measure import (  # noqa: F401  (the planner's names)
+  check_build,
+  check_memory_statistics,
+  default_device,
+  free_device_memory,
+  measure_peak,
+  own_threads,
+)
 from estimator_accum.planning.plan import (  # noqa: F401  (the planner's names)
   EQUAL,
   WEIGHTED,
@@ -47,7 +54,6 @@ DEFAULT_MARGIN = 0.1
 # Micro-batches run per candidate: two windows of k=2, so the measured peak
 # holds the accumulating step and the step that applies the window.
 _MEASURED_K = 2
-_MEASURED_MICRO_BATCHES = 4
 
 
 def candidate_micro_batches(share, uneven=False):
@@ -57,20 +63,6 @@ def candidate_micro_batches(share, uneven=False):
   if uneven:
     return sorted({math.ceil(share / k) for k in range(1, share + 1)})
   return [m for m in range(1, share + 1) if share % m == 0]
-
-
-def default_device():
-  """'GPU:0' when TensorFlow sees a GPU, else 'CPU:0'."""
-  return "GPU:0" if tf.config.list_physical_devices("GPU") else "CPU:0"
-
-
-def free_device_memory(device):
-  """The bytes TensorFlow's allocator may use on a GPU `device` (its memory
-  limit: what was free when TensorFlow started, less a reserve)."""
-  index = int(device.rsplit(":", 1)[-1])
-  gpus = [d for d in tf_private.local_devices()
-          if d.device_type == "GPU"]
-  return int(gpus[index].memory_limit)
 
 
 def _budget(memory_budget_mb, device):
@@ -93,157 +85,6 @@ def _check_margin(margin):
       not 0 <= margin < 1):
     raise ValueError(f"margin={margin!r}: must be a fraction in [0, 1)")
   return float(margin)
-
-
-def check_memory_statistics(device):
-  """ValueError in one line when `device`'s allocator keeps no statistics
-  to measure with: TensorFlow's plain CPU allocator (the one it uses with
-  oneDNN off, the default on CPUs without AVX-512) keeps none; the BFC
-  allocator does, when TF_CPU_ALLOCATOR_USE_BFC=true was set before
-  TensorFlow started."""
-  try:
-    tf.config.experimental.get_memory_info(device)
-  except ValueError as error:
-    if "not available" not in str(error):
-      raise ValueError(f"device={device!r}: {error}") from None
-    raise ValueError(
-        f"device={device!r}: its allocator keeps no memory statistics to "
-        "measure with; set TF_CPU_ALLOCATOR_USE_BFC=true in the environment "
-        "before TensorFlow starts (the BFC allocator, as a GPU's, keeps "
-        "them)") from None
-
-
-def own_threads(session_config):
-  """A copy of `session_config` (None: TensorFlow's defaults) whose session
-  runs its ops on the inter-op threads it asks for.
-
-  A graph session's inter-op pool is process-wide unless the config says
-  `use_per_session_threads`: the process's first session makes it with its
-  own `inter_op_parallelism_threads`, and every later session uses it,
-  whatever it asks. A measurement asked on one thread, in a process that
-  had run a default session before, ran on several, in an order (and so to
-  a peak) that differed from run to run. (The intra-op pool is process-wide
-  too; it splits one op's work and did not move the peaks measured.)"""
-  config = tf.compat.v1.ConfigProto()
-  if session_config is not None:
-    if not isinstance(session_config, tf.compat.v1.ConfigProto):
-      raise TypeError(
-          "session_config must be a tf.compat.v1.ConfigProto or None, got "
-          f"{_checks.short(session_config)} of type "
-          f"{type(session_config).__name__}.")
-    config.CopyFrom(session_config)
-  if (config.inter_op_parallelism_threads > 0 and
-      not config.session_inter_op_thread_pool):
-    config.use_per_session_threads = True
-  return config
-
-
-def measure_peak(build, micro_batch, k, device=None,
-                 micro_batches=_MEASURED_MICRO_BATCHES, session_config=None,
-                 **memory_options):
-  """Builds `build(micro_batch, k, **memory_options)` in a fresh graph, runs
-  it `micro_batches` times after initializing, and returns a Measurement of
-  the allocator's peak bytes on `device` (None if it ran out of memory) and
-  of the micro-batches' mean time after the first window (after the first
-  micro-batch when no whole window follows it). `memory_options`:
-  `recompute` and `accumulator_placement`, for a `build` that takes them.
-  `session_config`: the tf.compat.v1.ConfigProto the job runs with (its
-  threads decide the order ops run in, and so what is alive at once);
-  default TensorFlow's."""
-  check_build(build)
-  micro_batch = _checks.check_positive_int("micro_batch", micro_batch)
-  k = _checks.check_k(k)
-  micro_batches = _checks.check_positive_int("micro_batches", micro_batches)
-  config = own_threads(session_config)
-  config.allow_soft_placement = True
-  device = device or default_device()
-  check_memory_statistics(device)
-  started = time.perf_counter()
-  # What earlier work left for the collector (an input pipeline's iterator
-  # in a reference cycle keeps its threads filling buffers): gone before
-  # the peak is read, not allocating during it.
-  gc.collect()
-  graph = tf.Graph()
-  with graph.as_default():
-    fetch = _checked_fetch(build(micro_batch, k, **memory_options), graph,
-                           micro_batch, k)
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer(),
-            tf.compat.v1.tables_initializer()]
-  peak = step_seconds = None
-  run_peaks = []
-  try:
-    with tf.compat.v1.Session(graph=graph, config=config) as session:
-      session.run(init)
-      # Timed after the first window when a whole one follows it: its end
-      # makes the optimizer's slots and compiles a fused apply (XLA: most of
-      # a second, once), which would otherwise count at k > 1 and not at
-      # k = 1, and bias the model against small micro-batches.
-      untimed = k if micro_batches > k else 1
-      timed = None
-      for run in range(micro_batches):
-        tf.config.experimental.reset_memory_stats(device)
-        session.run(fetch)
-        run_peaks.append(
-            int(tf.config.experimental.get_memory_info(device)["peak"]))
-        if run == untimed - 1:
-          timed = time.perf_counter()
-      if micro_batches > untimed:
-        step_seconds = (time.perf_counter() - timed) / (
-            micro_batches - untimed)
-      peak = max(run_peaks)
-  except tf.errors.ResourceExhaustedError:
-    peak = step_seconds = None
-    run_peaks = []
-  except tf.errors.OutOfRangeError:
-    raise ValueError(
-        f"the input ended before {micro_batches} micro-batches of "
-        f"{micro_batch}: planning runs that many (repeat the input)"
-    ) from None
-  finally:
-    del graph, fetch
-    gc.collect()
-  # After the first window (whose end makes the optimizer's slots), the
-  # last micro-batch that adds and the last that ends a window.
-  settled = run_peaks[k:]
-  adding = [p for i, p in enumerate(settled, k) if (i + 1) % k]
-  ending = [p for i, p in enumerate(settled, k) if not (i + 1) % k]
-  return Measurement(micro_batch, k, peak, time.perf_counter() - started,
-                     step_seconds, memory_options.get("recompute", False),
-                     memory_options.get("accumulator_placement", "device"),
-                     adding[-1] if adding else None,
-                     ending[-1] if ending else None)
-
-
-def check_build(build):
-  """Refuses a `build` that is not callable, in one line."""
-  if not callable(build):
-    raise TypeError(
-        "build must be a callable build(micro_batch, k) that returns the "
-        f"train op, got {_checks.short(build)} of type "
-        f"{type(build).__name__}.")
-
-
-def _checked_fetch(fetch, graph, micro_batch, k):
-  """`fetch`, what `build(micro_batch, k)` returned, if a session can run
-  it in `graph` (an op, a tensor, a variable, or a list or dict of them);
-  else a one-line error naming `build` and what it returned."""
-  if fetch is None:
-    raise ValueError(f"build({micro_batch}, {k}) returned None: it must "
-                     "return the train op (what one micro-batch runs)")
-  for element in tf.nest.flatten(fetch):
-    try:
-      graph.as_graph_element(element, allow_tensor=True,
-                             allow_operation=True)
-    except (TypeError, ValueError):
-      why = (f"{type(element).__name__} is not something a session runs"
-             if getattr(element, "graph", graph) is graph else
-             "it was made in another graph than the one build is called in")
-      raise TypeError(
-          f"build({micro_batch}, {k}) returned {_checks.short(fetch, 120)}: "
-          f"it must return the train op (what one micro-batch runs); {why}"
-      ) from None
-  return fetch
 
 
 def plan_micro_batch(build=None, effective_batch=None, *,
@@ -283,8 +124,8 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       threads of its own: `own_threads`; give the job
       `own_threads(config)` too, for it to run on the threads it asks for
       in a process that ran a session before). Default TensorFlow's.
-    model_fn, input_fn, params: instead of `build`, an Estimator's
-      functions (`estimator_step(model_fn, input_fn, params)`).
+    model_fn, input_fn, params: instead of `build`, an Estimator's (as
+      `estimator_step(model_fn, input_fn, params)`).
     recompute: True, False, or "auto": weigh recomputing activations
       (`estimator_accum.recompute`) when `build` takes a `recompute`
       keyword (estimator_step's passes it as params["recompute"]).
@@ -293,28 +134,21 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       `accumulator_placement` keyword. (On CPU host and device memory are
       one: nothing to measure.)
 
-  With more than one choice of memory options, each choice is measured at
-  two small micro-batches; peak and time are modelled as linear in the
-  micro-batch; the plan is the fastest modelled point that fits (a
-  memory-saving option only where nothing saving less fits, or 10% faster),
-  checked by measuring it (`estimator_accum/planning/search.py`).
+  With several choices of memory options, each is measured at two small
+  micro-batches, its peak and time modelled as linear in the micro-batch:
+  the plan is the fastest modelled point that fits (a memory-saving option
+  only where nothing saving less fits, or 10% faster), measured (search.py).
 
-  Returns:
-    MicroBatchPlan. Raises ValueError (one line) when even micro-batch 1
-    does not fit, and for bad arguments.
+  Returns a MicroBatchPlan; raises ValueError (one line) when even
+  micro-batch 1 does not fit, and for bad arguments.
   """
   build = _build_from(build, model_fn, input_fn, params)
   started = time.perf_counter()
-  share = replica_share(effective_batch, replicas)
-  margin = _check_margin(margin)
-  device = device or default_device()
-  budget = _budget(memory_budget_mb, device)
-  check_memory_statistics(device)
-  plan = MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
-                        budget, margin, device)
-  candidates = candidate_micro_batches(share, uneven)
-  choices = _option_choices(build, recompute, accumulator_placement, device,
-                            replicas)
+  plan = _unmeasured_plan(effective_batch, replicas, margin, device,
+                          memory_budget_mb)
+  candidates = candidate_micro_batches(plan.micro_batch, uneven)
+  choices = _option_choices(build, recompute, accumulator_placement,
+                            plan.device, replicas)
   # Every candidate measured in the job's session configuration.
   measure_one = functools.partial(measure_peak, session_config=session_config)
   if len(choices) > 1:
@@ -322,6 +156,19 @@ def plan_micro_batch(build=None, effective_batch=None, *,
                           memory_budget_mb, measure_one)
   return _largest_down_plan(build, plan, candidates, choices[0], log,
                             started, memory_budget_mb, measure_one)
+
+
+def _unmeasured_plan(effective_batch, replicas, margin, device,
+                     memory_budget_mb):
+  """The plan's arguments checked, as the plan of one micro-batch of the
+  replica's whole share (k=1), which measuring replaces."""
+  share = replica_share(effective_batch, replicas)
+  margin = _check_margin(margin)
+  device = device or default_device()
+  budget = _budget(memory_budget_mb, device)
+  check_memory_statistics(device)
+  return MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
+                        budget, margin, device)
 
 
 def _largest_down_plan(build, plan, candidates, choice, log, started,
@@ -516,41 +363,3 @@ def _largest_fitting(count, fits):
     if fits(index):
       return index
   return None
-
-
-def estimator_step(model_fn, input_fn, params=None, config=None):
-  """A `build(micro_batch, k)` for `plan_micro_batch` from an Estimator's
-  functions: calls `input_fn` and `model_fn` (TRAIN) with
-  params["batch_size"] = the micro-batch and params["k"] = k, as Estimator
-  would with `params`, and returns the EstimatorSpec's train op."""
-
-  def build(micro_batch, k):
-    tf.compat.v1.train.get_or_create_global_step()
-    step_params = dict(params or {}, batch_size=micro_batch, k=k)
-    # Repeated: a short input still gives the few micro-batches measured.
-    features, labels = session_runner.input_features(
-        input_fn, step_params, config, repeat=True)
-    spec = session_runner.call_as_estimator(
-        model_fn, features=features, labels=labels,
-        mode=session_runner.TRAIN, params=step_params, config=config)
-    return spec.train_op
-
-  return build
-
-
-def window_batches(dataset, plan):
-  """Batches `dataset` (of examples) into the plan's windows: k - 1
-  micro-batches of `plan.micro_batch` and a last one of
-  `plan.last_micro_batch`, each window the replica's share in order."""
-  if not isinstance(dataset, tf.data.Dataset):
-    raise TypeError(f"dataset must be a tf.data.Dataset of examples, got "
-                    f"{_checks.short(dataset)} of type "
-                    f"{type(dataset).__name__}.")
-  if not isinstance(plan, MicroBatchPlan):
-    raise TypeError(f"plan must be a MicroBatchPlan (plan_micro_batch's or "
-                    f"MicroBatchPlan.given's), got {_checks.short(plan)} of "
-                    f"type {type(plan).__name__}.")
-  share = plan.per_replica
-  return dataset.batch(share, drop_remainder=True).flat_map(
-      lambda *window: tf.data.Dataset.from_tensor_slices(
-          window if len(window) > 1 else window[0]).batch(plan.micro_batch))

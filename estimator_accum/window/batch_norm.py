@@ -83,27 +83,11 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
   """
   training = _static_training(training)
   k = _checks.check_k(k)
-  if not 0.0 <= momentum < 1.0:
-    raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
-  if not epsilon > 0:
-    raise ValueError(f"epsilon must be > 0, got {epsilon!r}.")
-  channels = inputs.shape[-1]
-  if channels is None:
-    raise ValueError(f"inputs must have a known last dimension, got shape "
-                     f"{inputs.shape}.")
+  channels = _checked_channels(inputs, momentum, epsilon)
   axes = list(range(inputs.shape.rank - 1))
   with tf.compat.v1.variable_scope(name) as scope:
-    def variable(var_name, init, trainable=False):
-      return tf.compat.v1.get_variable(
-          var_name, [channels], tf.float32, initializer=init,
-          trainable=trainable)
-
-    ones, zeros = (tf.compat.v1.ones_initializer(),
-                   tf.compat.v1.zeros_initializer())
-    gamma = variable("gamma", ones, trainable=True) if scale else None
-    beta = variable("beta", zeros, trainable=True) if center else None
-    moving_mean = variable("moving_mean", zeros)
-    moving_variance = variable("moving_variance", ones)
+    gamma, beta, moving_mean, moving_variance = _layer_variables(
+        channels, center, scale)
     x = tf.cast(inputs, tf.float32)
     if not training:
       return tf.cast(tf.nn.batch_normalization(
@@ -121,6 +105,36 @@ def batch_norm(inputs, training, k, *, momentum=0.99, epsilon=1e-3,
     # which come after this output: so after this micro-batch's addition.
     with tf.control_dependencies([added]):
       return tf.identity(tf.cast(output, inputs.dtype))
+
+
+def _checked_channels(inputs, momentum, epsilon):
+  """The channels of `inputs` (its known last dimension), `momentum` and
+  `epsilon` checked."""
+  if not 0.0 <= momentum < 1.0:
+    raise ValueError(f"momentum must be in [0, 1), got {momentum!r}.")
+  if not epsilon > 0:
+    raise ValueError(f"epsilon must be > 0, got {epsilon!r}.")
+  channels = inputs.shape[-1]
+  if channels is None:
+    raise ValueError(f"inputs must have a known last dimension, got shape "
+                     f"{inputs.shape}.")
+  return channels
+
+
+def _layer_variables(channels, center, scale):
+  """(gamma, beta, moving_mean, moving_variance) of the layer in the
+  current variable scope, as tf.compat.v1.layers names them (gamma and
+  beta None when not learned)."""
+  def variable(var_name, init, trainable=False):
+    return tf.compat.v1.get_variable(
+        var_name, [channels], tf.float32, initializer=init,
+        trainable=trainable)
+
+  ones, zeros = (tf.compat.v1.ones_initializer(),
+                 tf.compat.v1.zeros_initializer())
+  return (variable("gamma", ones, trainable=True) if scale else None,
+          variable("beta", zeros, trainable=True) if center else None,
+          variable("moving_mean", zeros), variable("moving_variance", ones))
 
 
 def _static_training(training):

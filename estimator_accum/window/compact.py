@@ -183,6 +183,34 @@ def _dense_bytes(variable, dtype):
   return variable.shape.num_elements() * dtype.size
 
 
+def _named(sparse_accumulation, names, sparse):
+  """Per trained variable (`names`, whose gradient is `sparse` or not),
+  whether the list `sparse_accumulation` names it, checked: every item a
+  variable or a name, of a trained variable with a sparse gradient."""
+  wanted = set()
+  for item in sparse_accumulation:
+    if isinstance(item, str):
+      wanted.add(item.split(":")[0])
+    elif isinstance(item, tf.Variable) or hasattr(item, "name"):
+      wanted.add(variable_base_name(item))
+    else:
+      raise TypeError(
+          "sparse_accumulation must list tf.Variable objects or variable "
+          f"names, got {item!r} in it.")
+  unknown = sorted(wanted - set(names))
+  if unknown:
+    raise ValueError(
+        f"sparse_accumulation names {unknown}, which are not trained "
+        f"variables with a gradient; trained: {names}.")
+  dense = sorted(n for n, s in zip(names, sparse) if n in wanted and not s)
+  if dense:
+    raise ValueError(
+        f"sparse_accumulation names {dense}, whose gradients are dense "
+        "tensors, not tf.IndexedSlices; only tables read with gather or "
+        "embedding_lookup can be accumulated sparsely.")
+  return [n in wanted for n in names]
+
+
 def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
                    num_replicas):
   """Decides, per trained variable, whether it gets a compact accumulator.
@@ -224,28 +252,7 @@ def choose_compact(trained, sparse_accumulation, threshold_bytes, dtype,
   if isinstance(sparse_accumulation, bool):
     chosen = sparse if sparse_accumulation else [False] * len(trained)
   elif isinstance(sparse_accumulation, (list, tuple, set, frozenset)):
-    wanted = set()
-    for item in sparse_accumulation:
-      if isinstance(item, str):
-        wanted.add(item.split(":")[0])
-      elif isinstance(item, tf.Variable) or hasattr(item, "name"):
-        wanted.add(variable_base_name(item))
-      else:
-        raise TypeError(
-            "sparse_accumulation must list tf.Variable objects or variable "
-            f"names, got {item!r} in it.")
-    unknown = sorted(wanted - set(names))
-    if unknown:
-      raise ValueError(
-          f"sparse_accumulation names {unknown}, which are not trained "
-          f"variables with a gradient; trained: {names}.")
-    dense = sorted(n for n, s in zip(names, sparse) if n in wanted and not s)
-    if dense:
-      raise ValueError(
-          f"sparse_accumulation names {dense}, whose gradients are dense "
-          "tensors, not tf.IndexedSlices; only tables read with gather or "
-          "embedding_lookup can be accumulated sparsely.")
-    chosen = [n in wanted for n in names]
+    chosen = _named(sparse_accumulation, names, sparse)
   else:
     raise TypeError(
         "sparse_accumulation must be 'auto', True, False or a list of "

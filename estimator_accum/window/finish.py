@@ -14,9 +14,9 @@ import contextlib
 import tensorflow as tf
 from absl import logging
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import tf_private
 from estimator_accum.distribution import apply
-from estimator_accum.window import apply_order
+from estimator_accum.window import apply_order, trained_checks
 from estimator_accum.window.accumulators import rows_to_slices
 from estimator_accum.window.gradient_ops import (
   cast_gradient,
@@ -282,7 +282,7 @@ def compiled_apart_because(alone, gradients, variables,
             if isinstance(g, tf.IndexedSlices)]
   if sparse and not sparse_as_dense:
     return f"sparse gradients of {', '.join(sparse)}"
-  refs = _checks.reference_variable_names(variables)
+  refs = trained_checks.reference_variable_names(variables)
   if refs:
     return f"reference variables {', '.join(refs)}"
   return None

@@ -25,7 +25,7 @@ import numbers
 
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import keras_private, tf_private
 
 _V1_WRAPPER = tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer
 _V1_DYNAMIC = tf.compat.v1.mixed_precision.DynamicLossScale
@@ -108,7 +108,7 @@ def check_loss_scale(loss_scale, loss=None):
 
 
 def _from_keras_wrapper(optimizer):
-  if tf_private.keras_loss_has_been_scaled(optimizer):
+  if keras_private.keras_loss_has_been_scaled(optimizer):
     raise ValueError(
         f"loss was scaled by the Keras {type(optimizer).__name__}'s "
         f"get_scaled_loss, and the window scales it again: pass the unscaled "

@@ -12,6 +12,7 @@ import dataclasses
 import tensorflow as tf
 
 from estimator_accum import _checks
+from estimator_accum.window import trained_checks
 from estimator_accum.window.gradient_ops import first_tensor, scale_gradient
 
 
@@ -92,15 +93,15 @@ def of_loss(loss, var_list=None, num_examples=None):
   """The `MicroBatch` of `loss`, checked: TypeError or ValueError naming
   the argument and the value."""
   _checks.check_loss(loss)
-  return MicroBatch(loss=loss, var_list=_checks.check_var_list(var_list),
-                    num_examples=_checks.check_num_examples(num_examples))
+  return MicroBatch(loss=loss, var_list=trained_checks.check_var_list(var_list),
+                    num_examples=trained_checks.check_num_examples(num_examples))
 
 
 def of_gradients(grads_and_vars, num_examples=None, scaled_by_caller=False):
   """The `MicroBatch` of one micro-batch's `grads_and_vars`, checked."""
   return MicroBatch(
-      grads_and_vars=_checks.check_grads_and_vars(grads_and_vars),
-      num_examples=_checks.check_num_examples(num_examples),
+      grads_and_vars=trained_checks.check_grads_and_vars(grads_and_vars),
+      num_examples=trained_checks.check_num_examples(num_examples),
       scaled_by_caller=scaled_by_caller)
 
 

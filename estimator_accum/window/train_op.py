@@ -47,7 +47,12 @@ from estimator_accum.options import (
   window_options,
 )
 from estimator_accum.window import loss_scale as _loss_scale
-from estimator_accum.window import micro_batch, progress, reductions
+from estimator_accum.window import (
+  micro_batch,
+  progress,
+  reductions,
+  trained_checks,
+)
 from estimator_accum.window import reports as window_reports
 from estimator_accum.window.batch_norm import close_window_statistics
 from estimator_accum.window.compact import SPARSE_THRESHOLD_BYTES
@@ -76,8 +81,7 @@ def build_accumulating_train_op(
     name=DEFAULT_NAME):
   """Returns a train op that applies one update every `k` micro-batches.
 
-  Call it where you would call `optimizer.minimize(loss, global_step)`, in
-  a `model_fn` (an example: README.md). The contract:
+  Call it in place of `optimizer.minimize(loss, global_step)`. The contract:
 
   - Window: the k-th micro-batch of a window (`(global_step + 1) % k ==
     0`, on each replica) applies one update; the other k-1 call no
@@ -98,10 +102,12 @@ def build_accumulating_train_op(
     (with another k or number of replicas it ends at its next multiple of
     k, as the mean of what it holds). A step that finds its input ended
     adds nothing; a window the input ends in stays in the checkpoint.
-  - Refused, naming the argument: eager execution or a tf.function,
-    cross-replica context, a second train op on the same counter,
-    ProximalAdagrad under a strategy, compact sparse accumulation over
-    several replicas, and the errors under Raises.
+  - Refused in one line naming the argument: eager execution or a
+    tf.function, cross-replica context, a second train op on the same
+    counter, ProximalAdagrad under a strategy, compact sparse accumulation
+    over several replicas; a TypeError for an argument of the wrong type, a
+    ValueError for a bad value (k < 1, a loss or global_step not a scalar,
+    no gradient, AdagradDA counting global_step, conflicting arguments).
 
   Args:
     loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
@@ -111,27 +117,15 @@ def build_accumulating_train_op(
     k: int >= 1, micro-batches per update.
     global_step: int64 scalar variable counting micro-batches; default
       `tf.compat.v1.train.get_or_create_global_step()`.
-    var_list: list of tf.Variable to train; default all trainable variables.
-    num_examples: optional scalar tensor, the number of examples in this
-      micro-batch. Each micro-batch's gradient is then weighted by its size,
-      so a window with a short micro-batch equals its big batch exactly.
+    var_list: the tf.Variables to train; default all trainable variables.
+    num_examples: optional scalar tensor, this micro-batch's examples: its
+      gradient is weighted by them (a short micro-batch's window is exact).
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
-    clip_norm, reduction, accumulator_dtype, accumulator_placement,
-      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
-      communication_options, table_all_reduce, communication_dtype,
-      overlap_backward, sequential_apply, fused_apply, after_update,
-      log_every_n_micro_batches, max_consecutive_skipped_windows, name:
-      the window options, documented in `estimator_accum.options.OPTIONS`.
+    clip_norm ... name: the window options (the keywords above), each
+      documented in `estimator_accum.options.OPTIONS` and docs/user_guide.md.
 
-  Returns:
-    A tf.Operation: run it once per micro-batch.
-
-  Raises:
-    TypeError: an argument of the wrong type (`k`, `loss`, `optimizer`,
-      `global_step`, ...).
-    ValueError: `k < 1`, `loss` or `global_step` not a scalar, no gradient,
-      a bad `name`, AdagradDA counting `global_step`, conflicting arguments.
-    RuntimeError: called eagerly, or in cross-replica context.
+  Returns a tf.Operation: run it once per micro-batch (RuntimeError
+  eagerly, or in cross-replica context).
   """
   settings = WindowSettings.checked(
       k, **window_options(locals()), gradient_options=dict(
@@ -161,9 +155,9 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
                                       StateVariables(),
                                       unscales=batch.loss is not None)
     trained = batch.gradients(scaler, dict(settings.gradient_options))
-    _checks.check_ref_variables(trained, optimizer)
+    trained_checks.check_ref_variables(trained, optimizer)
     name_window_state(trained)
-    _checks.check_distinct_names(trained)
+    trained_checks.check_distinct_names(trained)
     # Told to stop (SIGTERM): every replica and worker agrees on one
     # micro-batch, which then changes nothing, and Estimator saves.
     trained, stop_agreed = preemption.gate(batch.loss, trained, global_step,

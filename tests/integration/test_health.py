@@ -258,7 +258,7 @@ def test_the_coordination_service_host_is_the_chief_or_worker_0(cluster, task,
                                                                  hosts):
   config = {"cluster": cluster, "task": {"type": task[0], "index": task[1]}}
   watchdog = health.Watchdog(config, timeout=2.0, interval=0.3)
-  assert health._hosts_coordination_service(  # noqa: SLF001
+  assert health.hosts_coordination_service(
       watchdog.task_type, watchdog.index, watchdog.peers) == hosts
 
 
@@ -269,7 +269,7 @@ def test_the_host_leaves_after_the_others_are_gone(servers):
   watchdog = _watchdog(cluster, 0, exits=lambda code: None)
   threading.Timer(1.0, processes[1].kill).start()
   started = time.monotonic()
-  health._outlive_peers(watchdog.peers, seconds=10)  # noqa: SLF001
+  health.outlive_peers(watchdog.peers, seconds=10)
   assert 0.9 < time.monotonic() - started < 5
 
 

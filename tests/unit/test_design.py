@@ -50,7 +50,8 @@ def _tree(module):
 # only the seam calls its distribution functions (below).
 @pytest.mark.parametrize("module", [m for m in MODULES
                                     if not m.startswith(SEAM) and
-                                    m != "estimator_accum/tf_private.py"])
+                                    m not in ("estimator_accum/tf_private.py",
+                                              "estimator_accum/keras_private.py")])
 def test_only_the_seam_knows_tf_distribute(module):
   for node in ast.walk(_tree(module)):
     if isinstance(node, ast.Attribute) and node.attr == "distribute":
@@ -106,8 +107,9 @@ def test_nothing_is_written_into_another_objects_dict():
 LIBRARY = sorted(str(p.relative_to(ROOT)) for folder in ("estimator_accum",
                                                          "tfconfig")
                  for p in (ROOT / folder).rglob("*.py"))
-DOOR = "estimator_accum/tf_private.py"
-@pytest.mark.parametrize("module", [m for m in LIBRARY if m != DOOR])
+# The doors to private TensorFlow and private Keras.
+DOORS = ("estimator_accum/tf_private.py", "estimator_accum/keras_private.py")
+@pytest.mark.parametrize("module", [m for m in LIBRARY if m not in DOORS])
 def test_private_tensorflow_only_through_the_door(module):
   text = (ROOT / module).read_text()
   found = [f"{module}:{line} {what}"
@@ -116,21 +118,24 @@ def test_private_tensorflow_only_through_the_door(module):
   # A module's own private names (`module._helper`) are not TensorFlow's,
   # but the library uses none across modules either: any is reported.
   assert not found, (
-      f"private TensorFlow outside {DOOR}: {found}; add a named function "
-      f"there (with the version it was written for and why no public API "
-      f"serves) and call it")
+      f"private TensorFlow outside {' and '.join(DOORS)}: {found}; add a "
+      f"named function there (with the version it was written for and why "
+      f"no public API serves) and call it")
   assert "noqa: SLF001" not in text, module
 
 
-def test_the_door_is_used_and_its_test_covers_each_function():
-  door = ast.parse((ROOT / DOOR).read_text())
-  functions = [n.name for n in door.body if isinstance(n, ast.FunctionDef)
+@pytest.mark.parametrize("door", DOORS)
+def test_the_door_is_used_and_its_test_covers_each_function(door):
+  tree = ast.parse((ROOT / door).read_text())
+  functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)
                and not n.name.startswith("_")]
+  assert functions, door
+  module = door.rsplit("/", 1)[-1][:-len(".py")]
   tested = (ROOT / "tests" / "unit" / "test_tf_private.py").read_text()
-  untested = [f for f in functions if f"tf_private.{f}(" not in tested]
+  untested = [f for f in functions if f"{module}.{f}(" not in tested]
   assert not untested, f"tests/unit/test_tf_private.py does not run {untested}"
   for function in functions:
-    doc = ast.get_docstring(next(n for n in door.body if getattr(
+    doc = ast.get_docstring(next(n for n in tree.body if getattr(
         n, "name", None) == function))
     assert doc and ("._" in doc or "`_" in doc or "tensorflow.python" in doc
                     or "keras.src" in doc), (

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_accum import releases, tf_private
+from estimator_accum import keras_private, releases, tf_private
 from tests.helpers import one_worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -183,12 +183,12 @@ def test_loss_scale_optimizers_taken_apart():
   assert tf_private.fixed_loss_scale_value(scale) == 64.0
   keras_inner = tf.keras.optimizers.legacy.SGD(0.1)
   keras = tf.keras.mixed_precision.LossScaleOptimizer(keras_inner)
-  assert tf_private.is_wrapped_by_keras_loss_scale_optimizer(keras_inner)
-  assert not tf_private.is_wrapped_by_keras_loss_scale_optimizer(
+  assert keras_private.is_wrapped_by_keras_loss_scale_optimizer(keras_inner)
+  assert not keras_private.is_wrapped_by_keras_loss_scale_optimizer(
       tf.keras.optimizers.legacy.SGD(0.1))
-  assert not tf_private.keras_loss_has_been_scaled(keras)
+  assert not keras_private.keras_loss_has_been_scaled(keras)
   keras.get_scaled_loss(tf.constant(1.0))
-  assert tf_private.keras_loss_has_been_scaled(keras)
+  assert keras_private.keras_loss_has_been_scaled(keras)
 
 
 def test_saveables_replaced_and_their_tensors_mapped(tmp_path):
@@ -250,7 +250,7 @@ def test_restored_checkpoint_of_a_position(tmp_path):
   assert where == path
   assert any(c.local_name == "root" for c in graph.nodes[0].children)
   # Not a Keras BackupAndRestore's restore.
-  assert not tf_private.keras_backup_resumes_at_an_epoch(positions[0])
+  assert not keras_private.keras_backup_resumes_at_an_epoch(positions[0])
 
 
 @pytest.mark.keras2
@@ -278,7 +278,7 @@ def test_keras_backup_resumes_at_an_epoch_reads_the_callbacks_state(
       loaded, str(tmp_path), save_freq)
   loaded._training_state.restore()  # noqa: SLF001
   position = loaded._deferred_dependencies["extra"][0]  # noqa: SLF001
-  assert tf_private.keras_backup_resumes_at_an_epoch(position) == (
+  assert keras_private.keras_backup_resumes_at_an_epoch(position) == (
       save_freq == "epoch")
 
 
@@ -291,7 +291,7 @@ def test_keep_keras2_backups_keeps_that_many(tmp_path):
   model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
   state = worker_training_state.WorkerTrainingState(model, str(tmp_path),
                                                     "epoch")
-  tf_private.keep_keras2_backups(state, 2)
+  keras_private.keep_keras2_backups(state, 2)
   for epoch in range(3):
     state.back_up(epoch=epoch)
   kept = sorted(path.name for path in (tmp_path / "chief").glob("*.index"))
@@ -337,15 +337,15 @@ def test_in_keras_load_is_true_only_inside_load_model(tmp_path):
   class Probe(tf.keras.layers.Layer):
     @classmethod
     def from_config(cls, config):
-      seen.append(tf_private.in_keras_load())
+      seen.append(keras_private.in_keras_load())
       return cls(**config)
 
-  assert not tf_private.in_keras_load()
+  assert not keras_private.in_keras_load()
   model = tf.keras.Sequential([tf.keras.Input((2,)), Probe()])
   model.save(str(tmp_path / "m.h5"))
   tf.keras.models.load_model(str(tmp_path / "m.h5"),
                              custom_objects={"Probe": Probe})
-  assert seen == [True] and not tf_private.in_keras_load()
+  assert seen == [True] and not keras_private.in_keras_load()
 
 
 @pytest.mark.slow  # a process making a MultiWorkerMirroredStrategy
@@ -388,10 +388,10 @@ def test_the_savedmodel_keras_loads_and_a_checkpoints_object_graph(tmp_path):
   class Probe(tf.keras.layers.Dense):
     @classmethod
     def from_config(cls, config):
-      seen.append(tf_private.keras_saved_model_being_loaded())
+      seen.append(keras_private.keras_saved_model_being_loaded())
       return super().from_config(config)
 
-  assert tf_private.keras_saved_model_being_loaded() is None
+  assert keras_private.keras_saved_model_being_loaded() is None
   tf.keras.models.load_model(str(tmp_path / "model"),
                              custom_objects={"Dense": Probe})
   assert seen and seen[0] == str(tmp_path / "model")
@@ -479,8 +479,8 @@ def test_keras3_clip_gradients_clips_as_the_optimizer_does():
   import keras  # noqa: PLC0415
 
   grads = [tf.constant([3.0, 4.0])]
-  clipped = tf_private.keras3_clip_gradients(
+  clipped = keras_private.keras3_clip_gradients(
       keras.optimizers.SGD(global_clipnorm=1.0), grads)
   np.testing.assert_allclose(clipped[0].numpy(), [0.6, 0.8], rtol=1e-6)
-  same = tf_private.keras3_clip_gradients(keras.optimizers.SGD(), grads)
+  same = keras_private.keras3_clip_gradients(keras.optimizers.SGD(), grads)
   np.testing.assert_allclose(same[0].numpy(), [3.0, 4.0])
