@@ -161,8 +161,13 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
       one, or a Keras LossScaleOptimizer around one (its settings taken),
       applied once per window.
     k: int >= 1, micro-batches per update.
-    clip_norm ... name: the window options (keyword-only), each documented
-      in `estimator_accum.options.OPTIONS` and docs/user_guide.md; here
+    clip_norm, reduction, accumulator_dtype, accumulator_placement,
+      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
+      communication_options, table_all_reduce, communication_dtype,
+      overlap_backward, sequential_apply, fused_apply, after_update,
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name: the
+      window options (keyword-only), each documented in
+      `estimator_accum.options.OPTIONS` and docs/user_guide.md; here
       `reduction` is "mean" unless given, `loss_scale` "auto", `name` None.
   """
 

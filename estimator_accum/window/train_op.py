@@ -121,8 +121,12 @@ def build_accumulating_train_op(
     num_examples: optional scalar tensor, this micro-batch's examples: its
       gradient is weighted by them (a short micro-batch's window is exact).
     colocate_gradients_with_ops: bool, passed to `tf.gradients`.
-    clip_norm ... name: the window options (the keywords above), each
-      documented in `estimator_accum.options.OPTIONS` and docs/user_guide.md.
+    clip_norm, reduction, accumulator_dtype, accumulator_placement,
+      summaries, loss_scale, sparse_accumulation, sparse_threshold_bytes,
+      communication_options, table_all_reduce, communication_dtype,
+      overlap_backward, sequential_apply, fused_apply, after_update,
+      log_every_n_micro_batches, max_consecutive_skipped_windows, name:
+      the window options, documented in `estimator_accum.options.OPTIONS`.
 
   Returns a tf.Operation: run it once per micro-batch (RuntimeError
   eagerly, or in cross-replica context).

@@ -19,6 +19,7 @@ def test_public_api_is_pinned():
       "AccumulationLoggingHook",
       "AccumulationState",
       "Accumulator",
+      "BackupAndRestore",
       "CompactSparseAccumulator",
       "MicroBatchPlan",
       "OutOfMemory",
