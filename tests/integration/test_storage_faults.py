@@ -209,14 +209,17 @@ def test_a_full_disk_is_named_and_freeing_it_resumes_exactly(
                                err_msg=name)
 
 
-@pytest.mark.parametrize("room_kb", [0, 48], ids=["full", "fills_starting"])
+@pytest.mark.parametrize("room_kb", [0, 8, 48],
+                         ids=["full", "fills_writing_features",
+                              "fills_starting"])
 def test_a_disk_full_before_the_first_checkpoint_is_named_too(
     first_run, small_disk, room_kb):
   """The disk has no room (the run directory's own marker cannot be
-  written), or room for the marker and the features but not for what the
-  run writes next (its events file, its first checkpoint): the same one
-  line naming the disk full and exit 5, never "not writable", never a
-  traceback; nothing of the lock or the marker left half written."""
+  written), room for the marker but not the cached features, or room for
+  the marker and the features but not for what the run writes next (its
+  events file, its first checkpoint): the same one line naming the disk
+  full and exit 5, never "not writable", never a traceback; nothing of the
+  lock or the marker left half written."""
   model, data, _, _ = first_run
   filler = small_disk / "filler"
   small_disk_helper.fill(filler)
