@@ -1,4 +1,4 @@
-"""`estimator_accum.BackupAndRestore` under Keras 3 (TensorFlow 2.16+) with
+"""`BackupAndRestore` under Keras 3 (TensorFlow 2.16+) with
 the Keras 3 `AccumulatingKerasOptimizer`, on a backup cut short for real:
 one warning naming it and `fit` resumes from the backup before it, to the
 weights of a run that never stopped (its epochs end mid-window); none
@@ -11,6 +11,12 @@ import pytest
 
 import estimator_accum
 from estimator_accum.checkpoints import integrity
+
+# Keras 3's callback, which `estimator_accum.BackupAndRestore` is where
+# tf.keras is Keras 3 (under TF_USE_LEGACY_KERAS=1 that name is Keras 2's).
+from estimator_accum.integrations.keras3_backup import (  # noqa: I001
+  BackupAndRestore,
+)
 
 pytestmark = pytest.mark.keras3
 
@@ -51,7 +57,7 @@ def _backed_up(backup_dir):
         raise RuntimeError("stopped")
 
   with pytest.raises(RuntimeError, match="stopped"):
-    _fit(5, [estimator_accum.BackupAndRestore(backup_dir), Stop()])
+    _fit(5, [BackupAndRestore(backup_dir), Stop()])
   latest = os.path.join(backup_dir, "latest.weights.h5")
   assert os.path.exists(latest) and os.path.exists(latest + ".bkp")
   return latest
@@ -67,7 +73,7 @@ def test_a_backup_cut_short_is_skipped_and_fit_goes_on_exactly(tmp_path,
   latest = _backed_up(backup_dir)
   _cut_to_half(latest)
   with caplog.at_level("WARNING"):
-    resumed = _fit(5, [estimator_accum.BackupAndRestore(backup_dir)])
+    resumed = _fit(5, [BackupAndRestore(backup_dir)])
   skipped = [r.getMessage() for r in caplog.records
              if r.getMessage().startswith("skipping checkpoint")]
   assert len(skipped) == 1 and skipped[0].startswith(
@@ -86,7 +92,7 @@ def test_no_complete_backup_is_one_line(tmp_path):
   for path in (latest, latest + ".bkp"):
     _cut_to_half(path)
   with pytest.raises(integrity.NoCompleteCheckpoint) as raised:
-    _fit(5, [estimator_accum.BackupAndRestore(backup_dir)])
+    _fit(5, [BackupAndRestore(backup_dir)])
   message = str(raised.value)
   assert "\n" not in message
   assert message.startswith(f"no backup in {backup_dir} is complete "

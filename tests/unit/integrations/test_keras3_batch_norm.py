@@ -10,6 +10,13 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum.integrations.keras3_batch_norm import (
+  WindowBatchNormalization,
+)
+
+# The layer above is Keras 3's, which `estimator_accum.WindowBatchNormalization`
+# is where tf.keras is Keras 3 (under TF_USE_LEGACY_KERAS=1 that name is
+# Keras 2's, and the keras package still Keras 3).
 
 pytestmark = pytest.mark.keras3
 
@@ -47,7 +54,7 @@ def _ours(strategy, make_optimizer, momentum=0.5):
     keras.utils.set_random_seed(1)
     model = keras.Sequential([
         keras.Input((5,)), keras.layers.Dense(8, use_bias=False),
-        estimator_accum.WindowBatchNormalization(k=K, momentum=momentum),
+        WindowBatchNormalization(k=K, momentum=momentum),
         keras.layers.Activation("tanh"), keras.layers.Dense(1)])
     model.compile(optimizer=estimator_accum.AccumulatingKerasOptimizer(
         make_optimizer(keras.optimizers), K), loss="mse")
@@ -173,7 +180,7 @@ def test_saved_mid_window_and_loaded_goes_on_exactly(strategy, tmp_path):
   with strategy.scope():
     loaded = keras.models.load_model(path)
   layer = loaded.layers[1]
-  assert isinstance(layer, estimator_accum.WindowBatchNormalization)
+  assert isinstance(layer, WindowBatchNormalization)
   assert float(layer.window_sums[2].numpy()) == 2.0 * replicas
   loaded.fit(x[cut:], y[cut:], batch_size=replicas * B, shuffle=False,
              verbose=0)
@@ -202,12 +209,12 @@ def test_mixed_float16_normalizes_in_float32():
 
 def test_refusals_name_the_argument_and_the_value():
   with pytest.raises(ValueError, match=r"does not take synchronized=True"):
-    estimator_accum.WindowBatchNormalization(k=2, synchronized=True)
+    WindowBatchNormalization(k=2, synchronized=True)
   with pytest.raises(ValueError, match=r"k must be >= 1"):
-    estimator_accum.WindowBatchNormalization(k=0)
+    WindowBatchNormalization(k=0)
   keras = _keras()
   model = keras.Sequential([
-      keras.Input((5,)), estimator_accum.WindowBatchNormalization(k=2),
+      keras.Input((5,)), WindowBatchNormalization(k=2),
       keras.layers.Dense(1)])
   model.compile(optimizer=estimator_accum.AccumulatingKerasOptimizer(
       keras.optimizers.SGD(0.1), K), loss="mse")
