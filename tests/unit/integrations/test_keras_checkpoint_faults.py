@@ -46,6 +46,15 @@ def _fit(model, epochs, initial_epoch=0, callbacks=()):
   return model
 
 
+def _assert_ends_as_one_run(resumed, epochs):
+  """`resumed` counts the micro-batches of `epochs` and holds the weights
+  of one run of `epochs` that never stopped."""
+  whole = _fit(_model(), epochs)
+  assert int(resumed.optimizer.iterations) == epochs * EPOCH // B
+  for actual, expected in zip(resumed.get_weights(), whole.get_weights()):
+    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+
+
 def _checkpointed(directory, epochs=3):
   """A run of `epochs` epochs with a checkpoint at each epoch's end."""
   _fit(_model(), epochs, callbacks=[tf.keras.callbacks.ModelCheckpoint(
@@ -87,12 +96,9 @@ def test_a_bad_newest_checkpoint_is_skipped_and_training_goes_on_exactly(
   resumed = _model()
   resumed.load_weights(newest)
   _fit(resumed, 4, initial_epoch=2)
-  whole = _fit(_model(), 4)
   # The window's state came back too: resumed at micro-batch 10, two into
   # the third window, it ends where the whole run's 20 do.
-  assert int(resumed.optimizer.iterations) == 4 * EPOCH // B
-  for actual, expected in zip(resumed.get_weights(), whole.get_weights()):
-    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+  _assert_ends_as_one_run(resumed, 4)
 
 
 def test_none_complete_is_one_line_naming_each(tmp_path):
@@ -158,10 +164,7 @@ def test_backup_and_restore_skips_a_bad_backup_and_goes_on_exactly(
   # Resumed after epoch 2, not started anew (which ends at the same
   # weights).
   assert resumed.history.epoch == [2, 3, 4], resumed.history.epoch
-  whole = _fit(_model(), 5)
-  assert int(resumed.optimizer.iterations) == 5 * EPOCH // B
-  for actual, expected in zip(resumed.get_weights(), whole.get_weights()):
-    np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6)
+  _assert_ends_as_one_run(resumed, 5)
 
 
 def test_backup_and_restore_with_no_complete_backup_is_one_line(tmp_path):
