@@ -13,7 +13,6 @@ Google's flags work as in google-research/bert, except that
 workers x replicas x train_batch_size x gradient_accumulation_multiplier.
 """
 
-import dataclasses
 import math
 import os
 import sys
@@ -35,10 +34,10 @@ from absl import app, logging
 import estimator_accum
 from data import bert_features, classification
 from estimator_accum.checkpoints import full_disk
-from estimator_accum.integrations import session_runner
 from models import batch_plan, console, strategies
-from models.bert import classifier, classifier_flags, classifier_setup
+from models.bert import classifier_flags, classifier_setup
 from models.bert import classifier_run_dir as run_dir
+from models.bert import classifier_training as training
 from models.bert.classifier_errors import (
   DIVERGED_EXIT_CODE,
   DiskFull,
@@ -49,23 +48,6 @@ from models.script_flags import FlagValues
 from models.training import DISK_FULL_EXIT_CODE, resume_from_complete
 
 FLAGS = classifier_flags.FLAGS
-
-
-def _training_report(seconds, micro_batches):
-  """One line: the training's time and the allocator's peak of tensor
-  memory (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=
-  true, which holds tensors as a GPU's allocator does)."""
-  device = estimator_accum.planner.default_device()
-  line = (f"trained {micro_batches} micro-batches in {seconds:.1f} s "
-          f"({seconds / max(micro_batches, 1):.3f} s each)")
-  try:
-    peak = tf.config.experimental.get_memory_info(device)["peak"]
-  except ValueError:
-    return (f"{line}; peak memory not measured ({device}'s allocator keeps "
-            "no statistics: on CPU set TF_CPU_ALLOCATOR_USE_BFC=true)")
-  how = ("the BFC allocator, as a GPU holds tensors"
-         if device.startswith("CPU") else "its allocator")
-  return f"{line}; peak tensor memory {peak / 2**20:,.0f} MB on {device} ({how})"
 
 
 class ClassifierRun:
@@ -178,40 +160,21 @@ class ClassifierRun:
     num_train_updates = max(1, math.ceil(
         num_train * self.flags.num_train_epochs / plan.effective_batch))
     if self.flags.do_train:
-      how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
-             f"{plan.micro_batch} x k={plan.k}")
-      if between_graph:
-        how = (f"micro-batch {plan.micro_batch} x k={plan.k} per update, each "
-               f"of {workers} worker(s) applying its own windows to the ps")
-      print(f"effective batch {plan.effective_batch} = {how}; "
-            f"{num_train_updates} updates ({num_train_updates * plan.k} "
-            f"micro-batches) over {num_train} examples, "
-            f"{self.flags.num_train_epochs:g} epoch(s)", flush=True)
-      if self.flags.pack_windows:
-        print(f"each window's {plan.k} x {plan.micro_batch} examples packed "
-              f"into rows of {self.flags.max_seq_length} tokens, at most "
-              f"{self.flags.max_examples_per_row} a row (--pack_windows): a "
-              f"micro-batch is at most {plan.micro_batch} rows (what the plan "
-              f"counts and measures, at {self.flags.max_seq_length} tokens) "
-              f"and holds {plan.micro_batch} examples on average", flush=True)
-      elif self.flags.sort_windows_by_length and plan.k > 1:
-        print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
-              "by length into its micro-batches (--sort_windows_by_length)",
-              flush=True)
-      if self.flags.unpadded:
-        print("the layers' dense parts compute real tokens only, attention "
-              "the padded rows (--unpadded)", flush=True)
+      training.describe(self.flags, plan, workers, replicas, between_graph,
+                        num_train_updates, num_train)
 
     def estimator_for(plan):
-      return self._estimator(self._training_config(
-          plan, num_train_updates, self.setup.init_checkpoint), plan,
-                             strategy, replicas)
+      return training.estimator(
+          self.flags, self.setup, self.output_dir,
+          training.config(self.flags, self.setup, plan, num_train_updates,
+                          self.setup.init_checkpoint),
+          plan, strategy, replicas)
 
     def train(plan):
       started = time.perf_counter()
       self._train(estimator_for(plan), plan, train_file, num_train_updates)
-      print(_training_report(time.perf_counter() - started,
-                             num_train_updates * plan.k), flush=True)
+      print(training.report(time.perf_counter() - started,
+                            num_train_updates * plan.k), flush=True)
 
     if self.flags.do_train:
       # One process only: on a cluster every worker would have to halve.
@@ -278,85 +241,17 @@ class ClassifierRun:
     if not self.flags.do_train and self.flags.micro_batch_size == "auto":
       return estimator_accum.MicroBatchPlan.given(effective, effective // ways,
                                                   ways)
-    training = self._training_config(estimator_accum.MicroBatchPlan.given(
-        effective, effective // ways, ways), 1, None)
+    measured = training.config(
+        self.flags, self.setup, estimator_accum.MicroBatchPlan.given(
+            effective, effective // ways, ways), 1, None)
     try:
       return batch_plan.resolve(
-          self.flags, build=self._planning_step(training, train_file),
+          self.flags, build=training.planning_step(
+              self.flags, self.setup, measured, train_file),
           effective_batch=effective, replicas=ways, run_dir=self.output_dir,
           is_chief=self.distribution.is_chief)
     except batch_plan.PlanError as error:
       raise UsageError(str(error)) from None
-
-  def _planning_step(self, training, train_file):
-    """build(micro_batch, k) for the planner: the training step on batches of
-    the train file at the full --max_seq_length (the longest a batch gets;
-    only --do_train measures)."""
-
-    def build(micro_batch, k, recompute=False,
-              accumulator_placement="device"):
-      tf.compat.v1.train.get_or_create_global_step()
-      dataset = bert_features.input_fn_builder(
-          train_file, self.flags.max_seq_length, micro_batch, is_training=True,
-          drop_remainder=True, seed=self.flags.seed, trim=False)()
-      features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
-      step = dataclasses.replace(
-          training, k=k, micro_batch_size=micro_batch, recompute=recompute,
-          accumulator_placement=accumulator_placement)
-      return classifier.model_fn_builder(self.setup.bert_config, step)(
-          features, None, session_runner.TRAIN).train_op
-
-    return build
-
-  def _training_config(self, plan, num_train_updates, init_checkpoint):
-    return classifier.TrainingConfig(
-        num_labels=len(self.setup.label_list),
-        learning_rate=self.flags.learning_rate,
-        num_train_updates=num_train_updates,
-        num_warmup_updates=int(num_train_updates *
-                               self.flags.warmup_proportion),
-        k=plan.k, clip_norm=self.flags.clip_norm or None,
-        optimizer=self.flags.optimizer,
-        init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
-        total_micro_batches=num_train_updates * plan.k,
-        log_every_n_micro_batches=self.flags.log_every,
-        use_fp16=self.flags.use_fp16,
-        max_consecutive_skipped_windows=(
-            self.flags.max_consecutive_skipped_windows or None),
-        classifier_dropout=self.flags.classifier_dropout,
-        recompute=self.flags.recompute or plan.recompute,
-        accumulator_placement=plan.accumulator_placement,
-        fused_apply=self.flags.fused_apply, unpadded=self.flags.unpadded)
-
-  def _estimator(self, training, plan, strategy, replicas):
-    session_config = None
-    if strategy is not None and not tf.config.list_physical_devices("GPU"):
-      session_config = tf.compat.v1.ConfigProto(
-          device_count={"CPU": max(replicas, 1)})
-    save_every = self.flags.save_checkpoints_steps
-    if self.flags.micro_batch_size == "auto":  # Window boundaries, for halving.
-      save_every = batch_plan.save_every(plan, save_every)
-    model_fn = classifier.model_fn_builder(self.setup.bert_config, training)
-    if estimator_accum.releases.estimator() is None:
-      # TensorFlow 2.16+: the same model_fn through the library's sessions
-      # (one process; _check_release refused the cluster strategies).
-      return session_runner.SessionEstimator(
-          model_fn, session_runner.RunSettings(
-              model_dir=self.output_dir, tf_random_seed=self.flags.seed,
-              session_config=session_config, train_distribute=strategy,
-              save_checkpoints_steps=save_every,
-              keep_checkpoint_max=self.flags.keep_checkpoint_max))
-    run_config = tf.estimator.RunConfig(
-        model_dir=self.output_dir, tf_random_seed=self.flags.seed,
-        train_distribute=strategy, session_config=session_config,
-        save_checkpoints_steps=save_every,
-        keep_checkpoint_max=self.flags.keep_checkpoint_max,
-        log_step_count_steps=self.flags.log_every * 1000,
-        # No graph.pbtxt and no .meta beside each checkpoint: the events
-        # file holds the graph for TensorBoard, and printing BERT's graph as
-        # text took about 1 s of an 8 s tiny-BERT run (2 layers).
-        checkpoint_save_graph_def=False)
-    return tf.estimator.Estimator(model_fn, config=run_config)
 
   def _train(self, estimator, plan, train_file, num_train_updates):
     between_graph = self.between_graph

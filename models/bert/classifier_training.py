@@ -1,0 +1,138 @@
+"""The classifier's training, as run_classifier.py sets it up: the
+model_fn's TrainingConfig from the flags, the Estimator (or, on TensorFlow
+2.16+, the library's SessionEstimator) it trains through, the planner's
+step, and the lines that say how it trains and what it took."""
+
+import dataclasses
+
+import tensorflow as tf
+
+import estimator_accum
+from data import bert_features
+from estimator_accum.integrations import session_runner
+from models import batch_plan
+from models.bert import classifier
+
+__all__ = ["config", "describe", "estimator", "planning_step", "report"]
+
+
+def config(flags, setup, plan, num_train_updates, init_checkpoint):
+  """The model_fn's TrainingConfig of `plan` from the flags."""
+  return classifier.TrainingConfig(
+      num_labels=len(setup.label_list),
+      learning_rate=flags.learning_rate,
+      num_train_updates=num_train_updates,
+      num_warmup_updates=int(num_train_updates *
+                             flags.warmup_proportion),
+      k=plan.k, clip_norm=flags.clip_norm or None,
+      optimizer=flags.optimizer,
+      init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
+      total_micro_batches=num_train_updates * plan.k,
+      log_every_n_micro_batches=flags.log_every,
+      use_fp16=flags.use_fp16,
+      max_consecutive_skipped_windows=(
+          flags.max_consecutive_skipped_windows or None),
+      classifier_dropout=flags.classifier_dropout,
+      recompute=flags.recompute or plan.recompute,
+      accumulator_placement=plan.accumulator_placement,
+      fused_apply=flags.fused_apply, unpadded=flags.unpadded)
+
+
+def estimator(flags, setup, output_dir, training, plan, strategy, replicas):
+  """The Estimator (TensorFlow 2.15) or the library's SessionEstimator
+  (2.16+) of the model_fn with `training`, on `output_dir`."""
+  session_config = None
+  if strategy is not None and not tf.config.list_physical_devices("GPU"):
+    session_config = tf.compat.v1.ConfigProto(
+        device_count={"CPU": max(replicas, 1)})
+  save_every = flags.save_checkpoints_steps
+  if flags.micro_batch_size == "auto":  # Window boundaries, for halving.
+    save_every = batch_plan.save_every(plan, save_every)
+  model_fn = classifier.model_fn_builder(setup.bert_config, training)
+  if estimator_accum.releases.estimator() is None:
+    # TensorFlow 2.16+: the same model_fn through the library's sessions
+    # (one process; _check_release refused the cluster strategies).
+    return session_runner.SessionEstimator(
+        model_fn, session_runner.RunSettings(
+            model_dir=output_dir, tf_random_seed=flags.seed,
+            session_config=session_config, train_distribute=strategy,
+            save_checkpoints_steps=save_every,
+            keep_checkpoint_max=flags.keep_checkpoint_max))
+  run_config = tf.estimator.RunConfig(
+      model_dir=output_dir, tf_random_seed=flags.seed,
+      train_distribute=strategy, session_config=session_config,
+      save_checkpoints_steps=save_every,
+      keep_checkpoint_max=flags.keep_checkpoint_max,
+      log_step_count_steps=flags.log_every * 1000,
+      # No graph.pbtxt and no .meta beside each checkpoint: the events
+      # file holds the graph for TensorBoard, and printing BERT's graph as
+      # text took about 1 s of an 8 s tiny-BERT run (2 layers).
+      checkpoint_save_graph_def=False)
+  return tf.estimator.Estimator(model_fn, config=run_config)
+
+
+def planning_step(flags, setup, training, train_file):
+  """build(micro_batch, k) for the planner: the training step on batches of
+  the train file at the full --max_seq_length (the longest a batch gets;
+  only --do_train measures)."""
+
+  def build(micro_batch, k, recompute=False,
+            accumulator_placement="device"):
+    tf.compat.v1.train.get_or_create_global_step()
+    dataset = bert_features.input_fn_builder(
+        train_file, flags.max_seq_length, micro_batch, is_training=True,
+        drop_remainder=True, seed=flags.seed, trim=False)()
+    features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+    step = dataclasses.replace(
+        training, k=k, micro_batch_size=micro_batch, recompute=recompute,
+        accumulator_placement=accumulator_placement)
+    return classifier.model_fn_builder(setup.bert_config, step)(
+        features, None, session_runner.TRAIN).train_op
+
+  return build
+
+
+def describe(flags, plan, workers, replicas, between_graph,
+             num_train_updates, num_train):
+  """Prints how the run trains: the effective batch and its split, and the
+  arrangement of the windows' examples."""
+  how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
+         f"{plan.micro_batch} x k={plan.k}")
+  if between_graph:
+    how = (f"micro-batch {plan.micro_batch} x k={plan.k} per update, each "
+           f"of {workers} worker(s) applying its own windows to the ps")
+  print(f"effective batch {plan.effective_batch} = {how}; "
+        f"{num_train_updates} updates ({num_train_updates * plan.k} "
+        f"micro-batches) over {num_train} examples, "
+        f"{flags.num_train_epochs:g} epoch(s)", flush=True)
+  if flags.pack_windows:
+    print(f"each window's {plan.k} x {plan.micro_batch} examples packed "
+          f"into rows of {flags.max_seq_length} tokens, at most "
+          f"{flags.max_examples_per_row} a row (--pack_windows): a "
+          f"micro-batch is at most {plan.micro_batch} rows (what the plan "
+          f"counts and measures, at {flags.max_seq_length} tokens) "
+          f"and holds {plan.micro_batch} examples on average", flush=True)
+  elif flags.sort_windows_by_length and plan.k > 1:
+    print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
+          "by length into its micro-batches (--sort_windows_by_length)",
+          flush=True)
+  if flags.unpadded:
+    print("the layers' dense parts compute real tokens only, attention "
+          "the padded rows (--unpadded)", flush=True)
+
+
+def report(seconds, micro_batches):
+  """One line: the training's time and the allocator's peak of tensor
+  memory (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=
+  true, which holds tensors as a GPU's allocator does)."""
+  device = estimator_accum.planner.default_device()
+  line = (f"trained {micro_batches} micro-batches in {seconds:.1f} s "
+          f"({seconds / max(micro_batches, 1):.3f} s each)")
+  try:
+    peak = tf.config.experimental.get_memory_info(device)["peak"]
+  except ValueError:
+    return (f"{line}; peak memory not measured ({device}'s allocator keeps "
+            "no statistics: on CPU set TF_CPU_ALLOCATOR_USE_BFC=true)")
+  how = ("the BFC allocator, as a GPU holds tensors"
+         if device.startswith("CPU") else "its allocator")
+  return f"{line}; peak tensor memory {peak / 2**20:,.0f} MB on {device} ({how})"
