@@ -14,6 +14,7 @@ import pytest
 import tfconfig
 from tests.helpers import processes
 from tfconfig import launch
+from tfconfig import ports as tfconfig_ports
 
 
 def _cluster(**cluster):
@@ -441,7 +442,7 @@ def test_show_of_a_huge_or_deep_tf_config_is_one_line():
 # ephemeral port between the choice and the task's bind, and the task then
 # fails with "Could not start gRPC server" (once in a whole-suite run).
 def test_free_ports_lie_outside_the_ephemeral_range_and_are_free():
-  first, last = launch._ephemeral_range()  # noqa: SLF001
+  first, last = tfconfig_ports._ephemeral_range()  # noqa: SLF001
   ports = launch.free_ports(16)
   assert len(set(ports)) == 16
   assert all(1024 <= p < 65536 and not first <= p <= last for p in ports)
@@ -456,16 +457,16 @@ def test_free_ports_skip_a_port_in_use(monkeypatch):
     taken.listen()
     port = taken.getsockname()[1]
     # The taken port outside the range, and the first one tried:
-    monkeypatch.setattr(launch, "_ephemeral_range",
+    monkeypatch.setattr(tfconfig_ports, "_ephemeral_range",
                         lambda: (port + 1, 65535))
-    monkeypatch.setattr(launch.random, "SystemRandom", _LastFirst)
+    monkeypatch.setattr(tfconfig_ports.random, "SystemRandom", _LastFirst)
     ports = launch.free_ports(3)
   assert port not in ports and len(set(ports)) == 3
   assert all(p <= port for p in ports)
 
 
 def test_free_ports_are_the_kernels_where_its_range_leaves_none(monkeypatch):
-  monkeypatch.setattr(launch, "_ephemeral_range", lambda: (1024, 65535))
+  monkeypatch.setattr(tfconfig_ports, "_ephemeral_range", lambda: (1024, 65535))
   ports = launch.free_ports(4)
   assert len(set(ports)) == 4
 
