@@ -45,28 +45,11 @@ def _check_name(what, value):
         "digits and '-', starting with a letter, at most 63 characters)")
 
 
-def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
-                   evaluator=False, namespace="default",
-                   restart_policy="ExitCode", backoff_limit=3,
-                   pvc=None, mount_path=None,
-                   grace_seconds=DEFAULT_GRACE_SECONDS):
-  """A `kubeflow.org/v1` TFJob, as a dict ready for yaml.safe_dump.
-
-  Args:
-    name: the job's name, a DNS-1035 label.
-    image: the container image every replica runs.
-    command: list of str, the command every replica runs (its flags give
-      the shared model_dir, e.g. under `mount_path`).
-    workers, chief, ps, evaluator: the replicas, as `tfconfig launch`.
-    namespace: the Kubernetes namespace.
-    restart_policy: one of RESTART_POLICIES.
-    backoff_limit: restarts of the job before it fails.
-    pvc: optional name of a ReadWriteMany PersistentVolumeClaim mounted at
-      `mount_path` in every pod (the shared model_dir).
-    grace_seconds: int, every pod's `terminationGracePeriodSeconds`; the
-      stop on SIGTERM gets all but `GRACE_MARGIN_SECONDS` of it
-      (`ESTIMATOR_ACCUM_STOP_SECONDS` in every container).
-  """
+def _check_tfjob(name, namespace, image, command, workers, ps,
+                 backoff_limit, restart_policy, grace_seconds, pvc,
+                 mount_path):
+  """Refuses a bad argument of `tfjob_manifest`, in one line naming the
+  flag and the value."""
   _check_name("--name", name)
   _check_name("--namespace", namespace)
   if not image or not isinstance(image, str):
@@ -96,6 +79,32 @@ def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
   if bool(pvc) != bool(mount_path):
     raise tfc.TFConfigError("--pvc and --mount_path go together (the shared "
                             "model_dir's claim and where it is mounted)")
+
+
+def tfjob_manifest(name, image, command, workers, chief=False, ps=0,
+                   evaluator=False, namespace="default",
+                   restart_policy="ExitCode", backoff_limit=3,
+                   pvc=None, mount_path=None,
+                   grace_seconds=DEFAULT_GRACE_SECONDS):
+  """A `kubeflow.org/v1` TFJob, as a dict ready for yaml.safe_dump.
+
+  Args:
+    name: the job's name, a DNS-1035 label.
+    image: the container image every replica runs.
+    command: list of str, the command every replica runs (its flags give
+      the shared model_dir, e.g. under `mount_path`).
+    workers, chief, ps, evaluator: the replicas, as `tfconfig launch`.
+    namespace: the Kubernetes namespace.
+    restart_policy: one of RESTART_POLICIES.
+    backoff_limit: restarts of the job before it fails.
+    pvc: optional name of a ReadWriteMany PersistentVolumeClaim mounted at
+      `mount_path` in every pod (the shared model_dir).
+    grace_seconds: int, every pod's `terminationGracePeriodSeconds`; the
+      stop on SIGTERM gets all but `GRACE_MARGIN_SECONDS` of it
+      (`ESTIMATOR_ACCUM_STOP_SECONDS` in every container).
+  """
+  _check_tfjob(name, namespace, image, command, workers, ps, backoff_limit,
+               restart_policy, grace_seconds, pvc, mount_path)
   counts = {tfc.CHIEF: int(bool(chief)), tfc.WORKER: workers, tfc.PS: ps,
             tfc.EVALUATOR: int(bool(evaluator))}
   if counts[tfc.CHIEF] + workers < 1:
