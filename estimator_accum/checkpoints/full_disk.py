@@ -93,14 +93,22 @@ def describe_export(export_dir_base, error, checkpoint,
   variables take (`checkpoint`'s) and the bytes free. Removes the exports
   it cut short first."""
   remove_cut_exports(export_dir_base)
-  said = next((s for s in _SAID if s in str(error)), None) or os.strerror(
-      getattr(error, "errno", None) or errno.ENOSPC)
-  free = _free_bytes(export_dir_base)
-  has = f"{_megabytes(free)} free" if free is not None else "free space unknown"
-  return (f"{flag}={export_dir_base}: the disk is full ({said}): the "
+  return (f"{flag}={export_dir_base}: the disk is full ({_said(error)}): the "
           f"SavedModel's variables take {_megabytes(checkpoint_bytes(checkpoint))}"
-          f" ({os.path.basename(checkpoint)}), {has}; nothing was exported: "
-          f"free space and run again to export it.")
+          f" ({os.path.basename(checkpoint)}), {_free(export_dir_base)}; "
+          f"nothing was exported: free space and run again to export it.")
+
+
+def _said(error):
+  """What the file system said of the full disk, in the error's words."""
+  return next((s for s in _SAID if s in str(error)), None) or os.strerror(
+      getattr(error, "errno", None) or errno.ENOSPC)
+
+
+def _free(directory):
+  """'N MB free' on `directory`'s disk, or 'free space unknown'."""
+  free = _free_bytes(directory)
+  return f"{_megabytes(free)} free" if free is not None else "free space unknown"
 
 
 def describe(directory, error, flag="--output_dir"):
@@ -109,20 +117,16 @@ def describe(directory, error, flag="--output_dir"):
   newest complete one's) and the bytes free, and what to do. Removes the
   saves it cut short first."""
   remove_cut_saves(directory)
-  said = next((s for s in _SAID if s in str(error)), None) or os.strerror(
-      getattr(error, "errno", None) or errno.ENOSPC)
-  free = _free_bytes(directory)
   try:
     newest = tf.train.latest_checkpoint(directory)
   except (tf.errors.OpError, ValueError):  # a state file the disk cut short
     newest = None
   needs = (f"a checkpoint takes {_megabytes(checkpoint_bytes(newest))} "
            f"({os.path.basename(newest)}), " if newest else "")
-  has = f"{_megabytes(free)} free" if free is not None else "free space unknown"
   resume = (f"; free space and run again to resume from {newest}" if newest
             else "; free space and run again")
-  return (f"{flag}={directory}: the disk is full ({said}): {needs}{has}"
-          f"{resume}.")
+  return (f"{flag}={directory}: the disk is full ({_said(error)}): {needs}"
+          f"{_free(directory)}{resume}.")
 
 
 def short_of_room(directory, each_bytes, count, flag="--output_dir"):

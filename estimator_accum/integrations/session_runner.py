@@ -124,16 +124,24 @@ class SessionEstimator:
   def get_variable_value(self, name):
     return tf.train.load_checkpoint(self.model_dir).get_tensor(name)
 
+  def _start_graph(self):
+    """The default graph's seed and global step (returned), as Estimator
+    sets them before it calls the model_fn."""
+    tf.compat.v1.set_random_seed(self.config.tf_random_seed)
+    return tf.compat.v1.train.get_or_create_global_step()
+
+  def _model(self, features, labels, mode):
+    """The model_fn's spec in `mode`, called as Estimator calls it."""
+    return call_as_estimator(
+        self._model_fn, features=features, labels=labels, mode=mode,
+        params=self.params, config=self.config)
+
   def _spec(self, input_fn, mode):
     """(global step, spec) of the model_fn in `mode` in the default graph,
     its features from `input_fn`."""
-    tf.compat.v1.set_random_seed(self.config.tf_random_seed)
-    global_step = tf.compat.v1.train.get_or_create_global_step()
+    global_step = self._start_graph()
     features, labels = input_features(input_fn, self.params, self.config)
-    spec = call_as_estimator(
-        self._model_fn, features=features, labels=labels, mode=mode,
-        params=self.params, config=self.config)
-    return global_step, spec
+    return global_step, self._model(features, labels, mode)
 
   def _restoring(self, hooks=()):
     """A MonitoredSession on the latest checkpoint, `hooks` run in it."""
@@ -184,8 +192,7 @@ class SessionEstimator:
     in each of `strategy`'s replicas, in its scope, as Estimator's
     `train_distribute` builds it: the input_fn's Dataset holds one
     replica's batches, and each replica takes the next batch of it."""
-    tf.compat.v1.set_random_seed(self.config.tf_random_seed)
-    tf.compat.v1.train.get_or_create_global_step()
+    self._start_graph()
     dataset = call_as_estimator(input_fn, params=self.params,
                                 config=self.config)
     if not isinstance(dataset, tf.data.Dataset):
@@ -197,10 +204,7 @@ class SessionEstimator:
     specs = {}
 
     def replica_step():
-      features, labels = _features_and_labels(iterator.get_next())
-      spec = call_as_estimator(
-          self._model_fn, features=features, labels=labels, mode=TRAIN,
-          params=self.params, config=self.config)
+      spec = self._model(*_features_and_labels(iterator.get_next()), TRAIN)
       specs[replicas.replica_id()] = spec
       return spec.train_op
 
@@ -252,10 +256,9 @@ class SessionEstimator:
       raise ValueError(f"{self.model_dir} holds no checkpoint to export.")
 
     def build_predict(features):
+      # (session_export makes the global step, before the receiver.)
       tf.compat.v1.set_random_seed(self.config.tf_random_seed)
-      return call_as_estimator(
-          self._model_fn, features=features, labels=None, mode=PREDICT,
-          params=self.params, config=self.config)
+      return self._model(features, None, PREDICT)
 
     return session_export.export_saved_model(
         build_predict, export_dir_base, serving_input_receiver_fn,
