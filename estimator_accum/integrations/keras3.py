@@ -220,12 +220,15 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     replica_count = replicas.num_replicas()
     # The window's examples and its layers' sums, over every replica in
     # one all-reduce.
+    layer_parts = [layer.window_parts() for layer in layers]
     shared = [tf.identity(self.window_examples)] + [
-        part for layer in layers for part in layer.window_parts()]
+        part for parts in layer_parts for part in parts]
     if replica_count > 1:
       shared = _summed(shared)
-    for i, layer in enumerate(layers):
-      layer.end_window(shared[1 + 3 * i:4 + 3 * i])
+    start = 1
+    for layer, parts in zip(layers, layer_parts):
+      layer.end_window(shared[start:start + len(parts)])
+      start += len(parts)
     parts = [tf.identity(a) for a, _ in applied]
     if self._weighs_examples:
       # The mean over replicas of their means, as Keras's losses divide

@@ -17,8 +17,10 @@ replica's copy of the moving statistics to the same value (Keras 3's own
 layer lets the copies drift apart and reads the first replica's).
 
 The optimizer finds the layers called in the same step: each layer records
-itself in the step function's graph (or, run eagerly, in this process) when
-it adds a micro-batch.
+itself in the step function's graph when it adds a micro-batch; run
+eagerly, where there is no step graph, the optimizer takes the layers
+recorded since its last micro-batch (another model's, trained in the same
+process, were taken by that model's optimizer).
 """
 
 import weakref
@@ -34,7 +36,8 @@ __all__ = ["WindowBatchNormalization", "windows_in_step"]
 _UNSUPPORTED = ("synchronized", "renorm")
 
 # {graph: {id(layer): layer}}: the layers that added a micro-batch in a
-# step function's graph; run eagerly, under the key None.
+# step function's graph; run eagerly, those since the last `apply` took
+# them.
 _CALLED = weakref.WeakKeyDictionary()
 _EAGER_CALLED = weakref.WeakValueDictionary()
 
@@ -97,11 +100,12 @@ class WindowBatchNormalization(keras.layers.BatchNormalization):
   def _micro_batch_moments(self, values, mask):
     """Per-channel mean and population variance of the micro-batch."""
     rank = values.shape.rank
-    channel = self.axis % rank
-    if mask is not None:
-      self._reduction_axes = [i for i in range(rank) if i != channel]
-      return self._moments(values, mask)
-    return tf.nn.moments(values, [i for i in range(rank) if i != channel])
+    axes = [i for i in range(rank) if i != self.axis % rank]
+    if mask is None:
+      return tf.nn.moments(values, axes)
+    # Keras's own masked moments, over the axes they read.
+    self._reduction_axes = axes
+    return self._moments(values, mask)
 
   def window_parts(self):
     """Replica context: this replica's (mean sum, variance sum, micro-batch
@@ -137,13 +141,14 @@ def _record(layer):
 def windows_in_step(k):
   """The `WindowBatchNormalization` layers that added a micro-batch in the
   step being built (the graph of the optimizer's `apply`, or one it is
-  nested in), or, run eagerly, in this process.
+  nested in), or, run eagerly, since the last call (which took them).
 
   Raises:
     ValueError: a layer was made with another k than the optimizer's.
   """
   if tf.executing_eagerly():
     layers = list(_EAGER_CALLED.values())
+    _EAGER_CALLED.clear()
   else:
     graph, layers = tf.compat.v1.get_default_graph(), []
     while graph is not None and not layers:

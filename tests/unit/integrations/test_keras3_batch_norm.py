@@ -159,6 +159,32 @@ def test_moves_once_per_window_and_not_mid_window(run_eagerly):
   assert isinstance(model.optimizer, keras.optimizers.Optimizer)
 
 
+def test_two_models_run_eagerly_in_one_process_keep_their_windows_apart():
+  """Run eagerly there is no step graph to scope the layers by: model B's
+  window end moves B's layer only, not model A's, trained half a window
+  before it in the same process."""
+  x, y = _data(1, windows=1)
+
+  def eager():
+    model = _ours(tf.distribute.get_strategy(), OPTIMIZERS["sgd"])
+    model.compile(optimizer=model.optimizer, loss="mse", run_eagerly=True)
+    return model
+
+  def fit(model, start, stop):
+    model.fit(x[start * B:stop * B], y[start * B:stop * B], batch_size=B,
+              shuffle=False, verbose=0)
+
+  alone = eager()
+  fit(alone, 0, K)
+  first, other = eager(), eager()
+  fit(first, 0, 2)
+  fit(other, 0, K)
+  assert float(first.layers[1].window_sums[2].numpy()) == 2.0
+  fit(first, 2, K)
+  np.testing.assert_allclose(first.layers[1].moving_mean.numpy(),
+                             alone.layers[1].moving_mean.numpy(), rtol=1e-6)
+
+
 @pytest.mark.parametrize("strategy", ["one", "mirrored"])
 def test_saved_mid_window_and_loaded_goes_on_exactly(strategy, tmp_path):
   """A .keras file saved after 6 micro-batches holds the layer's window
