@@ -274,7 +274,8 @@ class ClassifierRun:
 
     train_input = train_input_fn(arranged=True)
     max_steps = num_train_updates * plan.k
-    if not self.one_process:
+    if (not self.one_process and
+        estimator_accum.releases.estimator() is not None):
       # (The evaluation train_and_evaluate asks for reads one example a row.)
       tf.estimator.train_and_evaluate(
           estimator, tf.estimator.TrainSpec(train_input, max_steps=max_steps),

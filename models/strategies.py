@@ -13,6 +13,7 @@ import dataclasses
 import tensorflow as tf
 
 import tfconfig
+from estimator_accum import releases
 from estimator_accum.distribution import health
 
 NAMES = ("none", "mirrored", "multi_worker", "parameter_server")
@@ -77,6 +78,15 @@ class Distribution:
       self.watchdog.stop()
 
 
+def _multi_worker_mirrored():
+  """TF 2's MultiWorkerMirroredStrategy where Estimator trains with it
+  (2.15); on 2.16+, where the library's sessions train (SessionEstimator),
+  tf.compat.v1's, whose collective ops serve graph sessions."""
+  if releases.estimator() is not None:
+    return tf.distribute.MultiWorkerMirroredStrategy()
+  return tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy()
+
+
 def tf_config(name):
   """TF_CONFIG as a checked dict in TensorFlow's form ({} when unset), for
   the strategy `name`; StrategyError naming the problem otherwise."""
@@ -128,7 +138,7 @@ def choose(name, model_dir, peer_timeout_secs=None):
     # watchdog (10 s at least, its default).
     health.coordination_heartbeat(
         max(peer_timeout_secs or 0, 10.0), config)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = _multi_worker_mirrored()
     return Distribution(name, strategy, workers,
                         strategy.num_replicas_in_sync // workers, config,
                         watchdog)

@@ -10,10 +10,13 @@ the latest checkpoint, saves every `save_checkpoints_steps` and at the end
 (no `.meta` graph beside each: the events file holds the graph), writes
 summaries, runs the spec's hooks, and stops at `max_steps` (global steps,
 as Estimator's); `export_saved_model` writes the PREDICT graph for serving
-(session_export.py). Training runs in each replica of a one-process
-strategy (`RunSettings.train_distribute`: MirroredStrategy) as Estimator's
-does; evaluation and prediction on one device, as Estimator's without an
-`eval_distribute`.
+(session_export.py). Training runs in each replica of a strategy
+(`RunSettings.train_distribute`) as Estimator's does: MirroredStrategy in
+one process, or tf.compat.v1's MultiWorkerMirroredStrategy on each worker
+of a TF_CONFIG cluster (each worker's session on its own task's server, the
+input_fn given each worker's `input_context`, the chief alone saving
+checkpoints and summaries); evaluation and prediction on one device, as
+Estimator's without an `eval_distribute`.
 
     runner = SessionEstimator(model_fn, RunSettings(model_dir="runs/x"))
     runner.train(input_fn, max_steps=1000)
@@ -24,6 +27,7 @@ does; evaluation and prediction on one device, as Estimator's without an
 import contextlib
 import dataclasses
 import inspect
+import os
 import typing
 
 import tensorflow as tf
@@ -73,7 +77,8 @@ class RunSettings:
   keep_checkpoint_max: int = 5
   save_summary_steps: int = 100
   # A tf.distribute strategy whose replicas each train a copy of the
-  # model_fn, as Estimator's `train_distribute` (one process: Mirrored).
+  # model_fn, as Estimator's `train_distribute`: MirroredStrategy, or
+  # tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy.
   train_distribute: typing.Any = None
 
 
@@ -162,22 +167,36 @@ class SessionEstimator:
         tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
       return self
     strategy = self.config.train_distribute
+    cluster = _Cluster.of(strategy, self.config.session_config)
     with tf.Graph().as_default(), (
         strategy.scope() if strategy else contextlib.nullcontext()):
-      train_op, spec = (self._replicated_train_op(input_fn, strategy)
-                        if strategy else self._train_op(input_fn))
+      train_op, spec = (
+          self._replicated_train_op(input_fn, strategy, cluster)
+          if strategy else self._train_op(input_fn))
       scaffold = spec.scaffold or tf.compat.v1.train.Scaffold(
           saver=tf.compat.v1.train.Saver(
               sharded=True, max_to_keep=self.config.keep_checkpoint_max,
               save_relative_paths=True))
+      # Every worker restores the latest checkpoint (or initializes, the
+      # strategy broadcasting the first worker's values), and saves and
+      # writes summaries at the same steps, its hooks in the same order (a
+      # value summed over the workers is read by a collective each must
+      # join in turn): the chief in model_dir, the others in a directory
+      # of their own, removed with the job (as Estimator's workers do).
+      saves = cluster.save_directory(self.model_dir)
       with tf.compat.v1.train.MonitoredTrainingSession(
-          checkpoint_dir=self.model_dir, scaffold=scaffold,
+          master=cluster.master, is_chief=True,
+          checkpoint_dir=self.model_dir, summary_dir=saves,
+          scaffold=scaffold,
           hooks=[tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-                 *spec.training_hooks, *hooks],
-          save_checkpoint_steps=self.config.save_checkpoints_steps,
+                 *spec.training_hooks, *hooks,
+                 tf.compat.v1.train.CheckpointSaverHook(
+                     saves, save_steps=self.config.save_checkpoints_steps,
+                     scaffold=scaffold, save_graph_def=False)],
+          save_checkpoint_steps=None, save_checkpoint_secs=None,
           save_summaries_steps=self.config.save_summary_steps,
           log_step_count_steps=None, save_graph_def=False,
-          config=self.config.session_config) as session:
+          config=cluster.session_config) as session:
         while not session.should_stop():
           session.run(train_op)
     return self
@@ -187,14 +206,19 @@ class SessionEstimator:
     _, spec = self._spec(input_fn, TRAIN)
     return spec.train_op, spec
 
-  def _replicated_train_op(self, input_fn, strategy):
+  def _replicated_train_op(self, input_fn, strategy, cluster):
     """(train op, the first replica's spec) of the model_fn in TRAIN mode
     in each of `strategy`'s replicas, in its scope, as Estimator's
-    `train_distribute` builds it: the input_fn's Dataset holds one
-    replica's batches, and each replica takes the next batch of it."""
+    `train_distribute` builds it: the input_fn (given this worker's
+    `input_context`) returns a Dataset of one replica's batches, and each
+    replica of the worker takes the next batch of it."""
     self._start_graph()
-    dataset = call_as_estimator(input_fn, params=self.params,
-                                config=self.config)
+    dataset = call_as_estimator(
+        input_fn, params=self.params, config=self.config,
+        input_context=tf.distribute.InputContext(
+            num_input_pipelines=cluster.workers,
+            input_pipeline_id=cluster.worker_index,
+            num_replicas_in_sync=strategy.num_replicas_in_sync))
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"under {type(strategy).__name__} the input_fn returns a "
@@ -210,7 +234,8 @@ class SessionEstimator:
 
     train_op = strategy.group(
         strategy.extended.call_for_each_replica(replica_step))
-    return train_op, specs[0]
+    # (Replica ids count over the cluster: this worker's first.)
+    return train_op, specs[min(specs)]
 
   def evaluate(self, input_fn, steps=None):
     """The spec's metrics (and "loss", the mean of its loss, and
@@ -263,3 +288,50 @@ class SessionEstimator:
     return session_export.export_saved_model(
         build_predict, export_dir_base, serving_input_receiver_fn,
         checkpoint)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cluster:
+  """Where a training session runs: this process (one worker), or, under
+  a MultiWorkerMirroredStrategy, this task's server in the strategy's
+  cluster."""
+  master: str = ""
+  session_config: typing.Any = None
+  workers: int = 1
+  worker_index: int = 0
+  is_chief: bool = True
+  task: str = ""
+
+  def save_directory(self, model_dir):
+    """Where this worker saves checkpoints and summaries: model_dir (the
+    chief, one worker), else model_dir/tmp_<task>."""
+    if self.is_chief:
+      return model_dir
+    return os.path.join(model_dir, f"tmp_{self.task}")
+
+  @classmethod
+  def of(cls, strategy, session_config):
+    """The _Cluster of `strategy` (None: one device)."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    cluster = resolver.cluster_spec().as_dict() if resolver else {}
+    if not replicas.is_multi_worker_collective(strategy) or not cluster:
+      return cls(session_config=session_config)
+    if not isinstance(
+        strategy,
+        tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy):
+      raise TypeError(
+          "train_distribute: a cluster's graph sessions need "
+          "tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy"
+          f" (its collective ops serve sessions), got "
+          f"{type(strategy).__name__}.")
+    chiefs = len(cluster.get("chief", []))
+    index = resolver.task_id + (chiefs if resolver.task_type == "worker"
+                                else 0)
+    master = resolver.master()
+    return cls(
+        master=master if "://" in master else "grpc://" + master,
+        session_config=strategy.update_config_proto(
+            session_config or tf.compat.v1.ConfigProto()),
+        workers=chiefs + len(cluster.get("worker", [])), worker_index=index,
+        is_chief=strategy.extended.should_checkpoint,
+        task=f"{resolver.task_type}_{resolver.task_id}")

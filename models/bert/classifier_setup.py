@@ -101,19 +101,19 @@ def _model_files(values):
 
 def _check_release(values):
   """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates,
-  predicts and exports in one process, on one device or in MirroredStrategy's
-  replicas; the cluster strategies, which run through Estimator's
-  train_and_evaluate, are refused here."""
+  predicts and exports through the library's sessions: on one device, in
+  MirroredStrategy's replicas, or on the workers of MultiWorkerMirroredStrategy;
+  parameter servers, which train through Estimator's train_and_evaluate,
+  are refused here."""
   if estimator_accum.releases.estimator() is not None:
     return
   strategy = values.distribution_strategy
-  if strategy in ("multi_worker", "parameter_server"):
+  if strategy == "parameter_server":
     raise UsageError(
         f"--distribution_strategy={strategy} needs tf.estimator, which "
         f"TensorFlow {tf.__version__} does not have (its last release is "
-        f"2.15); on this release run_classifier trains, evaluates, predicts "
-        f"and exports in one process (--distribution_strategy=none or "
-        f"mirrored).")
+        f"2.15); on this release run_classifier trains with "
+        f"--distribution_strategy=none, mirrored or multi_worker.")
 
 
 def _check_tpu_flags(values):

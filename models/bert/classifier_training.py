@@ -51,7 +51,7 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas):
   model_fn = classifier.model_fn_builder(setup.bert_config, training)
   if estimator_accum.releases.estimator() is None:
     # TensorFlow 2.16+: the same model_fn through the library's sessions
-    # (one process; _check_release refused the cluster strategies).
+    # (one process or MultiWorkerMirroredStrategy's workers).
     return session_runner.SessionEstimator(
         model_fn, session_runner.RunSettings(
             model_dir=output_dir, tf_random_seed=flags.seed,

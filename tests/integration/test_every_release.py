@@ -13,8 +13,10 @@ legacy optimizers. None of it asks for tf.estimator.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -22,6 +24,7 @@ import tensorflow as tf
 
 import estimator_accum
 from estimator_accum import releases
+from estimator_accum.checkpoints import integrity
 from harness import support
 from tests.integration import test_run_classifier as runs
 
@@ -257,17 +260,105 @@ def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
 def test_what_needs_estimator_is_refused_in_one_line(tmp_path):
   result = subprocess.run(
       [sys.executable, "run_classifier.py", "--distribution_strategy",
-       "multi_worker", "--output_dir", str(tmp_path / "run")],
+       "parameter_server", "--output_dir", str(tmp_path / "run")],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
   assert result.returncode == 1, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
   # Its only line (TensorFlow's lines while it loads held back).
   assert result.stderr.strip().splitlines() == [(
-      f"run_classifier: error: --distribution_strategy=multi_worker needs "
-      f"tf.estimator, which TensorFlow {tf.__version__} does not have (its "
-      f"last release is 2.15); on this release run_classifier trains, "
-      f"evaluates, predicts and exports in one process "
-      f"(--distribution_strategy=none or mirrored).")], result.stderr
+      f"run_classifier: error: --distribution_strategy=parameter_server "
+      f"needs tf.estimator, which TensorFlow {tf.__version__} does not have "
+      f"(its last release is 2.15); on this release run_classifier trains "
+      f"with --distribution_strategy=none, mirrored or multi_worker.")], (
+          result.stderr)
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@without_estimator
+def test_run_classifier_on_two_workers_without_estimator(tiny_model, tmp_path):
+  """TensorFlow 2.16+: --distribution_strategy=multi_worker on two worker
+  processes (python -m tfconfig launch, loopback), each training its share
+  in tf.compat.v1's MultiWorkerMirroredStrategy through the library's
+  sessions; the chief alone saves, evaluates and predicts. The windows
+  sorted by length (the default), packed into rows and as the input gives
+  them end at the same weights (dropout off), which moved from the
+  start."""
+  model = runs._no_dropout_model(tiny_model, tmp_path)
+  data = runs._write_sst2(tmp_path / "data")
+  weights = {}
+  for arrangement, extra in (("sorted", dict(do_predict=True)),
+                             ("packed", dict(pack_windows=True,
+                                             do_eval=False)),
+                             ("plain", dict(sort_windows_by_length=False,
+                                            do_eval=False))):
+    result = runs._two_workers(model, data, tmp_path / arrangement,
+                               classifier_dropout=0, **extra)
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    for worker in (0, 1):
+      assert (f"[worker:{worker}] effective batch 16 = 2 worker(s) x 1 "
+              f"replica(s) x micro-batch 4 x k=2; 5 updates (10 "
+              f"micro-batches)") in result.stdout, result.stdout[-3000:]
+    weights[arrangement] = tf.train.load_checkpoint(
+        str(tmp_path / arrangement))
+    assert weights[arrangement].get_tensor("global_step") == 10
+  assert "[worker:0] eval on 10 held-out examples" in result.stdout or (
+      (tmp_path / "sorted" / "eval_results.txt").exists())
+  assert (tmp_path / "sorted" / "test_results.tsv").exists()
+  # The worker other than the chief writes no checkpoint of its own.
+  assert not list(tmp_path.glob("*/tmp_worker_*"))
+  names = [n for n in weights["plain"].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  assert sum(not np.allclose(start.get_tensor(n),
+                             weights["plain"].get_tensor(n))
+             for n in names if start.has_tensor(n)) > 10
+  for arrangement in ("sorted", "packed"):
+    for name in names:
+      np.testing.assert_allclose(
+          weights[arrangement].get_tensor(name),
+          weights["plain"].get_tensor(name), rtol=1e-5, atol=1e-6,
+          err_msg=f"{arrangement}: {name}")
+
+
+@pytest.mark.slow
+@without_estimator
+def test_two_workers_killed_mid_training_resume_without_estimator(
+    tiny_model, tmp_path):
+  """TensorFlow 2.16+: both workers of a multi_worker run killed (SIGKILL
+  to every process of the job) once the chief's checkpoint at micro-batch
+  6 is written; the job started again restores it on both workers and
+  ends at the weights of the job that ran to the end at once."""
+  model = runs._no_dropout_model(tiny_model, tmp_path)
+  data = runs._write_sst2(tmp_path / "data")
+  args = dict(num_train_epochs=6, save_checkpoints_steps=6, do_eval=False,
+              classifier_dropout=0)
+  runs._two_workers(model, data, tmp_path / "whole", **args)
+  killed = tmp_path / "killed"
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2", "--",
+       sys.executable, "run_classifier.py", *runs._flags(
+           model, data, killed, distribution_strategy="multi_worker",
+           **args)],
+      cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      start_new_session=True)
+  try:
+    deadline = time.monotonic() + runs.TIMEOUT
+    while not list(killed.glob("model.ckpt-6.index")):
+      assert launcher.poll() is None, "finished before it could be killed"
+      assert time.monotonic() < deadline
+      time.sleep(0.02)
+  finally:
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+  killed_at = tf.train.load_checkpoint(integrity.newest_complete(
+      str(killed))).get_tensor("global_step")
+  assert 6 <= killed_at < 30, killed_at
+  resumed = runs._two_workers(model, data, killed, **args)
+  for worker in (0, 1):
+    assert re.search(rf"\[worker:{worker}\] .*at micro-batch {killed_at}",
+                     resumed.stdout), resumed.stdout[-3000:]
+  runs.assert_trained_to_the_same_weights(killed, tmp_path / "whole", 30)
 
 
 @pytest.mark.slow
