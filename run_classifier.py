@@ -167,7 +167,7 @@ class ClassifierRun:
       return training.estimator(
           self.flags, self.setup, self.output_dir,
           training.config(self.flags, self.setup, plan, num_train_updates,
-                          self.setup.init_checkpoint),
+                          self.setup.init_checkpoint, self.output_dir),
           plan, strategy, replicas)
 
     def train(plan):

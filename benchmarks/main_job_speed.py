@@ -16,6 +16,10 @@ ABCD: a busier minute of the machine falls on every variant alike).
 Figures: the median seconds per micro-batch, examples a second, and the
 speed-up over today's.
 
+With `--splits`, the variants are instead the defaults at each split of
+the effective batch 32 into micro-batch x k (8 x 4, 16 x 2, 32 x 1): the
+same windows' means, the matmuls on more rows at once (k=1 sorts nothing).
+
 With `--cpu_paths`, the variants are instead the default run on each of
 TensorFlow's CPU paths: Eigen's kernels (`TF_ENABLE_ONEDNN_OPTS=0`, the
 default on a CPU without AVX-512), oneDNN's, and oneDNN's held to AVX2
@@ -24,6 +28,7 @@ measured on one with AVX-512; TensorFlow's own kernels are built for AVX
 either way).
 
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
+      [--splits]
       [--skip WORD,...]
 """
 
@@ -56,13 +61,20 @@ CPU_PATHS = {
     "oneDNN held to AVX2": ([], {"TF_ENABLE_ONEDNN_OPTS": "1",
                                  "ONEDNN_MAX_CPU_ISA": "AVX2"}),
 }
+# (flags, environment, micro-batch) of each split of the effective batch 32.
+SPLITS = {
+    f"micro-batch {micro} x k={32 // micro}": (
+        [f"--train_batch_size={micro}",
+         f"--gradient_accumulation_multiplier={32 // micro}"], {}, micro)
+    for micro in (8, 16, 32)}
 TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
 LOG_EVERY = 20
-WARM = 40  # micro-batches left out: the first steps' one-time costs
+# Examples left out (40 micro-batches of 8): the first steps' one-time costs.
+WARM_EXAMPLES = 320
 
 
-def _run(flags, epochs, root, name, env=None):
+def _run(flags, epochs, root, name, env=None, micro_batch=MICRO_BATCH):
   output_dir = os.path.join(root, re.sub(r"\W+", "_", name))
   result = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
@@ -71,8 +83,9 @@ def _run(flags, epochs, root, name, env=None):
       cwd=ROOT, capture_output=True, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
   found = TRAINED.search(result.stdout)
+  warm = WARM_EXAMPLES // micro_batch
   rates = [float(rate) for step, rate in RATE.findall(result.stderr)
-           if int(step) > WARM + LOG_EVERY]
+           if int(step) > warm + LOG_EVERY]
   if result.returncode or not found or not rates:
     raise RuntimeError(f"{name}: exit {result.returncode}\n"
                        f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
@@ -85,39 +98,47 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--cpu_paths", action="store_true",
                       help="compare TensorFlow's CPU paths instead")
+  parser.add_argument("--splits", action="store_true",
+                      help="compare splits of the effective batch instead")
   parser.add_argument("--skip", default="",
                       help="comma-separated words: leave out the variants "
                            "whose name holds one (today's always runs)")
   args = parser.parse_args()
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
-  variants = (CPU_PATHS if args.cpu_paths else
-              {name: (flags, {}) for index, (name, flags) in
+  variants = ({name: (flags, env, MICRO_BATCH)
+               for name, (flags, env) in CPU_PATHS.items()}
+              if args.cpu_paths else SPLITS if args.splits else
+              {name: (flags, {}, MICRO_BATCH) for index, (name, flags) in
                enumerate(VARIANTS.items())
                if index == 0 or not any(word in name for word in skipped)})
   seconds = {name: [] for name in variants}
   with tempfile.TemporaryDirectory() as root:
     for round_index in range(args.rounds):
-      for name, (flags, env) in variants.items():
+      for name, (flags, env, micro_batch) in variants.items():
         micro_batches, took, rates = _run(flags, args.epochs, root,
-                                          f"{name}_{round_index}", env)
+                                          f"{name}_{round_index}", env,
+                                          micro_batch)
         seconds[name] += [1.0 / rate for rate in rates]
         print(f"round {round_index + 1}: {name}: {micro_batches} "
               f"micro-batches in {took:.1f} s all told; steady "
               f"{statistics.median(rates):.2f} micro-batches/sec", flush=True)
   rows = bench.Rows(
-      f"the main job's training, micro-batch {MICRO_BATCH} x k=4, "
+      f"the main job's training, effective batch 32, "
       f"{args.epochs} epoch a run, {args.rounds} interleaved rounds",
       args.json, markdown=True,
       formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f",
                "x Eigen": ".2f"})
   # Against the first variant: today's input, or Eigen's kernels.
   against = "x Eigen" if args.cpu_paths else "x today"
-  baseline = statistics.median(seconds[next(iter(variants))])
+  def per_example(name):
+    return statistics.median(seconds[name]) / variants[name][2]
+
+  baseline = per_example(next(iter(variants)))
   for name, values in seconds.items():
     each = statistics.median(values)
     rows.add(variant=name, **{"s/micro-batch": each,
-                              "examples/s": MICRO_BATCH / each,
-                              against: baseline / each})
+                              "examples/s": variants[name][2] / each,
+                              against: baseline / per_example(name)})
   return rows.exit_code()
 
 

@@ -11,14 +11,15 @@ from estimator_accum import releases  # noqa: F401
 # The kinds around a tf.keras.optimizers.Optimizer and a legacy one
 # (AccumulatingKerasOptimizer makes one of its subclasses).
 from estimator_accum.integrations import (  # noqa: F401
-    keras_optimizer_legacy,
-    keras_optimizer_v3,
+  keras_optimizer_legacy,
+  keras_optimizer_v3,
 )
 from estimator_accum.integrations.hooks import AccumulationLoggingHook
 from estimator_accum.integrations.keras_optimizer import (
-    AccumulatingKerasOptimizer,
+  AccumulatingKerasOptimizer,
 )
 from estimator_accum.integrations.optimizer import AccumulatingOptimizer
+from estimator_accum.integrations.window_trace import WindowTraceHook
 
 # The layer and the callback of the Keras `tf.keras` is: Keras 3's
 # (TensorFlow 2.16+'s default) or Keras 2's (2.15, or tf-keras).
@@ -73,6 +74,7 @@ __all__ = [
     "CompactSparseAccumulator",
     "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
+    "WindowTraceHook",
     "AccumulationState",
     "BackupAndRestore",
     "adjusted_momentum",

@@ -45,6 +45,8 @@ class TrainingConfig:
   fused_apply: bool = False
   # The layers' dense parts compute real tokens only (BertModel unpadded).
   unpadded: bool = False
+  # A directory for a trace of one window (WindowTraceHook), or None.
+  trace_dir: str | None = None
 
 
 def create_model(bert_config, is_training, features, num_labels,
@@ -161,8 +163,10 @@ def model_fn_builder(bert_config, training):
         total_micro_batches=training.total_micro_batches, loss=loss,
         # Token positions: micro-batches trimmed or sorted by length differ.
         work=tf.size(features["input_ids"]))
+    hooks = [hook]
+    if training.trace_dir:
+      hooks.append(estimator_accum.WindowTraceHook(training.trace_dir))
     return session_runner.model_spec(
-        mode, loss=reported, train_op=train_op,
-        training_hooks=[hook])
+        mode, loss=reported, train_op=train_op, training_hooks=hooks)
 
   return model_fn

@@ -116,6 +116,11 @@ flags.DEFINE_integer("pad_to_multiple_of", 1, "Round each batch's length "
                      "(8 suits GPU tensor cores; a compiler such as XLA "
                      "compiles each shape anew). The same examples and "
                      "update; 1: no rounding.", lower_bound=1)
+flags.DEFINE_bool("trace_window", False, "Trace one window's "
+                  "micro-batches after 3 whole windows: say where its time "
+                  "went (matmuls, element-wise, gathers, the window's end, "
+                  "outside the ops) in one line, and write "
+                  "<output_dir>/window_trace.json (a Chrome trace).")
 flags.DEFINE_integer("max_examples_per_row", 8, "With --pack_windows, the "
                      "most examples one row holds.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")

@@ -16,8 +16,10 @@ from models.bert import classifier
 __all__ = ["config", "describe", "estimator", "planning_step", "report"]
 
 
-def config(flags, setup, plan, num_train_updates, init_checkpoint):
-  """The model_fn's TrainingConfig of `plan` from the flags."""
+def config(flags, setup, plan, num_train_updates, init_checkpoint,
+           output_dir=None):
+  """The model_fn's TrainingConfig of `plan` from the flags (`output_dir`:
+  where --trace_window writes)."""
   return classifier.TrainingConfig(
       num_labels=len(setup.label_list),
       learning_rate=flags.learning_rate,
@@ -35,7 +37,8 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint):
       classifier_dropout=flags.classifier_dropout,
       recompute=flags.recompute or plan.recompute,
       accumulator_placement=plan.accumulator_placement,
-      fused_apply=flags.fused_apply, unpadded=flags.unpadded)
+      fused_apply=flags.fused_apply, unpadded=flags.unpadded,
+      trace_dir=output_dir if flags.trace_window else None)
 
 
 def estimator(flags, setup, output_dir, training, plan, strategy, replicas):
