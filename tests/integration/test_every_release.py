@@ -374,9 +374,14 @@ def test_run_classifier_mirrored_without_estimator(tiny_model, tmp_path):
   flags = dict(classifier_dropout=0, num_train_epochs=2)
   for strategy in ("none", "mirrored"):
     result = runs._run(runs._flags(model, data, tmp_path / strategy,
-                                   distribution_strategy=strategy, **flags))
+                                   distribution_strategy=strategy,
+                                   trace_window=True, **flags))
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
+    # --trace_window through the library's sessions too.
+    assert "window trace: the window before, untraced: 2 micro-batches" in (
+        result.stderr), result.stderr[-3000:]
+    assert (tmp_path / strategy / "window_trace.json").exists()
   assert re.search(r"eval on 10 held-out examples: accuracy", result.stdout)
   runs.assert_trained_to_the_same_weights(tmp_path / "mirrored",
                                           tmp_path / "none", 20)

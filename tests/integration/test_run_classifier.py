@@ -68,7 +68,8 @@ def main_run(tiny_model, tmp_path_factory):
   output_dir = root / "run"
   result = _run(_flags(tiny_model, _write_sst2(root / "data"), output_dir,
                        do_predict=True, use_tpu=False,
-                       iterations_per_loop=1000, master="local"))
+                       iterations_per_loop=1000, master="local",
+                       trace_window=True))
   return result, output_dir
 
 
@@ -111,6 +112,12 @@ def test_train_eval_predict_with_accumulation(tiny_model, main_run):
           "k=2; 10 updates (20 micro-batches)") in result.stdout
   assert re.search(r"micro-batch 20/20 \(100%\) \| update 10 \(k=2\)",
                    result.stderr)
+  # --trace_window: window 4 of 10 traced, said in a line, a Chrome trace.
+  assert re.search(r"window trace: the window before, untraced: 2 "
+                   r"micro-batches in \d+ ms; traced: \d+ ms, .*matmuls \d+%",
+                   result.stderr), result.stderr[-3000:]
+  trace = json.loads((output_dir / "window_trace.json").read_text())
+  assert {event["pid"] for event in trace["traceEvents"]} == {0, 1}
   # Its schedule counts updates and its optimizer computes no gradients of
   # its own: none of the library's warnings about those.
   assert "computed from global_step" not in result.stderr
