@@ -27,13 +27,12 @@ Estimator's without an `eval_distribute`.
 import contextlib
 import dataclasses
 import inspect
-import os
 import typing
 
 import tensorflow as tf
 
 from estimator_accum import releases
-from estimator_accum.distribution import replicas
+from estimator_accum.distribution import replicas, session_cluster
 from estimator_accum.integrations import session_export
 
 __all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
@@ -167,7 +166,8 @@ class SessionEstimator:
         tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
       return self
     strategy = self.config.train_distribute
-    cluster = _Cluster.of(strategy, self.config.session_config)
+    cluster = session_cluster.SessionCluster.of(
+        strategy, self.config.session_config)
     with tf.Graph().as_default(), (
         strategy.scope() if strategy else contextlib.nullcontext()):
       train_op, spec = (
@@ -215,10 +215,7 @@ class SessionEstimator:
     self._start_graph()
     dataset = call_as_estimator(
         input_fn, params=self.params, config=self.config,
-        input_context=tf.distribute.InputContext(
-            num_input_pipelines=cluster.workers,
-            input_pipeline_id=cluster.worker_index,
-            num_replicas_in_sync=strategy.num_replicas_in_sync))
+        input_context=cluster.input_context(strategy))
     if not isinstance(dataset, tf.data.Dataset):
       raise TypeError(
           f"under {type(strategy).__name__} the input_fn returns a "
@@ -288,50 +285,3 @@ class SessionEstimator:
     return session_export.export_saved_model(
         build_predict, export_dir_base, serving_input_receiver_fn,
         checkpoint)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cluster:
-  """Where a training session runs: this process (one worker), or, under
-  a MultiWorkerMirroredStrategy, this task's server in the strategy's
-  cluster."""
-  master: str = ""
-  session_config: typing.Any = None
-  workers: int = 1
-  worker_index: int = 0
-  is_chief: bool = True
-  task: str = ""
-
-  def save_directory(self, model_dir):
-    """Where this worker saves checkpoints and summaries: model_dir (the
-    chief, one worker), else model_dir/tmp_<task>."""
-    if self.is_chief:
-      return model_dir
-    return os.path.join(model_dir, f"tmp_{self.task}")
-
-  @classmethod
-  def of(cls, strategy, session_config):
-    """The _Cluster of `strategy` (None: one device)."""
-    resolver = getattr(strategy, "cluster_resolver", None)
-    cluster = resolver.cluster_spec().as_dict() if resolver else {}
-    if not replicas.is_multi_worker_collective(strategy) or not cluster:
-      return cls(session_config=session_config)
-    if not isinstance(
-        strategy,
-        tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy):
-      raise TypeError(
-          "train_distribute: a cluster's graph sessions need "
-          "tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy"
-          f" (its collective ops serve sessions), got "
-          f"{type(strategy).__name__}.")
-    chiefs = len(cluster.get("chief", []))
-    index = resolver.task_id + (chiefs if resolver.task_type == "worker"
-                                else 0)
-    master = resolver.master()
-    return cls(
-        master=master if "://" in master else "grpc://" + master,
-        session_config=strategy.update_config_proto(
-            session_config or tf.compat.v1.ConfigProto()),
-        workers=chiefs + len(cluster.get("worker", [])), worker_index=index,
-        is_chief=strategy.extended.should_checkpoint,
-        task=f"{resolver.task_type}_{resolver.task_id}")

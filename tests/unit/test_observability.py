@@ -25,6 +25,7 @@ def test_public_api_is_pinned():
       "OutOfMemory",
       "SPARSE_THRESHOLD_BYTES",
       "WindowBatchNormalization",
+      "WindowTraceHook",
       "adjusted_momentum",
       "batch_norm",
       "build_accumulating_train_op",
