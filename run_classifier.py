@@ -168,7 +168,8 @@ class ClassifierRun:
           self.flags, self.setup, self.output_dir,
           training.config(self.flags, self.setup, plan, num_train_updates,
                           self.setup.init_checkpoint, self.output_dir),
-          plan, strategy, replicas)
+          plan, strategy, replicas,
+          distribution.tf_config if between_graph else None)
 
     def train(plan):
       started = time.perf_counter()

@@ -1,8 +1,10 @@
 """Where a training session of the library's SessionEstimator runs: in
-this process, or, under tf.compat.v1's MultiWorkerMirroredStrategy, on this
-task's server in the strategy's cluster (the session's target and config,
-this worker's place among the input pipelines, whether it is the chief,
-where it saves)."""
+this process; under tf.compat.v1's MultiWorkerMirroredStrategy, on this
+task's server in the strategy's cluster; or in a parameter-server job
+(between-graph, as Estimator runs one), on this task's own server with the
+variables placed on the ps tasks (the session's target and config, the
+graph's device function, this worker's place among the input pipelines,
+whether it is the chief, where it saves)."""
 
 import dataclasses
 import os
@@ -26,6 +28,10 @@ class SessionCluster:
   worker_index: int = 0
   is_chief: bool = True
   task: str = ""
+  # A parameter-server job: the variables' device function, and whether
+  # the chief alone saves (the others train on the ps's variables).
+  device_fn: typing.Any = None
+  shared_variables: bool = False
 
   def input_context(self, strategy):
     """The tf.distribute.InputContext this worker's input_fn is given, as
@@ -37,10 +43,49 @@ class SessionCluster:
 
   def save_directory(self, model_dir):
     """Where this worker saves checkpoints and summaries: model_dir (the
-    chief, one worker), else model_dir/tmp_<task>."""
+    chief, one worker), else model_dir/tmp_<task>; None for a
+    parameter-server job's workers (the chief saves the ps's variables)."""
     if self.is_chief:
       return model_dir
+    if self.shared_variables:
+      return None
     return os.path.join(model_dir, f"tmp_{self.task}")
+
+  @classmethod
+  def parameter_servers(cls, tf_config, session_config=None):
+    """The SessionCluster of a chief or worker of a parameter-server job
+    (`tf_config`: TF_CONFIG as a dict), its server started; a ps task
+    serves the variables here until the process ends, never returning.
+    As Estimator's: the variables on the ps tasks
+    (replica_device_setter), the session on the task's own server, seeing
+    the ps tasks and itself only."""
+    spec = tf.train.ClusterSpec(tf_config["cluster"])
+    kind = tf_config["task"]["type"]
+    index = int(tf_config["task"].get("index", 0))
+    config = tf.compat.v1.ConfigProto()
+    if session_config is not None:
+      config.CopyFrom(session_config)
+    config.allow_soft_placement = True
+    del config.device_filters[:]
+    config.device_filters.extend(
+        ["/job:ps", "/job:worker", "/job:chief"] if kind == "ps" else
+        ["/job:ps", f"/job:{kind}/task:{index}"] if kind == "worker" else
+        ["/job:ps", f"/job:{kind}"])
+    server = tf.distribute.Server(spec, job_name=kind, task_index=index,
+                                  config=config, start=True)
+    if kind == "ps":
+      server.join()
+    chiefs = len(tf_config["cluster"].get("chief", []))
+    trainers = chiefs + len(tf_config["cluster"].get("worker", []))
+    return cls(
+        master=server.target, session_config=config, workers=trainers,
+        worker_index=index + (chiefs if kind == "worker" else 0),
+        is_chief=kind == "chief", task=f"{kind}_{index}",
+        device_fn=tf.compat.v1.train.replica_device_setter(
+            ps_tasks=spec.num_tasks("ps"),
+            worker_device=f"/job:{kind}/task:{index}", merge_devices=True,
+            cluster=spec),
+        shared_variables=True)
 
   @classmethod
   def of(cls, strategy, session_config):

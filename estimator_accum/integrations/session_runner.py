@@ -14,9 +14,12 @@ as Estimator's); `export_saved_model` writes the PREDICT graph for serving
 (`RunSettings.train_distribute`) as Estimator's does: MirroredStrategy in
 one process, or tf.compat.v1's MultiWorkerMirroredStrategy on each worker
 of a TF_CONFIG cluster (each worker's session on its own task's server, the
-input_fn given each worker's `input_context`, the chief alone saving
-checkpoints and summaries); evaluation and prediction on one device, as
-Estimator's without an `eval_distribute`.
+input_fn given each worker's `input_context`, every worker saving at the
+same steps, the chief in `model_dir`); with `RunSettings.parameter_servers` (TF_CONFIG
+of a parameter-server job) between graphs as Estimator trains one: each
+chief and worker on its own server, the variables on the ps tasks, a ps
+task serving them; evaluation and prediction on one device, as Estimator's
+without an `eval_distribute`.
 
     runner = SessionEstimator(model_fn, RunSettings(model_dir="runs/x"))
     runner.train(input_fn, max_steps=1000)
@@ -79,6 +82,10 @@ class RunSettings:
   # model_fn, as Estimator's `train_distribute`: MirroredStrategy, or
   # tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy.
   train_distribute: typing.Any = None
+  # TF_CONFIG (a dict) of a parameter-server job, trained between graphs
+  # as Estimator trains one without train_distribute: each chief and
+  # worker its own graph on its own server, the variables on the ps tasks.
+  parameter_servers: typing.Any = None
 
 
 def call_as_estimator(function, **arguments):
@@ -166,10 +173,16 @@ class SessionEstimator:
         tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
       return self
     strategy = self.config.train_distribute
-    cluster = session_cluster.SessionCluster.of(
-        strategy, self.config.session_config)
+    if self.config.parameter_servers:
+      cluster = session_cluster.SessionCluster.parameter_servers(
+          self.config.parameter_servers, self.config.session_config)
+    else:
+      cluster = session_cluster.SessionCluster.of(
+          strategy, self.config.session_config)
     with tf.Graph().as_default(), (
-        strategy.scope() if strategy else contextlib.nullcontext()):
+        strategy.scope() if strategy else contextlib.nullcontext()), (
+            tf.compat.v1.device(cluster.device_fn) if cluster.device_fn
+            else contextlib.nullcontext()):
       train_op, spec = (
           self._replicated_train_op(input_fn, strategy, cluster)
           if strategy else self._train_op(input_fn))
@@ -183,18 +196,23 @@ class SessionEstimator:
       # value summed over the workers is read by a collective each must
       # join in turn): the chief in model_dir, the others in a directory
       # of their own, removed with the job (as Estimator's workers do).
+      # (A parameter-server job's workers save nothing: the chief saves
+      # the ps's variables, the others wait for it to start them.)
       saves = cluster.save_directory(self.model_dir)
+      saver = ([] if saves is None else [
+          tf.compat.v1.train.CheckpointSaverHook(
+              saves, save_steps=self.config.save_checkpoints_steps,
+              scaffold=scaffold, save_graph_def=False)])
       with tf.compat.v1.train.MonitoredTrainingSession(
-          master=cluster.master, is_chief=True,
+          master=cluster.master,
+          is_chief=cluster.is_chief or not cluster.shared_variables,
           checkpoint_dir=self.model_dir, summary_dir=saves,
           scaffold=scaffold,
           hooks=[tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-                 *spec.training_hooks, *hooks,
-                 tf.compat.v1.train.CheckpointSaverHook(
-                     saves, save_steps=self.config.save_checkpoints_steps,
-                     scaffold=scaffold, save_graph_def=False)],
+                 *spec.training_hooks, *hooks, *saver],
           save_checkpoint_steps=None, save_checkpoint_secs=None,
-          save_summaries_steps=self.config.save_summary_steps,
+          save_summaries_steps=(self.config.save_summary_steps
+                                if saves is not None else None),
           log_step_count_steps=None, save_graph_def=False,
           config=cluster.session_config) as session:
         while not session.should_stop():

@@ -10,7 +10,6 @@ import re
 import tensorflow as tf
 from absl import logging
 
-import estimator_accum
 from data import classification
 from models import strategies
 from models.bert import modeling, pretrained, tokenization
@@ -35,7 +34,6 @@ class Setup:
 def check_flags(values):
   """The flags' own checks, before any file is read."""
   _check_tpu_flags(values)
-  _check_release(values)
   _check_xla_auto_jit(values)
   if not (values.do_train or values.do_eval or values.do_predict
           or values.export_dir):
@@ -97,23 +95,6 @@ def _model_files(values):
         f"--init_checkpoint={values.init_checkpoint} is not a checkpoint "
         f"({values.init_checkpoint}.index is missing).")
   return given
-
-
-def _check_release(values):
-  """On TensorFlow 2.16+ (no tf.estimator) the script trains, evaluates,
-  predicts and exports through the library's sessions: on one device, in
-  MirroredStrategy's replicas, or on the workers of MultiWorkerMirroredStrategy;
-  parameter servers, which train through Estimator's train_and_evaluate,
-  are refused here."""
-  if estimator_accum.releases.estimator() is not None:
-    return
-  strategy = values.distribution_strategy
-  if strategy == "parameter_server":
-    raise UsageError(
-        f"--distribution_strategy={strategy} needs tf.estimator, which "
-        f"TensorFlow {tf.__version__} does not have (its last release is "
-        f"2.15); on this release run_classifier trains with "
-        f"--distribution_strategy=none, mirrored or multi_worker.")
 
 
 def _check_tpu_flags(values):

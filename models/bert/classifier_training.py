@@ -41,9 +41,11 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       trace_dir=output_dir if flags.trace_window else None)
 
 
-def estimator(flags, setup, output_dir, training, plan, strategy, replicas):
+def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
+              parameter_servers=None):
   """The Estimator (TensorFlow 2.15) or the library's SessionEstimator
-  (2.16+) of the model_fn with `training`, on `output_dir`."""
+  (2.16+) of the model_fn with `training`, on `output_dir`
+  (`parameter_servers`: TF_CONFIG of a parameter-server job)."""
   session_config = None
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(
@@ -54,11 +56,13 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas):
   model_fn = classifier.model_fn_builder(setup.bert_config, training)
   if estimator_accum.releases.estimator() is None:
     # TensorFlow 2.16+: the same model_fn through the library's sessions
-    # (one process or MultiWorkerMirroredStrategy's workers).
+    # (one process, MultiWorkerMirroredStrategy's workers, or a
+    # parameter-server job between graphs).
     return session_runner.SessionEstimator(
         model_fn, session_runner.RunSettings(
             model_dir=output_dir, tf_random_seed=flags.seed,
             session_config=session_config, train_distribute=strategy,
+            parameter_servers=parameter_servers,
             save_checkpoints_steps=save_every,
             keep_checkpoint_max=flags.keep_checkpoint_max))
   run_config = tf.estimator.RunConfig(

@@ -256,22 +256,56 @@ def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
   runs.assert_trained_to_the_same_weights(stopped, tmp_path / "whole", 60)
 
 
+def _parameter_server_job(model, data, output_dir, workers, **extra):
+  command = [sys.executable, "-m", "tfconfig", "launch", "--chief",
+             "--workers", str(workers), "--ps", "1", "--timeout",
+             str(runs.TIMEOUT), "--", sys.executable, "run_classifier.py",
+             *runs._flags(model, data, output_dir,
+                          distribution_strategy="parameter_server", **extra)]
+  result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
+                          timeout=runs.TIMEOUT + 30, check=False)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  return result
+
+
+@pytest.mark.slow
 @without_estimator
-def test_what_needs_estimator_is_refused_in_one_line(tmp_path):
-  result = subprocess.run(
-      [sys.executable, "run_classifier.py", "--distribution_strategy",
-       "parameter_server", "--output_dir", str(tmp_path / "run")],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 1, result.stderr[-2000:]
-  assert "Traceback" not in result.stderr
-  # Its only line (TensorFlow's lines while it loads held back).
-  assert result.stderr.strip().splitlines() == [(
-      f"run_classifier: error: --distribution_strategy=parameter_server "
-      f"needs tf.estimator, which TensorFlow {tf.__version__} does not have "
-      f"(its last release is 2.15); on this release run_classifier trains "
-      f"with --distribution_strategy=none, mirrored or multi_worker.")], (
-          result.stderr)
-  assert not (tmp_path / "run").exists()
+def test_run_classifier_with_parameter_servers_without_estimator(
+    tiny_model, tmp_path):
+  """TensorFlow 2.16+: --distribution_strategy=parameter_server between
+  graphs, as Estimator runs it: a chief, a worker and a ps (python -m
+  tfconfig launch, loopback), each trainer applying its own windows to the
+  ps's variables through the library's sessions; the chief saves and
+  evaluates, the ps serves until the trainers have exited. With the chief
+  as the only trainer the job is synchronous: it ends at the weights of
+  the one-device run (dropout off)."""
+  data = runs._write_sst2(tmp_path / "data")
+  result = _parameter_server_job(tiny_model, data, tmp_path / "run", 1)
+  # 40 x 2 / (4 x k=2) = 10 updates, 20 micro-batches between both trainers.
+  assert ("[chief:0] effective batch 8 = micro-batch 4 x k=2 per update, each "
+          "of 2 worker(s) applying its own windows to the ps; 10 updates (20 "
+          "micro-batches)") in result.stdout
+  for task in ("chief:0", "worker:0"):
+    assert (f"[{task}] each window's 2 x 4 examples sorted by length"
+            in result.stdout), result.stdout[-3000:]
+  reader = tf.train.load_checkpoint(str(tmp_path / "run"))
+  assert reader.get_tensor("global_step") >= 20
+  assert reader.get_tensor("gradient_accumulation/updates_applied") >= 8
+  assert "[chief:0] eval on 10 held-out examples" in result.stdout
+  assert "[ps:0] [estimator_accum] stopped: every training task has exited" in (
+      result.stdout + result.stderr)
+
+  model = runs._no_dropout_model(tiny_model, tmp_path)
+  _parameter_server_job(model, data, tmp_path / "alone", 0,
+                        classifier_dropout=0, do_eval=False)
+  one = runs._run(runs._flags(model, data, tmp_path / "one",
+                              classifier_dropout=0, do_eval=False))
+  assert one.returncode == 0, one.stderr[-3000:]
+  # (Each trainer's window is its own, not saved on the ps: the names of
+  # the job's checkpoint, the weights, are compared.)
+  runs.assert_trained_to_the_same_weights(tmp_path / "one",
+                                          tmp_path / "alone", 20)
 
 
 @pytest.mark.slow
