@@ -23,8 +23,13 @@ job's work, 6 x the non-embedding parameters x the real tokens it trains
 on (attention's own products left out, as is usual): the training seconds
 no implementation can beat at that rate.
 
+With `--splits 16x2,...` the main job also runs at those splits of its
+effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
+every update the mean over the same 32 examples); `--no_padded` leaves
+out Trainer's padding per batch (its slowest arrangement).
+
   python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
-      [--peer_python .venv-peer/bin/python]
+      [--splits 16x2] [--no_padded] [--peer_python .venv-peer/bin/python]
 
 The peer venv is made on first use (`--peer_python` names another): Python
 3.11's venv, `pip install --find-links /opt/wheels -r
@@ -52,9 +57,9 @@ LOCAL_WHEELS = "/opt/wheels"
 TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 ACCURACY = re.compile(r"eval on \d+ held-out examples: accuracy ([\d.]+)")
 MAX_LENGTH = 128
-ARRANGEMENTS = ("run_classifier.py (its defaults)",
-                "Hugging Face Trainer, padding per batch",
-                "Hugging Face Trainer, group_by_length=True")
+OURS = "run_classifier.py (its defaults)"
+PADDED = "Hugging Face Trainer, padding per batch"
+GROUPED = "Hugging Face Trainer, group_by_length=True"
 
 
 def cpu_name():
@@ -135,12 +140,12 @@ def floor(train_texts, epochs):
   return rate / 1e9, int(tokens), flops / 1e12, flops / rate, parameters
 
 
-def run_ours(root, epochs, seed):
+def run_ours(root, epochs, seed, flags=()):
   output_dir = tempfile.mkdtemp(prefix="ours-", dir=root)
   started = time.perf_counter()
   done = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
-       f"--num_train_epochs={epochs}", f"--seed={seed}"],
+       f"--num_train_epochs={epochs}", f"--seed={seed}", *flags],
       cwd=ROOT, capture_output=True, text=True, check=False)
   whole = time.perf_counter() - started
   trained, accuracy = TRAINED.search(done.stdout), ACCURACY.search(done.stdout)
@@ -148,8 +153,11 @@ def run_ours(root, epochs, seed):
     raise RuntimeError(f"run_classifier.py: exit {done.returncode}: "
                        f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
   micro_batches = int(trained.group(1))
+  micro_batch = next((int(flag.split("=")[1]) for flag in flags
+                      if flag.startswith("--train_batch_size=")), 8)
   return {"whole": whole, "train": float(trained.group(2)),
-          "examples": micro_batches * 8, "accuracy": float(accuracy.group(1))}
+          "examples": micro_batches * micro_batch,
+          "accuracy": float(accuracy.group(1))}
 
 
 def run_peer(python, data, model, epochs, seed, grouped):
@@ -177,6 +185,11 @@ def main():
   parser.add_argument("--epochs", type=float, default=1.0)
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--seed", type=int, default=42)
+  parser.add_argument("--splits", default="",
+                      help="comma-separated MICROxK splits of the batch 32 "
+                           "the main job also runs at, e.g. 16x2")
+  parser.add_argument("--no_padded", action="store_true",
+                      help="leave out Trainer's padding per batch")
   parser.add_argument("--peer_python", default=None,
                       help="a Python with torch and transformers "
                            "(default: .venv-peer, made on first use)")
@@ -196,16 +209,28 @@ def main():
     os.makedirs(data)
     train_texts = write_examples(data)
     model = pretrained.minilm_hf_dir()
-    results = {name: [] for name in ARRANGEMENTS}
+    ours = {OURS: []}
+    for split in filter(None, args.splits.split(",")):
+      micro, k = (int(part) for part in split.lower().split("x"))
+      if micro * k != 32:
+        rows.fail(f"--splits {split}: micro-batch x k must be 32")
+        return rows.exit_code()
+      ours[f"run_classifier.py, micro-batch {micro} x k={k}"] = [
+          f"--train_batch_size={micro}",
+          f"--gradient_accumulation_multiplier={k}"]
+    ours[OURS] = []
+    peers = [GROUPED] if args.no_padded else [PADDED, GROUPED]
+    arrangements = [*ours, *peers]
+    results = {name: [] for name in arrangements}
     versions = ""
     for _ in range(args.rounds):
-      for name in ARRANGEMENTS:
+      for name in arrangements:
         try:
-          if name == ARRANGEMENTS[0]:
-            result = run_ours(root, args.epochs, args.seed)
+          if name in ours:
+            result = run_ours(root, args.epochs, args.seed, ours[name])
           else:
             result = run_peer(python, data, model, args.epochs, args.seed,
-                              grouped=name == ARRANGEMENTS[2])
+                              grouped=name == GROUPED)
             versions = result["versions"]
         except RuntimeError as error:
           rows.fail(str(error))
@@ -214,8 +239,8 @@ def main():
     medians = {name: {key: statistics.median(r[key] for r in runs)
                       for key in ("whole", "train", "examples", "accuracy")}
                for name, runs in results.items()}
-    best = min(medians[name]["whole"] for name in ARRANGEMENTS[1:])
-    for name in ARRANGEMENTS:
+    best = min(medians[name]["whole"] for name in peers)
+    for name in arrangements:
       found = medians[name]
       rows.add(**{"arrangement": name, "whole s": found["whole"],
                   "training s": found["train"],
@@ -230,8 +255,8 @@ def main():
                 "whole s": "", "training s": seconds, "examples/s": "",
                 "accuracy": "", "whole vs Trainer's best": ""})
     print(f"peer: {versions}; training vs the floor: main job "
-          f"{medians[ARRANGEMENTS[0]]['train'] / seconds:.2f}x, Trainer's "
-          f"best {min(medians[n]['train'] for n in ARRANGEMENTS[1:]) / seconds:.2f}x",
+          f"{medians[OURS]['train'] / seconds:.2f}x, Trainer's "
+          f"best {min(medians[n]['train'] for n in peers) / seconds:.2f}x",
           flush=True)
   return rows.exit_code()
 
