@@ -247,6 +247,14 @@ def task_of(types):
   return config if task.get(TYPE) in types else None
 
 
+def trainer_position(cluster, task_type, index):
+  """(trainers, this task's index among them) of a cluster dict: the
+  chief first, then the workers in order (one input pipeline each)."""
+  chiefs = len(cluster.get(CHIEF, []))
+  trainers = chiefs + len(cluster.get(WORKER, []))
+  return trainers, int(index) + (chiefs if task_type == WORKER else 0)
+
+
 def tensorflow_form(config):
   """What TensorFlow's Estimator and strategies read: "cluster" without the
   evaluator (TensorFlow keeps it out of the training cluster) and "task";

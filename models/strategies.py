@@ -13,6 +13,7 @@ import dataclasses
 import tensorflow as tf
 
 import tfconfig
+from clusterspec import config as clusterspec
 from estimator_accum import releases
 from estimator_accum.distribution import health
 
@@ -61,11 +62,10 @@ class Distribution:
 
   def trainer_shard(self):
     """(trainers, this trainer's index) over the chief and the workers."""
-    cluster, task = self.tf_config.get("cluster", {}), self.task
-    chiefs = len(cluster.get("chief", []))
-    index = task.get("index", 0) + (chiefs if task.get("type") == "worker"
-                                    else 0)
-    return chiefs + len(cluster.get("worker", [])), index
+    task = self.task
+    return clusterspec.trainer_position(self.tf_config.get("cluster", {}),
+                                        task.get("type"),
+                                        task.get("index", 0))
 
   def finish(self):
     """At the job's end: leaves together with the peers (watchdog)."""

@@ -12,6 +12,7 @@ import typing
 
 import tensorflow as tf
 
+from clusterspec import config as tfc
 from estimator_accum.distribution import replicas
 
 __all__ = ["SessionCluster"]
@@ -75,11 +76,11 @@ class SessionCluster:
                                   config=config, start=True)
     if kind == "ps":
       server.join()
-    chiefs = len(tf_config["cluster"].get("chief", []))
-    trainers = chiefs + len(tf_config["cluster"].get("worker", []))
+    trainers, position = tfc.trainer_position(tf_config["cluster"], kind,
+                                              index)
     return cls(
         master=server.target, session_config=config, workers=trainers,
-        worker_index=index + (chiefs if kind == "worker" else 0),
+        worker_index=position,
         is_chief=kind == "chief", task=f"{kind}_{index}",
         device_fn=tf.compat.v1.train.replica_device_setter(
             ps_tasks=spec.num_tasks("ps"),
@@ -102,14 +103,13 @@ class SessionCluster:
           "tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy"
           f" (its collective ops serve sessions), got "
           f"{type(strategy).__name__}.")
-    chiefs = len(cluster.get("chief", []))
-    index = resolver.task_id + (chiefs if resolver.task_type == "worker"
-                                else 0)
+    trainers, position = tfc.trainer_position(
+        cluster, resolver.task_type, resolver.task_id)
     master = resolver.master()
     return cls(
         master=master if "://" in master else "grpc://" + master,
         session_config=strategy.update_config_proto(
             session_config or tf.compat.v1.ConfigProto()),
-        workers=chiefs + len(cluster.get("worker", [])), worker_index=index,
+        workers=trainers, worker_index=position,
         is_chief=strategy.extended.should_checkpoint,
         task=f"{resolver.task_type}_{resolver.task_id}")

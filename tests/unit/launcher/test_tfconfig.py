@@ -483,3 +483,16 @@ class _LastFirst:
       self._first = False
       return count - 1
     return random.randrange(count)
+
+
+@pytest.mark.parametrize("task_type, index, position", [
+    ("chief", 0, 0), ("worker", 0, 1), ("worker", 2, 3)])
+def test_a_trainers_position_counts_the_chief_first(task_type, index,
+                                                    position):
+  from clusterspec import config  # noqa: PLC0415
+
+  cluster = {"chief": ["h0:1"], "worker": ["h1:1", "h2:1", "h3:1"],
+             "ps": ["h4:1"]}
+  assert config.trainer_position(cluster, task_type, index) == (4, position)
+  assert config.trainer_position({"worker": ["h1:1", "h2:1"]}, "worker",
+                                 1) == (2, 1)
