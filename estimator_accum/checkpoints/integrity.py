@@ -20,6 +20,8 @@ import re
 import tensorflow as tf
 from google.protobuf import text_format
 
+from estimator_accum import _files
+
 __all__ = ["NoCompleteCheckpoint", "newest_complete", "problem",
            "resume_from_complete"]
 
@@ -140,11 +142,8 @@ def _write_state(directory, newest, paths):
   `directory`), whole or not at all: a temporary file renamed over it."""
   state = tf.compat.v1.train.generate_checkpoint_state_proto(
       directory, newest, all_model_checkpoint_paths=paths)
-  path = os.path.join(directory, "checkpoint")
-  temporary = f"{path}.tmp{os.getpid()}"
-  with tf.io.gfile.GFile(temporary, "w") as file:
-    file.write(text_format.MessageToString(state))
-  tf.io.gfile.rename(temporary, path, overwrite=True)
+  _files.write_whole(os.path.join(directory, "checkpoint"),
+                     text_format.MessageToString(state))
 
 
 def resume_from_complete(directory, report=None):

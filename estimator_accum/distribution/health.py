@@ -89,11 +89,10 @@ class _Markers:
     text = json.dumps({"state": state, "host": socket.gethostname(),
                        "pid": os.getpid(), "beat": self._beat})
     try:
+      from estimator_accum import _files  # noqa: PLC0415  (as tf: lazily)
+
       tf.io.gfile.makedirs(os.path.dirname(path))
-      temporary = f"{path}.{os.getpid()}.tmp"
-      with tf.io.gfile.GFile(temporary, "w") as writer:
-        writer.write(text)
-      tf.io.gfile.rename(temporary, path, overwrite=True)
+      _files.write_whole(path, text)
     except (tf.errors.OpError, OSError) as error:
       _say(f"{self.name}: cannot write {path}: {error}")
 

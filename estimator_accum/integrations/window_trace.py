@@ -25,6 +25,7 @@ import time
 
 import tensorflow as tf
 
+from estimator_accum import _files
 from estimator_accum.window import progress
 from estimator_accum.window.train_op import get_accumulation_state
 
@@ -76,8 +77,8 @@ def summarize(steps):
   """Where the traced steps' time went.
 
   Args:
-    steps: [(RunMetadata.step_stats, wall seconds, is the window's end)],
-      one per traced session.run.
+    steps: [(RunMetadata.step_stats, wall seconds)], one per traced
+      session.run.
 
   Returns:
     A dict: "wall_ms" (the steps' session.run times), "busy_ms" (time any
@@ -87,11 +88,10 @@ def summarize(steps):
   """
   categories = collections.Counter()
   ops = collections.Counter()
-  wall = busy = 0.0
-  per_step = []
-  for step_stats, seconds, _ in steps:
+  wall = busy = thread_ms = 0.0
+  for step_stats, seconds in steps:
     wall += seconds * 1e3
-    intervals, step_ms = [], 0.0
+    intervals = []
     for device in step_stats.dev_stats:
       for node in device.node_stats:
         op_type = _op_type(node)
@@ -101,11 +101,10 @@ def summarize(steps):
         start = node.all_start_micros / 1e3
         categories[category_of(op_type)] += duration
         ops[op_type] += duration
-        step_ms += duration
+        thread_ms += duration
         intervals.append((start, start + duration))
     busy += _union(intervals)
-    per_step.append(step_ms)
-  return {"wall_ms": wall, "busy_ms": busy, "thread_ms": sum(per_step),
+  return {"wall_ms": wall, "busy_ms": busy, "thread_ms": thread_ms,
           "categories": dict(categories.most_common()),
           "ops": dict(ops.most_common())}
 
@@ -143,7 +142,7 @@ def chrome_trace(steps):
   """The traced steps as a Chrome trace (a JSON-able dict), one after the
   other on a time axis of their own."""
   events, offset = [], 0.0
-  for index, (step_stats, _, _) in enumerate(steps):
+  for index, (step_stats, _) in enumerate(steps):
     starts = [node.all_start_micros for device in step_stats.dev_stats
               for node in device.node_stats]
     first = min(starts) if starts else 0
@@ -222,10 +221,8 @@ class WindowTraceHook(tf.compat.v1.train.SessionRunHook):
     if self._first - self._state.k <= self._step < self._first:
       self._untraced.append(seconds)
     if self._tracing():
-      is_end = self._step == self._first + self._state.k - 1
-      self._steps.append((run_values.run_metadata.step_stats, seconds,
-                          is_end))
-      if is_end:
+      self._steps.append((run_values.run_metadata.step_stats, seconds))
+      if len(self._steps) == self._state.k:  # the window's end
         self._finish()
     self._step += 1
 
@@ -233,8 +230,7 @@ class WindowTraceHook(tf.compat.v1.train.SessionRunHook):
     self.summary = summarize(self._steps)
     tf.io.gfile.makedirs(self._output_dir)
     self.path = os.path.join(self._output_dir, "window_trace.json")
-    with tf.io.gfile.GFile(self.path, "w") as file:
-      json.dump(chrome_trace(self._steps), file)
+    _files.write_whole(self.path, json.dumps(chrome_trace(self._steps)))
     untraced = (1e3 * sum(self._untraced)
                 if len(self._untraced) == self._state.k else None)
     progress.log_info(describe(self.summary, self._state.k, untraced) +

@@ -9,11 +9,10 @@ running out of memory (`halved`).
 
 import dataclasses
 import json
-import os
 
 import tensorflow as tf
 
-from estimator_accum import _checks
+from estimator_accum import _checks, _files
 
 EQUAL = "equal micro-batches"
 WEIGHTED = "num_examples weighting"
@@ -198,10 +197,7 @@ class MicroBatchPlan:
   def write(self, path):
     """Writes the plan as JSON to `path`, atomically (a reader, another
     worker waiting for it, sees the whole plan or none)."""
-    partial = f"{path}.partial-{os.getpid()}"
-    with tf.io.gfile.GFile(partial, "w") as writer:
-      json.dump(self.to_dict(), writer, indent=1)
-    tf.io.gfile.rename(partial, path, overwrite=True)
+    _files.write_whole(path, json.dumps(self.to_dict(), indent=1))
 
   @classmethod
   def read(cls, path):
