@@ -52,6 +52,22 @@ class SessionCluster:
       return None
     return os.path.join(model_dir, f"tmp_{self.task}")
 
+  def saver_hooks(self, model_dir, scaffold, save_steps):
+    """The hook that saves this worker's checkpoints every `save_steps`
+    (a list: none for a parameter-server job's workers, where the chief
+    saves the ps's variables and the others wait for it to start them).
+    Under MultiWorkerMirroredStrategy every worker saves at the same steps,
+    placed last among its hooks so that each runs them in the same order (a
+    value summed over the workers is read by a collective each must join
+    in turn): the chief in model_dir, the others in a directory of their
+    own, removed with the job (as Estimator's workers do)."""
+    saves = self.save_directory(model_dir)
+    if saves is None:
+      return []
+    return [tf.compat.v1.train.CheckpointSaverHook(
+        saves, save_steps=save_steps, scaffold=scaffold,
+        save_graph_def=False)]
+
   @classmethod
   def parameter_servers(cls, tf_config, session_config=None):
     """The SessionCluster of a chief or worker of a parameter-server job
@@ -89,8 +105,12 @@ class SessionCluster:
         shared_variables=True)
 
   @classmethod
-  def of(cls, strategy, session_config):
-    """The SessionCluster of `strategy` (None: one device)."""
+  def of(cls, strategy, session_config, parameter_servers=None):
+    """The SessionCluster of `strategy` (None: one device), or, given
+    `parameter_servers` (TF_CONFIG of a parameter-server job), of that
+    job (`parameter_servers`, above)."""
+    if parameter_servers:
+      return cls.parameter_servers(parameter_servers, session_config)
     resolver = getattr(strategy, "cluster_resolver", None)
     cluster = resolver.cluster_spec().as_dict() if resolver else {}
     if not replicas.is_multi_worker_collective(strategy) or not cluster:

@@ -173,12 +173,8 @@ class SessionEstimator:
         tf.compat.v1.GraphKeys.GLOBAL_STEP) >= max_steps:
       return self
     strategy = self.config.train_distribute
-    if self.config.parameter_servers:
-      cluster = session_cluster.SessionCluster.parameter_servers(
-          self.config.parameter_servers, self.config.session_config)
-    else:
-      cluster = session_cluster.SessionCluster.of(
-          strategy, self.config.session_config)
+    cluster = session_cluster.SessionCluster.of(
+        strategy, self.config.session_config, self.config.parameter_servers)
     with tf.Graph().as_default(), (
         strategy.scope() if strategy else contextlib.nullcontext()), (
             tf.compat.v1.device(cluster.device_fn) if cluster.device_fn
@@ -191,25 +187,18 @@ class SessionEstimator:
               sharded=True, max_to_keep=self.config.keep_checkpoint_max,
               save_relative_paths=True))
       # Every worker restores the latest checkpoint (or initializes, the
-      # strategy broadcasting the first worker's values), and saves and
-      # writes summaries at the same steps, its hooks in the same order (a
-      # value summed over the workers is read by a collective each must
-      # join in turn): the chief in model_dir, the others in a directory
-      # of their own, removed with the job (as Estimator's workers do).
-      # (A parameter-server job's workers save nothing: the chief saves
-      # the ps's variables, the others wait for it to start them.)
+      # strategy broadcasting the first worker's values); where it saves:
+      # SessionCluster.saver_hooks.
       saves = cluster.save_directory(self.model_dir)
-      saver = ([] if saves is None else [
-          tf.compat.v1.train.CheckpointSaverHook(
-              saves, save_steps=self.config.save_checkpoints_steps,
-              scaffold=scaffold, save_graph_def=False)])
       with tf.compat.v1.train.MonitoredTrainingSession(
           master=cluster.master,
           is_chief=cluster.is_chief or not cluster.shared_variables,
           checkpoint_dir=self.model_dir, summary_dir=saves,
           scaffold=scaffold,
           hooks=[tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
-                 *spec.training_hooks, *hooks, *saver],
+                 *spec.training_hooks, *hooks,
+                 *cluster.saver_hooks(self.model_dir, scaffold,
+                                      self.config.save_checkpoints_steps)],
           save_checkpoint_steps=None, save_checkpoint_secs=None,
           save_summaries_steps=(self.config.save_summary_steps
                                 if saves is not None else None),
