@@ -45,13 +45,16 @@ class TrainingConfig:
   fused_apply: bool = False
   # The layers' dense parts compute real tokens only (BertModel unpadded).
   unpadded: bool = False
+  # The last layer computes each example's first token only (BertModel
+  # pooled_only): the classifier reads nothing else.
+  pooled_only: bool = False
   # A directory for a trace of one window (WindowTraceHook), or None.
   trace_dir: str | None = None
 
 
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
-                 recompute=False, unpadded=False):
+                 recompute=False, unpadded=False, pooled_only=False):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
@@ -64,7 +67,7 @@ def create_model(bert_config, is_training, features, num_labels,
       compute_type=compute_type, recompute=recompute and is_training,
       example_ids=features.get("example_ids"),
       max_examples=features["label_ids"].shape[-1] if packed else None,
-      unpadded=unpadded)
+      unpadded=unpadded, pooled_only=pooled_only)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -104,7 +107,8 @@ def model_fn_builder(bert_config, training):
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
-        training.classifier_dropout, training.recompute, training.unpadded)
+        training.classifier_dropout, training.recompute, training.unpadded,
+        training.pooled_only)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

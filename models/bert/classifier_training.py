@@ -38,6 +38,7 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       recompute=flags.recompute or plan.recompute,
       accumulator_placement=plan.accumulator_placement,
       fused_apply=flags.fused_apply, unpadded=flags.unpadded,
+      pooled_only=flags.pooled_only,
       trace_dir=output_dir if flags.trace_window else None)
 
 
@@ -126,6 +127,9 @@ def describe(flags, plan, workers, replicas, between_graph,
   if flags.unpadded:
     print("the layers' dense parts compute real tokens only, attention "
           "the padded rows (--unpadded)", flush=True)
+  if flags.pooled_only:
+    print("the last layer computes each example's first token only, the "
+          "one the classifier reads (--pooled_only)", flush=True)
 
 
 def report(seconds, micro_batches):

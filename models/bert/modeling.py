@@ -108,7 +108,7 @@ class BertModel:
   def __init__(self, config, is_training, input_ids, input_mask=None,
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
                compute_type=tf.float32, recompute=False, example_ids=None,
-               max_examples=None, unpadded=False):
+               max_examples=None, unpadded=False, pooled_only=False):
     """Builds the encoder in the current graph.
 
     Args:
@@ -147,6 +147,15 @@ class BertModel:
         real token's output is the padded model's (with dropout off: its
         random masks have other shapes); the outputs keep their shapes,
         with zeros at padding. Same variables, same checkpoints.
+      pooled_only: the last layer computes only the tokens the pooler reads
+        (each example's first token, [CLS]): their queries attend to every
+        token's keys and values, and the layer's attention output,
+        feed-forward block and layer norms run on those rows alone, about a
+        sixth of MiniLM's work less per token. `get_pooled_output` is the
+        full model's (with dropout off: its random masks have other
+        shapes); `get_sequence_output` and `get_all_encoder_layers` are not
+        built and raise. Same variables, same checkpoints. For a classifier
+        on the pooled output (run_classifier.py's default).
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -171,6 +180,10 @@ class BertModel:
                        f"max_examples={max_examples!r}")
     if not isinstance(unpadded, bool):
       raise ValueError(f"unpadded must be True or False, got {unpadded!r}")
+    if not isinstance(pooled_only, bool):
+      raise ValueError(
+          f"pooled_only must be True or False, got {pooled_only!r}")
+    self._pooled_only = pooled_only
     if input_mask is None and example_ids is None:
       input_mask = tf.ones_like(input_ids)
     if token_type_ids is None:
@@ -202,22 +215,34 @@ class BertModel:
               [-1])),)
           layer_input = tf.gather_nd(
               tf.reshape(layer_input, [-1, config.hidden_size]), real[0])
+        self.example_mask = None
+        if example_ids is None:
+          starts = (tf.zeros([tf.shape(input_ids)[0], 1], tf.int32)
+                    if pooled_only else None)
+        else:
+          starts, self.example_mask = packing.first_tokens(example_ids,
+                                                           max_examples)
+        last = config.num_hidden_layers - 1
         for index in range(config.num_hidden_layers):
           with tf.compat.v1.variable_scope(f"layer_{index}"):
+            if index == last and pooled_only:
+              # [batch, 1 or max_examples, hidden]: each example's first
+              # token, the rows the pooler reads.
+              first = layer(layer_input, bias, *real, starts=starts)
+              break
             layer_input = layer(layer_input, bias, *real)
           padded = (_padded(layer_input, *real, input_ids) if real else
                     layer_input)
           self.all_encoder_layers.append(tf.cast(padded, tf.float32))
-      self.sequence_output = self.all_encoder_layers[-1]
-      # The last layer in rows again (one scatter, shared with its output
-      # above), for the pooler.
-      layer_input = padded
-      first = layer_input[:, 0]
-      self.example_mask = None
-      if example_ids is not None:
-        starts, self.example_mask = packing.first_tokens(example_ids,
-                                                         max_examples)
-        first = tf.gather(layer_input, starts, batch_dims=1)
+        else:
+          # The last layer in rows again (one scatter, shared with its
+          # output above), for the pooler.
+          first = (padded[:, 0] if example_ids is None else
+                   tf.gather(padded, starts, batch_dims=1))
+      self.sequence_output = (None if pooled_only else
+                              self.all_encoder_layers[-1])
+      if pooled_only and example_ids is None:
+        first = first[:, 0]
       with tf.compat.v1.variable_scope("pooler"):
         self.pooled_output = tf.cast(_dense(
             first, config.hidden_size, "dense",
@@ -249,41 +274,59 @@ class BertModel:
     output = _layer_norm(output, config.layer_norm_eps)
     return _dropout(output, config.hidden_dropout_prob)
 
-  def _layer(self, layer_input, attention_bias, real=None):
+  def _layer(self, layer_input, attention_bias, real=None, starts=None):
     """One transformer layer; with `real` ([tokens, 1] int64, unpadded), of
     the real tokens' [tokens, hidden] matrix, each token's projections put
-    back in its row for attention and the attention's output taken out."""
+    back in its row for attention and the attention's output taken out.
+    With `starts` (int32 [batch, n]), only the tokens at `starts` in each
+    row are computed (their queries attend to every token): [batch, n,
+    hidden], zeros where an unpadded row has no real token there."""
     config = self._config
     heads = config.num_attention_heads
     head_size = config.hidden_size // heads
     batch, length = tf.shape(attention_bias)[0], tf.shape(attention_bias)[-1]
 
-    def split_heads(x):
-      if real is not None:
-        x = tf.scatter_nd(real, x, [batch * length, config.hidden_size])
-      x = tf.reshape(x, [batch, length, heads, head_size])
+    def rows(x):
+      if real is None:
+        return x
+      return tf.reshape(
+          tf.scatter_nd(real, x, [batch * length, tf.shape(x)[-1]]),
+          [batch, length, x.shape[-1]])
+
+    def split_heads(x, count):
+      x = tf.reshape(x, [batch, count, heads, head_size])
       return tf.transpose(x, [0, 2, 1, 3])
 
     with tf.compat.v1.variable_scope("attention"):
       with tf.compat.v1.variable_scope("self"):
-        query, key, value = (
-            split_heads(_dense(layer_input, config.hidden_size, name,
-                               config.initializer_range))
-            for name in ("query", "key", "value"))
+        query_input, count = layer_input, length
+        if starts is not None:
+          query_input = tf.gather(rows(layer_input), starts, batch_dims=1)
+          count = tf.shape(starts)[1]
+          if attention_bias.shape[2] != 1:  # Packed: a row per query.
+            attention_bias = tf.gather(attention_bias[:, 0], starts,
+                                       batch_dims=1)[:, tf.newaxis]
+        query = _dense(query_input, config.hidden_size, "query",
+                       config.initializer_range)
+        query = split_heads(rows(query) if starts is None else query, count)
+        key, value = (
+            split_heads(rows(_dense(layer_input, config.hidden_size, name,
+                                    config.initializer_range)), length)
+            for name in ("key", "value"))
         scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(head_size)
         probs = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias)
         probs = _dropout(tf.cast(probs, layer_input.dtype),
                          config.attention_probs_dropout_prob)
         context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
-        context = tf.reshape(context, [batch, length, config.hidden_size])
-        if real is not None:
+        context = tf.reshape(context, [batch, count, config.hidden_size])
+        if real is not None and starts is None:
           context = tf.gather_nd(
               tf.reshape(context, [-1, config.hidden_size]), real)
       with tf.compat.v1.variable_scope("output"):
         attention = _dense(context, config.hidden_size, "dense",
                            config.initializer_range)
         attention = _layer_norm(
-            _dropout(attention, config.hidden_dropout_prob) + layer_input,
+            _dropout(attention, config.hidden_dropout_prob) + query_input,
             config.layer_norm_eps)
     with tf.compat.v1.variable_scope("intermediate"):
       intermediate = _dense(attention, config.intermediate_size, "dense",
@@ -292,8 +335,15 @@ class BertModel:
     with tf.compat.v1.variable_scope("output"):
       output = _dense(intermediate, config.hidden_size, "dense",
                       config.initializer_range)
-      return _layer_norm(_dropout(output, config.hidden_dropout_prob) +
-                         attention, config.layer_norm_eps)
+      output = _layer_norm(_dropout(output, config.hidden_dropout_prob) +
+                           attention, config.layer_norm_eps)
+    if starts is not None and real is not None:
+      # Unpadded, a row without a real token at a start (an all-padding
+      # row) is zeros there, as the full layer's padded output.
+      present = tf.gather(rows(tf.ones_like(layer_input[:, :1])), starts,
+                          batch_dims=1)
+      output = tf.where(present > 0, output, tf.zeros_like(output))
+    return output
 
   def get_pooled_output(self):
     """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));
@@ -308,11 +358,20 @@ class BertModel:
 
   def get_sequence_output(self):
     """float32 Tensor [batch_size, seq_length, hidden_size]: the last layer."""
+    self._check_full("get_sequence_output")
     return self.sequence_output
 
   def get_all_encoder_layers(self):
     """List of float32 Tensors [batch_size, seq_length, hidden_size]."""
+    self._check_full("get_all_encoder_layers")
     return self.all_encoder_layers
+
+  def _check_full(self, method):
+    if self._pooled_only:
+      raise ValueError(
+          f"BertModel.{method}: this model was built with pooled_only=True, "
+          "whose last layer computes each example's first token only; "
+          "build it with pooled_only=False for every token's output.")
 
   def get_embedding_output(self):
     """float32 Tensor [batch_size, seq_length, hidden_size]."""

@@ -325,6 +325,8 @@ def test_run_classifier_on_two_workers_without_estimator(tiny_model, tmp_path):
                              ("packed", dict(pack_windows=True,
                                              do_eval=False)),
                              ("plain", dict(sort_windows_by_length=False,
+                                            unpadded=False,
+                                            pooled_only=False,
                                             do_eval=False))):
     result = runs._two_workers(model, data, tmp_path / arrangement,
                                classifier_dropout=0, **extra)

@@ -268,7 +268,9 @@ def test_two_workers_train_with_the_effective_batch_they_print(
   assert (output_dir / "eval_results.txt").exists()
   weights = {"sorted": tf.train.load_checkpoint(str(output_dir))}
   for arrangement, extra in (("packed", dict(pack_windows=True)),
-                             ("plain", dict(sort_windows_by_length=False))):
+                             ("plain", dict(sort_windows_by_length=False,
+                                            unpadded=False,
+                                            pooled_only=False))):
     done = _two_workers(model, sst2, tmp_path / arrangement, do_eval=False,
                         classifier_dropout=0, **extra)
     packed_line = "[worker:1] each window's 2 x 4 examples packed into rows"
@@ -565,7 +567,8 @@ def test_windows_sorted_or_packed_train_to_the_same_weights(
     tiny_model, sst2, tmp_path):
   # Each window's 2 x 4 examples sorted by length into its micro-batches
   # (the default), or packed into rows of 16 tokens (--pack_windows), both
-  # with the layers computing real tokens only (--unpadded, the default),
+  # with the layers computing real tokens only (--unpadded) and the last
+  # layer each example's first token only (--pooled_only, the defaults),
   # against the order the input gives them, every position computed: with
   # dropout off, the same update (tests/unit/models/test_classification_
   # data.py shows the arrangement changes and the padding shrinks).
@@ -581,11 +584,14 @@ def test_windows_sorted_or_packed_train_to_the_same_weights(
                          classifier_dropout=0, num_train_epochs=1,
                          sort_windows_by_length=arrangement == "sorted",
                          pack_windows=arrangement == "packed",
-                         unpadded=arrangement != "plain"))
+                         unpadded=arrangement != "plain",
+                         pooled_only=arrangement != "plain"))
     assert result.returncode == 0, result.stderr[-3000:]
     for name, line in said.items():
       assert (line in result.stdout) == (name == arrangement), result.stdout
     assert ("the layers' dense parts compute real tokens only" in
+            result.stdout) == (arrangement != "plain"), result.stdout
+    assert ("the last layer computes each example's first token only" in
             result.stdout) == (arrangement != "plain"), result.stdout
     weights[arrangement] = tf.train.load_checkpoint(str(output_dir))
   names = [n for n in weights["plain"].get_variable_to_shape_map()
