@@ -28,8 +28,16 @@ effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
 every update the mean over the same 32 examples); `--no_padded` leaves
 out Trainer's padding per batch (its slowest arrangement).
 
+With `--avx2`, every library on both sides is held to its AVX2 kernels,
+as on a CPU without AVX-512 (measured on this one, not on such a CPU):
+oneDNN by `ONEDNN_MAX_CPU_ISA=AVX2` (TensorFlow's and PyTorch's), PyTorch's
+own kernels by `ATEN_CPU_CAPABILITY=avx2`, and MKL by
+`MKL_ENABLE_INSTRUCTIONS=AVX2`; the floor's matmul too. TensorFlow's own
+kernels are built for AVX either way.
+
   python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
-      [--splits 16x2] [--no_padded] [--peer_python .venv-peer/bin/python]
+      [--splits 16x2] [--no_padded] [--avx2]
+      [--peer_python .venv-peer/bin/python]
 
 The peer venv is made on first use (`--peer_python` names another): Python
 3.11's venv, `pip install --find-links /opt/wheels -r
@@ -60,6 +68,10 @@ MAX_LENGTH = 128
 OURS = "run_classifier.py (its defaults)"
 PADDED = "Hugging Face Trainer, padding per batch"
 GROUPED = "Hugging Face Trainer, group_by_length=True"
+# --avx2: each library's kernels held to AVX2 (inherited by both sides'
+# processes; set before this process imports TensorFlow for the floor).
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 def cpu_name():
@@ -190,14 +202,22 @@ def main():
                            "the main job also runs at, e.g. 16x2")
   parser.add_argument("--no_padded", action="store_true",
                       help="leave out Trainer's padding per batch")
+  parser.add_argument("--avx2", action="store_true",
+                      help="hold every library on both sides to its AVX2 "
+                           "kernels, as on a CPU without AVX-512")
   parser.add_argument("--peer_python", default=None,
                       help="a Python with torch and transformers "
                            "(default: .venv-peer, made on first use)")
   args = parser.parse_args()
+  if args.avx2:
+    os.environ.update(AVX2)
   from models.bert import pretrained  # noqa: PLC0415
 
   python = peer_python(args.peer_python)
-  print(f"machine: {cpu_name()}", flush=True)
+  print(f"machine: {cpu_name()}" + (
+      "; every library held to AVX2 (" +
+      " ".join(f"{k}={v}" for k, v in AVX2.items()) + ")"
+      if args.avx2 else ""), flush=True)
   rows = bench.Rows(f"The main job beside Hugging Face Trainer, "
                     f"{args.epochs:g} epoch(s), {args.rounds} round(s), "
                     f"seed {args.seed}", args.json, markdown=True,
