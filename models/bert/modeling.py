@@ -210,10 +210,11 @@ class BertModel:
             self._layer)
         real = ()
         if unpadded:
+          token_real = (input_mask > 0 if example_ids is None else
+                        example_ids > 0)
           # [tokens, 1]: where each real token sits in the flattened rows.
-          real = (tf.where(tf.reshape(
-              input_mask > 0 if example_ids is None else example_ids > 0,
-              [-1])),)
+          real = (tf.where(tf.reshape(token_real, [-1])),)
+          batch_and_length = tf.unstack(tf.shape(input_ids))
           layer_input = tf.gather_nd(
               tf.reshape(layer_input, [-1, config.hidden_size]), real[0])
         self.example_mask = None
@@ -230,10 +231,16 @@ class BertModel:
               # [batch, 1 or max_examples, hidden]: each example's first
               # token, the rows the pooler reads.
               first = layer(layer_input, bias, *real, starts=starts)
+              if real:
+                # A row without a real token at a start (all padding) is
+                # zeros there, as the full unpadded layer's output.
+                present = tf.gather(token_real, starts, batch_dims=1)
+                first = tf.where(present[..., tf.newaxis], first,
+                                 tf.zeros_like(first))
               break
             layer_input = layer(layer_input, bias, *real)
-          padded = (_padded(layer_input, *real, input_ids) if real else
-                    layer_input)
+          padded = (_padded(layer_input, *real, *batch_and_length) if real
+                    else layer_input)
           self.all_encoder_layers.append(tf.cast(padded, tf.float32))
         else:
           # The last layer in rows again (one scatter, shared with its
@@ -281,18 +288,14 @@ class BertModel:
     back in its row for attention and the attention's output taken out.
     With `starts` (int32 [batch, n]), only the tokens at `starts` in each
     row are computed (their queries attend to every token): [batch, n,
-    hidden], zeros where an unpadded row has no real token there."""
+    hidden]."""
     config = self._config
     heads = config.num_attention_heads
     head_size = config.hidden_size // heads
     batch, length = tf.shape(attention_bias)[0], tf.shape(attention_bias)[-1]
 
     def rows(x):
-      if real is None:
-        return x
-      return tf.reshape(
-          tf.scatter_nd(real, x, [batch * length, tf.shape(x)[-1]]),
-          [batch, length, x.shape[-1]])
+      return x if real is None else _padded(x, real, batch, length)
 
     def split_heads(x, count):
       x = tf.reshape(x, [batch, count, heads, head_size])
@@ -336,15 +339,8 @@ class BertModel:
     with tf.compat.v1.variable_scope("output"):
       output = _dense(intermediate, config.hidden_size, "dense",
                       config.initializer_range)
-      output = _layer_norm(_dropout(output, config.hidden_dropout_prob) +
-                           attention, config.layer_norm_eps)
-    if starts is not None and real is not None:
-      # Unpadded, a row without a real token at a start (an all-padding
-      # row) is zeros there, as the full layer's padded output.
-      present = tf.gather(rows(tf.ones_like(layer_input[:, :1])), starts,
-                          batch_dims=1)
-      output = tf.where(present > 0, output, tf.zeros_like(output))
-    return output
+      return _layer_norm(_dropout(output, config.hidden_dropout_prob) +
+                         attention, config.layer_norm_eps)
 
   def get_pooled_output(self):
     """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));
@@ -383,13 +379,11 @@ class BertModel:
     return self.embedding_table
 
 
-def _padded(tokens, real, input_ids):
-  """The real tokens' [tokens, hidden] rows put back in [batch, seq_length,
-  hidden], zeros at padding."""
-  shape = tf.shape(input_ids)
-  rows = tf.scatter_nd(real, tokens, [shape[0] * shape[1],
-                                      tf.shape(tokens)[-1]])
-  return tf.reshape(rows, [shape[0], shape[1], tokens.shape[-1]])
+def _padded(tokens, real, batch, length):
+  """The real tokens' [tokens, width] rows put back in [batch, length,
+  width], zeros at padding."""
+  rows = tf.scatter_nd(real, tokens, [batch * length, tf.shape(tokens)[-1]])
+  return tf.reshape(rows, [batch, length, tokens.shape[-1]])
 
 
 def get_assignment_map_from_checkpoint(tvars, init_checkpoint):
