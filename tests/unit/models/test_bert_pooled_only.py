@@ -16,6 +16,7 @@ from tests.unit.models.test_bert_packing import (
   _examples,
   _one_per_row,
 )
+from tests.unit.models.test_bert_unpadded import shared_model
 
 LENGTHS = [7, 3, 12, 5, 16, 2]
 
@@ -34,22 +35,8 @@ def _full_and_pooled_only(rows, unpadded, recompute=False, packed=None):
   results = []
   with tf.Graph().as_default():
     for pooled_only in (False, True):
-      with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
-        if packed is None:
-          model = modeling.BertModel(
-              CONFIG, False, tf.constant(rows["input_ids"]),
-              input_mask=tf.constant(rows["input_mask"]),
-              token_type_ids=tf.constant(rows["segment_ids"]), scope="bert",
-              recompute=recompute, unpadded=unpadded,
-              pooled_only=pooled_only)
-        else:
-          model = modeling.BertModel(
-              CONFIG, False, tf.constant(packed["input_ids"]),
-              token_type_ids=tf.constant(packed["segment_ids"]),
-              scope="bert", example_ids=tf.constant(packed["example_ids"]),
-              max_examples=max(n for _, n in packed["placement"]),
-              recompute=recompute, unpadded=unpadded,
-              pooled_only=pooled_only)
+      model = shared_model(rows, packed, recompute=recompute,
+                           unpadded=unpadded, pooled_only=pooled_only)
       pooled = model.get_pooled_output()
       loss = tf.reduce_sum(tf.sin(pooled) * tf.range(
           1.0, 1.0 + CONFIG.hidden_size))

@@ -18,26 +18,32 @@ from tests.unit.models.test_bert_packing import (
 LENGTHS = [7, 3, 12, 5, 16, 2]
 
 
+def shared_model(rows=None, packed=None, **options):
+  """BertModel (dropout off, scope "bert", its variables reused by every
+  call in the graph) of one example a row (`rows`) or of packed rows
+  (`packed`, packing.pack's), with `options` (recompute, unpadded, ...)."""
+  with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
+    if packed is None:
+      return modeling.BertModel(
+          CONFIG, False, tf.constant(rows["input_ids"]),
+          input_mask=tf.constant(rows["input_mask"]),
+          token_type_ids=tf.constant(rows["segment_ids"]), scope="bert",
+          **options)
+    return modeling.BertModel(
+        CONFIG, False, tf.constant(packed["input_ids"]),
+        token_type_ids=tf.constant(packed["segment_ids"]), scope="bert",
+        example_ids=tf.constant(packed["example_ids"]),
+        max_examples=max(n for _, n in packed["placement"]), **options)
+
+
 def _padded_and_unpadded(rows, recompute=False, packed=None):
   """(padded, unpadded) outputs on shared weights: sequence output, pooled
   output, and the gradient of a loss over both for every variable."""
   results = []
   with tf.Graph().as_default():
     for unpadded in (False, True):
-      with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
-        if packed is None:
-          model = modeling.BertModel(
-              CONFIG, False, tf.constant(rows["input_ids"]),
-              input_mask=tf.constant(rows["input_mask"]),
-              token_type_ids=tf.constant(rows["segment_ids"]), scope="bert",
-              recompute=recompute, unpadded=unpadded)
-        else:
-          model = modeling.BertModel(
-              CONFIG, False, tf.constant(packed["input_ids"]),
-              token_type_ids=tf.constant(packed["segment_ids"]),
-              scope="bert", example_ids=tf.constant(packed["example_ids"]),
-              max_examples=max(n for _, n in packed["placement"]),
-              recompute=recompute, unpadded=unpadded)
+      model = shared_model(rows, packed, recompute=recompute,
+                           unpadded=unpadded)
       sequence, pooled = model.get_sequence_output(), model.get_pooled_output()
       mask = tf.cast(tf.constant(rows["input_mask"] if packed is None else
                                  packed["example_ids"] > 0), tf.float32)
