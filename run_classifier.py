@@ -179,7 +179,8 @@ class ClassifierRun:
 
     if self.flags.do_train:
       # One process only: on a cluster every worker would have to halve.
-      if self.flags.micro_batch_size == "auto" and self.one_process:
+      if (self.flags.micro_batch_size in batch_plan.MEASURED and
+          self.one_process):
         plan = estimator_accum.train_halving_on_oom(
             train, plan, self.output_dir, log=self._replanned)
       else:
@@ -239,7 +240,8 @@ class ClassifierRun:
     if self.flags.micro_batch_size is None:
       return estimator_accum.MicroBatchPlan.given(
           effective, self.flags.train_batch_size, ways)
-    if not self.flags.do_train and self.flags.micro_batch_size == "auto":
+    if (not self.flags.do_train and
+        self.flags.micro_batch_size in batch_plan.MEASURED):
       return estimator_accum.MicroBatchPlan.given(effective, effective // ways,
                                                   ways)
     measured = training.config(
@@ -249,6 +251,8 @@ class ClassifierRun:
       return batch_plan.resolve(
           self.flags, build=training.planning_step(
               self.flags, self.setup, measured, train_file),
+          speed_build=training.planning_step(
+              self.flags, self.setup, measured, train_file, arranged=True),
           effective_batch=effective, replicas=ways, run_dir=self.output_dir,
           is_chief=self.distribution.is_chief)
     except batch_plan.PlanError as error:

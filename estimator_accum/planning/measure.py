@@ -13,8 +13,9 @@ import tensorflow as tf
 from estimator_accum import _checks, tf_private
 from estimator_accum.planning.plan import Measurement
 
-__all__ = ["check_build", "check_memory_statistics", "default_device",
-           "free_device_memory", "measure_peak", "own_threads"]
+__all__ = ["check_build", "check_memory_statistics", "checked_fetch",
+           "default_device", "free_device_memory", "measure_peak",
+           "own_threads"]
 
 # Micro-batches run per candidate: two windows of k=2.
 MEASURED_MICRO_BATCHES = 4
@@ -104,7 +105,7 @@ def measure_peak(build, micro_batch, k, device=None,
   gc.collect()
   graph = tf.Graph()
   with graph.as_default():
-    fetch = _checked_fetch(build(micro_batch, k, **memory_options), graph,
+    fetch = checked_fetch(build(micro_batch, k, **memory_options), graph,
                            micro_batch, k)
     init = [tf.compat.v1.global_variables_initializer(),
             tf.compat.v1.local_variables_initializer(),
@@ -170,7 +171,7 @@ def check_build(build):
         f"{type(build).__name__}.")
 
 
-def _checked_fetch(fetch, graph, micro_batch, k):
+def checked_fetch(fetch, graph, micro_batch, k):
   """`fetch`, what `build(micro_batch, k)` returned, if a session can run
   it in `graph` (an op, a tensor, a variable, or a list or dict of them);
   else a one-line error naming `build` and what it returned."""

@@ -38,6 +38,9 @@ class Measurement:
   # of one that ends the window and applies (None: not measured).
   adding_peak_bytes: int | None = None
   window_end_peak_bytes: int | None = None
+  # The median time of a whole window of k micro-batches on the input the
+  # job trains on (plan_micro_batch(objective="fastest"); None: not timed).
+  window_seconds: float | None = None
 
   @property
   def seconds_per_example(self):
@@ -165,6 +168,8 @@ class MicroBatchPlan:
       options = labelled(measured.options)
       speed = ("" if measured.seconds_per_example is None or not weighed else
                f"{measured.seconds_per_example * 1000:.1f} ms/example, ")
+      if measured.window_seconds is not None:
+        speed = f"window {measured.window_seconds:.3f} s, "
       chosen = "  <- chosen" if (
           measured.micro_batch, measured.recompute,
           measured.accumulator_placement) == (
@@ -174,8 +179,8 @@ class MicroBatchPlan:
                    f"{options}): {peak}, {verdict} ({speed}"
                    f"{measured.seconds:.1f} s){chosen}")
     if weighed:
-      lines.append(f"chose {self.options} at micro-batch {self.micro_batch}:"
-                   f" {self.reason}")
+      lines.append(f"chose micro-batch {self.micro_batch} x k={self.k}"
+                   f"{labelled(self.options)}: {self.reason}")
     lines.append(f"{self.summary()}; planned in "
                  f"{self.planning_seconds:.1f} s ({len(self.measurements)} "
                  f"candidate(s) measured)")

@@ -52,7 +52,8 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
     session_config = tf.compat.v1.ConfigProto(
         device_count={"CPU": max(replicas, 1)})
   save_every = flags.save_checkpoints_steps
-  if flags.micro_batch_size == "auto":  # Window boundaries, for halving.
+  if flags.micro_batch_size in batch_plan.MEASURED:
+    # Checkpoints at window boundaries, for halving.
     save_every = batch_plan.save_every(plan, save_every)
   model_fn = classifier.model_fn_builder(setup.bert_config, training)
   if estimator_accum.releases.estimator() is None:
@@ -79,17 +80,28 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
   return tf.estimator.Estimator(model_fn, config=run_config)
 
 
-def planning_step(flags, setup, training, train_file):
+def planning_step(flags, setup, training, train_file, arranged=False):
   """build(micro_batch, k) for the planner: the training step on batches of
   the train file at the full --max_seq_length (the longest a batch gets;
-  only --do_train measures)."""
+  only --do_train measures). `arranged`: on batches as the run trains on
+  them instead (each cut to its longest example, its window sorted or
+  packed by the flags): what --micro_batch_size fastest times."""
 
   def build(micro_batch, k, recompute=False,
             accumulator_placement="device"):
     tf.compat.v1.train.get_or_create_global_step()
+    arrange = {}
+    if arranged:
+      packing = flags.pack_windows
+      arrange = dict(
+          trim=True, pad_to_multiple_of=flags.pad_to_multiple_of,
+          sort_window=k if (not packing and flags.sort_windows_by_length)
+          else None, pack_window=k if packing else None,
+          max_examples_per_row=flags.max_examples_per_row)
     dataset = bert_features.input_fn_builder(
         train_file, flags.max_seq_length, micro_batch, is_training=True,
-        drop_remainder=True, seed=flags.seed, trim=False)()
+        drop_remainder=True, seed=flags.seed,
+        **(arrange or dict(trim=False)))()
     features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     step = dataclasses.replace(
         training, k=k, micro_batch_size=micro_batch, recompute=recompute,

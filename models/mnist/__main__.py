@@ -135,7 +135,7 @@ def _run_holding(values, model_dir, train, test, k, micro_batch, strategy,
 
 def _plan_batch(values, train, workers, model_dir, is_chief):
   """(micro-batch, k): --batch and --k, or with --micro_batch_size the
-  plan's (measured for 'auto', on this model and these images)."""
+  plan's (measured for 'auto' or 'fastest', on this model and these images)."""
   batch_plan.check_flags(values, [name for name in ("batch", "k")
                                  if name in values.given])
   if values.micro_batch_size is None:

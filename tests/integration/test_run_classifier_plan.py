@@ -96,6 +96,53 @@ def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
 
 @pytest.mark.estimator
 @pytest.mark.memory
+def test_fastest_times_the_splits_that_fit_and_trains_the_same_weights(
+    tiny_model, sst2, tmp_path):
+  model = _no_dropout_model(tiny_model, tmp_path)
+  common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
+  fastest_dir = tmp_path / "fastest"
+  result = _run(_plan_flags(model, sst2, fastest_dir,
+                            micro_batch_size="fastest", memory_budget_mb=4000,
+                            **common))
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = result.stdout
+  assert "then timing whole windows of the splits that fit" in out, out
+  timed_lines = re.findall(r"measured micro-batch (\d+) \(k=(\d+)\): "
+                           r"window ([\d.]+) s timed", out)
+  assert [int(m) for m, _, _ in timed_lines][:2] == [8, 4], out
+  assert all(int(m) * int(k) == 8 for m, k, _ in timed_lines), out
+  plan = estimator_accum.MicroBatchPlan.read(
+      str(fastest_dir / "micro_batch_plan.json"))
+  timed = {m.micro_batch: m.window_seconds for m in plan.measurements
+           if m.window_seconds is not None}
+  assert sorted(timed) == sorted(int(m) for m, _, _ in timed_lines), plan
+  # The plan is the shortest window timed (a smaller split only when 3%
+  # shorter than every larger one).
+  assert timed[plan.micro_batch] <= 1.04 * min(timed.values()), timed
+  assert all(timed[m] >= 0.97 * timed[plan.micro_batch]
+             for m in timed if m > plan.micro_batch), timed
+  assert re.search(rf"chose micro-batch {plan.micro_batch} x k={plan.k}: "
+                   r"the fastest window timed that fits", out), out
+  assert (f"micro-batch {plan.micro_batch} x k={plan.k}; 10 updates" in out)
+  given_dir = tmp_path / "given"
+  other = 8 if plan.micro_batch != 8 else 2
+  given = _run(_plan_flags(model, sst2, given_dir, micro_batch_size=other,
+                           **common))
+  assert given.returncode == 0, given.stderr[-3000:]
+  trained = [tf.train.load_checkpoint(str(d)) for d in (fastest_dir,
+                                                          given_dir)]
+  names = [n for n in trained[0].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  assert len(names) > 10
+  for name in names:
+    np.testing.assert_allclose(
+        trained[0].get_tensor(name), trained[1].get_tensor(name), rtol=1e-5,
+        atol=1e-6, err_msg=f"{name}: {plan.micro_batch} x {plan.k} against "
+        f"{other} x {8 // other}")
+
+
+@pytest.mark.estimator
+@pytest.mark.memory
 @pytest.mark.parametrize("extra, message", [
     (dict(micro_batch_size="auto", effective_batch_size=8),
      r"--memory_budget_mb=None on CPU:0: give the budget in MB"),
@@ -104,7 +151,9 @@ def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
     (dict(micro_batch_size=3, effective_batch_size=8),
      r"--micro_batch_size=3 does not divide the 8 examples per replica"),
     (dict(micro_batch_size="lots"), r"--micro_batch_size=lots: must be "
-     r"'auto' or a positive whole number"),
+     r"'auto', 'fastest' or a positive whole number"),
+    (dict(micro_batch_size="fastest", effective_batch_size=8),
+     r"--memory_budget_mb=None on CPU:0: give the budget in MB"),
     (dict(effective_batch_size=8), r"--effective_batch_size=8 needs "
      r"--micro_batch_size"),
     (dict(micro_batch_size=4, train_batch_size=4),

@@ -398,3 +398,99 @@ def test_one_threads_peak_is_the_same_from_one_measurement_to_the_next(data):
                    for _ in range(2))
   assert abs(first - second) < 0.05 * planner_support.EXAMPLE_BYTES * 4, (
       first, second)
+
+
+def _with_wait(build, seconds_of):
+  """`build` whose every micro-batch also waits `seconds_of(micro_batch)`
+  seconds (a real op in the step: time a split takes that its size alone
+  does not tell)."""
+
+  def waiting(micro_batch, k):
+    train_op = build(micro_batch, k)
+    seconds = float(seconds_of(micro_batch))
+
+    def wait():
+      time.sleep(seconds)
+      return np.float32(seconds)
+
+    return tf.group(train_op, tf.numpy_function(wait, [], tf.float32))
+
+  return waiting
+
+
+def _timed(plan):
+  return {m.micro_batch: m.window_seconds for m in plan.measurements
+          if m.window_seconds is not None}
+
+
+@pytest.mark.estimator
+def test_fastest_takes_a_smaller_split_whose_windows_are_shorter(
+    data, tmp_path):
+  peaks = _peaks([16, 32])
+  lines = []
+  # Micro-batches of 16 or more wait 0.2 s each: a window of 16 x 2 takes
+  # 0.4 s, one of 8 x 4 milliseconds. Memory alone would choose 16.
+  plan = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
+      memory_budget_mb=_budget_between(peaks[16], peaks[32]),
+      objective="fastest", log=lines.append,
+      speed_build=_with_wait(_build(data), lambda m: 0.2 if m >= 16 else 0))
+  timed = _timed(plan)
+  assert plan.micro_batch in (8, 4, 2), plan.describe()
+  assert timed[16] >= 0.4 and timed[plan.micro_batch] < 0.2, plan.describe()
+  # The chosen window is the shortest timed (a smaller one only if 3%
+  # shorter than every larger one).
+  fastest = min(timed.values())
+  assert timed[plan.micro_batch] <= fastest * 1.04, plan.describe()
+  assert all(plan.fits(m.peak_bytes) == (m.micro_batch <= 16)
+             for m in plan.measurements), plan.describe()
+  assert plan.k == EFFECTIVE // plan.micro_batch
+  assert plan.exact_by == planner.EQUAL
+  text = plan.describe()
+  assert "the largest that fits" in text and "window 0." in text, text
+  assert any(line.startswith("micro-batch 16 (k=2): window") for line in
+             lines), lines
+  support.assert_weights_close(
+      planner_support.estimator_train(tmp_path / "fastest", data, plan),
+      planner_support.reference_train(data, EFFECTIVE),
+      what=f"{plan.micro_batch} x {plan.k}, the fastest split")
+
+
+@pytest.mark.estimator
+def test_fastest_keeps_the_largest_when_each_micro_batch_costs_the_same(
+    data, tmp_path):
+  peaks = _peaks([16, 32])
+  # Every micro-batch waits 0.1 s: a window of 16 x 2 takes 0.2 s, one of
+  # 8 x 4 0.4 s, more than 25% slower, so timing stops there.
+  plan = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
+      memory_budget_mb=_budget_between(peaks[16], peaks[32]),
+      objective="fastest", speed_windows=2,
+      speed_build=_with_wait(_build(data), lambda m: 0.1))
+  assert (plan.micro_batch, plan.k) == (16, 2), plan.describe()
+  timed = _timed(plan)
+  assert sorted(timed) == [8, 16], plan.describe()
+  assert timed[8] > 1.25 * timed[16], plan.describe()
+  assert "the fastest window timed that fits" in plan.reason
+  plan.write(str(tmp_path / "plan.json"))
+  again = estimator_accum.MicroBatchPlan.read(str(tmp_path / "plan.json"))
+  assert again == plan
+  # "largest", the default, times nothing.
+  largest = estimator_accum.plan_micro_batch(
+      _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
+      memory_budget_mb=_budget_between(peaks[16], peaks[32]))
+  assert largest.micro_batch == 16 and not _timed(largest)
+
+
+@pytest.mark.parametrize("keywords, message", [
+    (dict(objective="quickest"),
+     r"objective='quickest': must be 'largest' or 'fastest'"),
+    (dict(objective="fastest", speed_windows=0), r"speed_windows.*0"),
+    (dict(objective="fastest", speed_build="fast"),
+     r"build must be a callable .* got 'fast'"),
+])
+def test_fastest_refuses_bad_arguments_in_one_line(data, keywords, message):
+  with pytest.raises((ValueError, TypeError), match=message):
+    estimator_accum.plan_micro_batch(
+        _build(data), EFFECTIVE, device="CPU:0", memory_budget_mb=100,
+        **keywords)
