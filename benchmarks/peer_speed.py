@@ -25,7 +25,10 @@ no implementation can beat at that rate.
 
 With `--splits 16x2,...` the main job also runs at those splits of its
 effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
-every update the mean over the same 32 examples); `--no_padded` leaves
+every update the mean over the same 32 examples); `--splits fastest`
+runs it with `--micro_batch_size fastest` instead (the planner times the
+splits that fit `--fastest_budget_mb`, default 4000, and trains the
+fastest: its planning counts in the whole process). `--no_padded` leaves
 out Trainer's padding per batch (its slowest arrangement).
 
 With `--avx2`, every library on both sides is held to its AVX2 kernels,
@@ -36,7 +39,7 @@ own kernels by `ATEN_CPU_CAPABILITY=avx2`, and MKL by
 kernels are built for AVX either way.
 
   python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
-      [--splits 16x2] [--no_padded] [--avx2]
+      [--splits 16x2,fastest] [--no_padded] [--avx2]
       [--peer_python .venv-peer/bin/python]
 
 The peer venv is made on first use (`--peer_python` names another): Python
@@ -64,8 +67,11 @@ PEER_VENV = os.path.join(ROOT, ".venv-peer")
 LOCAL_WHEELS = "/opt/wheels"
 TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 ACCURACY = re.compile(r"eval on \d+ held-out examples: accuracy ([\d.]+)")
+SPLIT = re.compile(r"effective batch \d+ = .*x micro-batch (\d+) x k=(\d+);")
+PLANNED = re.compile(r"planned in ([\d.]+) s")
 MAX_LENGTH = 128
 OURS = "run_classifier.py (its defaults)"
+FASTEST = "run_classifier.py --micro_batch_size fastest"
 PADDED = "Hugging Face Trainer, padding per batch"
 GROUPED = "Hugging Face Trainer, group_by_length=True"
 # --avx2: each library's kernels held to AVX2 (inherited by both sides'
@@ -165,11 +171,13 @@ def run_ours(root, epochs, seed, flags=()):
     raise RuntimeError(f"run_classifier.py: exit {done.returncode}: "
                        f"{done.stdout[-1500:]}{done.stderr[-1500:]}")
   micro_batches = int(trained.group(1))
-  micro_batch = next((int(flag.split("=")[1]) for flag in flags
-                      if flag.startswith("--train_batch_size=")), 8)
+  split = SPLIT.search(done.stdout)
+  planned = PLANNED.search(done.stdout)
   return {"whole": whole, "train": float(trained.group(2)),
-          "examples": micro_batches * micro_batch,
-          "accuracy": float(accuracy.group(1))}
+          "examples": micro_batches * int(split.group(1)),
+          "accuracy": float(accuracy.group(1)),
+          "split": f"{split.group(1)} x k={split.group(2)}",
+          "planning": float(planned.group(1)) if planned else 0.0}
 
 
 def run_peer(python, data, model, epochs, seed, grouped):
@@ -200,6 +208,8 @@ def main():
   parser.add_argument("--splits", default="",
                       help="comma-separated MICROxK splits of the batch 32 "
                            "the main job also runs at, e.g. 16x2")
+  parser.add_argument("--fastest_budget_mb", type=float, default=4000,
+                      help="--memory_budget_mb of --splits fastest")
   parser.add_argument("--no_padded", action="store_true",
                       help="leave out Trainer's padding per batch")
   parser.add_argument("--avx2", action="store_true",
@@ -231,6 +241,11 @@ def main():
     model = pretrained.minilm_hf_dir()
     ours = {OURS: []}
     for split in filter(None, args.splits.split(",")):
+      if split == "fastest":
+        ours[FASTEST] = [
+            "--micro_batch_size=fastest", "--effective_batch_size=32",
+            f"--memory_budget_mb={args.fastest_budget_mb:g}"]
+        continue
       micro, k = (int(part) for part in split.lower().split("x"))
       if micro * k != 32:
         rows.fail(f"--splits {split}: micro-batch x k must be 32")
@@ -259,6 +274,10 @@ def main():
     medians = {name: {key: statistics.median(r[key] for r in runs)
                       for key in ("whole", "train", "examples", "accuracy")}
                for name, runs in results.items()}
+    if FASTEST in results:
+      print("--micro_batch_size fastest chose " + ", ".join(
+          f"{r['split']} (planned in {r['planning']:.1f} s)"
+          for r in results[FASTEST]), flush=True)
     best = min(medians[name]["whole"] for name in peers)
     for name in arrangements:
       found = medians[name]

@@ -85,7 +85,10 @@ def planning_step(flags, setup, training, train_file, arranged=False):
   the train file at the full --max_seq_length (the longest a batch gets;
   only --do_train measures). `arranged`: on batches as the run trains on
   them instead (each cut to its longest example, its window sorted or
-  packed by the flags): what --micro_batch_size fastest times."""
+  packed by the flags): what --micro_batch_size fastest times, with the
+  window's end as TensorFlow's ops (--fused_apply's XLA compile took 3.7 s
+  of each split's ~10 s; one apply a window, the same for every split, so
+  it does not change which split is fastest)."""
 
   def build(micro_batch, k, recompute=False,
             accumulator_placement="device"):
@@ -106,6 +109,8 @@ def planning_step(flags, setup, training, train_file, arranged=False):
     step = dataclasses.replace(
         training, k=k, micro_batch_size=micro_batch, recompute=recompute,
         accumulator_placement=accumulator_placement)
+    if arranged:
+      step = dataclasses.replace(step, fused_apply=False)
     return classifier.model_fn_builder(setup.bert_config, step)(
         features, None, session_runner.TRAIN).train_op
 
