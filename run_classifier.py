@@ -253,6 +253,8 @@ class ClassifierRun:
               self.flags, self.setup, measured, train_file),
           speed_build=training.planning_step(
               self.flags, self.setup, measured, train_file, arranged=True),
+          signature=training.planning_signature(self.flags, self.setup,
+                                                train_file),
           effective_batch=effective, replicas=ways, run_dir=self.output_dir,
           is_chief=self.distribution.is_chief)
     except batch_plan.PlanError as error:

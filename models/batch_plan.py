@@ -8,8 +8,16 @@ micro_batch_plan.json. A run that resumes in that directory keeps the plan
 it started with (a resumed run must split its windows the same way), and
 under a cluster only the chief measures: the other workers wait for its
 plan in the shared directory.
+
+A 'fastest' plan (its timing costs about 10 s a split on the main job) is
+also kept in the plan cache, under a key of everything it was measured
+from: a run in a new directory with the same model, step flags, training
+data, budget, TensorFlow and device reads it instead of timing again
+(--noplan_cache measures).
 """
 
+import hashlib
+import json
 import os
 import time
 
@@ -17,6 +25,7 @@ import tensorflow as tf
 from absl import logging
 
 import estimator_accum
+from estimator_accum import _files as estimator_accum_files
 from estimator_accum.planning import planner
 
 PLAN_FILE = "micro_batch_plan.json"
@@ -24,6 +33,10 @@ WAIT_SECONDS = 1800
 # --micro_batch_size values that measure: the largest that fits, or the
 # fastest split that fits.
 MEASURED = ("auto", "fastest")
+# The plan cache's directory (default plans/ in the pretrained models'
+# cache directory; empty: no cache).
+CACHE_ENV = "ESTIMATOR_ACCUM_PLAN_CACHE"
+CACHE_FORMAT = 1
 
 
 class PlanError(ValueError):
@@ -52,6 +65,12 @@ def define_flags(flags):
       "memory_margin", planner.DEFAULT_MARGIN, "With --micro_batch_size "
       "auto or fastest: the share of the budget kept free.", lower_bound=0,
       upper_bound=0.99)
+  flags.DEFINE_bool(
+      "plan_cache", True, "With --micro_batch_size fastest: read the plan "
+      "from the plan cache ($ESTIMATOR_ACCUM_PLAN_CACHE, default plans/ in "
+      "the cache directory) when the same model, step flags, training data, "
+      "budget, TensorFlow and device were timed before, and keep a new plan "
+      "there. --noplan_cache: time again.")
 
 
 def use_bfc_on_cpu(values):
@@ -88,12 +107,15 @@ def check_flags(values, explicit):
 
 
 def resolve(values, *, build, effective_batch, replicas, run_dir, is_chief,
-            speed_build=None):
+            speed_build=None, signature=None):
   """The plan for this run, printed: the one already in `run_dir` (a
   resumed or restarted run splits its windows as it did), else the flags'
   (measured with `build` for 'auto' and 'fastest'; 'fastest' times
   `speed_build`, the step on the input as the run arranges it, default
-  `build`), which the chief writes there."""
+  `build`), which the chief writes there. `signature`: a JSON-able dict
+  of what the script's step is built from (the model, the flags that
+  shape the step, the training data); with it, a 'fastest' plan goes
+  through the plan cache."""
   path = os.path.join(run_dir, PLAN_FILE)
   if tf.io.gfile.exists(path):
     return _kept(values, load(path), path, effective_batch)
@@ -104,8 +126,18 @@ def resolve(values, *, build, effective_batch, replicas, run_dir, is_chief,
     elif not is_chief:
       return _kept(values, _wait_for(path), path, effective_batch)
     else:
+      cache = _cache_entry(values, effective_batch, replicas, signature)
+      plan = _cached(cache, effective_batch)
+      if plan is not None:
+        print(f"plan from the plan cache {cache[0]} (timed before for this "
+              "model, step flags, training data, budget, TensorFlow and "
+              f"device; --noplan_cache times again): {plan.summary()}",
+              flush=True)
+        write(plan, path)
+        return plan
       plan = _measured(values, build, effective_batch, replicas,
                        speed_build)
+      _keep(cache, plan)
   except (ValueError, TypeError) as error:
     raise PlanError(str(error).replace(
         "memory_budget_mb=", "--memory_budget_mb=").replace(
@@ -138,6 +170,101 @@ def _measured(values, build, effective_batch, replicas, speed_build):
         speed_build=speed_build if fastest else None)
   finally:
     logging.set_verbosity(verbosity)
+
+
+def cache_dir():
+  """$ESTIMATOR_ACCUM_PLAN_CACHE (empty: no cache), else plans/ in the
+  cache directory ($ESTIMATOR_ACCUM_CACHE, else ~/.cache/estimator_accum)."""
+  if CACHE_ENV in os.environ:
+    return os.environ[CACHE_ENV] or None
+  from models.bert import pretrained  # noqa: PLC0415
+
+  return os.path.join(pretrained.default_cache_dir(), "plans")
+
+
+def device_identity():
+  """What the plan's figures depend on of this machine: the CPU's model
+  and cores, the GPUs TensorFlow sees, and the environment that picks
+  TensorFlow's CPU kernels and allocator."""
+  cpu = "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as info:
+      cpu = next((line.split(":", 1)[1].strip() for line in info
+                  if line.startswith("model name")), cpu)
+  except OSError:
+    pass
+  cores = len(os.sched_getaffinity(0)) if hasattr(
+      os, "sched_getaffinity") else os.cpu_count()
+  gpus = [tf.config.experimental.get_device_details(gpu).get(
+      "device_name", gpu.name)
+          for gpu in tf.config.list_physical_devices("GPU")]
+  environment = {name: os.environ.get(name) for name in (
+      "TF_ENABLE_ONEDNN_OPTS", "ONEDNN_MAX_CPU_ISA", "TF_CPU_ALLOCATOR_USE_BFC",
+      "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")}
+  return {"cpu": cpu, "cores": cores, "gpus": gpus,
+          "environment": environment}
+
+
+def cache_key(values, effective_batch, replicas, signature):
+  """(16 hex digits, the parts they hash): the plan cache's key of a
+  'fastest' plan."""
+  parts = {
+      "format": CACHE_FORMAT, "signature": signature,
+      "effective_batch": effective_batch, "replicas": replicas,
+      "memory_budget_mb": values.memory_budget_mb,
+      "memory_margin": values.memory_margin,
+      "micro_batch_size": values.micro_batch_size,
+      "tensorflow": tf.__version__, "device": device_identity()}
+  text = json.dumps(parts, sort_keys=True, default=str)
+  # The parts as the cache file holds them (JSON's lists and strings).
+  return hashlib.sha256(text.encode()).hexdigest()[:16], json.loads(text)
+
+
+def _cache_entry(values, effective_batch, replicas, signature):
+  """(path, key parts) of this run's plan in the plan cache, or None (not
+  'fastest', no signature, --noplan_cache, or no cache directory)."""
+  if (values.micro_batch_size != "fastest" or signature is None or
+      not getattr(values, "plan_cache", False)):
+    return None
+  directory = cache_dir()
+  if not directory:
+    return None
+  key, parts = cache_key(values, effective_batch, replicas, signature)
+  return os.path.join(directory, f"{key}.json"), parts
+
+
+def _cached(cache, effective_batch):
+  """The plan at the cache entry, or None (none there, or unreadable:
+  said in a line, and measured again)."""
+  if cache is None or not tf.io.gfile.exists(cache[0]):
+    return None
+  try:
+    with tf.io.gfile.GFile(cache[0]) as reader:
+      entry = json.load(reader)
+    plan = planner.MicroBatchPlan.from_dict(entry["plan"])
+  except (ValueError, KeyError, TypeError, tf.errors.OpError) as error:
+    print(f"plan cache {cache[0]} cannot be read ({type(error).__name__}: "
+          f"{str(error)[:120]}): timing again", flush=True)
+    return None
+  if entry.get("key") != cache[1] or plan.effective_batch != effective_batch:
+    print(f"plan cache {cache[0]} was measured for something else: timing "
+          "again", flush=True)
+    return None
+  return plan
+
+
+def _keep(cache, plan):
+  """Writes `plan` to the cache entry, atomically; a cache that cannot be
+  written (a full disk, no permission) is said in a line, not fatal."""
+  if cache is None:
+    return
+  try:
+    tf.io.gfile.makedirs(os.path.dirname(cache[0]))
+    estimator_accum_files.write_whole(cache[0], json.dumps(
+        {"key": cache[1], "plan": plan.to_dict()}, indent=1, default=str))
+  except (OSError, tf.errors.OpError) as error:
+    print(f"plan cache {cache[0]} not written ({str(error)[:160]}); the run "
+          "goes on", flush=True)
 
 
 def _kept(values, plan, path, effective_batch):

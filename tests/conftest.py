@@ -9,6 +9,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 # the BFC allocator keeps them on every CPU, and holds tensors as a GPU
 # does. It is chosen when TensorFlow starts, so here, before the import.
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
+# No plan cache shared between tests (or with the user's runs): the tests
+# of the cache give theirs (models/batch_plan.py's CACHE_ENV).
+os.environ.setdefault("ESTIMATOR_ACCUM_PLAN_CACHE", "")
 
 import atexit  # noqa: E402
 import gc  # noqa: E402

@@ -41,6 +41,9 @@ class Measurement:
   # The median time of a whole window of k micro-batches on the input the
   # job trains on (plan_micro_batch(objective="fastest"); None: not timed).
   window_seconds: float | None = None
+  # True when the peak is the timed run's (the input as the job arranges
+  # it), not a measurement for memory (the longest input).
+  peak_timed: bool = False
 
   @property
   def seconds_per_example(self):
@@ -163,7 +166,8 @@ class MicroBatchPlan:
     for measured in sorted(self.measurements,
                            key=lambda m: (m.options, -m.micro_batch)):
       peak = ("out of memory" if measured.peak_bytes is None
-              else f"peak {megabytes(measured.peak_bytes)}")
+              else f"peak {megabytes(measured.peak_bytes)}" +
+              (" when timed" if measured.peak_timed else ""))
       verdict = "fits" if self.fits(measured.peak_bytes) else "too big"
       options = labelled(measured.options)
       speed = ("" if measured.seconds_per_example is None or not weighed else

@@ -140,6 +140,6 @@ def merged(memory, timed):
       by_key[key] = dataclasses.replace(
           by_key[key], window_seconds=measurement.window_seconds)
     else:
-      by_key[key] = measurement
+      by_key[key] = dataclasses.replace(measurement, peak_timed=True)
   return tuple(sorted(by_key.values(),
                       key=lambda m: (m.options, -m.micro_batch)))

@@ -4,6 +4,7 @@ model_fn's TrainingConfig from the flags, the Estimator (or, on TensorFlow
 step, and the lines that say how it trains and what it took."""
 
 import dataclasses
+import os
 
 import tensorflow as tf
 
@@ -78,6 +79,25 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
       # text took about 1 s of an 8 s tiny-BERT run (2 layers).
       checkpoint_save_graph_def=False)
   return tf.estimator.Estimator(model_fn, config=run_config)
+
+
+# The flags a training step's graph, memory and speed depend on: with the
+# model's config and the training data's features, the plan cache's key.
+STEP_FLAGS = ("task_name", "max_seq_length", "do_lower_case", "unpadded",
+              "pooled_only", "fused_apply", "recompute",
+              "sort_windows_by_length", "pack_windows", "max_examples_per_row",
+              "pad_to_multiple_of", "classifier_dropout", "optimizer",
+              "use_fp16", "distribution_strategy")
+
+
+def planning_signature(flags, setup, train_file):
+  """What the planned step is built from, for the plan cache: the model's
+  config, the step's flags, and the training features (their file's name
+  holds the key of the examples, tokenizer and length)."""
+  return {"script": "run_classifier",
+          "bert_config": setup.bert_config.to_dict(),
+          "train_features": os.path.basename(train_file),
+          "flags": {name: getattr(flags, name) for name in STEP_FLAGS}}
 
 
 def planning_step(flags, setup, training, train_file, arranged=False):

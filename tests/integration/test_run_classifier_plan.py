@@ -101,9 +101,11 @@ def test_fastest_times_the_splits_that_fit_and_trains_the_same_weights(
   model = _no_dropout_model(tiny_model, tmp_path)
   common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
   fastest_dir = tmp_path / "fastest"
+  cache = tmp_path / "plan_cache"
+  env = dict(os.environ, ESTIMATOR_ACCUM_PLAN_CACHE=str(cache))
   result = _run(_plan_flags(model, sst2, fastest_dir,
                             micro_batch_size="fastest", memory_budget_mb=4000,
-                            **common))
+                            **common), env=env)
   assert result.returncode == 0, result.stderr[-3000:]
   out = result.stdout
   assert "then timing whole windows of the splits that fit" in out, out
@@ -139,6 +141,44 @@ def test_fastest_times_the_splits_that_fit_and_trains_the_same_weights(
         trained[0].get_tensor(name), trained[1].get_tensor(name), rtol=1e-5,
         atol=1e-6, err_msg=f"{name}: {plan.micro_batch} x {plan.k} against "
         f"{other} x {8 // other}")
+  _a_new_directory_reads_the_plan_cache(model, sst2, tmp_path, cache, env,
+                                        plan, common)
+
+
+def _a_new_directory_reads_the_plan_cache(model, sst2, tmp_path, cache, env,
+                                          plan, common):
+  """The fastest plan above went to the plan cache: a run in a new
+  directory with the same flags reads it; one cut short is said and timed
+  again."""
+  entries = sorted(cache.glob("*.json"))
+  assert len(entries) == 1, entries
+  entry = json.loads(entries[0].read_text())
+  assert entry["plan"]["micro_batch"] == plan.micro_batch
+  assert entry["key"]["signature"]["flags"]["max_seq_length"] == 16, entry
+
+  def run(name, **extra):
+    flags = dict(common, micro_batch_size="fastest", memory_budget_mb=4000,
+                 num_train_epochs=0.2)
+    flags.update(extra)
+    done = _run(_plan_flags(model, sst2, tmp_path / name, **flags), env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+  out = run("cached")
+  assert "measuring" not in out, out
+  assert (f"plan from the plan cache {entries[0]} (timed before for this "
+          f"model, step flags, training data, budget, TensorFlow and device;"
+          f" --noplan_cache times again): effective batch 8 = 1 replica(s) "
+          f"x micro-batch {plan.micro_batch} x k={plan.k}") in out, out
+  written = json.loads((tmp_path / "cached" / "micro_batch_plan.json")
+                       .read_text())
+  assert written["micro_batch"] == plan.micro_batch
+  entries[0].write_text(entries[0].read_text()[:40])
+  out = run("cut_short")
+  assert f"plan cache {entries[0]} cannot be read (JSONDecodeError" in out
+  assert "then timing whole windows" in out, out
+  assert json.loads(entries[0].read_text())["plan"]["effective_batch"] == 8
+  # (What else keys the cache, and --noplan_cache: test_batch_plan.py.)
 
 
 @pytest.mark.estimator
