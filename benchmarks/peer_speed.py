@@ -28,7 +28,8 @@ effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
 every update the mean over the same 32 examples); `--splits fastest`
 runs it with `--micro_batch_size fastest` instead (the planner times the
 splits that fit `--fastest_budget_mb`, default 4000, and trains the
-fastest: its planning counts in the whole process). `--no_padded` leaves
+fastest: its planning counts in the whole process), then once more in a
+new directory, which reads that plan from the plan cache. `--no_padded` leaves
 out Trainer's padding per batch (its slowest arrangement).
 
 With `--avx2`, every library on both sides is held to its AVX2 kernels,
@@ -72,6 +73,8 @@ PLANNED = re.compile(r"planned in ([\d.]+) s")
 MAX_LENGTH = 128
 OURS = "run_classifier.py (its defaults)"
 FASTEST = "run_classifier.py --micro_batch_size fastest"
+FASTEST_CACHED = ("run_classifier.py --micro_batch_size fastest, its plan "
+                  "cached")
 PADDED = "Hugging Face Trainer, padding per batch"
 GROUPED = "Hugging Face Trainer, group_by_length=True"
 # --avx2: each library's kernels held to AVX2 (inherited by both sides'
@@ -158,13 +161,14 @@ def floor(train_texts, epochs):
   return rate / 1e9, int(tokens), flops / 1e12, flops / rate, parameters
 
 
-def run_ours(root, epochs, seed, flags=()):
+def run_ours(root, epochs, seed, flags=(), env=None):
   output_dir = tempfile.mkdtemp(prefix="ours-", dir=root)
   started = time.perf_counter()
   done = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
        f"--num_train_epochs={epochs}", f"--seed={seed}", *flags],
-      cwd=ROOT, capture_output=True, text=True, check=False)
+      cwd=ROOT, capture_output=True, text=True, check=False,
+      env=None if env is None else dict(os.environ, **env))
   whole = time.perf_counter() - started
   trained, accuracy = TRAINED.search(done.stdout), ACCURACY.search(done.stdout)
   if done.returncode or not trained or not accuracy:
@@ -242,7 +246,9 @@ def main():
     ours = {OURS: []}
     for split in filter(None, args.splits.split(",")):
       if split == "fastest":
-        ours[FASTEST] = [
+        # Planned in a plan cache of each round's own, then read from it
+        # by the next run (a new directory).
+        ours[FASTEST] = ours[FASTEST_CACHED] = [
             "--micro_batch_size=fastest", "--effective_batch_size=32",
             f"--memory_budget_mb={args.fastest_budget_mb:g}"]
         continue
@@ -258,11 +264,15 @@ def main():
     arrangements = [*ours, *peers]
     results = {name: [] for name in arrangements}
     versions = ""
-    for _ in range(args.rounds):
+    for round_number in range(args.rounds):
+      plans = {"ESTIMATOR_ACCUM_PLAN_CACHE": os.path.join(
+          root, f"plans-{round_number}")}
       for name in arrangements:
         try:
           if name in ours:
-            result = run_ours(root, args.epochs, args.seed, ours[name])
+            result = run_ours(root, args.epochs, args.seed, ours[name],
+                              plans if name in (FASTEST, FASTEST_CACHED)
+                              else None)
           else:
             result = run_peer(python, data, model, args.epochs, args.seed,
                               grouped=name == GROUPED)
@@ -277,7 +287,8 @@ def main():
     if FASTEST in results:
       print("--micro_batch_size fastest chose " + ", ".join(
           f"{r['split']} (planned in {r['planning']:.1f} s)"
-          for r in results[FASTEST]), flush=True)
+          for r in results[FASTEST]) + "; from the plan cache: " + ", ".join(
+              r["split"] for r in results[FASTEST_CACHED]), flush=True)
     best = min(medians[name]["whole"] for name in peers)
     for name in arrangements:
       found = medians[name]
