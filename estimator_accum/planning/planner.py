@@ -121,12 +121,9 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     device: where to read the allocator ('GPU:0', 'CPU:0'); default the
       first GPU, else the CPU.
     log: callable given a line per measured candidate (e.g. print).
-    session_config: the tf.compat.v1.ConfigProto the job's sessions run
-      with (Estimator's RunConfig.session_config): measured in it, since
-      its threads decide which tensors are alive at once (measured on
-      threads of its own: `own_threads`; give the job
-      `own_threads(config)` too, for it to run on the threads it asks for
-      in a process that ran a session before). Default TensorFlow's.
+    session_config: the job's tf.compat.v1.ConfigProto (its threads
+      decide which tensors are alive at once), measured on threads of its
+      own (`own_threads`: give the job `own_threads(config)` too).
     model_fn, input_fn, params: instead of `build`, an Estimator's (as
       `estimator_step(model_fn, input_fn, params)`).
     recompute: True, False, or "auto": weigh recomputing activations
@@ -137,34 +134,21 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       `accumulator_placement` keyword. (On CPU host and device memory are
       one: nothing to measure.)
     objective: "largest" (the largest micro-batch that fits) or "fastest":
-      from that one down, each split that fits is built at its own k and
-      whole windows of it are timed (speed.py); the plan is the split with
-      the shortest window (a smaller micro-batch only when at least 3%
-      shorter). Every split trains the same update, so this only buys
-      speed. Timing stops at a split 25% slower than the fastest, and
-      after 4.
-    speed_build: the `build(micro_batch, k)` to time, on the input the job
-      trains on (its examples' real lengths, arranged as it arranges its
-      windows); default `build`. Memory is still measured with `build`
-      (give it the longest input, the most memory a batch can take).
-    speed_windows: windows timed per split after one untimed; the median
-      is compared.
+      from that one down, whole windows of each split that fits are timed
+      at its own k, and the shortest wins (speed.py).
+    speed_build: the `build` to time, on the input the job trains on
+      (default `build`, which memory is measured with).
+    speed_windows: windows timed per split after one untimed.
 
   With several choices of memory options, each is measured at two small
   micro-batches, its peak and time modelled as linear in the micro-batch:
   the plan is the fastest modelled point that fits (a memory-saving option
   only where nothing saving less fits, or 10% faster), measured (search.py).
 
-  Returns a MicroBatchPlan; raises ValueError (one line) when even
-  micro-batch 1 does not fit, and for bad arguments.
-  """
+  Returns a MicroBatchPlan; ValueError (one line) when even micro-batch 1
+  does not fit, and for bad arguments."""
   build = _build_from(build, model_fn, input_fn, params)
-  if objective not in ("largest", "fastest"):
-    raise ValueError(f"objective={objective!r}: must be 'largest' or "
-                     "'fastest'")
-  if speed_build is not None:
-    check_build(speed_build)
-  speed_windows = speed.check_windows(speed_windows)
+  speed_windows = speed.check_arguments(objective, speed_build, speed_windows)
   started = time.perf_counter()
   plan = _unmeasured_plan(effective_batch, replicas, margin, device,
                           memory_budget_mb)

@@ -6,12 +6,15 @@ is not linear in its size: a matrix product on more rows runs at a better
 rate, and each micro-batch pays a session call and the accumulators' adds
 whatever its size (on a 2-core CPU, the main job's 32 x 1 ran 1.19x the
 examples/sec of its 8 x 4). So `plan_micro_batch(objective="fastest")`
-times them: each candidate that fits is built at its own k on the input
-the job trains on, one window is run untimed (its end makes the
-optimizer's slots and compiles a fused apply), then `windows` whole
-windows are timed. Every candidate's windows hold the same examples (the
+times them: from the largest that fits (by memory) down, each split is
+built at its own k on the input the job trains on (`speed_build`: its
+examples' real lengths, arranged as it arranges its windows), one window
+is run untimed (its end makes the optimizer's slots and compiles a fused
+apply), then `windows` whole windows are timed. Every candidate's windows hold the same examples (the
 replica's share of the effective batch, from the same seeded input), so
-the split with the shortest window is the fastest.
+the split with the shortest window is the fastest. A smaller split must
+be at least 3% shorter (MUST_GAIN); timing stops at a split 25% slower
+than the fastest (GIVE_UP), and after 4 (MAX_TIMED).
 """
 
 import dataclasses
@@ -37,7 +40,14 @@ GIVE_UP = 0.25
 MAX_TIMED = 4
 
 
-def check_windows(windows):
+def check_arguments(objective, speed_build, windows):
+  """plan_micro_batch's speed arguments checked, in one line each; returns
+  `windows` as an int."""
+  if objective not in ("largest", "fastest"):
+    raise ValueError(f"objective={objective!r}: must be 'largest' or "
+                     "'fastest'")
+  if speed_build is not None:
+    measure.check_build(speed_build)
   return _checks.check_positive_int("speed_windows", windows, limit=1000)
 
 
