@@ -92,3 +92,17 @@ def test_a_cache_that_cannot_be_written_is_a_line(tmp_path, capsys):
 @pytest.mark.parametrize("value", ["fastest", "auto"])
 def test_both_measured_values_are_accepted(value):
   batch_plan.check_flags(_values(micro_batch_size=value), [])
+
+
+def test_a_cache_file_cut_short_is_a_line_and_measured_again(
+    monkeypatch, tmp_path, capsys):
+  monkeypatch.setenv(batch_plan.CACHE_ENV, str(tmp_path))
+  entry = batch_plan._cache_entry(_values(), 32, 1, SIGNATURE)
+  batch_plan._keep(entry, estimator_accum.MicroBatchPlan.given(32, 16))
+  with open(entry[0]) as reader:
+    whole = reader.read()
+  with open(entry[0], "w") as writer:
+    writer.write(whole[:40])
+  assert batch_plan._cached(entry, 32) is None
+  assert f"plan cache {entry[0]} cannot be read (JSONDecodeError" in (
+      capsys.readouterr().out)
