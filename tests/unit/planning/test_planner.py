@@ -433,7 +433,7 @@ def test_fastest_takes_a_smaller_split_whose_windows_are_shorter(
   plan = estimator_accum.plan_micro_batch(
       _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
       memory_budget_mb=_budget_between(peaks[16], peaks[32]),
-      objective="fastest", log=lines.append,
+      objective="fastest", log=lines.append, speed_windows=3,
       speed_build=_with_wait(_build(data), lambda m: 0.2 if m >= 16 else 0))
   timed = _timed(plan)
   assert plan.micro_batch in (8, 4, 2), plan.describe()
