@@ -13,7 +13,7 @@ import tensorflow as tf
 from estimator_accum import _checks, tf_private
 from estimator_accum.planning.plan import Measurement
 
-__all__ = ["check_build", "check_memory_statistics", "checked_fetch",
+__all__ = ["built_step", "check_build", "check_memory_statistics",
            "default_device", "free_device_memory", "measure_peak",
            "own_threads"]
 
@@ -94,22 +94,11 @@ def measure_peak(build, micro_batch, k, device=None,
   micro_batch = _checks.check_positive_int("micro_batch", micro_batch)
   k = _checks.check_k(k)
   micro_batches = _checks.check_positive_int("micro_batches", micro_batches)
-  config = own_threads(session_config)
-  config.allow_soft_placement = True
   device = device or default_device()
   check_memory_statistics(device)
   started = time.perf_counter()
-  # What earlier work left for the collector (an input pipeline's iterator
-  # in a reference cycle keeps its threads filling buffers): gone before
-  # the peak is read, not allocating during it.
-  gc.collect()
-  graph = tf.Graph()
-  with graph.as_default():
-    fetch = checked_fetch(build(micro_batch, k, **memory_options), graph,
-                           micro_batch, k)
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer(),
-            tf.compat.v1.tables_initializer()]
+  graph, config, fetch, init = built_step(build, micro_batch, k,
+                                          session_config, memory_options)
   try:
     run_peaks, step_seconds = _run(graph, config, init, fetch, device, k,
                                    micro_batches)
@@ -135,6 +124,27 @@ def measure_peak(build, micro_batch, k, device=None,
                      memory_options.get("accumulator_placement", "device"),
                      adding[-1] if adding else None,
                      ending[-1] if ending else None)
+
+
+def built_step(build, micro_batch, k, session_config, memory_options):
+  """(graph, config, fetch, init): `build(micro_batch, k,
+  **memory_options)` in a fresh graph, its fetch checked, the initializers,
+  and the session config on threads of its own that may place ops softly.
+  Whoever runs it deletes the graph and collects afterwards."""
+  config = own_threads(session_config)
+  config.allow_soft_placement = True
+  # What earlier work left for the collector (an input pipeline's iterator
+  # in a reference cycle keeps its threads filling buffers): gone before
+  # the step is measured, not allocating during it.
+  gc.collect()
+  graph = tf.Graph()
+  with graph.as_default():
+    fetch = _checked_fetch(build(micro_batch, k, **memory_options), graph,
+                           micro_batch, k)
+    init = [tf.compat.v1.global_variables_initializer(),
+            tf.compat.v1.local_variables_initializer(),
+            tf.compat.v1.tables_initializer()]
+  return graph, config, fetch, init
 
 
 def _run(graph, config, init, fetch, device, k, micro_batches):
@@ -171,7 +181,7 @@ def check_build(build):
         f"{type(build).__name__}.")
 
 
-def checked_fetch(fetch, graph, micro_batch, k):
+def _checked_fetch(fetch, graph, micro_batch, k):
   """`fetch`, what `build(micro_batch, k)` returned, if a session can run
   it in `graph` (an op, a tensor, a variable, or a list or dict of them);
   else a one-line error naming `build` and what it returned."""

@@ -10,9 +10,10 @@ times them: from the largest that fits (by memory) down, each split is
 built at its own k on the input the job trains on (`speed_build`: its
 examples' real lengths, arranged as it arranges its windows), one window
 is run untimed (its end makes the optimizer's slots and compiles a fused
-apply), then `windows` whole windows are timed. Every candidate's windows hold the same examples (the
-replica's share of the effective batch, from the same seeded input), so
-the split with the shortest window is the fastest. A smaller split must
+apply), then `windows` whole windows are timed. Every candidate's
+windows hold the same examples (the replica's share of the effective
+batch, from the same seeded input), so the split with the shortest window
+is the fastest. A smaller split must
 be at least 3% shorter (MUST_GAIN); timing stops at a split 25% slower
 than the fastest (GIVE_UP), and after 4 (MAX_TIMED).
 """
@@ -57,16 +58,8 @@ def time_windows(build, micro_batch, k, device, windows=DEFAULT_WINDOWS,
   one window of k micro-batches untimed and `windows` timed, and returns
   (the median window's seconds, the allocator's peak bytes over the timed
   windows on `device`; None when it ran out of memory)."""
-  config = measure.own_threads(session_config)
-  config.allow_soft_placement = True
-  gc.collect()
-  graph = tf.Graph()
-  with graph.as_default():
-    fetch = measure.checked_fetch(build(micro_batch, k, **memory_options),
-                                  graph, micro_batch, k)
-    init = [tf.compat.v1.global_variables_initializer(),
-            tf.compat.v1.local_variables_initializer(),
-            tf.compat.v1.tables_initializer()]
+  graph, config, fetch, init = measure.built_step(
+      build, micro_batch, k, session_config, memory_options)
   seconds = []
   try:
     with tf.compat.v1.Session(graph=graph, config=config) as session:
