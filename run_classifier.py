@@ -289,7 +289,8 @@ class ClassifierRun:
           tf.estimator.EvalSpec(train_input_fn(arranged=False), steps=1,
                                 start_delay_secs=0, throttle_secs=0))
     else:
-      estimator.train(train_input, max_steps=max_steps)
+      estimator.train(train_input, max_steps=max_steps,
+                      hooks=training.summary_hooks(estimator))
 
   def _evaluate_and_predict(self, estimator):
     if self.flags.do_eval:

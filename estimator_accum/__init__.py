@@ -14,7 +14,10 @@ from estimator_accum.integrations import (  # noqa: F401
   keras_optimizer_legacy,
   keras_optimizer_v3,
 )
-from estimator_accum.integrations.hooks import AccumulationLoggingHook
+from estimator_accum.integrations.hooks import (
+    AccumulationLoggingHook,
+    EveryStepSummaryHook,
+)
 from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
 )
@@ -74,6 +77,7 @@ __all__ = [
     "CompactSparseAccumulator",
     "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
+    "EveryStepSummaryHook",
     "WindowTraceHook",
     "AccumulationState",
     "BackupAndRestore",

@@ -43,6 +43,10 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       trace_dir=output_dir if flags.trace_window else None)
 
 
+# Steps between two writes of the summaries (Estimator's default).
+SUMMARY_STEPS = 100
+
+
 def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
               parameter_servers=None):
   """The Estimator (TensorFlow 2.15) or the library's SessionEstimator
@@ -57,6 +61,10 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
     # Checkpoints at window boundaries, for halving.
     save_every = batch_plan.save_every(plan, save_every)
   model_fn = classifier.model_fn_builder(setup.bert_config, training)
+  # One device: the summaries are fetched on every step by the run's
+  # EveryStepSummaryHook (summary_hooks), not by Estimator's own hooks on
+  # some steps only, so that every step runs one executor.
+  every_step = strategy is None and parameter_servers is None
   if estimator_accum.releases.estimator() is None:
     # TensorFlow 2.16+: the same model_fn through the library's sessions
     # (one process, MultiWorkerMirroredStrategy's workers, or a
@@ -67,18 +75,31 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
             session_config=session_config, train_distribute=strategy,
             parameter_servers=parameter_servers,
             save_checkpoints_steps=save_every,
-            keep_checkpoint_max=flags.keep_checkpoint_max))
+            keep_checkpoint_max=flags.keep_checkpoint_max,
+            save_summary_steps=None if every_step else SUMMARY_STEPS))
   run_config = tf.estimator.RunConfig(
       model_dir=output_dir, tf_random_seed=flags.seed,
       train_distribute=strategy, session_config=session_config,
       save_checkpoints_steps=save_every,
       keep_checkpoint_max=flags.keep_checkpoint_max,
-      log_step_count_steps=flags.log_every * 1000,
+      save_summary_steps=None if every_step else SUMMARY_STEPS,
+      # No LoggingTensorHook: its fetch on its first step was one more
+      # executor (run_classifier prints its own progress line).
+      log_step_count_steps=None if every_step else flags.log_every * 1000,
       # No graph.pbtxt and no .meta beside each checkpoint: the events
       # file holds the graph for TensorBoard, and printing BERT's graph as
       # text took about 1 s of an 8 s tiny-BERT run (2 layers).
       checkpoint_save_graph_def=False)
   return tf.estimator.Estimator(model_fn, config=run_config)
+
+
+def summary_hooks(estimator):
+  """The training hooks writing TensorBoard's summaries where `estimator`
+  (of estimator()) writes none itself: one device."""
+  if estimator.config.save_summary_steps is not None:
+    return []
+  return [estimator_accum.EveryStepSummaryHook(estimator.model_dir,
+                                               SUMMARY_STEPS)]
 
 
 # The flags a training step's graph, memory and speed depend on: with the

@@ -21,6 +21,7 @@ def test_public_api_is_pinned():
       "Accumulator",
       "BackupAndRestore",
       "CompactSparseAccumulator",
+      "EveryStepSummaryHook",
       "MicroBatchPlan",
       "OutOfMemory",
       "SPARSE_THRESHOLD_BYTES",
@@ -85,6 +86,74 @@ def test_tensorboard_scalars_and_progress_line(tmp_path, caplog):
   assert dict(scalars["accumulation/skipped_windows"])[8] == 0
   norms = dict(scalars["accumulation/applied_gradient_norm"])
   assert norms[8] > 0 and np.isfinite(norms[8])
+
+
+def _train_step_fetch_sets(monkeypatch):
+  """Records, for every session call that runs a train op, its set of
+  fetched tensors and target ops: what TensorFlow keys an executor by."""
+  seen = []
+  do_run = tf.compat.v1.Session._do_run
+
+  def recording(session, handle, targets, fetches, *args, **kwargs):
+    names = frozenset([op.name for op in targets] +
+                      [t.name for t in fetches])
+    if any("train_op" in name for name in names):
+      seen.append(names)
+    return do_run(session, handle, targets, fetches, *args, **kwargs)
+
+  monkeypatch.setattr(tf.compat.v1.Session, "_do_run", recording)
+  return seen
+
+
+def _train_with_summaries(tmp_path, monkeypatch, every_step):
+  k, micro_batch, steps = 2, 4, 10
+  data = support.make_data(k * micro_batch * 5)
+  hooks = [estimator_accum.AccumulationLoggingHook(
+      every_n_micro_batches=2, micro_batch_size=micro_batch)]
+  if every_step:
+    hooks.append(estimator_accum.EveryStepSummaryHook(str(tmp_path), 4))
+  config = tf.estimator.RunConfig(
+      model_dir=str(tmp_path), save_summary_steps=None if every_step else 4,
+      log_step_count_steps=None if every_step else 100)
+  estimator = tf.estimator.Estimator(
+      support.accumulating_model_fn, config=config,
+      params=dict(optimizer_fn=lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+                  k=k, training_hooks=hooks))
+  seen = _train_step_fetch_sets(monkeypatch)
+  estimator.train(support.micro_batch_input_fn(data, micro_batch),
+                  max_steps=steps)
+  assert len(seen) == steps
+  return set(seen), _scalars(tmp_path)
+
+
+@pytest.mark.estimator
+def test_every_step_summaries_run_one_executor(tmp_path, monkeypatch):
+  # Estimator's own hooks fetch the summaries (and the logged loss) on some
+  # steps only: each new set of fetches is one more executor.
+  theirs, their_scalars = _train_with_summaries(tmp_path / "estimator",
+                                                monkeypatch, False)
+  assert len(theirs) > 1
+  ours, scalars = _train_with_summaries(tmp_path / "hook", monkeypatch, True)
+  assert len(ours) == 1, ours
+  # Written on the first step and every 4th, as Estimator writes them.
+  updates = dict(scalars["accumulation/updates_applied"])
+  assert sorted(updates) == [1, 4, 8], updates
+  assert updates[4] == 2 and updates[8] == 4
+  assert sorted(dict(scalars["loss"])) == [1, 4, 8]
+  assert set(scalars) == set(their_scalars)
+
+
+@pytest.mark.parametrize("save_steps", [0, -1, 2.5, True, None])
+def test_every_step_summary_hook_refuses_bad_steps(save_steps):
+  with pytest.raises(ValueError, match=rf"save_steps must be an int >= 1, "
+                     rf"got {re.escape(repr(save_steps))}"):
+    estimator_accum.EveryStepSummaryHook("/tmp", save_steps)
+
+
+def test_every_step_summary_hook_refuses_no_directory():
+  with pytest.raises(ValueError, match="output_dir must be a directory, "
+                     "got ''"):
+    estimator_accum.EveryStepSummaryHook("", 10)
 
 
 def _progress_rates(caplog):
