@@ -157,12 +157,9 @@ def plan_micro_batch(build=None, effective_batch=None, *,
                             plan.device, replicas)
   # Every candidate measured in the job's session configuration.
   measure_one = functools.partial(measure_peak, session_config=session_config)
-  if len(choices) > 1:
-    plan = _modelled_plan(build, plan, candidates, choices, log, started,
-                          memory_budget_mb, measure_one)
-  else:
-    plan = _largest_down_plan(build, plan, candidates, choices[0], log,
-                              started, memory_budget_mb, measure_one)
+  plan = _memory_plan(build, plan, candidates, choices, log, started,
+                      memory_budget_mb, measure_one,
+                      largest_first=objective == "fastest")
   if objective == "largest":
     return plan
   return _fastest_plan(speed_build or build, plan, candidates, log, started,
@@ -211,6 +208,34 @@ def _unmeasured_plan(effective_batch, replicas, margin, device,
   check_memory_statistics(device)
   return MicroBatchPlan(effective_batch, replicas, share, 1, share, EQUAL,
                         budget, margin, device)
+
+
+def _memory_plan(build, plan, candidates, choices, log, started,
+                 memory_budget_mb, measure_one, largest_first):
+  """What fits by memory, for the memory option `choices`.
+
+  `largest_first` (objective="fastest", which times the splits from the
+  largest that fits down): with several choices, the largest candidate
+  with the choice saving least is measured first, and when it fits that
+  is the plan: nothing saves time over it, and one build is measured
+  instead of the model's three. When it does not fit, the model starts
+  from it (one build more)."""
+  if len(choices) == 1:
+    return _largest_down_plan(build, plan, candidates, choices[0], log,
+                              started, memory_budget_mb, measure_one)
+  measured = {}
+  if largest_first:
+    largest = _measured(build, plan, choices[0], candidates[-1], measure_one,
+                        log)
+    if plan.fits(largest.peak_bytes):
+      return _split(plan, largest.micro_batch, measurements=(largest,),
+                    planning_seconds=time.perf_counter() - started,
+                    recompute=choices[0][0],
+                    accumulator_placement=choices[0][1],
+                    reason="the largest fits without saving memory")
+    measured[choices[0], candidates[-1]] = largest
+  return _modelled_plan(build, plan, candidates, choices, log, started,
+                        memory_budget_mb, measure_one, measured)
 
 
 def _largest_down_plan(build, plan, candidates, choice, log, started,
@@ -320,10 +345,10 @@ def _build_options(build, recompute, placement):
 
 
 def _modelled_plan(build, plan, candidates, choices, log, started,
-                   memory_budget_mb, measure_one):
+                   memory_budget_mb, measure_one, measured):
   """plan_micro_batch over several memory options: two points measured
-  per choice, the rest modelled, the choice checked."""
-  measured = {}
+  per choice, the rest modelled, the choice checked. `measured`: the
+  Measurements already made, by (choice, micro-batch)."""
 
   def measure(choice, micro_batch):
     if (choice, micro_batch) not in measured:

@@ -461,7 +461,7 @@ def test_fastest_keeps_the_largest_when_each_micro_batch_costs_the_same(
     data, tmp_path):
   peaks = _peaks([16, 32])
   # Every micro-batch waits 0.1 s: a window of 16 x 2 takes 0.2 s, one of
-  # 8 x 4 0.4 s, more than 25% slower, so timing stops there.
+  # 8 x 4 0.4 s, more than 8% slower, so timing stops there.
   plan = estimator_accum.plan_micro_batch(
       _build(data), EFFECTIVE, device="CPU:0", session_config=ONE_THREAD,
       memory_budget_mb=_budget_between(peaks[16], peaks[32]),

@@ -114,3 +114,48 @@ def test_recompute_can_be_fixed_either_way(peaks):
     estimator_accum.plan_micro_batch(
         lambda m, k: build(m, k), EFFECTIVE, device="CPU:0", recompute=True,
         memory_budget_mb=100)
+
+
+def _memory_lines(lines):
+  return [line for line in lines if "timed" not in line]
+
+
+def test_fastest_measures_memory_once_when_the_largest_fits(peaks):
+  # "largest" models both options from two points, then checks; "fastest"
+  # times from the largest that fits down, so it measures the largest
+  # without recomputation first, and that fits: one build, no model.
+  budget = _budget(peaks[False, 8] * 1.5)
+  largest = estimator_accum.plan_micro_batch(
+      build, EFFECTIVE, device="CPU:0", memory_budget_mb=budget)
+  assert len(largest.measurements) >= 2, largest.describe()
+  lines = []
+  plan = estimator_accum.plan_micro_batch(
+      build, EFFECTIVE, device="CPU:0", memory_budget_mb=budget,
+      objective="fastest", speed_windows=2, log=lines.append)
+  assert _memory_lines(lines) == [lines[0]], lines
+  assert lines[0].startswith(f"micro-batch {EFFECTIVE} (k=1): "), lines
+  assert not plan.recompute and plan.micro_batch in _timed(plan), (
+      plan.describe())
+
+
+def test_fastest_models_from_the_largest_when_it_does_not_fit(peaks):
+  # Between the options' peaks at 8: the largest measured first does not
+  # fit, and the model goes on from it without measuring it again.
+  budget = _budget((peaks[True, 8] + peaks[False, 8]) / 2)
+  lines = []
+  plan = estimator_accum.plan_micro_batch(
+      build, EFFECTIVE, device="CPU:0", memory_budget_mb=budget,
+      objective="fastest", speed_windows=2, log=lines.append)
+  memory = _memory_lines(lines)
+  assert memory[0].startswith(f"micro-batch {EFFECTIVE} (k=1): "), lines
+  measured = [line.split(":")[0] for line in memory]
+  assert len(measured) == len(set(measured)) > 1, lines
+  chosen = [m for m in plan.measurements if m.micro_batch == plan.micro_batch
+            and m.recompute == plan.recompute and not m.peak_timed]
+  assert len(chosen) == 1 and plan.fits(chosen[0].peak_bytes), (
+      plan.describe())
+
+
+def _timed(plan):
+  return {m.micro_batch for m in plan.measurements
+          if m.window_seconds is not None}
