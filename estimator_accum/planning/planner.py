@@ -133,17 +133,13 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       accumulators on a GPU, one replica, when `build` takes an
       `accumulator_placement` keyword. (On CPU host and device memory are
       one: nothing to measure.)
-    objective: "largest" (the largest micro-batch that fits) or "fastest":
-      from that one down, whole windows of each split that fits are timed
-      at its own k, and the shortest wins (speed.py).
+    objective: "largest" (the largest micro-batch that fits; with several
+      memory options, the fastest modelled plan that fits: _memory_plan)
+      or "fastest": from that one down, whole windows of each split that
+      fits are timed at its own k, and the shortest wins (speed.py).
     speed_build: the `build` to time, on the input the job trains on
       (default `build`, which memory is measured with).
     speed_windows: windows timed per split after one untimed.
-
-  With several choices of memory options, each is measured at two small
-  micro-batches, its peak and time modelled as linear in the micro-batch:
-  the plan is the fastest modelled point that fits (a memory-saving option
-  only where nothing saving less fits, or 10% faster), measured (search.py).
 
   Returns a MicroBatchPlan; ValueError (one line) when even micro-batch 1
   does not fit, and for bad arguments."""
@@ -214,6 +210,10 @@ def _memory_plan(build, plan, candidates, choices, log, started,
                  memory_budget_mb, measure_one, largest_first):
   """What fits by memory, for the memory option `choices`.
 
+  With several choices, each is measured at two small micro-batches, its
+  peak and time modelled as linear in the micro-batch: the plan is the
+  fastest modelled point that fits (a memory-saving option only where
+  nothing saving less fits, or 10% faster), measured (search.py).
   `largest_first` (objective="fastest", which times the splits from the
   largest that fits down): with several choices, the largest candidate
   with the choice saving least is measured first, and when it fits that
