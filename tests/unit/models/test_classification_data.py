@@ -150,6 +150,20 @@ def test_features_pack_pairs_and_the_input_fn_trims_padding(tmp_path,
   np.testing.assert_array_equal(second["label_ids"], [1])
 
 
+@pytest.mark.parametrize("options", [
+    dict(is_training=False), dict(is_training=True),
+    dict(is_training=True, sort_window=2), dict(is_training=True,
+                                                pack_window=2)])
+def test_the_input_runs_without_tf_datas_autotuning(tmp_path, options):
+  # Its model thread, asleep up to 60 s in a long run, held a session's
+  # close until it woke (45-51 s at the end of the main job's epochs).
+  path = _varied_lengths_file(tmp_path)
+  input_fn = bert_features.input_fn_builder(path, 12, 4, drop_remainder=True,
+                                            seed=3, **options)
+  with tf.Graph().as_default():
+    assert input_fn().options().autotune.enabled is False
+
+
 def _varied_lengths_file(tmp_path, count=24, length=12, longest=None):
   """`count` examples of lengths 2..longest (default length) in rows of
   `length` (example i's ids all i + 1)."""
