@@ -29,6 +29,12 @@ from estimator_accum.window.train_op import get_accumulation_state
 COST_WINDOWS = 3
 
 
+def _check_count(name, value):
+  """The hooks' step counts: a ValueError naming `name` unless an int >= 1."""
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+
+
 class AccumulationLoggingHook(tf.compat.v1.train.SessionRunHook):
   """Logs micro-batch, update count and throughput while training.
 
@@ -62,13 +68,11 @@ class AccumulationLoggingHook(tf.compat.v1.train.SessionRunHook):
     Raises:
       ValueError: if an argument is not a positive int.
     """
-    for name, value in (("every_n_micro_batches", every_n_micro_batches),
-                        ("micro_batch_size", micro_batch_size),
+    _check_count("every_n_micro_batches", every_n_micro_batches)
+    for name, value in (("micro_batch_size", micro_batch_size),
                         ("total_micro_batches", total_micro_batches)):
-      if value is None and name != "every_n_micro_batches":
-        continue
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}.")
+      if value is not None:
+        _check_count(name, value)
     self._every_n = every_n_micro_batches
     self._micro_batch_size = micro_batch_size
     self._total = total_micro_batches
@@ -216,9 +220,7 @@ class EveryStepSummaryHook(tf.compat.v1.train.SessionRunHook):
   """
 
   def __init__(self, output_dir, save_steps=100):
-    if isinstance(save_steps, bool) or not isinstance(save_steps, int) or (
-        save_steps < 1):
-      raise ValueError(f"save_steps must be an int >= 1, got {save_steps!r}.")
+    _check_count("save_steps", save_steps)
     if not output_dir:
       raise ValueError(f"output_dir must be a directory, got {output_dir!r}.")
     self._output_dir = output_dir

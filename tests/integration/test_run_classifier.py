@@ -101,6 +101,18 @@ def _run(args, timeout=TIMEOUT, env=None):
                         env=env)
 
 
+def _assert_summaries_at_the_first_step(output_dir):
+  """TensorBoard's scalars of a 20-micro-batch run, written by
+  EveryStepSummaryHook at the first step (every 100 after it)."""
+  tags = {}
+  for path in output_dir.glob("events.out.tfevents.*"):
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+      for value in event.summary.value:
+        tags.setdefault(value.tag, []).append(event.step)
+  assert tags["learning_rate"] == [1] and tags["loss"] == [1], tags
+  assert tags["accumulation/updates_applied"] == [1], tags
+
+
 @pytest.mark.estimator
 def test_train_eval_predict_with_accumulation(tiny_model, main_run):
   result, output_dir = main_run
@@ -124,15 +136,7 @@ def test_train_eval_predict_with_accumulation(tiny_model, main_run):
   assert "overrides compute_gradients" not in result.stderr
   reader = tf.train.load_checkpoint(str(output_dir))
   assert reader.get_tensor("global_step") == 20
-  # TensorBoard's scalars, written by EveryStepSummaryHook at the first
-  # step (every 100 after it).
-  tags = {}
-  for path in output_dir.glob("events.out.tfevents.*"):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-      for value in event.summary.value:
-        tags.setdefault(value.tag, []).append(event.step)
-  assert tags["learning_rate"] == [1] and tags["loss"] == [1], tags
-  assert tags["accumulation/updates_applied"] == [1], tags
+  _assert_summaries_at_the_first_step(output_dir)
   start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
   name = "bert/encoder/layer_0/attention/self/query/kernel"
   assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
@@ -564,15 +568,7 @@ def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
                        result.stdout)
   reader = tf.train.load_checkpoint(str(output_dir))
   assert reader.get_tensor("global_step") == 20
-  # TensorBoard's scalars, written by EveryStepSummaryHook at the first
-  # step (every 100 after it).
-  tags = {}
-  for path in output_dir.glob("events.out.tfevents.*"):
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-      for value in event.summary.value:
-        tags.setdefault(value.tag, []).append(event.step)
-  assert tags["learning_rate"] == [1] and tags["loss"] == [1], tags
-  assert tags["accumulation/updates_applied"] == [1], tags
+  _assert_summaries_at_the_first_step(output_dir)
   start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
   for layer in (0, 1):
     name = f"bert/encoder/layer_{layer}/intermediate/dense/kernel"
