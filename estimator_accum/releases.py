@@ -1,6 +1,6 @@
 """What differs between the TensorFlow releases the library runs on.
 
-The library runs on every TensorFlow from 2.15 to 2.21. Three things
+The library runs on every TensorFlow from 2.15 to 2.21. Four things
 differ between them, and this module is the one place that asks:
 
 - `tf.estimator` exists up to 2.15 only; `tf.compat.v1` graphs,
@@ -11,9 +11,12 @@ differ between them, and this module is the one place that asks:
   the `tf_keras` package).
 - TensorFlow 2.16+ no longer installs TensorBoard, which provides
   `tf.summary.scalar`.
+- XLA's persistent compilation cache (TF_XLA_FLAGS) fails every XLA
+  compile on a CPU in 2.15 only.
 """
 
 import importlib.util
+import os
 import warnings
 
 try:
@@ -91,6 +94,30 @@ def keras_track_variable(variable):
   3 has no graph-mode session, and nothing to tell."""
   if keras_major() < 3:
     tf.compat.v2.keras.__internal__.backend.track_variable(variable)
+
+
+def xla_cache_fails_on_cpu():
+  """TF_XLA_FLAGS where it turns on XLA's persistent compilation cache for
+  the CPU (`--tf_xla_persistent_cache_directory`, writable, the device
+  types empty or naming CPU) and this TensorFlow then fails every XLA
+  compile on a CPU: 2.15 ("TargetRegistry::lookupTarget failed: No
+  available targets are compatible with triple "unknown"", at the first
+  run of a compiled op; 2.16, 2.18, 2.20 and 2.21 write the cache and run,
+  measured). Else None."""
+  if tensorflow_version() != (2, 15):
+    return None
+  value = os.environ.get("TF_XLA_FLAGS", "")
+  flags = {}
+  for token in value.split():
+    name, _, given = token.lstrip("-").partition("=")
+    flags[name] = given
+  read_only = flags.get("tf_xla_persistent_cache_read_only")
+  types = flags.get("tf_xla_persistent_cache_device_types", "")
+  if (not flags.get("tf_xla_persistent_cache_directory") or
+      (read_only is not None and read_only.lower() in ("", "true", "1")) or
+      (types and "CPU" not in types.upper().split(","))):
+    return None
+  return value
 
 
 def summary_scalar(tag, value):

@@ -15,7 +15,9 @@ import contextlib
 import dataclasses
 
 import tensorflow as tf
+from absl import logging
 
+from estimator_accum import releases
 from estimator_accum.checkpoints.state_variables import StateVariables
 from estimator_accum.distribution import replicas
 from estimator_accum.window import communication, sharded
@@ -92,6 +94,7 @@ def make_plan(settings, trained, reduction, local_device, outer_scope):
   Raises:
     ValueError: an accumulator placement this build cannot have.
   """
+  settings = _without_failing_xla(settings, [v for _, v in trained])
   count = replicas.num_replicas()
   placement = settings.accumulator_placement
   if placement == "host" and (count > 1 or local_device is not None):
@@ -116,6 +119,27 @@ def make_plan(settings, trained, reduction, local_device, outer_scope):
       send_order=tuple(communication.ready_order([g for g, _ in trained])),
       wire=settings.communication_dtype if count > 1 else None,
       variables=StateVariables(local_device), outer_scope=outer_scope)
+
+
+def _without_failing_xla(settings, variables):
+  """`settings`, with fused_apply off where every XLA compile of the
+  window's end would fail on its CPU (`releases.xla_cache_fails_on_cpu`):
+  said in one line, and the end runs as TensorFlow's ops (the same
+  update), instead of an InternalError at the first window's end."""
+  flags = releases.xla_cache_fails_on_cpu() if settings.fused_apply else None
+  if flags is None:
+    return settings
+  devices = {v.device.upper() for v in variables}
+  if any("GPU" in d for d in devices) or (
+      "" in devices and tf.config.list_physical_devices("GPU")):
+    return settings
+  logging.warning(
+      "fused_apply: TF_XLA_FLAGS=%r turns on XLA's persistent cache for the "
+      "CPU, where TensorFlow 2.15 fails every XLA compile (TargetRegistry::"
+      "lookupTarget, triple \"unknown\"): the window's end runs without "
+      "XLA (the same update). To keep the cache for GPUs only, add "
+      "--tf_xla_persistent_cache_device_types=GPU.", flags)
+  return dataclasses.replace(settings, fused_apply=False)
 
 
 def _kind(gradient, compact, placement):

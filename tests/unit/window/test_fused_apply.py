@@ -6,12 +6,18 @@ are the unfused update's up to float32 rounding, and the applying
 micro-batch needs no more memory than an accumulating one."""
 
 import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum import releases
 from harness.google_style_adamw import GoogleStyleAdamWeightDecay
 from models.bert import optimization
 from tests.helpers import session_threads, tanh_stack
@@ -29,6 +35,8 @@ OPTIMIZERS = {
 
 
 v1 = tf.compat.v1.train
+
+_REPO = pathlib.Path(__file__).resolve().parents[3]
 
 # Every family's apply compiles whole, in place (one replica, dense
 # gradients): under control flow v2, the default.
@@ -470,3 +478,66 @@ def test_a_skipped_window_is_zeroed_in_place_too():
   assert all(not np.any(s) for s in plain_sums)
   assert not np.allclose(plain, np.random.RandomState(0).randn(6, 6))
   np.testing.assert_allclose(fused, plain, rtol=1e-6, atol=1e-6)
+
+
+# XLA's persistent compilation cache (TF_XLA_FLAGS) on a CPU: TensorFlow 2.15
+# fails every XLA compile there (an InternalError at the first window's
+# end), so the window's end runs without XLA, said in one line; later
+# releases write the cache and compile. Read by XLA once per process: the
+# run is a process of its own (exec, not the suite's fork server).
+_CACHED_RUN = """
+import json
+import tensorflow as tf
+from tests.helpers import tanh_stack
+weights = tanh_stack.trained_weights(
+    lambda: tf.compat.v1.train.AdamOptimizer(0.1), fused_apply=True)
+print(json.dumps({name: value.tolist() for name, value in weights.items()}))
+"""
+
+
+def test_xla_persistent_cache_on_cpu_trains_the_same_weights(tmp_path):
+  cache = tmp_path / "xla_cache"
+  env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
+             CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
+             TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache}")
+  run = subprocess.run([sys.executable, "-c", _CACHED_RUN], env=env,
+                       cwd=_REPO, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
+  cached = json.loads(run.stdout.strip().splitlines()[-1])
+  plain = _train(OPTIMIZERS["adam"], False)
+  for name, value in plain.items():
+    start = tanh_stack.initial_kernel(int(name[-1]), *value.shape)
+    assert not np.allclose(value, start), name  # it trained
+    np.testing.assert_allclose(cached[name], value, rtol=1e-6, atol=1e-7,
+                               err_msg=name)
+  said = "fused_apply: TF_XLA_FLAGS=" in run.stderr
+  written = cache.is_dir() and any(cache.iterdir())
+  if releases.tensorflow_version() == (2, 15):
+    assert said and "device_types=GPU" in run.stderr, run.stderr[-3000:]
+    assert not written
+  else:
+    assert not said, run.stderr[-3000:]
+    assert written  # XLA compiled the window's end, and cached it
+
+
+@pytest.mark.parametrize("flags, fails", [
+    ("--tf_xla_persistent_cache_directory=/c", True),
+    ("--tf_xla_persistent_cache_directory=/c "
+     "--tf_xla_persistent_cache_device_types=CPU,GPU", True),
+    ("--tf_xla_persistent_cache_directory=/c "
+     "--tf_xla_persistent_cache_device_types=GPU", False),
+    ("--tf_xla_persistent_cache_directory=/c "
+     "--tf_xla_persistent_cache_read_only=true", False),
+    ("--tf_xla_persistent_cache_directory=/c "
+     "--tf_xla_persistent_cache_read_only", False),
+    ("--tf_xla_persistent_cache_directory=", False),
+    ("--tf_xla_auto_jit=0", False),
+    ("", False),
+])
+def test_which_xla_flags_fail_on_cpu(monkeypatch, flags, fails):
+  monkeypatch.setenv("TF_XLA_FLAGS", flags)
+  failing = (fails and
+             releases.tensorflow_version() == (2, 15))
+  assert releases.xla_cache_fails_on_cpu() == (
+      flags if failing else None)
