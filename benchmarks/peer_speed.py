@@ -13,7 +13,8 @@ examples with the same recipe, padding per batch (its default), and with
 `--rounds` times, interleaved (A B C A B C: a busier minute falls on each
 alike).
 
-Printed per arrangement (medians over the rounds): whole-process seconds
+Printed per arrangement (medians over the rounds; with several rounds,
+each round's whole seconds and ratio too): whole-process seconds
 (start to exit: imports, data, model, training, evaluation), training
 seconds (Trainer's `train()`; the main job's "trained N micro-batches in S
 s", graph build and first compiles included), training examples a second,
@@ -289,6 +290,8 @@ def main():
           f"{r['split']} (planned in {r['planning']:.1f} s)"
           for r in results[FASTEST]) + "; from the plan cache: " + ", ".join(
               r["split"] for r in results[FASTEST_CACHED]), flush=True)
+    if args.rounds > 1:
+      _print_rounds(results, ours, peers)
     best = min(medians[name]["whole"] for name in peers)
     for name in arrangements:
       found = medians[name]
@@ -309,6 +312,19 @@ def main():
           f"best {min(medians[n]['train'] for n in peers) / seconds:.2f}x",
           flush=True)
   return rows.exit_code()
+
+
+def _print_rounds(results, ours, peers):
+  """Each round's whole seconds, and each of ours against that round's best
+  peer: the spread the medians hide."""
+  for name in [*ours, *peers]:
+    print(f"{name}: whole s by round " + ", ".join(
+        f"{r['whole']:.1f}" for r in results[name]), flush=True)
+  for name in ours:
+    ratios = [min(results[p][i]["whole"] for p in peers) / r["whole"]
+              for i, r in enumerate(results[name])]
+    print(f"{name}: whole vs that round's Trainer's best " + ", ".join(
+        f"{ratio:.2f}x" for ratio in ratios), flush=True)
 
 
 if __name__ == "__main__":
