@@ -151,7 +151,7 @@ def floor(train_texts, epochs):
   parameters = config.num_hidden_layers * per_layer + h * h + h + 2 * h + 2
   size = 2048
   a = tf.random.normal([size, size])
-  matmul = tf.function(lambda x: tf.matmul(x, x))
+  matmul = tf.function(lambda x: tf.matmul(x, x), autograph=False)
   matmul(a).numpy()
   repeats = 20
   started = time.perf_counter()
