@@ -133,12 +133,14 @@ def _without_failing_xla(settings, variables):
   if any("GPU" in d for d in devices) or (
       "" in devices and tf.config.list_physical_devices("GPU")):
     return settings
-  logging.warning(
+  # Once a process: the planner builds the window once per candidate.
+  logging.log_first_n(
+      logging.WARNING,
       "fused_apply: TF_XLA_FLAGS=%r turns on XLA's persistent cache for the "
       "CPU, where TensorFlow 2.15 fails every XLA compile (TargetRegistry::"
       "lookupTarget, triple \"unknown\"): the window's end runs without "
       "XLA (the same update). To keep the cache for GPUs only, add "
-      "--tf_xla_persistent_cache_device_types=GPU.", flags)
+      "--tf_xla_persistent_cache_device_types=GPU.", 1, flags)
   return dataclasses.replace(settings, fused_apply=False)
 
 
