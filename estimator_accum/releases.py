@@ -120,6 +120,25 @@ def xla_cache_fails_on_cpu():
   return value
 
 
+def xla_auto_clustering_on_cpu():
+  """TF_XLA_FLAGS where it clusters a graph's ops for XLA on the CPU
+  (`--tf_xla_auto_jit` above 0 with `--tf_xla_cpu_global_jit`), else
+  None. Every release: the window's table accumulators then abort the
+  process inside XLA (2.15: std::out_of_range; 2.21: "Check failed:
+  buffer != nullptr" in XlaRunOp), measured."""
+  value = os.environ.get("TF_XLA_FLAGS", "")
+  flags = {}
+  for token in value.split():
+    name, _, given = token.lstrip("-").partition("=")
+    flags[name] = given
+  auto = flags.get("tf_xla_auto_jit")
+  cpu = flags.get("tf_xla_cpu_global_jit")
+  if (auto in (None, "", "0", "-1") or cpu is None or
+      cpu.lower() in ("false", "0")):
+    return None
+  return value
+
+
 def summary_scalar(tag, value):
   """`tf.summary.scalar(tag, value)`, where a default summary writer
   records; where TensorBoard is not installed (TensorFlow 2.16+ no longer

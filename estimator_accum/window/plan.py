@@ -95,6 +95,7 @@ def make_plan(settings, trained, reduction, local_device, outer_scope):
     ValueError: an accumulator placement this build cannot have.
   """
   settings = _without_failing_xla(settings, [v for _, v in trained])
+  _check_xla_auto_clustering(trained)
   count = replicas.num_replicas()
   placement = settings.accumulator_placement
   if placement == "host" and (count > 1 or local_device is not None):
@@ -129,9 +130,7 @@ def _without_failing_xla(settings, variables):
   flags = releases.xla_cache_fails_on_cpu() if settings.fused_apply else None
   if flags is None:
     return settings
-  devices = {v.device.upper() for v in variables}
-  if any("GPU" in d for d in devices) or (
-      "" in devices and tf.config.list_physical_devices("GPU")):
+  if not _on_cpu(variables):
     return settings
   # Once a process: the planner builds the window once per candidate.
   logging.log_first_n(
@@ -142,6 +141,30 @@ def _without_failing_xla(settings, variables):
       "XLA (the same update). To keep the cache for GPUs only, add "
       "--tf_xla_persistent_cache_device_types=GPU.", 1, flags)
   return dataclasses.replace(settings, fused_apply=False)
+
+
+def _on_cpu(variables):
+  """Whether `variables` live on a CPU (unplaced ones where no GPU is)."""
+  devices = {v.device.upper() for v in variables}
+  return not (any("GPU" in d for d in devices) or (
+      "" in devices and tf.config.list_physical_devices("GPU")))
+
+
+def _check_xla_auto_clustering(trained):
+  """Refuses, in one line, XLA's auto-clustering on the CPU of a window
+  with a table's (sparse) gradient: XLA aborts the process at the first
+  micro-batch (releases.xla_auto_clustering_on_cpu), where the same
+  model without the window trains."""
+  flags = releases.xla_auto_clustering_on_cpu()
+  tables = [v.op.name for g, v in trained if isinstance(g, tf.IndexedSlices)]
+  if flags is None or not tables or not _on_cpu([v for _, v in trained]):
+    return
+  raise ValueError(
+      f"TF_XLA_FLAGS={flags!r} clusters the graph for XLA on the CPU, and "
+      f"XLA aborts the process on the window of a table's gradient "
+      f"({', '.join(tables[:3])}): unset --tf_xla_cpu_global_jit (or set "
+      f"--tf_xla_auto_jit=0); fused_apply=True compiles the window's end "
+      f"alone with XLA.")
 
 
 def _kind(gradient, compact, placement):

@@ -9,6 +9,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -541,3 +542,80 @@ def test_which_xla_flags_fail_on_cpu(monkeypatch, flags, fails):
              releases.tensorflow_version() == (2, 15))
   assert releases.xla_cache_fails_on_cpu() == (
       flags if failing else None)
+
+
+# XLA's auto-clustering on the CPU (TF_XLA_FLAGS) aborts the process on the
+# window of a table's sparse gradient, inside XLA, on every release
+# (2.15: std::out_of_range; 2.21: a failed check in XlaRunOp), where the
+# same model's plain minimize trains: refused in one line at the build.
+_AUTO_CLUSTERING = "--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit"
+
+_TABLE_RUN = """
+import numpy as np
+import tensorflow as tf
+import estimator_accum
+tf.compat.v1.disable_eager_execution()
+table = tf.compat.v1.get_variable("table", [100, 8], use_resource=True)
+kernel = tf.compat.v1.get_variable("kernel", [8, 1], use_resource=True)
+ids = tf.constant(np.random.RandomState(0).randint(0, 100, (4, 5)))
+pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), 1)
+loss = tf.reduce_mean(tf.square(tf.matmul(pooled, kernel)))
+optimizer = tf.compat.v1.train.AdamOptimizer(0.01)
+tf.compat.v1.train.get_or_create_global_step()
+if {accumulate}:
+  op = estimator_accum.build_accumulating_train_op(
+      loss, optimizer, 2, log_every_n_micro_batches=None)
+else:
+  op = optimizer.minimize(loss)
+with tf.compat.v1.Session() as session:
+  session.run(tf.compat.v1.global_variables_initializer())
+  for _ in range(4):
+    session.run(op)
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_xla_auto_clustering_of_a_table_is_refused_not_a_crash(tmp_path,
+                                                               accumulate):
+  env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
+             CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
+             TF_CPP_MIN_LOG_LEVEL="2", TF_XLA_FLAGS=_AUTO_CLUSTERING)
+  run = subprocess.run(
+      [sys.executable, "-c", _TABLE_RUN.format(accumulate=accumulate)],
+      env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+      check=False)
+  if not accumulate:  # plain TensorFlow trains the same model under it
+    assert run.returncode == 0 and "trained" in run.stdout, run.stderr[-2000:]
+    return
+  assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+  last = run.stderr.strip().splitlines()[-1]
+  assert re.match(
+      r"ValueError: TF_XLA_FLAGS='--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit'"
+      r" clusters the graph for XLA on the CPU, and XLA aborts the process "
+      r"on the window of a table's gradient \(table\)", last), last
+
+
+def test_xla_auto_clustering_of_dense_gradients_builds(monkeypatch):
+  # Built only: XLA reads TF_XLA_FLAGS once a process, at its first
+  # session, and the suite's later sessions must not cluster.
+  monkeypatch.setenv("TF_XLA_FLAGS", _AUTO_CLUSTERING)
+  with tf.Graph().as_default():
+    op = _build(OPTIMIZERS["adam"](), False)
+  assert isinstance(op, tf.Operation)  # built, not refused
+
+
+@pytest.mark.parametrize("flags, clusters", [
+    (_AUTO_CLUSTERING, True),
+    ("--tf_xla_auto_jit=2 --tf_xla_cpu_global_jit=true", True),
+    ("--tf_xla_auto_jit=1", False),
+    ("--tf_xla_auto_jit=0 --tf_xla_cpu_global_jit", False),
+    ("--tf_xla_auto_jit=-1 --tf_xla_cpu_global_jit", False),
+    ("--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit=false", False),
+    ("--tf_xla_cpu_global_jit", False),
+    ("", False),
+])
+def test_which_xla_flags_cluster_on_cpu(monkeypatch, flags, clusters):
+  monkeypatch.setenv("TF_XLA_FLAGS", flags)
+  assert releases.xla_auto_clustering_on_cpu() == (
+      flags if clusters else None)
