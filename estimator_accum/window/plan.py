@@ -156,8 +156,11 @@ def _check_xla_auto_clustering(trained):
   micro-batch (releases.xla_auto_clustering_on_cpu), where the same
   model without the window trains."""
   flags = releases.xla_auto_clustering_on_cpu()
-  tables = [v.op.name for g, v in trained if isinstance(g, tf.IndexedSlices)]
-  if flags is None or not tables or not _on_cpu([v for _, v in trained]):
+  if flags is None:
+    return
+  tables = [v.name.split(":")[0] for g, v in trained
+            if isinstance(g, tf.IndexedSlices)]
+  if not tables or not _on_cpu([v for _, v in trained]):
     return
   raise ValueError(
       f"TF_XLA_FLAGS={flags!r} clusters the graph for XLA on the CPU, and "
