@@ -253,8 +253,10 @@ OPTIONS = (
            "cannot compile an op of the apply (said in a line), each "
            "variable's update is compiled apart and such ops run as they "
            "are. Equal to the unfused update up to float32 rounding (XLA "
-           "orders some arithmetic differently). False: TensorFlow's ops, "
-           "one by one."),
+           "orders some arithmetic differently). Off, said in a line, on "
+           "TensorFlow 2.15 with XLA's persistent cache over the CPU "
+           "(TF_XLA_FLAGS), where every XLA compile on a CPU fails. False: "
+           "TensorFlow's ops, one by one."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "
