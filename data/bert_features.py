@@ -23,8 +23,6 @@ FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 # Part of every cache key: bump it when the conversion changes.
 FEATURES_FORMAT = 1
 
-
-
 # tf.data's autotuning off: its model thread sleeps between optimizations,
 # up to 60 s once a run is long, and on TensorFlow 2.15 a session's close
 # waited for it to wake (the iterator's destructor joins it): the main job's
@@ -34,6 +32,7 @@ FEATURES_FORMAT = 1
 # as many parallel calls as cores and a prefetch of one micro-batch.
 NO_AUTOTUNE = tf.data.Options()
 NO_AUTOTUNE.autotune.enabled = False
+
 
 def _truncate_pair(tokens_a, tokens_b, max_length):
   """Removes tokens from the longer sequence until both fit (Google's rule)."""

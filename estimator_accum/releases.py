@@ -96,6 +96,16 @@ def keras_track_variable(variable):
     tf.compat.v2.keras.__internal__.backend.track_variable(variable)
 
 
+def _xla_flags():
+  """(TF_XLA_FLAGS, {flag name: its value, "" for a bare flag})."""
+  value = os.environ.get("TF_XLA_FLAGS", "")
+  flags = {}
+  for token in value.split():
+    name, _, given = token.lstrip("-").partition("=")
+    flags[name] = given
+  return value, flags
+
+
 def xla_cache_fails_on_cpu():
   """TF_XLA_FLAGS where it turns on XLA's persistent compilation cache for
   the CPU (`--tf_xla_persistent_cache_directory`, writable, the device
@@ -106,11 +116,7 @@ def xla_cache_fails_on_cpu():
   measured). Else None."""
   if tensorflow_version() != (2, 15):
     return None
-  value = os.environ.get("TF_XLA_FLAGS", "")
-  flags = {}
-  for token in value.split():
-    name, _, given = token.lstrip("-").partition("=")
-    flags[name] = given
+  value, flags = _xla_flags()
   read_only = flags.get("tf_xla_persistent_cache_read_only")
   types = flags.get("tf_xla_persistent_cache_device_types", "")
   if (not flags.get("tf_xla_persistent_cache_directory") or
@@ -126,11 +132,7 @@ def xla_auto_clustering_on_cpu():
   None. Every release: the window's table accumulators then abort the
   process inside XLA (2.15: std::out_of_range; 2.21: "Check failed:
   buffer != nullptr" in XlaRunOp), measured."""
-  value = os.environ.get("TF_XLA_FLAGS", "")
-  flags = {}
-  for token in value.split():
-    name, _, given = token.lstrip("-").partition("=")
-    flags[name] = given
+  value, flags = _xla_flags()
   auto = flags.get("tf_xla_auto_jit")
   cpu = flags.get("tf_xla_cpu_global_jit")
   if (auto in (None, "", "0", "-1") or cpu is None or

@@ -128,9 +128,7 @@ def _without_failing_xla(settings, variables):
   said in one line, and the end runs as TensorFlow's ops (the same
   update), instead of an InternalError at the first window's end."""
   flags = releases.xla_cache_fails_on_cpu() if settings.fused_apply else None
-  if flags is None:
-    return settings
-  if not _on_cpu(variables):
+  if flags is None or not _on_cpu(variables):
     return settings
   # Once a process: the planner builds the window once per candidate.
   logging.log_first_n(
