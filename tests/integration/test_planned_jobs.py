@@ -22,9 +22,10 @@ UPDATES = 4
 MB = 2**20
 
 
-def _job(model_dir, *flags, env=None, launch_workers=None):
+def _job(model_dir, *flags, env=None, launch_workers=None,
+         effective=EFFECTIVE):
   command = [sys.executable, "tests/jobs/planned_job.py", "--model_dir",
-             str(model_dir), "--effective_batch", str(EFFECTIVE), "--updates",
+             str(model_dir), "--effective_batch", str(effective), "--updates",
              str(UPDATES), *flags]
   if launch_workers:
     command = [sys.executable, "-m", "tfconfig", "launch", "--workers",
@@ -78,33 +79,50 @@ def test_without_a_limit_the_same_job_keeps_its_plan(tmp_path):
           planner_support.make_data(EFFECTIVE * UPDATES), EFFECTIVE))
 
 
+# The two-worker job's effective batch: 32 examples a worker per update, so
+# the splits it picks between are 32, 16 and 8 a micro-batch, whose peaks
+# (~24, ~12 and ~6 MB here) each double the next. Between 4 and 8 a
+# micro-batch (~4 and ~6 MB) the peaks measured in the pytest process and
+# in the job's chief differed by more than half that gap on another CPU
+# (CI: 4.15 MB at 8 in the pytest process, over 3.73 at 4 in the chief).
+TWO_WORKERS_EFFECTIVE = 64
+
+
 @pytest.fixture(scope="module")
 def peaks():
   import estimator_accum  # noqa: PLC0415
   build = estimator_accum.estimator_step(
       planner_support.model_fn, planner_support.input_fn_for(
-          planner_support.make_data(EFFECTIVE)))
+          planner_support.make_data(TWO_WORKERS_EFFECTIVE)))
   return {m: estimator_accum.measure_peak(build, m, 2, "CPU:0").peak_bytes
-          for m in (4, 8, 16)}
+          for m in (8, 16, 32)}
 
 
 @pytest.mark.estimator
 def test_two_workers_two_budgets_two_splits_one_result(tmp_path, peaks):
-  """Each worker trains 16 examples per update: the chief measures, the
-  other worker takes its plan from the model directory."""
+  """Each worker trains 32 examples per update: the chief measures, the
+  other worker takes its plan from the model directory. Each budget lies
+  halfway (geometrically) between two splits' peaks as this process
+  measured them."""
   def budget(low, high):
-    return str((peaks[low] + peaks[high]) / 2 / (1 - planner.DEFAULT_MARGIN)
-               / MB)
+    return str((peaks[low] * peaks[high]) ** 0.5
+               / (1 - planner.DEFAULT_MARGIN) / MB)
 
+  effective = TWO_WORKERS_EFFECTIVE
   expected = planner_support.reference_train(
-      planner_support.make_data(EFFECTIVE * UPDATES), EFFECTIVE)
+      planner_support.make_data(effective * UPDATES), effective)
   results = {}
-  for name, low, high in (("roomy", 8, 16), ("tight", 4, 8)):
+  for name, low, high in (("roomy", 16, 32), ("tight", 8, 16)):
     out, weights, ran = _job(
         tmp_path / name, "--micro_batch", "auto", "--memory_budget_mb",
-        budget(low, high), launch_workers=2)
-    results[name] = (ran, weights)
+        budget(low, high), launch_workers=2, effective=effective)
+    measured = "\n".join(line for line in out.splitlines()
+                         if "measured" in line or "fits" in line)
+    results[name] = (ran, weights, measured)
     support.assert_weights_close(weights, expected, what=f"2 workers, {name}")
-  assert results["roomy"][0] == (8, 2, UPDATES * 2), results["roomy"][0]
-  assert results["tight"][0] == (4, 4, UPDATES * 4), results["tight"][0]
+  peaks_mb = {m: round(p / MB, 2) for m, p in peaks.items()}
+  for name, want in (("roomy", (16, 2, UPDATES * 2)),
+                     ("tight", (8, 4, UPDATES * 4))):
+    ran, _, measured = results[name]
+    assert ran == want, (name, ran, peaks_mb, measured)
   support.assert_weights_close(results["tight"][1], results["roomy"][1])
