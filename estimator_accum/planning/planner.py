@@ -109,18 +109,16 @@ def plan_micro_batch(build=None, effective_batch=None, *,
     effective_batch: examples per update, over all replicas.
     memory_budget_mb: the memory one replica's device may use, in MB
       (2**20 bytes). Default: the GPU's free memory; required on CPU.
-    margin: the share of the budget kept free (allocator fragmentation,
-      collectives' buffers under strategies): a candidate fits if its peak
-      is at most budget x (1 - margin).
+    margin: the share of the budget kept free (fragmentation, collectives'
+      buffers): a candidate fits if its peak is <= budget x (1 - margin).
     replicas: data-parallel replicas, workers x devices per worker; each
       trains effective_batch / replicas examples per update.
     uneven: also allow micro-batches that do not divide the replica's share
       (the last micro-batch of each window is shorter). Only exact when the
       train op weights micro-batches by `num_examples` and the input yields
       windows as `window_batches` does.
-    device: where to read the allocator ('GPU:0', 'CPU:0'); default the
-      first GPU, else the CPU.
-    log: callable given a line per measured candidate (e.g. print).
+    device: where to read the allocator ('GPU:0', 'CPU:0'; default the
+      first GPU, else the CPU). log: callable given a line per candidate.
     session_config: the job's tf.compat.v1.ConfigProto (its threads
       decide which tensors are alive at once), measured on threads of its
       own (`own_threads`: give the job `own_threads(config)` too).
@@ -131,8 +129,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       keyword (estimator_step's passes it as params["recompute"]).
     accumulator_placement: "device", "host", or "auto": weigh host
       accumulators on a GPU, one replica, when `build` takes an
-      `accumulator_placement` keyword. (On CPU host and device memory are
-      one: nothing to measure.)
+      `accumulator_placement` keyword (not on CPU: one memory).
     objective: "largest" (the largest micro-batch that fits; with several
       memory options, the fastest modelled plan that fits: _memory_plan)
       or "fastest": from that one down, whole windows of each split that
