@@ -117,8 +117,9 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       (the last micro-batch of each window is shorter). Only exact when the
       train op weights micro-batches by `num_examples` and the input yields
       windows as `window_batches` does.
-    device: where to read the allocator ('GPU:0', 'CPU:0'; default the
-      first GPU, else the CPU). log: callable given a line per candidate.
+    device: where to read the allocator ('GPU:0', 'CPU:0'); default the
+      first GPU, else the CPU.
+    log: callable given a line per measured candidate (e.g. print).
     session_config: the job's tf.compat.v1.ConfigProto (its threads
       decide which tensors are alive at once), measured on threads of its
       own (`own_threads`: give the job `own_threads(config)` too).

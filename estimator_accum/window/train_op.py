@@ -94,8 +94,9 @@ def build_accumulating_train_op(
     updates use `update_count(k)` (one computed from `global_step` is
     warned about; an AdagradDAOptimizer given it is refused).
   - Clipping: `clip_norm` clips the window's mean, as the big batch's.
-  - Non-finite windows are skipped whole (accumulators zeroed, a warning);
-    `max_consecutive_skipped_windows` in a row: "training diverged".
+  - Non-finite windows are skipped whole (no update, accumulators zeroed,
+    `skipped_windows` + 1, a warning); `max_consecutive_skipped_windows` in
+    a row stop the run ("training diverged").
   - Resume: the open window is saved in checkpoints and restored exactly
     (with another k or number of replicas it ends at its next multiple of
     k, as the mean of what it holds). A step that finds its input ended
@@ -110,8 +111,8 @@ def build_accumulating_train_op(
   Args:
     loss: scalar floating-point tf.Tensor, the loss of one micro-batch,
       averaged over its examples (or summed, with `reduction="sum"`).
-    optimizer: a `tf.compat.v1.train.Optimizer` (any subclass, BERT's
-      AdamWeightDecay too) or a `tf.keras.optimizers.legacy.Optimizer`.
+    optimizer: a `tf.compat.v1.train.Optimizer` (any subclass, including
+      BERT's AdamWeightDecay) or a `tf.keras.optimizers.legacy.Optimizer`.
     k: int >= 1, micro-batches per update.
     global_step: int64 scalar variable counting micro-batches; default
       `tf.compat.v1.train.get_or_create_global_step()`.
@@ -126,7 +127,8 @@ def build_accumulating_train_op(
       log_every_n_micro_batches, max_consecutive_skipped_windows, name:
       the window options, documented in `estimator_accum.options.OPTIONS`.
 
-  Returns a tf.Operation: run it once per micro-batch.
+  Returns a tf.Operation: run it once per micro-batch (RuntimeError
+  eagerly, or in cross-replica context).
   """
   settings = WindowSettings.checked(
       k, **window_options(locals()), gradient_options=dict(
