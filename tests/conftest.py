@@ -18,6 +18,7 @@ import gc  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import zlib  # noqa: E402
 
 # The session's temporary files (autograph's converted functions, above
 # all) go to one directory, removed at the session's end: a child that ends
@@ -138,7 +139,69 @@ def pytest_collection_finish(session):
 # the other workers' CPU-bound tests instead of ending the run on an idle
 # machine (they were its last 25 s). Order only: pytest-randomly's shuffle
 # (CI's fast tier) still applies within each part.
-def pytest_collection_modifyitems(items):
+def pytest_addoption(parser):
+  parser.addoption(
+      "--extended", action="store_true",
+      help="also run the further cases tests/extended.py leaves out of the "
+           "README's suite")
+  parser.addoption(
+      "--extended-share", metavar="I/N", default=None,
+      help="run only the I-th of N shares of those further cases, none of "
+           "the README's suite (CI runs one share each time, in turn)")
+
+
+def _extended_share(config):
+  """(i, n) from --extended-share=I/N, or None; a bad value is one line."""
+  text = config.getoption("extended_share")
+  if text is None:
+    return None
+  try:
+    i, n = (int(part) for part in text.split("/"))
+  except ValueError:
+    i = n = 0
+  if not 0 <= i < n:
+    raise pytest.UsageError(
+        f"--extended-share={text}: must be I/N with 0 <= I < N, as 2/6")
+  return i, n
+
+
+def _deselect_extended(config, items):
+  """Deselects (pytest reports how many) the tests tests/extended.py lists,
+  unless --extended; under --extended-share=I/N, everything but the I-th
+  share of them (by a stable hash of the node id: the shares are fixed,
+  and N runs with I = 0..N-1 run each extended test once)."""
+  from tests.extended import EXTENDED  # noqa: PLC0415
+
+  if config.getoption("extended"):
+    return
+  share = _extended_share(config)
+  prefixes = tuple(EXTENDED)
+  matched = set()
+  kept, dropped = [], []
+  for item in items:
+    hits = [p for p in prefixes if item.nodeid.startswith(p)]
+    matched.update(hits)
+    if share:
+      chosen = bool(hits) and (
+          zlib.crc32(item.nodeid.encode()) % share[1] == share[0])
+    else:
+      chosen = not hits
+    (kept if chosen else dropped).append(item)
+  whole = [os.path.abspath(str(a)) for a in config.args] in (
+      [], [os.path.abspath(str(config.rootpath / "tests"))])
+  stale = sorted(set(prefixes) - matched)
+  if (whole and stale and not config.getoption("keyword") and
+      not config.getoption("markexpr")):
+    raise pytest.UsageError(
+        "tests/extended.py names tests that were not collected: "
+        + ", ".join(stale))
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
+def pytest_collection_modifyitems(config, items):
+  _deselect_extended(config, items)
   _skip_what_this_tensorflow_cannot_run(items)
   early = [item for item in items
            if getattr(getattr(item, "module", None), "RUNS_EARLY", False)]
