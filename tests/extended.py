@@ -151,7 +151,8 @@ EXTENDED = {
     IT + "test_multiworker.py::test_two_workers_moving_average":
         "test_after_update.py",
     IT + "test_multiworker.py::test_a_bfloat16_wire":
-        "test_accumulator_dtypes.py",
+        "test_window_communication.py::test_the_wire_dtype_option (the "
+        "option, not a job on the wire)",
     IT + "test_multiworker.py::test_a_table_sent_by_its_touched_rows_equals_the_big_batch[momentum":
         "its [adam] case",
     IT + "test_multiworker.py::test_reportable_loss_leaves_the_workers_alone_between_windows[across":
@@ -214,13 +215,17 @@ EXTENDED = {
         "test_keras_tf2.py under MirroredStrategy; on 2.21, "
         "test_keras3_multi_worker_mirrored_equals_the_big_batch",
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[mirrored-legacy":
-        "its [one-legacy-*] and [mirrored-new-*] cases",
+        "its [one-legacy-backup] case; test_keras_tf2.py's fit under "
+        "MirroredStrategy",
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[mirrored-new-weights":
-        "its [one-new-weights] case",
+        "test_keras_models.py::test_keras_fit_resumed_in_a_new_process_"
+        "from_save_weights; test_keras_tf2.py under MirroredStrategy",
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[mirrored-new-backup":
-        "its [one-legacy-backup] case",
+        "its [one-legacy-backup] case; test_keras_tf2.py under "
+        "MirroredStrategy",
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[mirrored-new-savedmodel":
-        "its [one-new-savedmodel] case",
+        "its [one-new-savedmodel] case; test_keras_tf2.py under "
+        "MirroredStrategy",
     IT + "test_keras_models.py::test_model_to_estimator_resumed_mid_window_equals_big_batch[keras":
         "its [v1-checkpoint-1] case",
     UT + "integrations/test_keras_tf2.py::test_fit_equals_the_big_batch[adamw-mirrored":
@@ -273,7 +278,8 @@ EXTENDED = {
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[one-legacy-model_checkpoint":
         "its [one-new-model_checkpoint] case",
     IT + "test_keras_tf2_cluster.py::test_saved_mid_window_resumes_in_a_new_process[mirrored-new-model_checkpoint":
-        "its [one-new-model_checkpoint] case",
+        "its [one-new-model_checkpoint] case; test_keras_tf2.py under "
+        "MirroredStrategy",
     IT + "test_run_classifier.py::test_a_run_killed_mid_training_resumes":
         "test_multiworker.py::test_a_worker_dies_and_the_restarted_job, "
         "test_storage_faults.py; test_every_release.py on 2.21",
