@@ -100,12 +100,13 @@ def _skip_what_this_tensorflow_cannot_run(items):
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-# The fast tier (`pytest -m "not slow"`, under 3 minutes on 2 cores; 2:55
-# shuffled on an AVX-512 AMD EPYC) is every test not marked slow: a module
-# that runs whole Estimator jobs, BERT, other processes or clusters says
+# The fast tier (`pytest -m "not slow"`, about 5 minutes on 2 cores without
+# AVX-512) is every test not marked slow: a module that runs whole
+# Estimator jobs, BERT, other processes or clusters says
 # `pytestmark = pytest.mark.slow`, and so does a test that starts a cluster,
 # measures memory or takes more than a few seconds; a new module is in the
-# fast tier unless it does. CI runs both tiers, the fast one shuffled too.
+# fast tier unless it does. The README's suite is both tiers less what
+# tests/extended.py leaves to --extended.
 
 
 @pytest.fixture(params=["cf_v2", "cf_v1"])
@@ -161,7 +162,7 @@ def _extended_share(config):
     i = n = 0
   if not 0 <= i < n:
     raise pytest.UsageError(
-        f"--extended-share={text}: must be I/N with 0 <= I < N, as 2/6")
+        f"--extended-share={text}: must be I/N with 0 <= I < N, as 2/8")
   return i, n
 
 

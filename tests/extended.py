@@ -7,8 +7,9 @@ unless `--extended` is given: each is a further case of a path that a test
 left in the suite runs end to end (another optimizer, strategy, control
 flow, file format or moment of a fault), named beside it. Nothing here is
 skipped: pytest reports them as deselected, and `pytest -n 3 tests
---extended` runs everything (`-m` selects within either). CI runs a sixth
-of them each time, in turn (`--extended-share`, tests/conftest.py).
+--extended` runs everything (`-m` selects within either). CI runs an
+eighth of them each time, picked by the commit count (`--extended-share`,
+tests/conftest.py).
 
 Keys are node-id prefixes (`module::test` or `module::test[params`); an
 entry that matches nothing collected is an error when the whole of

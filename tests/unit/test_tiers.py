@@ -21,8 +21,6 @@ _COLLECT = r"""
 import json, sys
 import pytest
 
-pytestmark = pytest.mark.slow  # a process that collects the suite six times
-
 class Ids:
   def __init__(self):
     self.ids = []
@@ -83,7 +81,7 @@ def test_the_shares_run_each_left_out_test_once(runs):
 
 def test_a_bad_share_is_a_usage_error_in_one_line(runs):
   assert runs["bad"][0] == pytest.ExitCode.USAGE_ERROR
-  assert ("--extended-share=2/2: must be I/N with 0 <= I < N, as 2/6"
+  assert ("--extended-share=2/2: must be I/N with 0 <= I < N, as 2/8"
           in runs["output"]), runs["output"][-2000:]
 
 
