@@ -100,7 +100,7 @@ def _skip_what_this_tensorflow_cannot_run(items):
         item.add_marker(pytest.mark.skip(reason=reason))
 
 
-# The fast tier (`pytest -m "not slow"`, about 5 minutes on 2 cores without
+# The fast tier (`pytest -m "not slow"`, about 4 minutes on 2 cores without
 # AVX-512) is every test not marked slow: a module that runs whole
 # Estimator jobs, BERT, other processes or clusters says
 # `pytestmark = pytest.mark.slow`, and so does a test that starts a cluster,
