@@ -18,7 +18,7 @@ import math
 import os
 import statistics
 import sys
-import time
+from unittest import mock
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,6 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from harness import bench  # noqa: E402
+from harness.session_steps import SessionSteps, interleave  # noqa: E402
 from models.bert import modeling  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
@@ -51,64 +52,43 @@ VARIANTS = {"autodiff": modeling.get_activation("gelu"),
             "written out": written_out_gelu}
 
 
-class Variant:
-  """One graph and session: the encoder with one GELU."""
-
-  def __init__(self, name, batch, seq):
-    self.name = name
-    self.graph = tf.Graph()
-    rng = np.random.RandomState(0)
-    with self.graph.as_default():
-      tf.compat.v1.set_random_seed(0)
-      ids = tf.constant(rng.randint(1000, 30000, (batch, seq)), tf.int32)
-      saved = modeling._ACTIVATIONS["gelu"]  # noqa: SLF001
-      modeling._ACTIVATIONS["gelu"] = VARIANTS[name]  # noqa: SLF001
-      try:
-        model = modeling.BertModel(modeling.BertConfig(**MINILM), True, ids)
-      finally:
-        modeling._ACTIVATIONS["gelu"] = saved  # noqa: SLF001
-      loss = tf.reduce_mean(tf.square(model.get_pooled_output()))
-      variables = tf.compat.v1.trainable_variables()
-      self.gradients = tf.gradients(loss, variables)
-      self.fetch = tf.compat.v1.train.GradientDescentOptimizer(
-          1e-4).apply_gradients(zip(self.gradients, variables))
-      init = tf.compat.v1.global_variables_initializer()
-    self.session = tf.compat.v1.Session(graph=self.graph)
-    self.session.run(init)
-    self.session.run(self.fetch)  # Grappler and first-run allocation.
-    self.times = []
-
-  def step(self):
-    start = time.perf_counter()
-    self.session.run(self.fetch)
-    self.times.append(time.perf_counter() - start)
+def _encoder_gradients(gelu, ids, dropout):
+  """In the current graph: the MiniLM-shaped encoder on `ids` with `gelu`
+  as its "gelu", a loss on its pooled output, and (gradients, variables)."""
+  tf.compat.v1.set_random_seed(0)
+  config = modeling.BertConfig(**MINILM)
+  if not dropout:
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+  with mock.patch.dict(modeling._ACTIVATIONS, gelu=gelu):  # noqa: SLF001
+    model = modeling.BertModel(config, True, tf.constant(ids, tf.int32))
+  loss = tf.reduce_mean(tf.square(model.get_pooled_output()))
+  variables = tf.compat.v1.trainable_variables()
+  return tf.gradients(loss, variables), variables
 
 
-def _gradients_apart(batch, seq):
+def _training_step(name, ids):
+  """The timed variant: forward, backward and an SGD update, dropout on."""
+  graph = tf.Graph()
+  with graph.as_default():
+    gradients, variables = _encoder_gradients(VARIANTS[name], ids, True)
+    fetch = tf.compat.v1.train.GradientDescentOptimizer(1e-4).apply_gradients(
+        zip(gradients, variables))
+    init = tf.compat.v1.global_variables_initializer()
+  return SessionSteps(name, graph, fetch, init)
+
+
+def _gradients_apart(ids):
   """The two GELUs' gradients of one loss at the same weights, without
   dropout: the largest difference over the largest gradient."""
-  rng = np.random.RandomState(1)
-  ids = rng.randint(1000, 30000, (batch, seq))
-  values = {}
-  for name, gelu in VARIANTS.items():
+  values = []
+  for gelu in VARIANTS.values():
     with tf.Graph().as_default():
-      tf.compat.v1.set_random_seed(0)
-      saved = modeling._ACTIVATIONS["gelu"]  # noqa: SLF001
-      modeling._ACTIVATIONS["gelu"] = gelu  # noqa: SLF001
-      try:
-        model = modeling.BertModel(modeling.BertConfig(
-            **MINILM, hidden_dropout_prob=0.0,
-            attention_probs_dropout_prob=0.0), True,
-            tf.constant(ids, tf.int32))
-      finally:
-        modeling._ACTIVATIONS["gelu"] = saved  # noqa: SLF001
-      loss = tf.reduce_mean(tf.square(model.get_pooled_output()))
-      gradients = [tf.convert_to_tensor(g) for g in tf.gradients(
-          loss, tf.compat.v1.trainable_variables())]  # the table's dense
+      gradients, _ = _encoder_gradients(gelu, ids, False)
+      dense = [tf.convert_to_tensor(g) for g in gradients]  # the table's
       with tf.compat.v1.Session() as session:
         session.run(tf.compat.v1.global_variables_initializer())
-        values[name] = session.run(gradients)
-  a, b = values.values()
+        values.append(session.run(dense))
+  a, b = values
   largest = max(float(np.max(np.abs(g))) for g in a)
   return max(float(np.max(np.abs(x - y))) for x, y in zip(a, b)) / largest
 
@@ -120,12 +100,10 @@ def main():
   parser.add_argument("--rounds", type=int, default=20)
   parser.add_argument("--steps_per_round", type=int, default=5)
   args = parser.parse_args()
-  variants = [Variant(name, args.batch, args.seq) for name in VARIANTS]
-  for _ in range(args.rounds):
-    for variant in variants:
-      for _ in range(args.steps_per_round):
-        variant.step()
-  apart = _gradients_apart(args.batch, args.seq)
+  ids = np.random.RandomState(0).randint(1000, 30000, (args.batch, args.seq))
+  variants = [_training_step(name, ids) for name in VARIANTS]
+  interleave(variants, args.rounds, args.steps_per_round)
+  apart = _gradients_apart(ids)
   rows = bench.Rows(
       f"MiniLM shape, training steps of {args.batch} x {args.seq} tokens, "
       f"{args.rounds} rounds x {args.steps_per_round} steps, interleaved; "

@@ -23,7 +23,6 @@ moments formulation in the same mode.
 import os
 import statistics
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +32,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow.core.protobuf import rewriter_config_pb2  # noqa: E402
 
 from harness import bench  # noqa: E402
+from harness.session_steps import SessionSteps, interleave  # noqa: E402
 from models.bert import modeling  # noqa: E402
 
 tf.compat.v1.disable_eager_execution()
@@ -60,42 +60,29 @@ def _config(remapper):
   return config
 
 
-class Variant:
+def _variant(formulation, training, remapper, batch, seq):
   """One graph and session: a formulation, a mode, the remapper on or off."""
-
-  def __init__(self, formulation, training, remapper, batch, seq):
-    self.name = (f"{'training' if training else 'inference'} {formulation}"
-                 f"{'' if remapper else ' (remapper off)'}")
-    self.graph = tf.Graph()
-    rng = np.random.RandomState(0)
-    with self.graph.as_default():
-      tf.compat.v1.set_random_seed(0)
-      ids = tf.constant(rng.randint(0, 30522, (batch, seq)), tf.int32)
-      saved = modeling.normalize_last_axis
-      modeling.normalize_last_axis = FORMULATIONS[formulation]
-      try:
-        model = modeling.BertModel(modeling.BertConfig(**MINILM), training,
-                                   ids)
-      finally:
-        modeling.normalize_last_axis = saved
-      output = model.get_sequence_output()
-      if training:
-        loss = tf.reduce_mean(tf.square(output))
-        self.fetch = tf.compat.v1.train.GradientDescentOptimizer(
-            1e-4).minimize(loss)
-      else:
-        self.fetch = tf.reduce_sum(output)
-      init = tf.compat.v1.global_variables_initializer()
-    self.session = tf.compat.v1.Session(graph=self.graph,
-                                        config=_config(remapper))
-    self.session.run(init)
-    self.session.run(self.fetch)  # Grappler and first-run allocation.
-    self.times = []
-
-  def step(self):
-    start = time.perf_counter()
-    self.session.run(self.fetch)
-    self.times.append(time.perf_counter() - start)
+  name = (f"{'training' if training else 'inference'} {formulation}"
+          f"{'' if remapper else ' (remapper off)'}")
+  graph = tf.Graph()
+  rng = np.random.RandomState(0)
+  with graph.as_default():
+    tf.compat.v1.set_random_seed(0)
+    ids = tf.constant(rng.randint(0, 30522, (batch, seq)), tf.int32)
+    saved = modeling.normalize_last_axis
+    modeling.normalize_last_axis = FORMULATIONS[formulation]
+    try:
+      model = modeling.BertModel(modeling.BertConfig(**MINILM), training, ids)
+    finally:
+      modeling.normalize_last_axis = saved
+    output = model.get_sequence_output()
+    if training:
+      loss = tf.reduce_mean(tf.square(output))
+      fetch = tf.compat.v1.train.GradientDescentOptimizer(1e-4).minimize(loss)
+    else:
+      fetch = tf.reduce_sum(output)
+    init = tf.compat.v1.global_variables_initializer()
+  return SessionSteps(name, graph, fetch, init, _config(remapper))
 
 
 def main():
@@ -108,16 +95,13 @@ def main():
   variants = [
       # Forward only, the moments formulation cannot run with the remapper
       # on (the process dies): it runs with it off.
-      Variant("moments", False, False, args.batch, args.seq),
-      Variant("centred", False, True, args.batch, args.seq),
-      Variant("centred", False, False, args.batch, args.seq),
-      Variant("moments", True, True, args.batch, args.seq),
-      Variant("centred", True, True, args.batch, args.seq),
+      _variant("moments", False, False, args.batch, args.seq),
+      _variant("centred", False, True, args.batch, args.seq),
+      _variant("centred", False, False, args.batch, args.seq),
+      _variant("moments", True, True, args.batch, args.seq),
+      _variant("centred", True, True, args.batch, args.seq),
   ]
-  for _ in range(args.rounds):
-    for variant in variants:
-      for _ in range(args.steps_per_round):
-        variant.step()
+  interleave(variants, args.rounds, args.steps_per_round)
   rows = bench.Rows(
       f"MiniLM shape, batch {args.batch} x {args.seq} tokens, "
       f"{args.rounds} rounds x {args.steps_per_round} steps, interleaved; "

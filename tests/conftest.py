@@ -134,12 +134,6 @@ def pytest_collection_finish(session):
   gc.freeze()
 
 
-# Modules whose tests mostly wait on other processes (Slurm's daemons, links
-# cut for seconds, the allocator's 10 s retry before an out-of-memory
-# error) say RUNS_EARLY = True: they run first, so that their waits overlap
-# the other workers' CPU-bound tests instead of ending the run on an idle
-# machine (they were its last 25 s). Order only: pytest-randomly's shuffle
-# (CI's fast tier) still applies within each part.
 def pytest_addoption(parser):
   parser.addoption(
       "--extended", action="store_true",
@@ -148,7 +142,8 @@ def pytest_addoption(parser):
   parser.addoption(
       "--extended-share", metavar="I/N", default=None,
       help="run only the I-th of N shares of those further cases, none of "
-           "the README's suite (CI runs one share each time, in turn)")
+           "the README's suite (CI runs one share each time, picked by the "
+           "commit count)")
 
 
 def _extended_share(config):
@@ -201,6 +196,12 @@ def _deselect_extended(config, items):
     items[:] = kept
 
 
+# Modules whose tests mostly wait on other processes (Slurm's daemons, links
+# cut for seconds, the allocator's 10 s retry before an out-of-memory
+# error) say RUNS_EARLY = True: they run first, so that their waits overlap
+# the other workers' CPU-bound tests instead of ending the run on an idle
+# machine (they were its last 25 s). Order only: pytest-randomly's shuffle
+# (CI's fast tier) still applies within each part.
 def pytest_collection_modifyitems(config, items):
   _deselect_extended(config, items)
   _skip_what_this_tensorflow_cannot_run(items)
