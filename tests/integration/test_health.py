@@ -92,7 +92,9 @@ def test_a_lost_peer_ends_this_task_in_bounded_time(fault, reason, servers,
     lost_at = time.monotonic()
     assert exits.wait(10) == health.PEER_LOST_EXIT
     took = time.monotonic() - lost_at
-    assert 2.0 <= took < 5.0, took
+    # Silence counts from the peer's last answer, which came up to one
+    # probe interval (0.3 s) before the fault: 2.0 s less that at the least.
+    assert 2.0 - 0.3 <= took < 5.0, took
   finally:
     watchdog.stop()
     processes[1].send_signal(signal.SIGCONT)
