@@ -381,4 +381,31 @@ EXTENDED = {
         "its [cf_v2-*] cases",
     IT + "test_batch_norm.py::test_mirrored_replicas_update_from_the_whole_window[cf_v1":
         "its [cf_v2] case",
+    # --- third round: margin under the 12 minutes (CI measured the suite at
+    # 738 s on its machine, 642 s here) ---------------------------------------
+    UT + "window/test_fused_apply.py::test_the_same_weights_fused_or_not[cf_v2-keras_legacy_adam":
+        "its [cf_v2-adam] case; test_every_family_is_the_same_fused_or_not"
+        "[keras_legacy_amsgrad_not_compiled_whole]",
+    UT + "window/test_fused_apply.py::test_the_same_weights_fused_or_not[cf_v2-google_adam_weight_decay":
+        "test_every_family_is_the_same_fused_or_not"
+        "[google_style_adam_weight_decay]",
+    UT + "models/test_bert_optimization.py::test_bert_optimizers_under_mirrored_strategy[lamb":
+        "its [adamw] case; test_bert_optimizers_accumulate_like_big_batch[lamb]",
+    UT + "test_grappler_setting.py::test_children_follow_the_tests_setting[default-exec":
+        "its [off-exec] case",
+    UT + "integrations/test_optimizer_wrapper.py::test_canned_estimator_equals_big_batch[dnn-sgd-None":
+        "its [dnn-sgd-weighted_sum_over_batch_size] case",
+    UT + "window/test_accumulator_dtypes.py::test_accumulator_dtype_against_big_batch[float64-num_examples":
+        "its [bfloat16-num_examples] and [float64-*] cases",
+    UT + "window/test_accumulator_dtypes.py::test_accumulator_dtype_against_big_batch[float16-num_examples":
+        "its [bfloat16-num_examples] and [float16-*] cases",
+    IT + "test_resume_changes.py::test_resume_with_another_k_other_settings[4to2_mid_window-compact_table":
+        "its [4to2_mid_window-num_examples] case; "
+        "test_sparse_accumulation.py::test_compact_window_survives_a_restart",
+    UT + "window/test_sparse_accumulation.py::test_compact_window_survives_a_restart[cf_v1":
+        "its [cf_v2] case",
+    UT + "window/test_after_update.py::test_moving_average_equals_the_big_batch_recipe[cf_v2-one":
+        "its [cf_v2-mirrored] case",
+    UT + "memory/test_bert_recompute.py::test_dropout_gradient_is_the_derivative_of_the_forward_that_ran[transformer_model":
+        "its [bert_model] case",
 }
