@@ -159,9 +159,10 @@ def test_an_estimators_functions_plan_as_the_build_does(data):
 
 @pytest.mark.estimator
 def test_a_budget_below_micro_batch_one_is_one_line(data):
+  # Effective batch 1: one candidate to measure, not six (32 down to 1).
   with pytest.raises(ValueError, match=r"memory_budget_mb=0\.5: even "
                      r"micro-batch 1 needs .* MB, over .* margin"):
-    estimator_accum.plan_micro_batch(_build(data), EFFECTIVE, device="CPU:0",
+    estimator_accum.plan_micro_batch(_build(data), 1, device="CPU:0",
                                      memory_budget_mb=0.5)
 
 
