@@ -15,10 +15,10 @@ os.environ.setdefault("ESTIMATOR_ACCUM_PLAN_CACHE", "")
 
 import atexit  # noqa: E402
 import gc  # noqa: E402
+import hashlib  # noqa: E402
 import resource  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
-import zlib  # noqa: E402
 
 # The session's temporary files (autograph's converted functions, above
 # all) go to one directory, removed at the session's end: a child that ends
@@ -144,11 +144,16 @@ def pytest_addoption(parser):
       help="run only the I-th of N shares of those further cases, none of "
            "the README's suite (CI runs one share each time, picked by the "
            "commit count)")
+  parser.addoption(
+      "--share", metavar="I/N", default=None,
+      help="run only the I-th of N shares of what is otherwise selected "
+           "(CI's reruns of the fast tier under the other oneDNN path and "
+           "TensorFlow 2.21 take half each time, picked by the commit count)")
 
 
-def _extended_share(config):
-  """(i, n) from --extended-share=I/N, or None; a bad value is one line."""
-  text = config.getoption("extended_share")
+def _share_option(config, name):
+  """(i, n) from --NAME=I/N, or None; a bad value is one line."""
+  text = config.getoption(name)
   if text is None:
     return None
   try:
@@ -157,8 +162,28 @@ def _extended_share(config):
     i = n = 0
   if not 0 <= i < n:
     raise pytest.UsageError(
-        f"--extended-share={text}: must be I/N with 0 <= I < N, as 2/8")
+        f"--{name.replace('_', '-')}={text}: must be I/N with 0 <= I < N, "
+        "as 2/8")
   return i, n
+
+
+def _in_share(item, share):
+  """Whether `item` is in share (i, n): a stable hash of its node id, so a
+  test's share is the same in every run and on every machine."""
+  digest = hashlib.sha1(item.nodeid.encode()).digest()  # noqa: S324
+  return int.from_bytes(digest[:8], "big") % share[1] == share[0]
+
+
+def _keep_share(config, items):
+  """Under --share=I/N, deselects all but the I-th share of `items`."""
+  share = _share_option(config, "share")
+  if share is None:
+    return
+  kept = [item for item in items if _in_share(item, share)]
+  dropped = [item for item in items if not _in_share(item, share)]
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
 
 
 def _deselect_extended(config, items):
@@ -170,7 +195,7 @@ def _deselect_extended(config, items):
 
   if config.getoption("extended"):
     return
-  share = _extended_share(config)
+  share = _share_option(config, "extended_share")
   prefixes = tuple(EXTENDED)
   matched = set()
   kept, dropped = [], []
@@ -178,8 +203,7 @@ def _deselect_extended(config, items):
     hits = [p for p in prefixes if item.nodeid.startswith(p)]
     matched.update(hits)
     if share:
-      chosen = bool(hits) and (
-          zlib.crc32(item.nodeid.encode()) % share[1] == share[0])
+      chosen = bool(hits) and _in_share(item, share)
     else:
       chosen = not hits
     (kept if chosen else dropped).append(item)
@@ -204,6 +228,7 @@ def _deselect_extended(config, items):
 # (CI's fast tier) still applies within each part.
 def pytest_collection_modifyitems(config, items):
   _deselect_extended(config, items)
+  _keep_share(config, items)
   _skip_what_this_tensorflow_cannot_run(items)
   early = [item for item in items
            if getattr(getattr(item, "module", None), "RUNS_EARLY", False)]

@@ -7,9 +7,10 @@ unless `--extended` is given: each is a further case of a path that a test
 left in the suite runs end to end (another optimizer, strategy, control
 flow, file format or moment of a fault), named beside it. Nothing here is
 skipped: pytest reports them as deselected, and `pytest -n 3 tests
---extended` runs everything (`-m` selects within either). CI runs an
-eighth of them each time, picked by the commit count (`--extended-share`,
-tests/conftest.py).
+--extended` runs everything (`-m` selects within either). CI runs a
+twelfth of them each time, picked by the commit count (`--extended-share`,
+tests/conftest.py). `WHERE_ESTIMATOR` (below) is left out only on a
+TensorFlow with tf.estimator (2.15), where Estimator's tests run its paths.
 
 Keys are node-id prefixes (`module::test` or `module::test[params`); an
 entry that matches nothing collected is an error when the whole of

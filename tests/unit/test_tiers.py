@@ -11,11 +11,11 @@ import pytest
 
 from tests.extended import EXTENDED
 
-pytestmark = pytest.mark.slow  # a process that collects the suite six times
+pytestmark = pytest.mark.slow  # a process that collects the suite eight times
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
-# One process collects `tests` six ways (pytest.main again and again: the
+# One process collects `tests` eight ways (pytest.main again and again: the
 # test modules import once), and prints what each collected, or the error.
 _COLLECT = r"""
 import json, sys
@@ -31,6 +31,7 @@ runs = {}
 for name, extra in [("suite", []), ("extended", ["--extended"]),
                     ("share0", ["--extended-share=0/2"]),
                     ("share1", ["--extended-share=1/2"]),
+                    ("half0", ["--share=0/2"]), ("half1", ["--share=1/2"]),
                     ("bad", ["--extended-share=2/2"])]:
   ids = Ids()
   code = pytest.main(["tests", "--collect-only", "-q",
@@ -77,6 +78,18 @@ def test_the_shares_run_each_left_out_test_once(runs):
   assert code0 == code1 == 0 and share0 and share1
   assert not share0 & share1
   assert share0 | share1 == every - suite
+
+
+def test_share_splits_what_is_selected_in_two_without_overlap(runs):
+  """--share=I/N (CI's half of the fast tier on the other oneDNN path and
+  on TensorFlow 2.21) splits the suite, not only the further cases."""
+  suite = runs["suite"][1]
+  (code0, half0), (code1, half1) = runs["half0"], runs["half1"]
+  assert code0 == code1 == 0 and half0 and half1
+  assert not half0 & half1 and half0 | half1 == suite
+  # Halves of a fair size: a stable hash of the node id, not its crc32's
+  # lowest bit, which split the fast tier 43/57.
+  assert 0.4 < len(half0) / len(suite) < 0.6, (len(half0), len(suite))
 
 
 def test_a_bad_share_is_a_usage_error_in_one_line(runs):
