@@ -174,16 +174,23 @@ def _in_share(item, share):
   return int.from_bytes(digest[:8], "big") % share[1] == share[0]
 
 
+def _keep(config, items, kept, dropped):
+  """`items` becomes `kept`; `dropped` is reported as deselected (pytest
+  counts them), not skipped."""
+  if dropped:
+    config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
 def _keep_share(config, items):
   """Under --share=I/N, deselects all but the I-th share of `items`."""
   share = _share_option(config, "share")
   if share is None:
     return
-  kept = [item for item in items if _in_share(item, share)]
-  dropped = [item for item in items if not _in_share(item, share)]
-  if dropped:
-    config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
+  kept, dropped = [], []
+  for item in items:
+    (kept if _in_share(item, share) else dropped).append(item)
+  _keep(config, items, kept, dropped)
 
 
 def _deselect_extended(config, items):
@@ -215,9 +222,7 @@ def _deselect_extended(config, items):
     raise pytest.UsageError(
         "tests/extended.py names tests that were not collected: "
         + ", ".join(stale))
-  if dropped:
-    config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
+  _keep(config, items, kept, dropped)
 
 
 # Modules whose tests mostly wait on other processes (Slurm's daemons, links
