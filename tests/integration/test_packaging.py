@@ -4,6 +4,7 @@ into a user's own TensorFlow (2.15's full build, 2.21 on Python 3.12), it
 changes none of their packages, imports, and trains exactly."""
 
 import glob
+import importlib.util
 import json
 import os
 import pathlib
@@ -157,7 +158,15 @@ def test_installing_into_a_users_tensorflow_changes_none_of_their_packages(
   interpreter = venv / "bin" / "python"
   pip = [str(interpreter), "-m", "pip", "install", "--quiet",
          "--disable-pip-version-check"]
-  subprocess.run(pip + users, check=True, timeout=900, capture_output=True,
+  # The user's own TensorFlow arrives by uv when the suite's venv has it
+  # (./setup.sh installs it): 2-3x faster than pip on 2 cores. What is
+  # tested, installing this project into it, is pip's, as a user's would be.
+  if importlib.util.find_spec("uv") is not None:
+    theirs = [sys.executable, "-m", "uv", "pip", "install", "--quiet",
+              "--python", str(interpreter)]
+  else:
+    theirs = pip
+  subprocess.run(theirs + users, check=True, timeout=900, capture_output=True,
                  env=_started_anew())
   before = _freeze(interpreter)
   wheel = _wheel(tmp_path)
