@@ -28,8 +28,13 @@ default on a CPU without AVX-512), oneDNN's, and oneDNN's held to AVX2
 measured on one with AVX-512; TensorFlow's own kernels are built for AVX
 either way).
 
+With `--threads`, the variants are instead the default run with
+TensorFlow's thread pools set by its own environment variables
+(`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`; both default to the
+cores): ops one at a time on every core, or two at a time on one core each.
+
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
-      [--splits]
+      [--splits] [--threads]
       [--skip WORD,...]
 """
 
@@ -65,6 +70,14 @@ CPU_PATHS = {
     "oneDNN (TF_ENABLE_ONEDNN_OPTS=1)": ([], {"TF_ENABLE_ONEDNN_OPTS": "1"}),
     "oneDNN held to AVX2": ([], {"TF_ENABLE_ONEDNN_OPTS": "1",
                                  "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+}
+# (flags, environment) of each thread arrangement, with the default flags.
+THREADS = {
+    "TensorFlow's pools (default)": ([], {}),
+    "one op at a time (TF_NUM_INTEROP_THREADS=1)": (
+        [], {"TF_NUM_INTEROP_THREADS": "1"}),
+    "one core an op (TF_NUM_INTRAOP_THREADS=1)": (
+        [], {"TF_NUM_INTRAOP_THREADS": "1"}),
 }
 # (flags, environment, micro-batch) of each split of the effective batch 32.
 SPLITS = {
@@ -103,6 +116,8 @@ def main():
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--cpu_paths", action="store_true",
                       help="compare TensorFlow's CPU paths instead")
+  parser.add_argument("--threads", action="store_true",
+                      help="compare TensorFlow's thread pools instead")
   parser.add_argument("--splits", action="store_true",
                       help="compare splits of the effective batch instead")
   parser.add_argument("--skip", default="",
@@ -111,8 +126,9 @@ def main():
   args = parser.parse_args()
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
   variants = ({name: (flags, env, MICRO_BATCH)
-               for name, (flags, env) in CPU_PATHS.items()}
-              if args.cpu_paths else SPLITS if args.splits else
+               for name, (flags, env) in (
+                   THREADS if args.threads else CPU_PATHS).items()}
+              if args.cpu_paths or args.threads else SPLITS if args.splits else
               {name: (flags, {}, MICRO_BATCH) for index, (name, flags) in
                enumerate(VARIANTS.items())
                if index == 0 or not any(word in name for word in skipped)})
