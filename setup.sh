@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets up one end of the tested matrix, pinned, and installs the project
-# into it (editable). Safe to run again: pip skips what is already there.
+# into it (editable). Safe to run again: uv skips what is already there.
 #
 #   ./setup.sh          .venv: TensorFlow 2.15.1 (CPU), Estimator, Keras 2,
 #                       Python 3.11 (requirements.lock)
