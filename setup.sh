@@ -55,18 +55,24 @@ if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
 fi
 # pip stays in the venv (the tests list packages and build the wheel with it);
-# uv installs the pinned packages: TensorFlow's wheels unpack and compile in
-# 55 s with uv against 103-140 s with pip on a 2-core machine, per venv
+# uv installs the pinned packages: a TensorFlow venv took 71 s with uv
+# against 121 s with pip on a 2-core machine, side by side with no cache
 # (docs/testing.md). Bytecode is compiled at install: this machine's
 # PYTHONDONTWRITEBYTECODE would otherwise leave every import of TensorFlow
 # compiling anew (18 s against 7).
-"$venv/bin/python" -m pip install --quiet --upgrade "pip==25.3" "uv==0.13.9"
+"$venv/bin/python" -m pip install --quiet --upgrade "pip==25.3"
+uv=yes
+"$venv/bin/python" -m pip install --quiet "uv==0.13.9" || {
+  uv=no
+  echo "setup.sh: uv could not be installed here; pip installs everything" >&2
+}
 # Where uv cannot reach the registry (a proxy whose certificate only the
 # system's store holds, say), pip installs the same step instead.
 install() {
-  if ! "$venv/bin/python" -m uv pip install --quiet --system-certs \
-      --python "$venv/bin/python" "$@"; then
-    echo "setup.sh: uv failed on 'install $*'; installing it with pip" >&2
+  if [ "$uv" = no ] || ! "$venv/bin/python" -m uv pip install --quiet \
+      --system-certs --python "$venv/bin/python" "$@"; then
+    [ "$uv" = no ] ||
+      echo "setup.sh: uv failed on 'install $*'; installing it with pip" >&2
     local args=() arg
     for arg in "$@"; do
       [ "$arg" = --compile-bytecode ] || args+=("$arg")
