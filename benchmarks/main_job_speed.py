@@ -114,24 +114,29 @@ def main():
   parser = bench.parser(__doc__)
   parser.add_argument("--epochs", type=float, default=0.1)
   parser.add_argument("--rounds", type=int, default=2)
-  parser.add_argument("--cpu_paths", action="store_true",
-                      help="compare TensorFlow's CPU paths instead")
-  parser.add_argument("--threads", action="store_true",
-                      help="compare TensorFlow's thread pools instead")
-  parser.add_argument("--splits", action="store_true",
-                      help="compare splits of the effective batch instead")
+  instead = parser.add_mutually_exclusive_group()
+  instead.add_argument("--cpu_paths", action="store_true",
+                       help="compare TensorFlow's CPU paths instead")
+  instead.add_argument("--threads", action="store_true",
+                       help="compare TensorFlow's thread pools instead")
+  instead.add_argument("--splits", action="store_true",
+                       help="compare splits of the effective batch instead")
   parser.add_argument("--skip", default="",
                       help="comma-separated words: leave out the variants "
                            "whose name holds one (today's always runs)")
   args = parser.parse_args()
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
-  variants = ({name: (flags, env, MICRO_BATCH)
-               for name, (flags, env) in (
-                   THREADS if args.threads else CPU_PATHS).items()}
-              if args.cpu_paths or args.threads else SPLITS if args.splits else
-              {name: (flags, {}, MICRO_BATCH) for index, (name, flags) in
-               enumerate(VARIANTS.items())
-               if index == 0 or not any(word in name for word in skipped)})
+  environments = (CPU_PATHS if args.cpu_paths else
+                  THREADS if args.threads else None)
+  if environments:
+    variants = {name: (flags, env, MICRO_BATCH)
+                for name, (flags, env) in environments.items()}
+  elif args.splits:
+    variants = SPLITS
+  else:
+    variants = {name: (flags, {}, MICRO_BATCH) for index, (name, flags) in
+                enumerate(VARIANTS.items())
+                if index == 0 or not any(word in name for word in skipped)}
   seconds = {name: [] for name in variants}
   with tempfile.TemporaryDirectory() as root:
     for round_index in range(args.rounds):
