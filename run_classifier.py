@@ -277,7 +277,8 @@ class ClassifierRun:
                                  self.flags.sort_windows_by_length) else None,
           pack_window=plan.k if (arranged and packing) else None,
           max_examples_per_row=self.flags.max_examples_per_row,
-          pad_to_multiple_of=self.flags.pad_to_multiple_of)
+          pad_to_multiple_of=self.flags.pad_to_multiple_of,
+          example_keys=training.keyed_dropout(self.flags))
 
     train_input = train_input_fn(arranged=True)
     max_steps = num_train_updates * plan.k

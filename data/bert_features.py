@@ -166,7 +166,8 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
 def input_fn_builder(input_file, seq_length, batch_size, is_training,
                      drop_remainder, seed=None, shard=None, skip_batches=0,
                      trim=True, sort_window=None, pack_window=None,
-                     max_examples_per_row=8, pad_to_multiple_of=1):
+                     max_examples_per_row=8, pad_to_multiple_of=1,
+                     example_keys=False):
   """An Estimator input_fn over the TFRecord file.
 
   Training repeats forever and shuffles; Estimator's max_steps ends it.
@@ -192,18 +193,27 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   as many rows each: features `example_ids` and `label_ids` [rows,
   max_examples_per_row], which the classifier trains on as the same
   examples one per row. A batch holds at most `batch_size` rows.
+  `example_keys`: training batches carry `example_key` (int64 [batch]),
+  each example's place in its pipeline's training stream (times the
+  pipelines, plus this one's index): a key that names the example
+  whichever micro-batch it lands in, for keyed dropout
+  (`BertModel(..., dropout_keys=...)`). Not with `pack_window`.
   """
   schema = {name: tf.io.FixedLenFeature([seq_length], tf.int64)
             for name in FEATURE_NAMES}
   schema["label_ids"] = tf.io.FixedLenFeature([], tf.int64)
   schema["is_real_example"] = tf.io.FixedLenFeature([], tf.int64)
 
-  def parse(records):
-    parsed = tf.io.parse_example(records, schema)
-    return {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+  def parse(*batch):
+    # (keys, records) with example_keys, else (records,).
+    parsed = tf.io.parse_example(batch[-1], schema)
+    parsed = {name: tf.cast(value, tf.int32) for name, value in parsed.items()}
+    if len(batch) == 2:
+      parsed["example_key"] = batch[0]
+    return parsed
 
-  def sort_by_length(records):
-    parsed = parse(records)
+  def sort_by_length(*batch):
+    parsed = parse(*batch)
     order = tf.argsort(tf.reduce_sum(parsed["input_mask"], axis=1),
                        stable=True)
     return {name: tf.gather(value, order) for name, value in parsed.items()}
@@ -234,11 +244,15 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   if packing_k and sorting:
     raise ValueError(f"sort_window={sort_window} and pack_window="
                      f"{pack_window}: one arrangement of a window, not both")
+  keyed = bool(example_keys and is_training)
+  if keyed and packing_k:
+    raise ValueError(f"example_keys=True and pack_window={pack_window}: "
+                     "keys name one example a row, not packed rows")
 
-  def packed(records):
+  def packed(*batch):
     from models.bert import packing  # noqa: PLC0415
 
-    windows = packing.pack_window(parse(records), packing_k, seq_length,
+    windows = packing.pack_window(parse(*batch), packing_k, seq_length,
                                   max_examples_per_row)
     windows["label_ids"].set_shape([None, None, max_examples_per_row])
     return windows
@@ -258,6 +272,14 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if is_training:
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()
+    if keyed:
+      count, index = ((input_context.num_input_pipelines,
+                       input_context.input_pipeline_id) if input_context
+                      else shard or (None, None))
+      dataset = dataset.enumerate().map(tf.autograph.experimental.
+                                        do_not_convert(
+          lambda place, record: (place * (count or 1) + (index or 0),
+                                 record)))
     if packing_k:
       dataset = dataset.batch(batch_size * packing_k, drop_remainder=True)
       dataset = dataset.map(packed,

@@ -14,6 +14,7 @@ from absl import logging
 
 import estimator_accum
 from estimator_accum.integrations import session_runner
+from models.bert import keyed_dropout as keyed
 from models.bert import modeling, optimization, packing
 
 
@@ -50,24 +51,40 @@ class TrainingConfig:
   pooled_only: bool = False
   # A directory for a trace of one window (WindowTraceHook), or None.
   trace_dir: str | None = None
+  # Dropout's masks keyed by each example (features' example_key, salted by
+  # dropout_seed): every split of a window trains to the same weights.
+  keyed_dropout: bool = False
+  dropout_seed: int = 0
 
 
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
-                 recompute=False, unpadded=False, pooled_only=False):
+                 recompute=False, unpadded=False, pooled_only=False,
+                 keyed_dropout=False, dropout_seed=0):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
   logits [batch, max_examples, num_labels], one per example a row may hold,
-  `label_ids` [batch, max_examples] giving max_examples."""
+  `label_ids` [batch, max_examples] giving max_examples. `keyed_dropout`
+  (training): every dropout's masks keyed by the features' `example_key`
+  (`BertModel(dropout_keys=...)`), the classifier's too."""
   packed = "example_ids" in features
+  keys = None
+  if keyed_dropout and is_training:
+    if packed or "example_key" not in features:
+      raise ValueError(
+          "keyed_dropout needs features['example_key'] (input_fn_builder("
+          "..., example_keys=True)) and one example a row, got features "
+          f"{sorted(features)}")
+    keys = features["example_key"]
   model = modeling.BertModel(
       bert_config, is_training, features["input_ids"],
       None if packed else features["input_mask"], features["segment_ids"],
       compute_type=compute_type, recompute=recompute and is_training,
       example_ids=features.get("example_ids"),
       max_examples=features["label_ids"].shape[-1] if packed else None,
-      unpadded=unpadded, pooled_only=pooled_only)
+      unpadded=unpadded, pooled_only=pooled_only, dropout_keys=keys,
+      dropout_seed=dropout_seed)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -75,7 +92,11 @@ def create_model(bert_config, is_training, features, num_labels,
       initializer=tf.compat.v1.truncated_normal_initializer(stddev=0.02))
   output_bias = tf.compat.v1.get_variable(
       "output_bias", [num_labels], initializer=tf.compat.v1.zeros_initializer())
-  if is_training and classifier_dropout:
+  if is_training and classifier_dropout and keys is not None:
+    pooled = keyed.dropout(pooled, classifier_dropout,
+                           model.example_dropout_keys, dropout_seed,
+                           "classifier")
+  elif is_training and classifier_dropout:
     pooled = tf.nn.dropout(pooled, rate=classifier_dropout)
   logits = (tf.einsum("bnh,lh->bnl", pooled, output_weights) if packed else
             tf.matmul(pooled, output_weights, transpose_b=True)) + output_bias
@@ -108,7 +129,7 @@ def model_fn_builder(bert_config, training):
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
         training.classifier_dropout, training.recompute, training.unpadded,
-        training.pooled_only)
+        training.pooled_only, training.keyed_dropout, training.dropout_seed)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

@@ -40,7 +40,14 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       accumulator_placement=plan.accumulator_placement,
       fused_apply=flags.fused_apply, unpadded=flags.unpadded,
       pooled_only=flags.pooled_only,
-      trace_dir=output_dir if flags.trace_window else None)
+      trace_dir=output_dir if flags.trace_window else None,
+      keyed_dropout=keyed_dropout(flags), dropout_seed=flags.seed)
+
+
+def keyed_dropout(flags):
+  """Whether dropout is keyed by example (--keyed_dropout; packed rows
+  hold several examples a row and keep tf.nn.dropout)."""
+  return flags.keyed_dropout and not flags.pack_windows
 
 
 # Steps between two writes of the summaries (Estimator's default).
@@ -108,7 +115,7 @@ STEP_FLAGS = ("task_name", "max_seq_length", "do_lower_case", "unpadded",
               "pooled_only", "fused_apply", "recompute",
               "sort_windows_by_length", "pack_windows", "max_examples_per_row",
               "pad_to_multiple_of", "classifier_dropout", "optimizer",
-              "use_fp16", "distribution_strategy")
+              "use_fp16", "distribution_strategy", "keyed_dropout")
 
 
 def planning_signature(flags, setup, train_file):
@@ -145,6 +152,7 @@ def planning_step(flags, setup, training, train_file, arranged=False):
     dataset = bert_features.input_fn_builder(
         train_file, flags.max_seq_length, micro_batch, is_training=True,
         drop_remainder=True, seed=flags.seed,
+        example_keys=keyed_dropout(flags),
         **(arrange or dict(trim=False)))()
     features = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
     step = dataclasses.replace(

@@ -30,7 +30,7 @@ import math
 import tensorflow as tf
 
 import estimator_accum
-from models.bert import packing
+from models.bert import keyed_dropout, packing
 
 _ACTIVATIONS = {
     "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
@@ -108,7 +108,8 @@ class BertModel:
   def __init__(self, config, is_training, input_ids, input_mask=None,
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
                compute_type=tf.float32, recompute=False, example_ids=None,
-               max_examples=None, unpadded=False, pooled_only=False):
+               max_examples=None, unpadded=False, pooled_only=False,
+               dropout_keys=None, dropout_seed=0):
     """Builds the encoder in the current graph.
 
     Args:
@@ -144,19 +145,28 @@ class BertModel:
         tokens only (`input_mask`, or `example_ids` > 0), gathered into one
         [tokens, hidden] matrix: no work on padding. Attention itself runs
         on the padded [batch, heads, seq_length, seq_length] layout. Every
-        real token's output is the padded model's (with dropout off: its
-        random masks have other shapes); the outputs keep their shapes,
+        real token's output is the padded model's (dropout off or keyed,
+        `dropout_keys`: tf.nn.dropout's masks have other shapes); the
+        outputs keep their shapes,
         with zeros at padding. Same variables, same checkpoints.
       pooled_only: the last layer computes only the tokens the pooler reads
         (each example's first token, [CLS]): their queries attend to every
         token's keys and values, and the layer's attention output,
         feed-forward block and layer norms run on those rows alone (on
         MiniLM, ~13% of the matrix products' FLOPs less).
-        `get_pooled_output` is the full model's (with dropout off: its
-        random masks have other shapes); `get_sequence_output` and
+        `get_pooled_output` is the full model's (dropout off or keyed:
+        tf.nn.dropout's masks have other shapes); `get_sequence_output` and
         `get_all_encoder_layers` are not built and raise. Same variables,
         same checkpoints. For a classifier on the pooled output
         (run_classifier.py's default).
+      dropout_keys: optional integer Tensor [batch_size], a key naming each
+        example (`input_fn_builder(..., example_keys=True)`'s
+        `example_key`): dropout's masks are then a hash of (dropout_seed,
+        the site, the example's key, the token's position, the column),
+        the same for an example whichever micro-batch it sits in
+        (`keyed_dropout`): every split of a window trains to the same
+        weights. None: `tf.nn.dropout`. Not with packed rows.
+      dropout_seed: int salting the keyed masks (with `dropout_keys`).
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -185,6 +195,17 @@ class BertModel:
       raise ValueError(
           f"pooled_only must be True or False, got {pooled_only!r}")
     self._pooled_only = pooled_only
+    self._keys = None  # uint32 [batch, length]: each token's dropout key.
+    if dropout_keys is not None:
+      if example_ids is not None:
+        raise ValueError("dropout_keys with packed rows (example_ids): keyed "
+                         "dropout is for one example a row")
+      self._seed = dropout_seed
+      self.example_dropout_keys = keyed_dropout.example_keys(dropout_keys,
+                                                             dropout_seed)
+      self._keys = keyed_dropout.token_keys(self.example_dropout_keys,
+                                            tf.shape(input_ids)[1],
+                                            dropout_seed)
     if input_mask is None and example_ids is None:
       input_mask = tf.ones_like(input_ids)
     if token_type_ids is None:
@@ -280,7 +301,17 @@ class BertModel:
               (positions[tf.newaxis, :seq_length] if position_ids is None else
                tf.gather(positions, position_ids)))
     output = _layer_norm(output, config.layer_norm_eps)
-    return _dropout(output, config.hidden_dropout_prob)
+    return self._dropout(output, config.hidden_dropout_prob, self._keys)
+
+  def _dropout(self, inputs, rate, row_keys, site=""):
+    """Keyed dropout (`dropout_keys`; `row_keys`, uint32 of
+    `inputs.shape[:-1]`, salted by `site` and the variable scope) or
+    tf.nn.dropout."""
+    if self._keys is None or not rate:
+      return _dropout(inputs, rate)
+    scope = tf.compat.v1.get_variable_scope().name
+    return keyed_dropout.dropout(inputs, rate, row_keys, self._seed,
+                                 f"{scope}/{site}")
 
   def _layer(self, layer_input, attention_bias, real=None, starts=None):
     """One transformer layer; with `real` ([tokens, 1] int64, unpadded), of
@@ -301,6 +332,18 @@ class BertModel:
       x = tf.reshape(x, [batch, count, heads, head_size])
       return tf.transpose(x, [0, 2, 1, 3])
 
+    # Dropout's row keys (keyed dropout): the layer's tokens, and the
+    # queries' ([batch, length] or [batch, n] at `starts`).
+    token_keys = query_keys = query_grid = None
+    if self._keys is not None:
+      token_keys = query_grid = self._keys
+      if real is not None:
+        token_keys = tf.gather_nd(tf.reshape(self._keys, [-1]), real)
+      query_keys = token_keys
+      if starts is not None:
+        query_keys = query_grid = tf.gather(self._keys, starts, batch_dims=1)
+      query_grid = keyed_dropout.per_head(query_grid, heads, self._seed)
+
     with tf.compat.v1.variable_scope("attention"):
       with tf.compat.v1.variable_scope("self"):
         query_input, count = layer_input, length
@@ -319,8 +362,9 @@ class BertModel:
             for name in ("key", "value"))
         scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(head_size)
         probs = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias)
-        probs = _dropout(tf.cast(probs, layer_input.dtype),
-                         config.attention_probs_dropout_prob)
+        probs = self._dropout(tf.cast(probs, layer_input.dtype),
+                              config.attention_probs_dropout_prob, query_grid,
+                              "probs")
         context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
         context = tf.reshape(context, [batch, count, config.hidden_size])
         if real is not None and starts is None:
@@ -330,7 +374,8 @@ class BertModel:
         attention = _dense(context, config.hidden_size, "dense",
                            config.initializer_range)
         attention = _layer_norm(
-            _dropout(attention, config.hidden_dropout_prob) + query_input,
+            self._dropout(attention, config.hidden_dropout_prob,
+                          query_keys) + query_input,
             config.layer_norm_eps)
     with tf.compat.v1.variable_scope("intermediate"):
       intermediate = _dense(attention, config.intermediate_size, "dense",
@@ -339,8 +384,9 @@ class BertModel:
     with tf.compat.v1.variable_scope("output"):
       output = _dense(intermediate, config.hidden_size, "dense",
                       config.initializer_range)
-      return _layer_norm(_dropout(output, config.hidden_dropout_prob) +
-                         attention, config.layer_norm_eps)
+      return _layer_norm(
+          self._dropout(output, config.hidden_dropout_prob, query_keys) +
+          attention, config.layer_norm_eps)
 
   def get_pooled_output(self):
     """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));

@@ -372,8 +372,8 @@ def test_a_diverged_run_exits_non_zero_with_one_line(stop_after, message,
 
 def _no_dropout_model(tiny_model, tmp_path):
   """The tiny model's files with dropout off (with --classifier_dropout=0):
-  its random masks restart with a resumed run's graph, so only a model
-  without dropout can resume to the very weights of an uninterrupted run."""
+  for what only holds without dropout (packed rows keep tf.nn.dropout, whose
+  masks follow the rows)."""
   config = json.loads((tiny_model / "bert_config.json").read_text())
   config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   model = tmp_path / "model"
@@ -428,11 +428,12 @@ def assert_trained_to_the_same_weights(actual_dir, expected_dir, steps):
 @pytest.mark.estimator
 def test_a_run_killed_mid_training_resumes_to_the_uninterrupted_weights(
     tiny_model, sst2, tmp_path):
-  model = _no_dropout_model(tiny_model, tmp_path)
+  # Dropout on: keyed by each example's place in the stream (the default),
+  # the resumed run's masks are the uninterrupted run's.
+  model = tiny_model
   # 60 micro-batches, a checkpoint every 6: killed once the one at 6 is
   # written, with most of the run ahead.
-  args = dict(num_train_epochs=6, save_checkpoints_steps=6, do_eval=False,
-              classifier_dropout=0)
+  args = dict(num_train_epochs=6, save_checkpoints_steps=6, do_eval=False)
   whole = _run(_flags(model, sst2, tmp_path / "whole", **args))
   assert whole.returncode == 0, whole.stderr[-3000:]
 
@@ -577,6 +578,50 @@ def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
     name = f"bert/encoder/layer_{layer}/intermediate/dense/kernel"
     assert not np.allclose(reader.get_tensor(name), start.get_tensor(name))
   assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
+
+
+@pytest.mark.estimator
+def test_every_split_of_a_window_trains_to_the_same_weights_dropout_on(
+    tiny_model, sst2, tmp_path):
+  # Keyed dropout (the default): micro-batch 4 x k=2 sorted, unpadded, the
+  # last layer for [CLS] only (the defaults), 8 x k=1 with every position
+  # computed, and 2 x k=4 meet the same masks: the same weights, dropout
+  # on (the model's 0.1 and the classifier's). tf.nn.dropout's masks
+  # follow the batch: its 4 x 2 and 8 x 1 differ.
+  splits = {"4x2": {}, "8x1": dict(train_batch_size=8,
+                                   gradient_accumulation_multiplier=1,
+                                   unpadded=False, pooled_only=False),
+            "2x4": dict(train_batch_size=2,
+                        gradient_accumulation_multiplier=4),
+            "4x2 tf.nn.dropout": dict(keyed_dropout=False),
+            "8x1 tf.nn.dropout": dict(train_batch_size=8,
+                                      gradient_accumulation_multiplier=1,
+                                      keyed_dropout=False)}
+  weights = {}
+  for name, extra in splits.items():
+    output_dir = tmp_path / name.replace(" ", "_")
+    result = _run(_flags(tiny_model, sst2, output_dir, do_eval=False,
+                         num_train_epochs=1, **extra))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "effective batch 8 = " in result.stdout, result.stdout
+    weights[name] = tf.train.load_checkpoint(str(output_dir))
+  names = [n for n in weights["4x2"].get_variable_to_shape_map()
+           if n.startswith(("bert/", "output_")) and "adam" not in n.lower()]
+  assert len(names) > 10
+  start = tf.train.load_checkpoint(str(tiny_model / "bert_model.ckpt"))
+  assert sum(not np.allclose(start.get_tensor(n), weights["4x2"].get_tensor(
+      n)) for n in names if start.has_tensor(n)) > 10
+  for split in ("8x1", "2x4"):
+    assert weights[split].get_tensor("global_step") == 5 * (8 // int(
+        split[0]))
+    for name in names:
+      np.testing.assert_allclose(weights[split].get_tensor(name),
+                                 weights["4x2"].get_tensor(name), rtol=1e-5,
+                                 atol=1e-6, err_msg=f"{split}: {name}")
+  assert not all(np.allclose(
+      weights["4x2 tf.nn.dropout"].get_tensor(name),
+      weights["8x1 tf.nn.dropout"].get_tensor(name), rtol=1e-5, atol=1e-6)
+      for name in names)
 
 
 @pytest.mark.estimator

@@ -23,7 +23,7 @@ from tests.integration import test_run_classifier as base
 # tests/helpers/grappler.py).
 pytestmark = pytest.mark.slow
 
-_flags, _no_dropout_model, _run = base._flags, base._no_dropout_model, base._run
+_flags, _run = base._flags, base._run
 # The tiny BERT and the SST-2 files, as fixtures here too.
 tiny_model, sst2 = base.tiny_model, base.sst2
 
@@ -68,8 +68,10 @@ def test_auto_measures_prints_and_keeps_its_plan(tiny_model, sst2, tmp_path):
 
 @pytest.mark.estimator
 def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
-  model = _no_dropout_model(tiny_model, tmp_path)
-  common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
+  # Dropout on: keyed by example (the default), any split meets the same
+  # masks.
+  model = tiny_model
+  common = dict(do_eval=False, effective_batch_size=8)
   weights = {}
   for micro_batch in (8, 2):
     output_dir = tmp_path / f"micro{micro_batch}"
@@ -98,8 +100,10 @@ def test_the_split_does_not_change_the_weights(tiny_model, sst2, tmp_path):
 @pytest.mark.memory
 def test_fastest_times_the_splits_that_fit_and_trains_the_same_weights(
     tiny_model, sst2, tmp_path):
-  model = _no_dropout_model(tiny_model, tmp_path)
-  common = dict(do_eval=False, classifier_dropout=0, effective_batch_size=8)
+  # Dropout on (keyed by example, the default): the fastest split trains to
+  # the weights of any other.
+  model = tiny_model
+  common = dict(do_eval=False, effective_batch_size=8)
   fastest_dir = tmp_path / "fastest"
   cache = tmp_path / "plan_cache"
   env = dict(os.environ, ESTIMATOR_ACCUM_PLAN_CACHE=str(cache))

@@ -1,0 +1,180 @@
+"""Keyed dropout (`BertModel(..., dropout_keys=...)`, `models.bert.
+keyed_dropout`): each element's mask is a hash of the example's key, its
+token's position, the site and the column, so an example meets the same
+masks in any micro-batch, padded or not, sorted or not, with the last
+layer whole or for [CLS] only: the outputs and the gradients of a window's
+examples are the same whichever way it is split, dropout on."""
+
+import functools
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from models.bert import keyed_dropout, modeling
+from tests.unit.models.test_bert_packing import CONFIG, _examples, _one_per_row
+
+LENGTHS = [7, 3, 12, 5, 16, 2]
+KEYS = [101, 7, 55, 3, 900, 12]
+
+
+def _mask(shape, rate, keys, site="site", seed=0):
+  with tf.Graph().as_default():
+    # Row keys as the model's are: hashed, one a row.
+    rows = keyed_dropout.mix(tf.bitwise.bitwise_xor(
+        tf.cast(tf.range(np.prod(shape[:-1])), tf.uint32),
+        tf.constant(keys, tf.uint32)))
+    rows = tf.reshape(rows, shape[:-1])
+    dropped = keyed_dropout.dropout(tf.ones(shape), rate, rows, seed, site)
+    with tf.compat.v1.Session() as session:
+      return session.run(dropped)
+
+
+def test_masks_keep_one_minus_rate_scaled_and_independent():
+  values = _mask([2000, 384], 0.1, 0)
+  kept = values != 0
+  assert set(np.unique(values)) == {0.0, np.float32(1 / 0.9)}
+  assert abs(kept.mean() - 0.9) < 0.002
+  # No row or column is special, and neighbours are independent.
+  assert np.abs(kept.mean(axis=0) - 0.9).max() < 0.03
+  assert np.abs(kept.mean(axis=1) - 0.9).max() < 0.07
+  for along in (0, 1):
+    both = (~kept & ~np.roll(kept, 1, axis=along)).mean()
+    assert abs(both - 0.01) < 0.002, along
+  assert abs(_mask([500, 300], 0.5, 0).astype(bool).mean() - 0.5) < 0.01
+
+
+def test_masks_follow_the_key_the_site_and_the_seed():
+  base = _mask([50, 64], 0.3, 0)
+  np.testing.assert_array_equal(_mask([50, 64], 0.3, 0), base)
+  for other in (_mask([50, 64], 0.3, 1), _mask([50, 64], 0.3, 0, "other"),
+                _mask([50, 64], 0.3, 0, seed=1)):
+    assert 0.4 < np.mean((other != 0) == (base != 0)) < 0.8
+  # A row's mask is its key's, whatever the rows beside it or the width.
+  np.testing.assert_array_equal(_mask([10, 64], 0.3, 0), base[:10])
+  np.testing.assert_array_equal(_mask([50, 20], 0.3, 0), base[:, :20])
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, 2])
+def test_a_rate_outside_0_1_is_refused(rate):
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match=r"dropout rate must be in \[0, 1\), "
+                                         rf"got {rate!r}"):
+      keyed_dropout.dropout(tf.ones([2, 3]), rate, tf.zeros([2], tf.uint32),
+                            0, "x")
+
+
+def test_bad_keys_and_seeds_are_refused():
+  with tf.Graph().as_default():
+    with pytest.raises(ValueError, match=r"dropout keys must be integers of "
+                                         r"shape \[batch\], got float32"):
+      keyed_dropout.example_keys(tf.zeros([3]), 0)
+    with pytest.raises(ValueError, match=r"dropout seed must be an integer, "
+                                         r"got '42'"):
+      keyed_dropout.salt("42", "x")
+    with pytest.raises(ValueError, match=r"dropout_keys with packed rows"):
+      modeling.BertModel(CONFIG, True, tf.ones([2, 4], tf.int32),
+                         example_ids=tf.ones([2, 4], tf.int32), max_examples=1,
+                         dropout_keys=tf.constant([1, 2]))
+
+
+def _batch(indices, trim):
+  rows = _one_per_row(_examples(LENGTHS))
+  rows = {name: value[indices] for name, value in rows.items()}
+  if trim:
+    length = int(rows["input_mask"].sum(axis=1).max())
+    rows = {name: value[:, :length] for name, value in rows.items()}
+  return rows
+
+
+def _pooled_and_gradients(splits, keyed=True, **options):
+  """Each example's pooled output (training: dropout on) and the gradient
+  of a loss summed over every example, the examples split into batches
+  `splits` (lists of indices), each trimmed to its longest example, on
+  shared weights."""
+  with tf.Graph().as_default():
+    pooled, loss = {}, 0.0
+    for indices in splits:
+      rows = _batch(indices, trim=True)
+      with tf.compat.v1.variable_scope("", reuse=tf.compat.v1.AUTO_REUSE):
+        model = modeling.BertModel(
+            CONFIG, True, tf.constant(rows["input_ids"]),
+            input_mask=tf.constant(rows["input_mask"]),
+            token_type_ids=tf.constant(rows["segment_ids"]), scope="bert",
+            dropout_keys=(tf.constant([KEYS[i] for i in indices])
+                          if keyed else None), dropout_seed=5, **options)
+      output = model.get_pooled_output()
+      loss += tf.reduce_sum(tf.sin(output))
+      for row, index in enumerate(indices):
+        pooled[index] = output[row]
+    variables = tf.compat.v1.trainable_variables()
+    gradients = dict(zip([v.op.name for v in variables],
+                         tf.gradients(loss, variables)))
+    with tf.compat.v1.Session() as session:
+      _load_weights(session, variables)
+      return session.run(([pooled[i] for i in range(len(LENGTHS))],
+                          {n: tf.convert_to_tensor(g)
+                           for n, g in gradients.items()}))
+
+
+def _load_weights(session, variables):
+  """The same weights in every graph: drawn from each variable's name."""
+  session.run(tf.compat.v1.global_variables_initializer())
+  for variable in variables:
+    rng = np.random.RandomState(sum(map(ord, variable.op.name)))
+    variable.load(rng.normal(0, 0.2, variable.shape).astype(np.float32) +
+                  (1.0 if variable.op.name.endswith("gamma") else 0.0),
+                  session)
+
+
+WHOLE = [list(range(len(LENGTHS)))]
+# Sorted by length, then cut in two and in three, as sorted windows are.
+SORTED = sorted(range(len(LENGTHS)), key=LENGTHS.__getitem__)
+HALVES = [SORTED[:3], SORTED[3:]]
+THIRDS = [SORTED[:2], SORTED[2:4], SORTED[4:]]
+
+
+@functools.cache
+def _whole():
+  return _pooled_and_gradients(WHOLE)
+
+
+@pytest.mark.parametrize(("splits", "options"), [
+    (HALVES, {}), (THIRDS, {"unpadded": True}),
+    (HALVES, {"unpadded": True, "pooled_only": True}),
+    (THIRDS, {"recompute": True})],
+    ids=["padded", "unpadded", "pooled_only", "recomputed"])
+def test_every_split_gives_the_same_outputs_and_gradients(splits, options):
+  whole, whole_gradients = _whole()
+  assert all(np.any(g) for g in whole_gradients.values())
+  pooled, gradients = _pooled_and_gradients(splits, **options)
+  np.testing.assert_allclose(pooled, whole, rtol=1e-5, atol=1e-6)
+  largest = max(np.abs(g).max() for g in whole_gradients.values())
+  for name, gradient in whole_gradients.items():
+    if name.endswith("key/bias"):
+      # Softmax ignores what adds to every key: zero, in rounding.
+      assert np.abs(gradients[name]).max() < 1e-5 * largest, name
+      continue
+    scale = max(np.abs(gradient).max(), 1e-3 * largest)
+    np.testing.assert_allclose(gradients[name], gradient, rtol=1e-5,
+                               atol=1e-5 * scale, err_msg=name)
+
+
+def test_dropout_is_on_and_tf_dropout_differs_by_split():
+  """What the test above rules out: with tf.nn.dropout the same examples
+  meet other masks in another split; and keyed dropout does drop (the
+  outputs are not the model's without dropout)."""
+  whole, _ = _pooled_and_gradients(WHOLE, keyed=False)
+  halves, _ = _pooled_and_gradients(HALVES, keyed=False)
+  assert not np.allclose(whole, halves, atol=1e-3)
+  keyed, _ = _whole()
+  with tf.Graph().as_default():
+    rows = _batch(WHOLE[0], trim=True)
+    model = modeling.BertModel(
+        CONFIG, False, tf.constant(rows["input_ids"]),
+        input_mask=tf.constant(rows["input_mask"]),
+        token_type_ids=tf.constant(rows["segment_ids"]), scope="bert")
+    with tf.compat.v1.Session() as session:
+      _load_weights(session, tf.compat.v1.trainable_variables())
+      plain = session.run(model.get_pooled_output())
+  assert not np.allclose(keyed, plain, atol=1e-3)
