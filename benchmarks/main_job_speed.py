@@ -33,8 +33,12 @@ TensorFlow's thread pools set by its own environment variables
 (`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`; both default to the
 cores): ops one at a time on every core, or two at a time on one core each.
 
+With `--dropout`, the variants are instead the default run with
+dropout's masks drawn by `tf.nn.dropout` (`--nokeyed_dropout`) and keyed
+by example (`--keyed_dropout`, the default).
+
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
-      [--splits] [--threads]
+      [--splits] [--threads] [--dropout]
       [--skip WORD,...]
 """
 
@@ -79,6 +83,11 @@ THREADS = {
     "one core an op (TF_NUM_INTRAOP_THREADS=1)": (
         [], {"TF_NUM_INTRAOP_THREADS": "1"}),
 }
+# (flags, environment) of each way of drawing dropout's masks.
+DROPOUT = {
+    "tf.nn.dropout (--nokeyed_dropout)": (["--nokeyed_dropout"], {}),
+    "keyed by example (default)": ([], {}),
+}
 # (flags, environment, micro-batch) of each split of the effective batch 32.
 SPLITS = {
     f"micro-batch {micro} x k={32 // micro}": (
@@ -87,26 +96,34 @@ SPLITS = {
     for micro in (8, 16, 32)}
 TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
-LOG_EVERY = 20
+# Examples between two progress lines (20 micro-batches of 8).
+LOG_EXAMPLES = 160
 # Examples left out (40 micro-batches of 8): the first steps' one-time costs.
 WARM_EXAMPLES = 320
 
 
 def _run(flags, epochs, root, name, env=None, micro_batch=MICRO_BATCH):
   output_dir = os.path.join(root, re.sub(r"\W+", "_", name))
+  log_every = max(1, LOG_EXAMPLES // micro_batch)
   result = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
        f"--num_train_epochs={epochs}", "--do_eval=false",
-       f"--log_every={LOG_EVERY}", *flags],
+       f"--log_every={log_every}", *flags],
       cwd=ROOT, capture_output=True, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
   found = TRAINED.search(result.stdout)
   warm = WARM_EXAMPLES // micro_batch
+  # Each line's rate is over the micro-batches since the line before.
   rates = [float(rate) for step, rate in RATE.findall(result.stderr)
-           if int(step) > warm + LOG_EVERY]
-  if result.returncode or not found or not rates:
+           if int(step) > warm + log_every]
+  if result.returncode or not found:
     raise RuntimeError(f"{name}: exit {result.returncode}\n"
                        f"{result.stdout[-2000:]}{result.stderr[-2000:]}")
+  if not rates:
+    raise RuntimeError(
+        f"{name}: no progress line after its first {warm + log_every} "
+        f"micro-batches of {micro_batch} (it trained {found.group(1)}): "
+        "give more --epochs")
   return int(found.group(1)), float(found.group(2)), rates
 
 
@@ -121,13 +138,17 @@ def main():
                        help="compare TensorFlow's thread pools instead")
   instead.add_argument("--splits", action="store_true",
                        help="compare splits of the effective batch instead")
+  instead.add_argument("--dropout", action="store_true",
+                       help="compare tf.nn.dropout's masks and keyed ones "
+                            "instead")
   parser.add_argument("--skip", default="",
                       help="comma-separated words: leave out the variants "
                            "whose name holds one (today's always runs)")
   args = parser.parse_args()
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
   environments = (CPU_PATHS if args.cpu_paths else
-                  THREADS if args.threads else None)
+                  THREADS if args.threads else
+                  DROPOUT if args.dropout else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)
                 for name, (flags, env) in environments.items()}
@@ -153,9 +174,11 @@ def main():
       f"{args.epochs} epoch a run, {args.rounds} interleaved rounds",
       args.json, markdown=True,
       formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f",
+               "x tf.nn.dropout": ".2f",
                "x Eigen": ".2f"})
   # Against the first variant: today's input, or Eigen's kernels.
-  against = "x Eigen" if args.cpu_paths else "x today"
+  against = ("x Eigen" if args.cpu_paths else
+             "x tf.nn.dropout" if args.dropout else "x today")
   def per_example(name):
     return statistics.median(seconds[name]) / variants[name][2]
 
