@@ -60,6 +60,7 @@ from estimator_accum.window.compact import (
     SPARSE_THRESHOLD_BYTES,
     CompactSparseAccumulator,
 )
+from estimator_accum.window.keyed_dropout import keyed_dropout
 from estimator_accum.window.reports import is_divergence, reportable_loss
 from estimator_accum.window.step_counting import update_count
 from estimator_accum.window.train_op import (
@@ -93,6 +94,7 @@ __all__ = [
     "build_accumulating_train_op",
     "get_accumulation_state",
     "is_divergence",
+    "keyed_dropout",
     "recompute",
     "reportable_loss",
     "update_count",

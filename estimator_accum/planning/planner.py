@@ -117,8 +117,7 @@ def plan_micro_batch(build=None, effective_batch=None, *,
       (the last micro-batch of each window is shorter). Only exact when the
       train op weights micro-batches by `num_examples` and the input yields
       windows as `window_batches` does.
-    device: where to read the allocator ('GPU:0', 'CPU:0'); default the
-      first GPU, else the CPU.
+    device: 'GPU:0', 'CPU:0', ...; default the first GPU, else the CPU.
     log: callable given a line per measured candidate (e.g. print).
     session_config: the job's tf.compat.v1.ConfigProto (its threads
       decide which tensors are alive at once), measured on threads of its
@@ -149,7 +148,6 @@ def plan_micro_batch(build=None, effective_batch=None, *,
   candidates = candidate_micro_batches(plan.micro_batch, uneven)
   choices = _option_choices(build, recompute, accumulator_placement,
                             plan.device, replicas)
-  # Every candidate measured in the job's session configuration.
   measure_one = functools.partial(measure_peak, session_config=session_config)
   plan = _memory_plan(build, plan, candidates, choices, log, started,
                       memory_budget_mb, measure_one,

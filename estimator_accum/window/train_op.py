@@ -69,7 +69,6 @@ __all__ = ["AccumulationState", "build_accumulating_train_op",
 def build_accumulating_train_op(
     loss, optimizer, k, *, global_step=None, var_list=None,
     num_examples=None, colocate_gradients_with_ops=False,
-    # The window options, in the order of the table (options.OPTIONS):
     clip_norm=None, reduction="mean", accumulator_dtype=tf.float32,
     accumulator_placement="device", summaries=True, loss_scale=None,
     sparse_accumulation="auto", sparse_threshold_bytes=SPARSE_THRESHOLD_BYTES,
@@ -127,8 +126,7 @@ def build_accumulating_train_op(
       log_every_n_micro_batches, max_consecutive_skipped_windows, name:
       the window options, documented in `estimator_accum.options.OPTIONS`.
 
-  Returns a tf.Operation: run it once per micro-batch (RuntimeError
-  eagerly, or in cross-replica context).
+  Returns a tf.Operation: run it once per micro-batch.
   """
   settings = WindowSettings.checked(
       k, **window_options(locals()), gradient_options=dict(

@@ -14,7 +14,6 @@ from absl import logging
 
 import estimator_accum
 from estimator_accum.integrations import session_runner
-from models.bert import keyed_dropout as keyed
 from models.bert import modeling, optimization, packing
 
 
@@ -93,9 +92,9 @@ def create_model(bert_config, is_training, features, num_labels,
   output_bias = tf.compat.v1.get_variable(
       "output_bias", [num_labels], initializer=tf.compat.v1.zeros_initializer())
   if is_training and classifier_dropout and keys is not None:
-    pooled = keyed.dropout(pooled, classifier_dropout,
-                           model.example_dropout_keys, dropout_seed,
-                           "classifier")
+    pooled = estimator_accum.keyed_dropout(
+        pooled, classifier_dropout, model.example_dropout_keys,
+        seed=dropout_seed, site="classifier")
   elif is_training and classifier_dropout:
     pooled = tf.nn.dropout(pooled, rate=classifier_dropout)
   logits = (tf.einsum("bnh,lh->bnl", pooled, output_weights) if packed else

@@ -30,7 +30,8 @@ import math
 import tensorflow as tf
 
 import estimator_accum
-from models.bert import keyed_dropout, packing
+from estimator_accum.window import keyed_dropout
+from models.bert import packing
 
 _ACTIVATIONS = {
     "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
@@ -164,7 +165,7 @@ class BertModel:
         `example_key`): dropout's masks are then a hash of (dropout_seed,
         the site, the example's key, the token's position, the column),
         the same for an example whichever micro-batch it sits in
-        (`keyed_dropout`): every split of a window trains to the same
+        (`estimator_accum.keyed_dropout`): every split of a window trains to the same
         weights. None: `tf.nn.dropout`. Not with packed rows.
       dropout_seed: int salting the keyed masks (with `dropout_keys`).
 
@@ -310,8 +311,8 @@ class BertModel:
     if self._keys is None or not rate:
       return _dropout(inputs, rate)
     scope = tf.compat.v1.get_variable_scope().name
-    return keyed_dropout.dropout(inputs, rate, row_keys, self._seed,
-                                 f"{scope}/{site}")
+    return keyed_dropout.keyed_dropout(inputs, rate, row_keys,
+                                       seed=self._seed, site=f"{scope}/{site}")
 
   def _layer(self, layer_input, attention_bias, real=None, starts=None):
     """One transformer layer; with `real` ([tokens, 1] int64, unpadded), of

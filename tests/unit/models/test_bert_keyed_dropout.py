@@ -1,4 +1,4 @@
-"""Keyed dropout (`BertModel(..., dropout_keys=...)`, `models.bert.
+"""Keyed dropout in BERT (`BertModel(..., dropout_keys=...)`, `estimator_accum.
 keyed_dropout`): each element's mask is a hash of the example's key, its
 token's position, the site and the column, so an example meets the same
 masks in any micro-batch, padded or not, sorted or not, with the last
@@ -11,67 +11,20 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from models.bert import keyed_dropout, modeling
+from estimator_accum.window import keyed_dropout
+from models.bert import modeling
 from tests.unit.models.test_bert_packing import CONFIG, _examples, _one_per_row
 
 LENGTHS = [7, 3, 12, 5, 16, 2]
 KEYS = [101, 7, 55, 3, 900, 12]
 
 
-def _mask(shape, rate, keys, site="site", seed=0):
-  with tf.Graph().as_default():
-    # Row keys as the model's are: hashed, one a row.
-    rows = keyed_dropout.mix(tf.bitwise.bitwise_xor(
-        tf.cast(tf.range(np.prod(shape[:-1])), tf.uint32),
-        tf.constant(keys, tf.uint32)))
-    rows = tf.reshape(rows, shape[:-1])
-    dropped = keyed_dropout.dropout(tf.ones(shape), rate, rows, seed, site)
-    with tf.compat.v1.Session() as session:
-      return session.run(dropped)
-
-
-def test_masks_keep_one_minus_rate_scaled_and_independent():
-  values = _mask([2000, 384], 0.1, 0)
-  kept = values != 0
-  assert set(np.unique(values)) == {0.0, np.float32(1 / 0.9)}
-  assert abs(kept.mean() - 0.9) < 0.002
-  # No row or column is special, and neighbours are independent.
-  assert np.abs(kept.mean(axis=0) - 0.9).max() < 0.03
-  assert np.abs(kept.mean(axis=1) - 0.9).max() < 0.07
-  for along in (0, 1):
-    both = (~kept & ~np.roll(kept, 1, axis=along)).mean()
-    assert abs(both - 0.01) < 0.002, along
-  assert abs(_mask([500, 300], 0.5, 0).astype(bool).mean() - 0.5) < 0.01
-
-
-def test_masks_follow_the_key_the_site_and_the_seed():
-  base = _mask([50, 64], 0.3, 0)
-  np.testing.assert_array_equal(_mask([50, 64], 0.3, 0), base)
-  for other in (_mask([50, 64], 0.3, 1), _mask([50, 64], 0.3, 0, "other"),
-                _mask([50, 64], 0.3, 0, seed=1)):
-    assert 0.4 < np.mean((other != 0) == (base != 0)) < 0.8
-  # A row's mask is its key's, whatever the rows beside it or the width.
-  np.testing.assert_array_equal(_mask([10, 64], 0.3, 0), base[:10])
-  np.testing.assert_array_equal(_mask([50, 20], 0.3, 0), base[:, :20])
-
-
-@pytest.mark.parametrize("rate", [1.0, -0.1, 2])
-def test_a_rate_outside_0_1_is_refused(rate):
-  with tf.Graph().as_default():
-    with pytest.raises(ValueError, match=r"dropout rate must be in \[0, 1\), "
-                                         rf"got {rate!r}"):
-      keyed_dropout.dropout(tf.ones([2, 3]), rate, tf.zeros([2], tf.uint32),
-                            0, "x")
-
-
-def test_bad_keys_and_seeds_are_refused():
+def test_bad_keys_are_refused():
+  """(The masks themselves: tests/unit/window/test_keyed_dropout.py.)"""
   with tf.Graph().as_default():
     with pytest.raises(ValueError, match=r"dropout keys must be integers of "
                                          r"shape \[batch\], got float32"):
       keyed_dropout.example_keys(tf.zeros([3]), 0)
-    with pytest.raises(ValueError, match=r"dropout seed must be an integer, "
-                                         r"got '42'"):
-      keyed_dropout.salt("42", "x")
     with pytest.raises(ValueError, match=r"dropout_keys with packed rows"):
       modeling.BertModel(CONFIG, True, tf.ones([2, 4], tf.int32),
                          example_ids=tf.ones([2, 4], tf.int32), max_examples=1,

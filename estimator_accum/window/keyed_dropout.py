@@ -6,19 +6,18 @@ the mask each one meets. So micro-batch 8 x k=4 and micro-batch 32 x k=1
 train on the same 32 examples a window with other masks: the same update
 in distribution, not in value.
 
-Here each element's keep decision is a hash of (the run's seed, the
-dropout's site, the example's key, the token's position in its example,
-the head, the column): the same for an example wherever it sits. With
-keys that name the examples (`data.bert_features.input_fn_builder(...,
-example_keys=True)`: each example's place in the training stream), any
-split of a window trains to the same weights, dropout on, up to float32
-rounding; a recomputed layer meets the same masks by construction.
+`keyed_dropout(inputs, rate, keys, seed=..., site=...)` makes each
+element's keep decision a hash of (the seed, the site, its row's key, its
+column): the same for an example wherever it sits. With keys that name the
+examples (each example's place in the input stream, `Dataset.enumerate()`;
+a token's from its example's and its position), any split of a window
+trains to the same weights, dropout on, up to float32 rounding, and a
+recomputed block (`recompute`) or a resumed run meets the same masks.
 
-The hash is lowbias32 (Chris Wellons' integer hash prospector: a 32-bit
-mix of two multiplies and three xor-shifts), on uint32, in TensorFlow's own
-element-wise ops. On 2 cores (AMD EPYC without AVX-512) its mask took 66-76
-µs for a [220, 384] tensor against 452-532 µs for `tf.nn.dropout`'s
-(`RandomUniform` is a counter-based generator too, Philox, with more rounds).
+The hash is lowbias32 (Chris Wellons' hash prospector: two multiplies and
+three xor-shifts on 32 bits), in TensorFlow's own uint32 element-wise ops.
+On 2 cores (AMD EPYC without AVX-512) a [220, 384] mask took 66-76 µs
+against 452-532 µs for `tf.nn.dropout`'s (Philox), alone in a graph.
 """
 
 import zlib
@@ -52,16 +51,17 @@ def _constant(value):
   return tf.constant(value, tf.uint32)
 
 
-def mix(values):
-  """lowbias32 of a uint32 tensor, element by element."""
-  values = tf.bitwise.bitwise_xor(values,
-                                  tf.bitwise.right_shift(values, _constant(16)))
-  values *= _constant(_MULTIPLY[0])
-  values = tf.bitwise.bitwise_xor(values,
-                                  tf.bitwise.right_shift(values, _constant(15)))
-  values *= _constant(_MULTIPLY[1])
+def _xor_shift(values, bits):
   return tf.bitwise.bitwise_xor(values,
-                                tf.bitwise.right_shift(values, _constant(16)))
+                                tf.bitwise.right_shift(values, _constant(bits)))
+
+
+def mix(values, last_shift=True):
+  """lowbias32 of a uint32 tensor, element by element (`last_shift=False`:
+  without its last xor-shift, for a test of the high bits)."""
+  values = _xor_shift(values, 16) * _constant(_MULTIPLY[0])
+  values = _xor_shift(values, 15) * _constant(_MULTIPLY[1])
+  return _xor_shift(values, 16) if last_shift else values
 
 
 def example_keys(keys, seed):
@@ -91,28 +91,48 @@ def per_head(row_keys, heads, seed):
                                     head_salts[tf.newaxis, :, tf.newaxis]))
 
 
-def dropout(inputs, rate, row_keys, seed, site):
-  """`inputs` [..., columns] with each element kept with probability 1 -
-  `rate` (and scaled by 1 / (1 - rate)), as `tf.nn.dropout`, by a hash of
-  its row's key (`row_keys`, uint32 of shape `inputs.shape[:-1]`), its
-  column, `seed` and `site` (a name of the place in the model)."""
+def keyed_dropout(inputs, rate, keys, *, seed=0, site):
+  """Dropout of `inputs` [..., columns] whose mask follows `keys`.
+
+  Each element is kept with probability 1 - `rate` and scaled by
+  1 / (1 - rate), as `tf.nn.dropout` does, by a hash of its row's key, its
+  column, `seed` and `site`; not by the batch it sits in.
+
+  Args:
+    inputs: floating-point Tensor [..., columns].
+    rate: float in [0, 1), the share dropped (0: `inputs` unchanged).
+    keys: integer Tensor of shape `inputs.shape[:-1]`, one key a row that
+      names what the row is (an example's place in the input stream, or a
+      token's key from its example's and its position), not where it sits.
+    seed: int; another seed, other masks.
+    site: str naming the place in the model (each dropout its own).
+
+  Returns `inputs`' shape and dtype; ValueError (one line) for a bad rate,
+  seed or keys.
+  """
   if not rate:
     return inputs
-  if not 0 < rate < 1:
+  if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or
+      not 0 < rate < 1):
     raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}")
+  keys = tf.convert_to_tensor(keys)
+  if not keys.dtype.is_integer:
+    raise ValueError(f"keys must be integers, one a row of inputs, got "
+                     f"{keys.dtype.name}")
+  if (keys.shape.rank is not None and inputs.shape.rank is not None and
+      keys.shape.rank != inputs.shape.rank - 1):
+    raise ValueError(f"keys must have the shape of inputs without its last "
+                     f"axis, {inputs.shape[:-1]}, got {keys.shape}")
+  if keys.dtype != tf.uint32:
+    keys = tf.cast(keys, tf.uint32)
   site_salt = salt(seed, site)
-  rows = mix(tf.bitwise.bitwise_xor(row_keys, _constant(site_salt)))
+  rows = mix(tf.bitwise.bitwise_xor(keys, _constant(site_salt)))
   columns = mix(tf.bitwise.bitwise_xor(
       tf.cast(tf.range(tf.shape(inputs)[-1]), tf.uint32),
       _constant(_mix_int(site_salt ^ 0x85EBCA6B))))
-  # Two multiplies and two xor-shifts: the keep test reads the high bits.
-  values = tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns)
-  values = tf.bitwise.bitwise_xor(values,
-                                  tf.bitwise.right_shift(values, _constant(16)))
-  values *= _constant(_MULTIPLY[0])
-  values = tf.bitwise.bitwise_xor(values,
-                                  tf.bitwise.right_shift(values, _constant(15)))
-  values *= _constant(_MULTIPLY[1])
+  # The keep test reads the high bits: the last xor-shift adds nothing.
+  values = mix(tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
+               last_shift=False)
   keep = values >= _constant(min(round(rate * 2.0**32), _MASK32))
   scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
   return tf.where(keep, scaled, tf.zeros_like(scaled))
