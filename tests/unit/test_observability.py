@@ -34,6 +34,7 @@ def test_public_api_is_pinned():
       "get_accumulation_state",
       "halve_checkpoint",
       "is_divergence",
+      "keyed_dropout",
       "measure_peak",
       "own_threads",
       "plan_micro_batch",
