@@ -196,7 +196,7 @@ class BertModel:
       raise ValueError(
           f"pooled_only must be True or False, got {pooled_only!r}")
     self._pooled_only = pooled_only
-    self._keys = None  # uint32 [batch, length]: each token's dropout key.
+    self._keys = None  # [batch, length] words: each token's dropout key.
     if dropout_keys is not None:
       if example_ids is not None:
         raise ValueError("dropout_keys with packed rows (example_ids): keyed "
@@ -305,7 +305,7 @@ class BertModel:
     return self._dropout(output, config.hidden_dropout_prob, self._keys)
 
   def _dropout(self, inputs, rate, row_keys, site=""):
-    """Keyed dropout (`dropout_keys`; `row_keys`, uint32 of
+    """Keyed dropout (`dropout_keys`; `row_keys`, words of
     `inputs.shape[:-1]`, salted by `site` and the variable scope) or
     tf.nn.dropout."""
     if self._keys is None or not rate:
