@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum.window import keyed_dropout as keyed
 
 EXAMPLES_A_UPDATE = 8
 UPDATES = 3
@@ -126,3 +127,29 @@ def test_tf_nn_dropout_masks_follow_the_batch_instead():
   big_batch = _trained(EXAMPLES_A_UPDATE, None, keyed_masks=False)
   window = _trained(2, 4, keyed_masks=False)
   assert not np.allclose(window[0], big_batch[0], rtol=1e-3, atol=1e-3)
+
+
+def _masks_and_keys():
+  with tf.Graph().as_default():
+    keys = tf.range(300, dtype=tf.int64) * 7919 + 2**40 + 5
+    masks = estimator_accum.keyed_dropout(tf.ones([300, 97]), 0.1, keys,
+                                          seed=42, site="s")
+    tokens = keyed.token_keys(keyed.example_keys(keys[:8], 3), 17, 3)
+    heads = keyed.per_head(tokens, 4, 3)
+    with tf.compat.v1.Session() as session:
+      return session.run([masks, tokens, heads])
+
+
+def test_int64_words_where_a_gpu_is_seen_give_the_same_masks(monkeypatch):
+  """Without a GPU the hash's words are uint32; where one is seen, int64
+  (kernels for every op there): the same masks and keys, bit for bit."""
+  assert keyed.word_dtype() == (
+      tf.int64 if tf.config.list_physical_devices("GPU") else tf.uint32)
+  monkeypatch.setattr(keyed, "word_dtype", lambda: tf.uint32)
+  on_cpu = _masks_and_keys()
+  monkeypatch.setattr(keyed, "word_dtype", lambda: tf.int64)
+  on_gpu = _masks_and_keys()
+  assert on_gpu[1].dtype == np.int64 and on_cpu[1].dtype == np.uint32
+  for cpu, gpu in zip(on_cpu, on_gpu):
+    np.testing.assert_array_equal(cpu.astype(np.float64),
+                                  gpu.astype(np.float64))
