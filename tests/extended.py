@@ -29,6 +29,10 @@ EXTENDED = {
         "runs the script on two workers",
     IT + "test_run_classifier.py::test_recompute_trains_and_reports":
         "test_bert_recompute.py, test_planner_recompute.py",
+    IT + "test_run_classifier.py::test_every_split_of_a_window_trains":
+        "tests/unit/models/test_bert_keyed_dropout.py (every split's outputs "
+        "and gradients), tests/unit/window/test_keyed_dropout.py (a window "
+        "against plain TensorFlow's big batch, dropout on)",
     IT + "test_run_classifier.py::test_windows_sorted_or_packed":
         "test_classification_data.py's sorted and packed windows, "
         "test_bert_packing.py[2]",
