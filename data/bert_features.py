@@ -273,13 +273,11 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       dataset = dataset.shuffle(10_000, seed=seed,
                                 reshuffle_each_iteration=True).repeat()
     if keyed:
-      count, index = ((input_context.num_input_pipelines,
-                       input_context.input_pipeline_id) if input_context
-                      else shard or (None, None))
+      count, index = sharding.pipeline(input_context,
+                                       *(shard or (None, None)))
       dataset = dataset.enumerate().map(tf.autograph.experimental.
                                         do_not_convert(
-          lambda place, record: (place * (count or 1) + (index or 0),
-                                 record)))
+          lambda place, record: (place * count + index, record)))
     if packing_k:
       dataset = dataset.batch(batch_size * packing_k, drop_remainder=True)
       dataset = dataset.map(packed,
