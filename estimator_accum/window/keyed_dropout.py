@@ -60,10 +60,6 @@ def word_dtype():
   return tf.int64 if tf.config.list_physical_devices("GPU") else tf.uint32
 
 
-def _constant(value, dtype):
-  return tf.constant(value, dtype)
-
-
 def _word(values):
   """An integer tensor's low 32 bits, as a word (`word_dtype`)."""
   dtype = word_dtype()
@@ -71,26 +67,26 @@ def _word(values):
     values = tf.cast(values, dtype)
   if dtype == tf.uint32:
     return values
-  return tf.bitwise.bitwise_and(values, _constant(_MASK32, dtype))
+  return tf.bitwise.bitwise_and(values, tf.constant(_MASK32, dtype))
 
 
 def _times(values, multiplier):
   """(values * multiplier) mod 2**32, on words."""
   if values.dtype == tf.uint32:
-    return values * _constant(multiplier, tf.uint32)
+    return values * tf.constant(multiplier, tf.uint32)
   signed = multiplier - 2**32 if multiplier >= 2**31 else multiplier
-  return tf.bitwise.bitwise_and(values * _constant(signed, values.dtype),
-                                _constant(_MASK32, values.dtype))
+  return tf.bitwise.bitwise_and(values * tf.constant(signed, values.dtype),
+                                tf.constant(_MASK32, values.dtype))
 
 
 def _xor(values, value):
   """Words xor a Python int (a salt)."""
-  return tf.bitwise.bitwise_xor(values, _constant(value, values.dtype))
+  return tf.bitwise.bitwise_xor(values, tf.constant(value, values.dtype))
 
 
 def _xor_shift(values, bits):
   return tf.bitwise.bitwise_xor(
-      values, tf.bitwise.right_shift(values, _constant(bits, values.dtype)))
+      values, tf.bitwise.right_shift(values, tf.constant(bits, values.dtype)))
 
 
 def mix(values, last_shift=True):
@@ -121,7 +117,7 @@ def token_keys(hashed_examples, length, seed):
 
 def per_head(row_keys, heads, seed):
   """Words [batch, heads, rows]: `row_keys` [batch, rows] once a head."""
-  head_salts = _constant([salt(seed, f"head {head}") for head in range(heads)],
+  head_salts = tf.constant([salt(seed, f"head {head}") for head in range(heads)],
                          row_keys.dtype)
   return mix(tf.bitwise.bitwise_xor(row_keys[:, tf.newaxis, :],
                                     head_salts[tf.newaxis, :, tf.newaxis]))
@@ -166,7 +162,7 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
   # The keep test reads the high bits: the last xor-shift adds nothing.
   values = mix(tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
                last_shift=False)
-  keep = values >= _constant(min(round(rate * 2.0**32), _MASK32),
+  keep = values >= tf.constant(min(round(rate * 2.0**32), _MASK32),
                              values.dtype)
   scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
   return tf.where(keep, scaled, tf.zeros_like(scaled))

@@ -98,7 +98,8 @@ flags.DEFINE_bool("unpadded", True, "The transformer layers' dense "
                   "one matrix; attention runs on the padded rows. The same "
                   "outputs and update (dropout's keyed masks too; "
                   "--nokeyed_dropout draws them in other shapes), no work "
-                  "on the padding that trimming and sorting leave. --nounpadded: every position computed.")
+                  "on the padding that trimming and sorting leave. "
+                  "--nounpadded: every position computed.")
 flags.DEFINE_bool("pooled_only", True, "The last transformer layer "
                   "computes only each example's first token ([CLS]), the "
                   "one the classifier reads: its queries attend to every "

@@ -333,16 +333,15 @@ class BertModel:
       x = tf.reshape(x, [batch, count, heads, head_size])
       return tf.transpose(x, [0, 2, 1, 3])
 
-    # Dropout's row keys (keyed dropout): the layer's tokens, and the
-    # queries' ([batch, length] or [batch, n] at `starts`).
-    token_keys = query_keys = query_grid = None
+    # Dropout's row keys (keyed dropout): the rows the layer's output has
+    # (`query_keys`), and the attention's queries, a head each.
+    query_keys = query_grid = None
     if self._keys is not None:
-      token_keys = query_grid = self._keys
-      if real is not None:
-        token_keys = tf.gather_nd(tf.reshape(self._keys, [-1]), real)
-      query_keys = token_keys
+      query_keys = query_grid = self._keys
       if starts is not None:
         query_keys = query_grid = tf.gather(self._keys, starts, batch_dims=1)
+      elif real is not None:
+        query_keys = tf.gather_nd(tf.reshape(self._keys, [-1]), real)
       query_grid = keyed_dropout.per_head(query_grid, heads, self._seed)
 
     with tf.compat.v1.variable_scope("attention"):
