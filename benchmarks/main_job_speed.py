@@ -33,12 +33,18 @@ TensorFlow's thread pools set by its own environment variables
 (`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`; both default to the
 cores): ops one at a time on every core, or two at a time on one core each.
 
+With `--grappler`, the variants are instead the default run with
+TensorFlow's full Grappler (`--nolean_grappler`) and without its passes
+that change nothing a CPU step computes (`--lean_grappler`, the default):
+"all told" (the start included) is what differs, the steady rate should
+not.
+
 With `--dropout`, the variants are instead the default run with
 dropout's masks drawn by `tf.nn.dropout` (`--nokeyed_dropout`) and keyed
 by example (`--keyed_dropout`, the default).
 
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
-      [--splits] [--threads] [--dropout]
+      [--splits] [--threads] [--dropout] [--grappler]
       [--skip WORD,...]
 """
 
@@ -87,6 +93,12 @@ THREADS = {
 DROPOUT = {
     "tf.nn.dropout (--nokeyed_dropout)": (["--nokeyed_dropout"], {}),
     "keyed by example (default)": ([], {}),
+}
+# (flags, environment) of each Grappler setting.
+GRAPPLER = {
+    "TensorFlow's full Grappler (--nolean_grappler)": (
+        ["--nolean_grappler"], {}),
+    "lean Grappler (default)": ([], {}),
 }
 # (flags, environment, micro-batch) of each split of the effective batch 32.
 SPLITS = {
@@ -141,6 +153,9 @@ def main():
   instead.add_argument("--dropout", action="store_true",
                        help="compare tf.nn.dropout's masks and keyed ones "
                             "instead")
+  instead.add_argument("--grappler", action="store_true",
+                       help="compare TensorFlow's full Grappler and the "
+                            "lean one instead")
   parser.add_argument("--skip", default="",
                       help="comma-separated words: leave out the variants "
                            "whose name holds one (today's always runs)")
@@ -148,7 +163,8 @@ def main():
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
   environments = (CPU_PATHS if args.cpu_paths else
                   THREADS if args.threads else
-                  DROPOUT if args.dropout else None)
+                  DROPOUT if args.dropout else
+                  GRAPPLER if args.grappler else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)
                 for name, (flags, env) in environments.items()}
@@ -159,6 +175,7 @@ def main():
                 enumerate(VARIANTS.items())
                 if index == 0 or not any(word in name for word in skipped)}
   seconds = {name: [] for name in variants}
+  totals = {name: [] for name in variants}
   with tempfile.TemporaryDirectory() as root:
     for round_index in range(args.rounds):
       for name, (flags, env, micro_batch) in variants.items():
@@ -166,6 +183,7 @@ def main():
                                           f"{name}_{round_index}", env,
                                           micro_batch)
         seconds[name] += [1.0 / rate for rate in rates]
+        totals[name].append(took)
         print(f"round {round_index + 1}: {name}: {micro_batches} "
               f"micro-batches in {took:.1f} s all told; steady "
               f"{statistics.median(rates):.2f} micro-batches/sec", flush=True)
@@ -174,11 +192,13 @@ def main():
       f"{args.epochs} epoch a run, {args.rounds} interleaved rounds",
       args.json, markdown=True,
       formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f",
-               "x tf.nn.dropout": ".2f",
+               "x tf.nn.dropout": ".2f", "x full Grappler": ".2f",
+               "all told s": ".1f",
                "x Eigen": ".2f"})
   # Against the first variant: today's input, or Eigen's kernels.
   against = ("x Eigen" if args.cpu_paths else
-             "x tf.nn.dropout" if args.dropout else "x today")
+             "x tf.nn.dropout" if args.dropout else
+             "x full Grappler" if args.grappler else "x today")
   def per_example(name):
     return statistics.median(seconds[name]) / variants[name][2]
 
@@ -187,7 +207,8 @@ def main():
     each = statistics.median(values)
     rows.add(variant=name, **{"s/micro-batch": each,
                               "examples/s": variants[name][2] / each,
-                              against: baseline / per_example(name)})
+                              against: baseline / per_example(name),
+                              "all told s": statistics.median(totals[name])})
   return rows.exit_code()
 
 

@@ -22,6 +22,7 @@ from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
 )
 from estimator_accum.integrations.optimizer import AccumulatingOptimizer
+from estimator_accum.integrations.session_config import lean_grappler
 from estimator_accum.integrations.window_trace import WindowTraceHook
 
 # The layer and the callback of the Keras `tf.keras` is: Keras 3's
@@ -95,6 +96,7 @@ __all__ = [
     "get_accumulation_state",
     "is_divergence",
     "keyed_dropout",
+    "lean_grappler",
     "recompute",
     "reportable_loss",
     "update_count",

@@ -115,6 +115,12 @@ flags.DEFINE_bool("keyed_dropout", True, "Dropout's masks drawn from each "
                   "(--train_batch_size x k), sorted or not, padded or not, "
                   "trains to the same weights. Packed rows keep "
                   "tf.nn.dropout. --nokeyed_dropout: tf.nn.dropout.")
+flags.DEFINE_bool("lean_grappler", True, "Sessions skip Grappler's passes "
+                  "that change nothing a step computes on a CPU (TFG's, the "
+                  "memory and layout optimizers; "
+                  "estimator_accum.lean_grappler): the same weights, a "
+                  "shorter start. One process only; a GPU keeps "
+                  "them. --nolean_grappler: TensorFlow's full Grappler.")
 flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
                   "each window (k micro-batches) by length before cutting "
                   "them into micro-batches, each trimmed to its longest: the "

@@ -63,6 +63,10 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
   if strategy is not None and not tf.config.list_physical_devices("GPU"):
     session_config = tf.compat.v1.ConfigProto(
         device_count={"CPU": max(replicas, 1)})
+  if (flags.lean_grappler and strategy is None and
+      parameter_servers is None and setup.cluster is None):
+    # (Under TF_CONFIG Estimator's own config, with its device filters.)
+    session_config = estimator_accum.lean_grappler(session_config)
   save_every = flags.save_checkpoints_steps
   if flags.micro_batch_size in batch_plan.MEASURED:
     # Checkpoints at window boundaries, for halving.

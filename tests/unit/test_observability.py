@@ -35,6 +35,7 @@ def test_public_api_is_pinned():
       "halve_checkpoint",
       "is_divergence",
       "keyed_dropout",
+      "lean_grappler",
       "measure_peak",
       "own_threads",
       "plan_micro_batch",
