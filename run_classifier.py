@@ -144,7 +144,8 @@ class ClassifierRun:
                         f"{split}-{self.flags.max_seq_length}-{key}.tf_record")
     count = bert_features.cached_tfrecord(
         examples, label_list, length, tokenizer, path,
-        report=lambda line: print(line, flush=True))
+        report=lambda line: print(line, flush=True),
+        shared_dir=bert_features.feature_cache())
     return examples, path, count
 
   def _train_and_evaluate(self):

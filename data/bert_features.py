@@ -145,22 +145,82 @@ def _damage(path, expected):
 
 
 def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
-                    output_file, report=None):
+                    output_file, report=None, shared_dir=None):
   """Writes output_file once (kept when it exists whole); returns its
   example count. Name the file by `cache_key`, so that no other input
   reuses it. A file that is cut short, fails a record's checksum or holds
   another number of examples is written again, and `report` (a callable
-  taking one line) told why: it is never read as fewer examples."""
-  if tf.io.gfile.exists(output_file):
-    wrong = _damage(output_file, len(examples))
-    if wrong is None:
-      return len(examples)
+  taking one line) told why: it is never read as fewer examples.
+
+  `shared_dir`: a directory of features shared by runs (`feature_cache`),
+  where the file of output_file's name is copied from when it is whole
+  (no tokenizing) and put after a write. A damaged shared file is told and
+  written again; one that cannot be put there (a read-only or full disk)
+  is told in one line, and the run goes on with its own."""
+  def tell(line):
     if report is not None:
-      report(f"cached features {output_file} {wrong}: writing them again")
+      report(line)
+
+  count = len(examples)
+  damaged = None
+  if tf.io.gfile.exists(output_file):
+    damaged = _damage(output_file, count)
+    if damaged is None:
+      return count
+  shared = (os.path.join(shared_dir, os.path.basename(output_file))
+            if shared_dir else None)
   tf.io.gfile.makedirs(os.path.dirname(output_file) or ".")
+  if shared is not None and tf.io.gfile.exists(shared):
+    wrong = _damage(shared, count)
+    if wrong is None:
+      if damaged is not None:
+        tell(f"cached features {output_file} {damaged}: copying them "
+             f"from {shared}")
+      _copy_whole(shared, output_file)
+      return count
+    tell(f"shared features {shared} {wrong}: writing them again")
+  if damaged is not None:
+    tell(f"cached features {output_file} {damaged}: writing them again")
   features = convert_examples_to_features(examples, label_list,
                                           max_seq_length, tokenizer)
-  return write_tfrecord(features, output_file)
+  write_tfrecord(features, output_file)
+  if shared is not None:
+    try:
+      tf.io.gfile.makedirs(shared_dir)
+      _copy_whole(output_file, shared)
+    except (OSError, tf.errors.OpError) as error:
+      first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+      tell(f"features not kept in the shared cache {shared_dir} "
+           f"({type(error).__name__}: {first[:160]}); this run has its own")
+  return count
+
+
+def _copy_whole(source, target):
+  """Copies `source` over `target` through a temporary renamed over it:
+  a reader sees the old file or the whole new one."""
+  temporary = f"{target}.incomplete-{os.getpid()}-{uuid.uuid4().hex}"
+  try:
+    tf.io.gfile.copy(source, temporary, overwrite=True)
+    tf.io.gfile.rename(temporary, target, overwrite=True)
+  finally:
+    if tf.io.gfile.exists(temporary):
+      tf.io.gfile.remove(temporary)
+
+
+# The directory of features shared by runs (default features/ in the
+# pretrained models' cache directory; empty: none).
+FEATURE_CACHE_ENV = "ESTIMATOR_ACCUM_FEATURE_CACHE"
+
+
+def feature_cache():
+  """$ESTIMATOR_ACCUM_FEATURE_CACHE (empty: no shared features), else
+  features/ in the cache directory ($ESTIMATOR_ACCUM_CACHE, else
+  ~/.cache/estimator_accum)."""
+  if FEATURE_CACHE_ENV in os.environ:
+    return os.environ[FEATURE_CACHE_ENV] or None
+  from models.bert import pretrained  # noqa: PLC0415
+
+  return os.path.join(pretrained.default_cache_dir(), "features")
 
 
 def input_fn_builder(input_file, seq_length, batch_size, is_training,

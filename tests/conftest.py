@@ -12,6 +12,9 @@ os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 # No plan cache shared between tests (or with the user's runs): the tests
 # of the cache give theirs (models/batch_plan.py's CACHE_ENV).
 os.environ.setdefault("ESTIMATOR_ACCUM_PLAN_CACHE", "")
+# Nor shared features: each test's run tokenizes into its own directory
+# (the tests of the shared features give theirs).
+os.environ.setdefault("ESTIMATOR_ACCUM_FEATURE_CACHE", "")
 
 import atexit  # noqa: E402
 import gc  # noqa: E402

@@ -370,3 +370,73 @@ def test_whole_cached_features_are_kept(tmp_path, tokenizer):
   before = os.stat(path).st_mtime_ns
   assert _cached(tmp_path, tokenizer, lines) == (6, path)
   assert os.stat(path).st_mtime_ns == before and not lines
+
+
+def _cached_in(run_dir, shared_dir, tokenizer, lines):
+  examples = [classification.InputExample(str(i), "the film was good " * i,
+                                          None, str(i % 2))
+              for i in range(1, 7)]
+  path = str(run_dir / "features" / "train.tf_record")
+  count = bert_features.cached_tfrecord(examples, ["0", "1"], 16, tokenizer,
+                                        path, report=lines.append,
+                                        shared_dir=str(shared_dir))
+  return count, path
+
+
+def test_a_new_run_copies_the_shared_features_without_tokenizing(
+    tmp_path, tokenizer):
+  lines = []
+  shared = tmp_path / "shared"
+  count, first = _cached_in(tmp_path / "run1", shared, tokenizer, lines)
+  assert count == 6 and not lines
+  written = (shared / "train.tf_record").read_bytes()
+  assert written == open(first, "rb").read()
+  # No tokenizer at all: the features come from the shared copy.
+  count, second = _cached_in(tmp_path / "run2", shared, None, lines)
+  assert count == 6 and not lines
+  assert open(second, "rb").read() == written
+  assert not [name for name in os.listdir(shared) if "incomplete" in name]
+
+
+def test_damaged_shared_features_are_written_again(tmp_path, tokenizer):
+  lines = []
+  shared = tmp_path / "shared"
+  _cached_in(tmp_path / "run1", shared, tokenizer, lines)
+  cached = shared / "train.tf_record"
+  whole = cached.read_bytes()
+  cached.write_bytes(whole[:-5])  # the last record's checksum cut
+  count, path = _cached_in(tmp_path / "run2", shared, tokenizer, lines)
+  assert count == 6 and _records(path) == 6
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"shared features {cached} cannot be read "
+                             "past record 5"), lines
+  assert lines[0].endswith(": writing them again")
+  assert cached.read_bytes() == whole
+
+
+def test_a_damaged_run_file_is_copied_from_whole_shared_features(
+    tmp_path, tokenizer):
+  lines = []
+  shared = tmp_path / "shared"
+  _, path = _cached_in(tmp_path / "run", shared, tokenizer, lines)
+  with open(path, "r+b") as cut:
+    cut.truncate(100)
+  count, _ = _cached_in(tmp_path / "run", shared, None, lines)
+  assert count == 6 and _records(path) == 6
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"cached features {path} cannot be read past "
+                             "record 0")
+  assert lines[0].endswith(f": copying them from {shared / 'train.tf_record'}")
+
+
+def test_a_shared_cache_that_cannot_be_written_is_one_line(tmp_path,
+                                                           tokenizer):
+  lines = []
+  blocked = tmp_path / "blocked"
+  blocked.write_text("a file where the shared directory would be")
+  count, path = _cached_in(tmp_path / "run", blocked, tokenizer, lines)
+  assert count == 6 and _records(path) == 6
+  assert len(lines) == 1, lines
+  assert lines[0].startswith(f"features not kept in the shared cache "
+                             f"{blocked} (")
+  assert lines[0].endswith("); this run has its own")
