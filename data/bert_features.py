@@ -11,13 +11,13 @@ import collections
 import hashlib
 import json
 import os
-import uuid
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from data import sharding
+from estimator_accum import _files
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 # Part of every cache key: bump it when the conversion changes.
@@ -91,10 +91,10 @@ def convert_examples_to_features(examples, label_list, max_seq_length,
 def write_tfrecord(features, output_file):
   """Writes the feature arrays as tf.train.Examples; returns the count."""
   count = len(features["label_ids"])
-  # Unique per process: workers of one job may write the same file at once;
-  # the rename is atomic and their contents are identical.
-  temporary = f"{output_file}.incomplete-{os.getpid()}-{uuid.uuid4().hex}"
-  with tf.io.TFRecordWriter(temporary) as writer:
+  # Workers of one job may write the same file at once: each through its
+  # own temporary; the rename is atomic and their contents are identical.
+  with _files.whole(output_file) as temporary, tf.io.TFRecordWriter(
+      temporary) as writer:
     for row in range(count):
       feature = collections.OrderedDict()
       for name in FEATURE_NAMES:
@@ -104,7 +104,6 @@ def write_tfrecord(features, output_file):
           [features["is_real_example"][row]])
       writer.write(tf.train.Example(features=tf.train.Features(
           feature=feature)).SerializeToString())
-  tf.io.gfile.rename(temporary, output_file, overwrite=True)
   return count
 
 
@@ -129,6 +128,12 @@ def cache_key(examples, label_list, max_seq_length, tokenizer):
   return digest.hexdigest()[:16]
 
 
+def _first_line(error):
+  """An error's first line, at most 160 characters."""
+  text = str(error).strip()
+  return text.splitlines()[0][:160] if text else ""
+
+
 def _damage(path, expected):
   """What is wrong with the cached file `path` of `expected` records (a
   record cut short or failing its checksum, or another count), or None."""
@@ -137,8 +142,7 @@ def _damage(path, expected):
     for _ in tf.compat.v1.io.tf_record_iterator(path):
       count += 1
   except tf.errors.OpError as error:
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"cannot be read past record {count} ({first[:160]})"
+    return f"cannot be read past record {count} ({_first_line(error)})"
   if count != expected:
     return f"holds {count} of the {expected} examples"
   return None
@@ -176,7 +180,8 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
       if damaged is not None:
         tell(f"cached features {output_file} {damaged}: copying them "
              f"from {shared}")
-      _copy_whole(shared, output_file)
+      with _files.whole(output_file) as temporary:
+        tf.io.gfile.copy(shared, temporary, overwrite=True)
       return count
     tell(f"shared features {shared} {wrong}: writing them again")
   if damaged is not None:
@@ -187,24 +192,13 @@ def cached_tfrecord(examples, label_list, max_seq_length, tokenizer,
   if shared is not None:
     try:
       tf.io.gfile.makedirs(shared_dir)
-      _copy_whole(output_file, shared)
+      with _files.whole(shared) as temporary:
+        tf.io.gfile.copy(output_file, temporary, overwrite=True)
     except (OSError, tf.errors.OpError) as error:
-      first = str(error).strip().splitlines()[0] if str(error).strip() else ""
       tell(f"features not kept in the shared cache {shared_dir} "
-           f"({type(error).__name__}: {first[:160]}); this run has its own")
+           f"({type(error).__name__}: {_first_line(error)}); this run has "
+           "its own")
   return count
-
-
-def _copy_whole(source, target):
-  """Copies `source` over `target` through a temporary renamed over it:
-  a reader sees the old file or the whole new one."""
-  temporary = f"{target}.incomplete-{os.getpid()}-{uuid.uuid4().hex}"
-  try:
-    tf.io.gfile.copy(source, temporary, overwrite=True)
-    tf.io.gfile.rename(temporary, target, overwrite=True)
-  finally:
-    if tf.io.gfile.exists(temporary):
-      tf.io.gfile.remove(temporary)
 
 
 # The directory of features shared by runs (default features/ in the

@@ -27,6 +27,20 @@ _SCOPE_NAME = re.compile(r"^[A-Za-z0-9.][A-Za-z0-9_.\-/>]*$")
 MAX_K = 2**24
 
 
+def session_config_copy(session_config):
+  """A copy of `session_config` (a tf.compat.v1.ConfigProto), or None for
+  None; anything else is a TypeError naming it."""
+  if session_config is None:
+    return None
+  if not isinstance(session_config, tf.compat.v1.ConfigProto):
+    raise TypeError(
+        "session_config must be a tf.compat.v1.ConfigProto or None, got "
+        f"{short(session_config)} of type {type(session_config).__name__}.")
+  config = tf.compat.v1.ConfigProto()
+  config.CopyFrom(session_config)
+  return config
+
+
 def check_k(k):
   """Returns `k` as a Python int after checking it is an integer in
   1..MAX_K."""

@@ -1,19 +1,22 @@
 """Files written whole or not at all."""
 
+import contextlib
 import os
+import uuid
 
 import tensorflow as tf
 
 
-def write_whole(path, text):
-  """Writes `text` to `path` through a temporary file renamed over it: a
-  reader sees the old file or the new one, never part of it (a full disk
-  or a kill mid-write leaves the old one; the temporary is removed when
-  the write fails)."""
-  temporary = f"{path}.{os.getpid()}.tmp"
+@contextlib.contextmanager
+def whole(path):
+  """A temporary path beside `path` for the block to write, renamed over
+  `path` when the block ends, removed when it fails: a reader sees the old
+  file or the whole new one, never part of it (a full disk or a kill
+  mid-write leaves the old one). Unique to the process and the call, so
+  that writers of one file at once (a job's workers) never share one."""
+  temporary = f"{path}.{os.getpid()}-{uuid.uuid4().hex}.tmp"
   try:
-    with tf.io.gfile.GFile(temporary, "w") as writer:
-      writer.write(text)
+    yield temporary
     tf.io.gfile.rename(temporary, path, overwrite=True)
   except BaseException:
     try:
@@ -21,3 +24,11 @@ def write_whole(path, text):
     except (tf.errors.OpError, OSError):
       pass
     raise
+
+
+def write_whole(path, text):
+  """Writes `text` to `path` through a temporary file renamed over it
+  (`whole`)."""
+  with whole(path) as temporary:
+    with tf.io.gfile.GFile(temporary, "w") as writer:
+      writer.write(text)

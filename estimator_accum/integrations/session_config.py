@@ -42,18 +42,11 @@ def lean_grappler(session_config=None, *, gpu=None):
   trains to the same weights to the bit (tested); only the time to make
   its graph is shorter.
   """
-  if session_config is None:
+  config = _checks.session_config_copy(session_config)
+  if config is None:
     config = tf.compat.v1.ConfigProto(allow_soft_placement=True)
     config.graph_options.rewrite_options.meta_optimizer_iterations = (
         _REWRITER.ONE)
-  elif isinstance(session_config, tf.compat.v1.ConfigProto):
-    config = tf.compat.v1.ConfigProto()
-    config.CopyFrom(session_config)
-  else:
-    raise TypeError(
-        "session_config must be a tf.compat.v1.ConfigProto or None, got "
-        f"{_checks.short(session_config)} of type "
-        f"{type(session_config).__name__}.")
   if gpu not in (None, True, False):
     raise ValueError(f"gpu must be True, False or None (ask TensorFlow), "
                      f"got {_checks.short(gpu)}.")

@@ -64,14 +64,9 @@ def own_threads(session_config):
   had run a default session before, ran on several, in an order (and so to
   a peak) that differed from run to run. (The intra-op pool is process-wide
   too; it splits one op's work and did not move the peaks measured.)"""
-  config = tf.compat.v1.ConfigProto()
-  if session_config is not None:
-    if not isinstance(session_config, tf.compat.v1.ConfigProto):
-      raise TypeError(
-          "session_config must be a tf.compat.v1.ConfigProto or None, got "
-          f"{_checks.short(session_config)} of type "
-          f"{type(session_config).__name__}.")
-    config.CopyFrom(session_config)
+  config = _checks.session_config_copy(session_config)
+  if config is None:
+    config = tf.compat.v1.ConfigProto()
   if (config.inter_op_parallelism_threads > 0 and
       not config.session_inter_op_thread_pool):
     config.use_per_session_threads = True

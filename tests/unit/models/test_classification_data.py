@@ -395,7 +395,9 @@ def test_a_new_run_copies_the_shared_features_without_tokenizing(
   count, second = _cached_in(tmp_path / "run2", shared, None, lines)
   assert count == 6 and not lines
   assert open(second, "rb").read() == written
-  assert not [name for name in os.listdir(shared) if "incomplete" in name]
+  # No temporary left beside either copy.
+  assert os.listdir(shared) == ["train.tf_record"]
+  assert os.listdir(os.path.dirname(second)) == ["train.tf_record"]
 
 
 def test_damaged_shared_features_are_written_again(tmp_path, tokenizer):
