@@ -323,8 +323,8 @@ def test_an_exported_meta_graph_imports_and_trains_on(control_flow, tmp_path):
       saver.save(session, str(tmp_path / "model"))
       for batch in batches[3:]:
         session.run(train_op, feed(inputs, batch))
-      expected = {v.op.name: session.run(v)
-                  for v in v1c.trainable_variables()}
+      expected = session.run({v.op.name: v
+                              for v in v1c.trainable_variables()})
 
   with tf.Graph().as_default() as graph:
     saver = v1c.train.import_meta_graph(str(tmp_path / "model.meta"))
@@ -334,6 +334,7 @@ def test_an_exported_meta_graph_imports_and_trains_on(control_flow, tmp_path):
       saver.restore(session, str(tmp_path / "model"))
       for batch in batches[3:]:
         session.run(train_op, feed(inputs, batch))
-      actual = {v.op.name: session.run(v) for v in v1c.trainable_variables()}
+      actual = session.run({v.op.name: v
+                            for v in v1c.trainable_variables()})
   support.assert_weights_close(actual, expected, rtol=1e-6, atol=1e-7,
                                what="after import_meta_graph")

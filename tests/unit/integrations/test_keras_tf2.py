@@ -310,12 +310,18 @@ def _weights(model):
   return {w.name: w.numpy() for w in model.weights}
 
 
+@functools.cache
+def _whole_weights():
+  """The weights of training on every micro-batch without a stop (once a
+  process: the tests that stop and resume compare with it)."""
+  return _weights(_model_at(K * kx.WINDOWS)[0])
+
+
 @pytest.mark.slow  # trains, saves and trains on again
 def test_a_checkpoint_mid_window_resumes_exactly(tmp_path):
   """tf.train.Checkpoint of the model and its optimizer one micro-batch
   into a window, restored into a new model that trains on: the weights of
   training without the stop."""
-  whole, _ = _model_at(K * kx.WINDOWS)
   stopped, dataset = _model_at(K + 1)
   assert int(stopped.optimizer.iterations.numpy()) == K + 1
   path = tf.train.Checkpoint(model=stopped).save(str(tmp_path / "ckpt"))
@@ -326,7 +332,7 @@ def test_a_checkpoint_mid_window_resumes_exactly(tmp_path):
   resumed.fit(dataset.skip(K + 1), verbose=0)
   # The window's state waited for the window, built in the first step.
   restored.assert_consumed()
-  _assert_close(_weights(resumed), _weights(whole), "resumed")
+  _assert_close(_weights(resumed), _whole_weights(), "resumed")
 
 
 @pytest.mark.slow  # trains, saves and trains on again
@@ -334,7 +340,6 @@ def test_a_keras_file_keeps_the_window(tmp_path):
   """model.save to a .keras file one micro-batch into a window, loaded with
   load_model (no custom_objects), trained on: the weights of training
   without the stop."""
-  whole, _ = _model_at(K * kx.WINDOWS)
   stopped, dataset = _model_at(K + 1)
   stopped.save(tmp_path / "model.keras")
   loaded = tf.keras.models.load_model(
@@ -343,7 +348,7 @@ def test_a_keras_file_keeps_the_window(tmp_path):
   assert isinstance(loaded.optimizer, ea.AccumulatingKerasOptimizer)
   assert int(loaded.optimizer.iterations.numpy()) == K + 1
   loaded.fit(dataset.skip(K + 1), verbose=0)
-  _assert_close(_weights(loaded), _weights(whole), "loaded")
+  _assert_close(_weights(loaded), _whole_weights(), "loaded")
 
 
 def _store_of(model, rename):
@@ -371,7 +376,6 @@ def test_window_state_of_an_earlier_file_format_loads_by_name():
   alone (`window:<name>`); this one adds its position
   (`window:<i>:<name>`), by which a SavedModel loaded inside a strategy's
   scope, whose state is named anew, finds it."""
-  whole, _ = _model_at(K * kx.WINDOWS)
   stopped, dataset = _model_at(K + 1)
   keys = [k for k in stopped.optimizer._state_by_key() if k.startswith(  # noqa: SLF001
       "window:")]
@@ -379,7 +383,7 @@ def test_window_state_of_an_earlier_file_format_loads_by_name():
   resumed = _resumed_from(stopped, _store_of(
       stopped, lambda key: "window:" + key.split(":", 2)[2]))
   resumed.fit(dataset.skip(K + 1), verbose=0)
-  _assert_close(_weights(resumed), _weights(whole), "earlier format")
+  _assert_close(_weights(resumed), _whole_weights(), "earlier format")
 
 
 def test_window_state_of_another_model_is_refused():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from harness import support
 from models.bert import modeling
 
 CONFIG = modeling.BertConfig(
@@ -52,8 +53,8 @@ def test_recompute_keeps_the_variables_and_the_gradient():
     recomputed = tf.compat.v1.trainable_variables("run_1")
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      for source, target in zip(plain, recomputed):
-        target.load(session.run(source), session)
+      support.load_variables(session, dict(zip(recomputed,
+                                               session.run(plain))))
       expected, actual = session.run([gradients[False], gradients[True]])
   for name, want, got in zip(names[True], expected, actual):
     assert np.abs(want).max() > 0, name

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from estimator_accum.window import keyed_dropout
+from harness import support
 from models.bert import modeling
 from tests.unit.models.test_bert_packing import CONFIG, _examples, _one_per_row
 
@@ -73,11 +74,13 @@ def _pooled_and_gradients(splits, keyed=True, **options):
 def _load_weights(session, variables):
   """The same weights in every graph: drawn from each variable's name."""
   session.run(tf.compat.v1.global_variables_initializer())
+  values = {}
   for variable in variables:
     rng = np.random.RandomState(sum(map(ord, variable.op.name)))
-    variable.load(rng.normal(0, 0.2, variable.shape).astype(np.float32) +
-                  (1.0 if variable.op.name.endswith("gamma") else 0.0),
-                  session)
+    values[variable] = (
+        rng.normal(0, 0.2, variable.shape).astype(np.float32) +
+        (1.0 if variable.op.name.endswith("gamma") else 0.0))
+  support.load_variables(session, values)
 
 
 WHOLE = [list(range(len(LENGTHS)))]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from harness import support
 from models.bert import modeling, packing
 
 SEQ_LENGTH = 16
@@ -157,12 +158,11 @@ def _train(micro_batches, packed):
              for v in sorted(trained, key=lambda v: v.name)}
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
-      for variable in trained:
-        variable.load(start[variable.name], session)
+      support.load_variables(session, {v: start[v.name] for v in trained})
       for feed in micro_batches:
         session.run(spec.train_op, {features[name]: value
                                     for name, value in feed.items()})
-      return start, {v.name: session.run(v) for v in trained}
+      return start, session.run({v.name: v for v in trained})
 
 
 def _window_feeds(examples, labels):
