@@ -255,6 +255,10 @@ EXTENDED = {
         "test_keras_savedmodel.py",
     UT + "integrations/test_keras_tf2.py::test_backup_and_restore_at_epochs_resumes_exactly[0":
         "its [1] case; test_keras_checkpoint_faults.py",
+    UT + "integrations/test_optimizer_wrapper.py::test_canned_estimator_equals_big_batch[wide_deep":
+        "its [dnn-adam-None] case (a canned head's Adam) and "
+        "test_keras_canned_estimator_equals_big_batch[linear-ftrl (FTRL on "
+        "the linear part)",
     UT + "integrations/test_optimizer_wrapper.py::test_canned_estimator_on_two_workers[keras":
         "its [v1-sgd] case",
     UT + "integrations/test_optimizer_wrapper.py::test_keras_canned_estimator_equals_big_batch[dnn-adam-mean-2":
