@@ -22,7 +22,14 @@ dev accuracy, and the whole process against Trainer's best. Then the FLOP
 floor measured here: TensorFlow's float32 matmul rate (2048 x 2048) and the
 job's work, 6 x the non-embedding parameters x the real tokens it trains
 on (attention's own products left out, as is usual): the training seconds
-no implementation can beat at that rate.
+no implementation can beat at that rate. The rate is measured before the
+first run and after each round, and the floor takes their median: this
+machine's speed moves between half hours.
+
+The main job's steady training is also printed against the floor: its
+seconds a micro-batch from its progress lines after the first 90
+micro-batches (the session's start, Grappler and XLA's first compiles left
+out; the checkpoints inside), times every micro-batch it trained.
 
 With `--splits 16x2,...` the main job also runs at those splits of its
 effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
@@ -71,6 +78,10 @@ TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 ACCURACY = re.compile(r"eval on \d+ held-out examples: accuracy ([\d.]+)")
 SPLIT = re.compile(r"effective batch \d+ = .*x micro-batch (\d+) x k=(\d+);")
 PLANNED = re.compile(r"planned in ([\d.]+) s")
+RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
+# Progress lines at or before this micro-batch are left out of the steady
+# rate (40 micro-batches of one-time costs, and the line that spans them).
+STEADY_AFTER = 90
 MAX_LENGTH = 128
 OURS = "run_classifier.py (its defaults)"
 FASTEST = "run_classifier.py --micro_batch_size fastest"
@@ -134,10 +145,25 @@ def write_examples(directory):
   return texts["train"]
 
 
-def floor(train_texts, epochs):
-  """(matmul GFLOP/s, real tokens, TFLOP, floor seconds) on this machine."""
+def matmul_rate():
+  """TensorFlow's float32 matmul rate here now (2048 x 2048), GFLOP/s."""
   import tensorflow as tf  # noqa: PLC0415
 
+  size = 2048
+  a = tf.random.normal([size, size])
+  matmul = tf.function(lambda x: tf.matmul(x, x), autograph=False)
+  matmul(a).numpy()
+  repeats = 20
+  started = time.perf_counter()
+  for _ in range(repeats):
+    matmul(a).numpy()
+  return 2 * size ** 3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def floor(train_texts, epochs, rates):
+  """(matmul GFLOP/s, real tokens, TFLOP, floor seconds, parameters) on
+  this machine: the median of `rates` (GFLOP/s measured around the
+  runs)."""
   from models.bert import modeling, pretrained, tokenization  # noqa: PLC0415
 
   checkpoint = pretrained.minilm_checkpoint()
@@ -149,17 +175,26 @@ def floor(train_texts, epochs):
   h, i = config.hidden_size, config.intermediate_size
   per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
   parameters = config.num_hidden_layers * per_layer + h * h + h + 2 * h + 2
-  size = 2048
-  a = tf.random.normal([size, size])
-  matmul = tf.function(lambda x: tf.matmul(x, x), autograph=False)
-  matmul(a).numpy()
-  repeats = 20
-  started = time.perf_counter()
-  for _ in range(repeats):
-    matmul(a).numpy()
-  rate = 2 * size ** 3 * repeats / (time.perf_counter() - started)
+  rate = statistics.median(rates) * 1e9
   flops = 6 * parameters * tokens
   return rate / 1e9, int(tokens), flops / 1e12, flops / rate, parameters
+
+
+def steady_seconds(stderr, micro_batches):
+  """The main job's steady training seconds: its progress lines' rates
+  after STEADY_AFTER micro-batches (each over the micro-batches since the
+  line before), over every micro-batch it trained; None when it logged
+  too few."""
+  covered = seconds = 0.0
+  previous = None
+  for step, rate in ((int(s), float(r)) for s, r in RATE.findall(stderr)):
+    if previous is not None and step > STEADY_AFTER and rate > 0:
+      covered += step - previous
+      seconds += (step - previous) / rate
+    previous = step
+  if not covered:
+    return None
+  return seconds * micro_batches / covered
 
 
 def run_ours(root, epochs, seed, flags=(), env=None):
@@ -179,6 +214,7 @@ def run_ours(root, epochs, seed, flags=(), env=None):
   split = SPLIT.search(done.stdout)
   planned = PLANNED.search(done.stdout)
   return {"whole": whole, "train": float(trained.group(2)),
+          "steady": steady_seconds(done.stderr, micro_batches),
           "examples": micro_batches * int(split.group(1)),
           "accuracy": float(accuracy.group(1)),
           "split": f"{split.group(1)} x k={split.group(2)}",
@@ -265,6 +301,7 @@ def main():
     arrangements = [*ours, *peers]
     results = {name: [] for name in arrangements}
     versions = ""
+    rates = [matmul_rate()]
     for round_number in range(args.rounds):
       plans = {"ESTIMATOR_ACCUM_PLAN_CACHE": os.path.join(
           root, f"plans-{round_number}")}
@@ -282,6 +319,7 @@ def main():
           rows.fail(str(error))
           return rows.exit_code()
         results[name].append(result)
+      rates.append(matmul_rate())
     medians = {name: {key: statistics.median(r[key] for r in runs)
                       for key in ("whole", "train", "examples", "accuracy")}
                for name, runs in results.items()}
@@ -300,7 +338,8 @@ def main():
                   "examples/s": found["examples"] / found["train"],
                   "accuracy": found["accuracy"],
                   "whole vs Trainer's best": best / found["whole"]})
-    rate, tokens, tflop, seconds, parameters = floor(train_texts, args.epochs)
+    rate, tokens, tflop, seconds, parameters = floor(train_texts, args.epochs,
+                                                     rates)
     rows.add(**{"arrangement": f"FLOP floor: {tflop:.1f} TFLOP (6 x "
                                f"{parameters / 1e6:.1f}M non-embedding "
                                f"parameters x {tokens:,} real tokens) at "
@@ -311,6 +350,17 @@ def main():
           f"{medians[OURS]['train'] / seconds:.2f}x, Trainer's "
           f"best {min(medians[n]['train'] for n in peers) / seconds:.2f}x",
           flush=True)
+    print("matmul GFLOP/s before the runs and after each round: " +
+          ", ".join(f"{r:.0f}" for r in rates), flush=True)
+    steady = [r["steady"] for r in results[OURS] if r["steady"]]
+    if steady:
+      median = statistics.median(steady)
+      print(f"{OURS}: steady training {median:.1f} s (its progress lines "
+            f"after micro-batch {STEADY_AFTER}), {median / seconds:.2f}x "
+            f"the floor", flush=True)
+    else:
+      rows.fail(f"{OURS}: no progress line after micro-batch "
+                f"{STEADY_AFTER}: give more --epochs")
   return rows.exit_code()
 
 
