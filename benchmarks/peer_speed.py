@@ -23,7 +23,7 @@ floor measured here: TensorFlow's float32 matmul rate (2048 x 2048) and the
 job's work, 6 x the non-embedding parameters x the real tokens it trains
 on (attention's own products left out, as is usual): the training seconds
 no implementation can beat at that rate. The rate is measured before the
-first run and after each round, and the floor takes their median: this
+first run and after each run, and the floor takes their median: this
 machine's speed moves between half hours.
 
 The main job's steady training is also printed against the floor: its
@@ -319,7 +319,7 @@ def main():
           rows.fail(str(error))
           return rows.exit_code()
         results[name].append(result)
-      rates.append(matmul_rate())
+        rates.append(matmul_rate())
     medians = {name: {key: statistics.median(r[key] for r in runs)
                       for key in ("whole", "train", "examples", "accuracy")}
                for name, runs in results.items()}
@@ -350,7 +350,7 @@ def main():
           f"{medians[OURS]['train'] / seconds:.2f}x, Trainer's "
           f"best {min(medians[n]['train'] for n in peers) / seconds:.2f}x",
           flush=True)
-    print("matmul GFLOP/s before the runs and after each round: " +
+    print("matmul GFLOP/s before the runs and after each run: " +
           ", ".join(f"{r:.0f}" for r in rates), flush=True)
     steady = [r["steady"] for r in results[OURS] if r["steady"]]
     if steady:
