@@ -106,8 +106,6 @@ SPLITS = {
         [f"--train_batch_size={micro}",
          f"--gradient_accumulation_multiplier={32 // micro}"], {}, micro)
     for micro in (8, 16, 32)}
-TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
-RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
 # Examples between two progress lines (20 micro-batches of 8).
 LOG_EXAMPLES = 160
 # Examples left out (40 micro-batches of 8): the first steps' one-time costs.
@@ -123,11 +121,11 @@ def _run(flags, epochs, root, name, env=None, micro_batch=MICRO_BATCH):
        f"--log_every={log_every}", *flags],
       cwd=ROOT, capture_output=True, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
-  found = TRAINED.search(result.stdout)
+  found = bench.TRAINED.search(result.stdout)
   warm = WARM_EXAMPLES // micro_batch
   # Each line's rate is over the micro-batches since the line before.
-  rates = [float(rate) for step, rate in RATE.findall(result.stderr)
-           if int(step) > warm + log_every]
+  rates = [rate for step, rate in bench.progress_rates(result.stderr)
+           if step > warm + log_every]
   if result.returncode or not found:
     raise RuntimeError(f"{name}: exit {result.returncode}\n"
                        f"{result.stdout[-2000:]}{result.stderr[-2000:]}")

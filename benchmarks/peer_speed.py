@@ -74,11 +74,9 @@ from harness import bench  # noqa: E402
 
 PEER_VENV = os.path.join(ROOT, ".venv-peer")
 LOCAL_WHEELS = "/opt/wheels"
-TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
 ACCURACY = re.compile(r"eval on \d+ held-out examples: accuracy ([\d.]+)")
 SPLIT = re.compile(r"effective batch \d+ = .*x micro-batch (\d+) x k=(\d+);")
 PLANNED = re.compile(r"planned in ([\d.]+) s")
-RATE = re.compile(r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
 # Progress lines at or before this micro-batch are left out of the steady
 # rate (40 micro-batches of one-time costs, and the line that spans them).
 STEADY_AFTER = 90
@@ -187,7 +185,7 @@ def steady_seconds(stderr, micro_batches):
   too few."""
   covered = seconds = 0.0
   previous = None
-  for step, rate in ((int(s), float(r)) for s, r in RATE.findall(stderr)):
+  for step, rate in bench.progress_rates(stderr):
     if previous is not None and step > STEADY_AFTER and rate > 0:
       covered += step - previous
       seconds += (step - previous) / rate
@@ -206,7 +204,8 @@ def run_ours(root, epochs, seed, flags=(), env=None):
       cwd=ROOT, capture_output=True, text=True, check=False,
       env=None if env is None else dict(os.environ, **env))
   whole = time.perf_counter() - started
-  trained, accuracy = TRAINED.search(done.stdout), ACCURACY.search(done.stdout)
+  trained = bench.TRAINED.search(done.stdout)
+  accuracy = ACCURACY.search(done.stdout)
   if done.returncode or not trained or not accuracy:
     raise RuntimeError(f"run_classifier.py: exit {done.returncode}: "
                        f"{done.stdout[-1500:]}{done.stderr[-1500:]}")

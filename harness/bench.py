@@ -22,6 +22,7 @@ in one run is the rule (these machines are shared and noisy).
 
 import argparse
 import json
+import re
 import sys
 
 __all__ = ["Rows", "parser"]  # and StepTimer, below
@@ -36,6 +37,20 @@ def __getattr__(name):
     return StepTimer
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+
+# run_classifier.py's own lines, as the benchmarks that run it read them:
+# its training's end, and its progress lines (each line's rate is over the
+# micro-batches since the line before).
+TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
+_PROGRESS = re.compile(
+    r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
+
+
+def progress_rates(log):
+  """[(micro-batch, micro-batches a second since the line before)] of
+  run_classifier.py's progress lines in `log` (its stderr)."""
+  return [(int(step), float(rate)) for step, rate in _PROGRESS.findall(log)]
 
 
 def parser(doc, repeats=None):
