@@ -35,7 +35,7 @@ from absl import logging  # noqa: E402
 
 import estimator_accum  # noqa: E402
 from data import bert_features, classification  # noqa: E402
-from harness import bench  # noqa: E402
+from harness import bench, support  # noqa: E402
 from models import console  # noqa: E402
 from models.bert import (  # noqa: E402
   classifier,
@@ -123,8 +123,8 @@ class Setup:
         session.run(init)
         if self.start is None:
           self.start = session.run({v.op.name: v for v in trainable})
-        for variable in trainable:
-          variable.load(self.start[variable.op.name], session)
+        support.load_variables(session, {
+            v: self.start[v.op.name] for v in trainable})
         if timed:
           for _ in range(k):
             session.run(train_op)

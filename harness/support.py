@@ -464,11 +464,13 @@ def depends_on(op, ancestors):
 
 def load_variables(session, values):
   """Writes `values` ({variable: array}) into the session's variables in one
-  run. A run per variable (`variable.load`) builds and optimizes a new
-  executor for each, which took most of some tests' time."""
-  placeholders = {variable: tf.compat.v1.placeholder(
-      variable.dtype.base_dtype, variable.shape) for variable in values}
-  session.run(tf.group([variable.assign(placeholder)
-                        for variable, placeholder in placeholders.items()]),
-              {placeholders[variable]: value
-               for variable, value in values.items()})
+  run (its ops made in the session's graph, whatever the default one). A
+  run per variable (`variable.load`) builds and optimizes a new executor
+  for each, which took most of some tests' time."""
+  with session.graph.as_default():
+    placeholders = {variable: tf.compat.v1.placeholder(
+        variable.dtype.base_dtype, variable.shape) for variable in values}
+    load = tf.group([variable.assign(placeholder)
+                     for variable, placeholder in placeholders.items()])
+  session.run(load, {placeholders[variable]: value
+                     for variable, value in values.items()})
