@@ -31,6 +31,14 @@ seconds a micro-batch from its progress lines after the first 90
 micro-batches (the session's start, Grappler and XLA's first compiles left
 out; the checkpoints inside), times every micro-batch it trained.
 
+The 2048 x 2048 rate is not what the job's own products reach: a default
+micro-batch is ~216 token rows unpadded. So the rate of one layer's
+products at that height (forward and both gradients, nothing else; sampled
+beside the 2048^2 rate) is printed too, with the job's FLOPs at it: what
+the products alone take, and steady training against that. The floor's
+products run on the main job's CPU path (oneDNN on, as run_classifier.py
+sets it, unless TF_ENABLE_ONEDNN_OPTS says otherwise).
+
 With `--splits 16x2,...` the main job also runs at those splits of its
 effective batch 32 (`--train_batch_size`, `--gradient_accumulation_multiplier`:
 every update the mean over the same 32 examples); `--splits fastest`
@@ -69,6 +77,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The floor's products on the main job's own CPU path: run_classifier.py
+# turns oneDNN on on every CPU, and TensorFlow's own default is on only with
+# AVX-512 (without it, the floor was once Eigen's rate, not the job's).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 from harness import bench  # noqa: E402
 
@@ -81,6 +93,7 @@ PLANNED = re.compile(r"planned in ([\d.]+) s")
 # rate (40 micro-batches of one-time costs, and the line that spans them).
 STEADY_AFTER = 90
 MAX_LENGTH = 128
+MICRO_BATCH = 8  # run_classifier.py's default micro-batch (k=4).
 OURS = "run_classifier.py (its defaults)"
 FASTEST = "run_classifier.py --micro_batch_size fastest"
 FASTEST_CACHED = ("run_classifier.py --micro_batch_size fastest, its plan "
@@ -158,10 +171,44 @@ def matmul_rate():
   return 2 * size ** 3 * repeats / (time.perf_counter() - started) / 1e9
 
 
-def floor(train_texts, epochs, rates):
-  """(matmul GFLOP/s, real tokens, TFLOP, floor seconds, parameters) on
-  this machine: the median of `rates` (GFLOP/s measured around the
-  runs)."""
+def layer_products_rate(rows, hidden, intermediate):
+  """TensorFlow's float32 rate on the main job's own products, GFLOP/s:
+  one layer's six weight products ([rows, hidden] x the query, key, value
+  and output kernels, x [hidden, intermediate], [rows, intermediate] x
+  [intermediate, hidden]) forward, and each one's input gradient (x the
+  kernel transposed) and kernel gradient (the input transposed x the
+  output's gradient), at `rows` token rows (a micro-batch unpadded), in
+  one graph as a training step runs them: the independent products side
+  by side on the inter-op threads, nothing but products."""
+  import tensorflow as tf  # noqa: PLC0415
+
+  shapes = [(hidden, hidden)] * 4 + [(hidden, intermediate),
+                                     (intermediate, hidden)]
+  inputs = [tf.random.normal([rows, a]) for a, _ in shapes]
+  kernels = [tf.random.normal([a, b]) for a, b in shapes]
+  outputs = [tf.random.normal([rows, b]) for _, b in shapes]
+
+  @tf.function(autograph=False)
+  def products():
+    done = []
+    for x, w, dy in zip(inputs, kernels, outputs):
+      done += [tf.reduce_sum(tf.matmul(x, w)[:1, :1]),
+               tf.reduce_sum(tf.matmul(dy, w, transpose_b=True)[:1, :1]),
+               tf.reduce_sum(tf.matmul(x, dy, transpose_a=True)[:1, :1])]
+    return tf.add_n(done)
+
+  products().numpy()
+  repeats = 50
+  started = time.perf_counter()
+  for _ in range(repeats):
+    products().numpy()
+  flops = 3 * 2 * rows * sum(a * b for a, b in shapes)
+  return flops * repeats / (time.perf_counter() - started) / 1e9
+
+
+def job_work(train_texts, epochs):
+  """(real tokens, non-embedding parameters, hidden size, intermediate
+  size) of the main job's training."""
   from models.bert import modeling, pretrained, tokenization  # noqa: PLC0415
 
   checkpoint = pretrained.minilm_checkpoint()
@@ -173,9 +220,16 @@ def floor(train_texts, epochs, rates):
   h, i = config.hidden_size, config.intermediate_size
   per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
   parameters = config.num_hidden_layers * per_layer + h * h + h + 2 * h + 2
+  return int(tokens), parameters, h, i
+
+
+def floor(work, rates):
+  """(matmul GFLOP/s, TFLOP, floor seconds) of the job's `work` on this
+  machine: the median of `rates` (GFLOP/s measured around the runs)."""
+  tokens, parameters = work[:2]
   rate = statistics.median(rates) * 1e9
   flops = 6 * parameters * tokens
-  return rate / 1e9, int(tokens), flops / 1e12, flops / rate, parameters
+  return rate / 1e9, flops / 1e12, flops / rate
 
 
 def steady_seconds(stderr, micro_batches):
@@ -279,6 +333,10 @@ def main():
     os.makedirs(data)
     train_texts = write_examples(data)
     model = pretrained.minilm_hf_dir()
+    work = job_work(train_texts, args.epochs)
+    # A default micro-batch's token rows, unpadded: its products' height.
+    token_rows = round(MICRO_BATCH * work[0] /
+                       (args.epochs * len(train_texts)))
     ours = {OURS: []}
     for split in filter(None, args.splits.split(",")):
       if split == "fastest":
@@ -300,7 +358,13 @@ def main():
     arrangements = [*ours, *peers]
     results = {name: [] for name in arrangements}
     versions = ""
-    rates = [matmul_rate()]
+    rates, layer_rates = [], []
+
+    def sample():
+      rates.append(matmul_rate())
+      layer_rates.append(layer_products_rate(token_rows, *work[2:]))
+
+    sample()
     for round_number in range(args.rounds):
       plans = {"ESTIMATOR_ACCUM_PLAN_CACHE": os.path.join(
           root, f"plans-{round_number}")}
@@ -318,7 +382,7 @@ def main():
           rows.fail(str(error))
           return rows.exit_code()
         results[name].append(result)
-        rates.append(matmul_rate())
+        sample()
     medians = {name: {key: statistics.median(r[key] for r in runs)
                       for key in ("whole", "train", "examples", "accuracy")}
                for name, runs in results.items()}
@@ -337,8 +401,8 @@ def main():
                   "examples/s": found["examples"] / found["train"],
                   "accuracy": found["accuracy"],
                   "whole vs Trainer's best": best / found["whole"]})
-    rate, tokens, tflop, seconds, parameters = floor(train_texts, args.epochs,
-                                                     rates)
+    tokens, parameters = work[:2]
+    rate, tflop, seconds = floor(work, rates)
     rows.add(**{"arrangement": f"FLOP floor: {tflop:.1f} TFLOP (6 x "
                                f"{parameters / 1e6:.1f}M non-embedding "
                                f"parameters x {tokens:,} real tokens) at "
@@ -351,12 +415,22 @@ def main():
           flush=True)
     print("matmul GFLOP/s before the runs and after each run: " +
           ", ".join(f"{r:.0f}" for r in rates), flush=True)
+    layer_rate, _, layer_seconds = floor(work, layer_rates)
+    print(f"the job's own products (a layer's six weight products forward "
+          f"and both their gradients, at micro-batch {MICRO_BATCH}'s mean "
+          f"{token_rows} token rows, products only): GFLOP/s before the runs and "
+          f"after each run: " + ", ".join(f"{r:.0f}" for r in layer_rates) +
+          f"; {statistics.median(b / a for a, b in zip(rates, layer_rates)):.2f}"
+          f"x the 2048^2 rate: the job's FLOPs at their own shapes' rate take "
+          f"{layer_seconds:.1f} s, {layer_seconds / seconds:.2f}x the floor",
+          flush=True)
     steady = [r["steady"] for r in results[OURS] if r["steady"]]
     if steady:
       median = statistics.median(steady)
       print(f"{OURS}: steady training {median:.1f} s (its progress lines "
             f"after micro-batch {STEADY_AFTER}), {median / seconds:.2f}x "
-            f"the floor", flush=True)
+            f"the floor, {median / layer_seconds:.2f}x its products at "
+            f"their own shapes' rate ({layer_rate:.0f} GFLOP/s)", flush=True)
     else:
       print(f"{OURS}: steady training not measured: no progress line "
             f"after micro-batch {STEADY_AFTER} (give more --epochs)",
