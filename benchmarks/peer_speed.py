@@ -415,26 +415,32 @@ def main():
           flush=True)
     print("matmul GFLOP/s before the runs and after each run: " +
           ", ".join(f"{r:.0f}" for r in rates), flush=True)
-    layer_rate, _, layer_seconds = floor(work, layer_rates)
+    # Each sample's two rates come from the same minute: their ratio moves
+    # less than either rate across a run.
+    ratio = statistics.median(b / a for a, b in zip(rates, layer_rates))
+    layer_rate, layer_seconds = rate * ratio, seconds / ratio
     print(f"the job's own products (a layer's six weight products forward "
           f"and both their gradients, at micro-batch {MICRO_BATCH}'s mean "
-          f"{token_rows} token rows, products only): GFLOP/s before the runs and "
-          f"after each run: " + ", ".join(f"{r:.0f}" for r in layer_rates) +
-          f"; {statistics.median(b / a for a, b in zip(rates, layer_rates)):.2f}"
-          f"x the 2048^2 rate: the job's FLOPs at their own shapes' rate take "
+          f"{token_rows} token rows, products only): GFLOP/s beside each "
+          f"2048^2 sample: " + ", ".join(f"{r:.0f}" for r in layer_rates) +
+          f"; {ratio:.2f}x the 2048^2 rate (the median ratio): at "
+          f"{layer_rate:.0f} GFLOP/s the job's FLOPs take "
           f"{layer_seconds:.1f} s, {layer_seconds / seconds:.2f}x the floor",
           flush=True)
-    steady = [r["steady"] for r in results[OURS] if r["steady"]]
-    if steady:
+    for name in ours:
+      steady = [r["steady"] for r in results[name] if r["steady"]]
+      if not steady:
+        print(f"{name}: steady training not measured: no progress line "
+              f"after micro-batch {STEADY_AFTER} (give more --epochs)",
+              flush=True)
+        continue
       median = statistics.median(steady)
-      print(f"{OURS}: steady training {median:.1f} s (its progress lines "
+      print(f"{name}: steady training {median:.1f} s (its progress lines "
             f"after micro-batch {STEADY_AFTER}), {median / seconds:.2f}x "
-            f"the floor, {median / layer_seconds:.2f}x its products at "
-            f"their own shapes' rate ({layer_rate:.0f} GFLOP/s)", flush=True)
-    else:
-      print(f"{OURS}: steady training not measured: no progress line "
-            f"after micro-batch {STEADY_AFTER} (give more --epochs)",
-            flush=True)
+            f"the floor" + (
+                f", {median / layer_seconds:.2f}x its products at their own "
+                f"shapes' rate ({layer_rate:.0f} GFLOP/s)" if name == OURS
+                else ""), flush=True)
   return rows.exit_code()
 
 
