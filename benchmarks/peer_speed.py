@@ -65,6 +65,7 @@ requirements-peer.txt` (this machine kind's disk holds PyTorch's CPU
 build; elsewhere pip takes PyTorch from the registry).
 """
 
+import collections
 import json
 import os
 import re
@@ -162,13 +163,8 @@ def matmul_rate():
 
   size = 2048
   a = tf.random.normal([size, size])
-  matmul = tf.function(lambda x: tf.matmul(x, x), autograph=False)
-  matmul(a).numpy()
-  repeats = 20
-  started = time.perf_counter()
-  for _ in range(repeats):
-    matmul(a).numpy()
-  return 2 * size ** 3 * repeats / (time.perf_counter() - started) / 1e9
+  matmul = tf.function(lambda: tf.matmul(a, a), autograph=False)
+  return _gflops(matmul, 2 * size ** 3, repeats=20)
 
 
 def layer_products_rate(rows, hidden, intermediate):
@@ -197,18 +193,27 @@ def layer_products_rate(rows, hidden, intermediate):
                tf.reduce_sum(tf.matmul(x, dy, transpose_a=True)[:1, :1])]
     return tf.add_n(done)
 
-  products().numpy()
-  repeats = 50
+  return _gflops(products, 3 * 2 * rows * sum(a * b for a, b in shapes),
+                 repeats=50)
+
+
+def _gflops(run, flops, repeats):
+  """GFLOP/s of `run` (a tf.function of `flops` each call), traced and run
+  once first, then timed over `repeats` calls."""
+  run().numpy()
   started = time.perf_counter()
   for _ in range(repeats):
-    products().numpy()
-  flops = 3 * 2 * rows * sum(a * b for a, b in shapes)
+    run().numpy()
   return flops * repeats / (time.perf_counter() - started) / 1e9
 
 
+Work = collections.namedtuple(
+    "Work", ["tokens", "parameters", "hidden", "intermediate"])
+
+
 def job_work(train_texts, epochs):
-  """(real tokens, non-embedding parameters, hidden size, intermediate
-  size) of the main job's training."""
+  """The main job's training: its real tokens, non-embedding parameters,
+  hidden and intermediate sizes (a `Work`)."""
   from models.bert import modeling, pretrained, tokenization  # noqa: PLC0415
 
   checkpoint = pretrained.minilm_checkpoint()
@@ -220,15 +225,14 @@ def job_work(train_texts, epochs):
   h, i = config.hidden_size, config.intermediate_size
   per_layer = 4 * (h * h + h) + 2 * h * i + i + h + 4 * h
   parameters = config.num_hidden_layers * per_layer + h * h + h + 2 * h + 2
-  return int(tokens), parameters, h, i
+  return Work(int(tokens), parameters, h, i)
 
 
 def floor(work, rates):
   """(matmul GFLOP/s, TFLOP, floor seconds) of the job's `work` on this
   machine: the median of `rates` (GFLOP/s measured around the runs)."""
-  tokens, parameters = work[:2]
   rate = statistics.median(rates) * 1e9
-  flops = 6 * parameters * tokens
+  flops = 6 * work.parameters * work.tokens
   return rate / 1e9, flops / 1e12, flops / rate
 
 
@@ -335,7 +339,7 @@ def main():
     model = pretrained.minilm_hf_dir()
     work = job_work(train_texts, args.epochs)
     # A default micro-batch's token rows, unpadded: its products' height.
-    token_rows = round(MICRO_BATCH * work[0] /
+    token_rows = round(MICRO_BATCH * work.tokens /
                        (args.epochs * len(train_texts)))
     ours = {OURS: []}
     for split in filter(None, args.splits.split(",")):
@@ -362,7 +366,8 @@ def main():
 
     def sample():
       rates.append(matmul_rate())
-      layer_rates.append(layer_products_rate(token_rows, *work[2:]))
+      layer_rates.append(layer_products_rate(token_rows, work.hidden,
+                                             work.intermediate))
 
     sample()
     for round_number in range(args.rounds):
@@ -401,11 +406,10 @@ def main():
                   "examples/s": found["examples"] / found["train"],
                   "accuracy": found["accuracy"],
                   "whole vs Trainer's best": best / found["whole"]})
-    tokens, parameters = work[:2]
     rate, tflop, seconds = floor(work, rates)
     rows.add(**{"arrangement": f"FLOP floor: {tflop:.1f} TFLOP (6 x "
-                               f"{parameters / 1e6:.1f}M non-embedding "
-                               f"parameters x {tokens:,} real tokens) at "
+                               f"{work.parameters / 1e6:.1f}M non-embedding "
+                               f"parameters x {work.tokens:,} real tokens) at "
                                f"{rate:.0f} GFLOP/s (tf.matmul 2048^2)",
                 "whole s": "", "training s": seconds, "examples/s": "",
                 "accuracy": "", "whole vs Trainer's best": ""})
