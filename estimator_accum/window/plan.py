@@ -164,8 +164,9 @@ def _check_xla_auto_clustering(trained):
       f"TF_XLA_FLAGS={flags!r} clusters the graph for XLA on the CPU, and "
       f"XLA aborts the process on the window of a table's gradient "
       f"({', '.join(tables[:3])}): unset --tf_xla_cpu_global_jit (or set "
-      f"--tf_xla_auto_jit=0); fused_apply=True compiles the window's end "
-      f"alone with XLA.")
+      f"--tf_xla_auto_jit=0), or keep XLA to the ops it fuses "
+      f"(--tf_xla_ops_to_cluster=FUSIBLE); fused_apply=True compiles the "
+      f"window's end alone with XLA.")
 
 
 def _kind(gradient, compact, placement):

@@ -119,5 +119,6 @@ def _check_xla_auto_jit(values):
         f"TF_XLA_FLAGS={value!r} clusters the training graph with XLA on "
         "CPU, which aborts the process on it (inside XLA, on the window "
         "of the word embeddings' gradient; measured on TensorFlow 2.15 and "
-        "2.21, k=1, 2 and 4): unset it (--fused_apply compiles the "
-        "window's end alone with XLA).")
+        "2.21, k=1, 2 and 4): unset it, or keep XLA to the ops it fuses "
+        "(--tf_xla_ops_to_cluster=FUSIBLE; slower here, docs/bert.md); "
+        "--fused_apply compiles the window's end alone with XLA.")

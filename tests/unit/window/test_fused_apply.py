@@ -596,6 +596,61 @@ def test_xla_auto_clustering_of_a_table_is_refused_not_a_crash(tmp_path,
       r"on the window of a table's gradient \(table\)", last), last
 
 
+_TABLE_WEIGHTS = """
+import json
+import numpy as np
+import tensorflow as tf
+import estimator_accum
+tf.compat.v1.disable_eager_execution()
+init = tf.compat.v1.random_normal_initializer
+table = tf.compat.v1.get_variable("table", [100, 8], use_resource=True,
+                                  initializer=init(seed=1))
+kernel = tf.compat.v1.get_variable("kernel", [8, 1], use_resource=True,
+                                   initializer=init(seed=2))
+ids = tf.constant(np.random.RandomState(0).randint(0, 100, (4, 5)))
+pooled = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), 1)
+loss = tf.reduce_mean(tf.square(tf.tanh(tf.matmul(pooled, kernel))))
+tf.compat.v1.train.get_or_create_global_step()
+op = estimator_accum.build_accumulating_train_op(
+    loss, tf.compat.v1.train.AdamOptimizer(0.01), 4,
+    log_every_n_micro_batches=None, sparse_accumulation={sparse})
+with tf.compat.v1.Session() as session:
+  session.run(tf.compat.v1.global_variables_initializer())
+  start = session.run(kernel)
+  for _ in range(12):
+    session.run(op)
+  print("MOVED", float(np.max(np.abs(session.run(kernel) - start))))
+  print("WEIGHTS " + json.dumps(
+      [v.ravel().tolist() for v in session.run([table, kernel])]))
+"""
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_xla_clustering_of_fusible_ops_trains_a_table_window(tmp_path,
+                                                             sparse):
+  # Kept to the op kinds XLA fuses, clustering does not abort the window
+  # of a table's gradient: not refused, and the weights are those without
+  # XLA (three windows of Adam).
+  weights = []
+  for flags in ("", _AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=FUSIBLE"):
+    env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
+               CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
+               TF_CPP_MIN_LOG_LEVEL="2", TF_XLA_FLAGS=flags)
+    run = subprocess.run(
+        [sys.executable, "-c", _TABLE_WEIGHTS.format(sparse=sparse)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        check=False)
+    line = next((li for li in run.stdout.splitlines()
+                 if li.startswith("WEIGHTS ")), None)
+    assert run.returncode == 0 and line, (flags, run.stderr[-2000:])
+    moved = float(run.stdout.split("MOVED ")[1].split()[0])
+    assert moved > 1e-3, moved  # three updates of Adam at 0.01
+    weights.append([np.array(v) for v in json.loads(line[len("WEIGHTS "):])])
+  without, with_xla = weights
+  for a, b in zip(with_xla, without):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_xla_auto_clustering_of_dense_gradients_builds(monkeypatch):
   # Built only: XLA reads TF_XLA_FLAGS once a process, at its first
   # session, and the suite's later sessions must not cluster.
@@ -614,6 +669,12 @@ def test_xla_auto_clustering_of_dense_gradients_builds(monkeypatch):
     ("--tf_xla_auto_jit=1 --tf_xla_cpu_global_jit=false", False),
     ("--tf_xla_cpu_global_jit", False),
     ("", False),
+    # Kept to XLA's fusible op kinds, the window trains (measured).
+    (_AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=FUSIBLE", False),
+    (_AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=PW,RED", False),
+    # Ops named: clustering, as any op may be listed.
+    (_AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=FUSIBLE,MatMul", True),
+    (_AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=", True),
 ])
 def test_which_xla_flags_cluster_on_cpu(monkeypatch, flags, clusters):
   monkeypatch.setenv("TF_XLA_FLAGS", flags)
