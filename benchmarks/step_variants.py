@@ -58,20 +58,11 @@ MINILM = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6,
 MICRO_BATCH = 8
 
 
-def _weights(inputs, units, name, initializer_range):
-  with tf.compat.v1.variable_scope(name):
-    kernel = tf.compat.v1.get_variable(
-        "kernel", [inputs.shape[-1], units],
-        initializer=modeling._initializer(initializer_range))  # noqa: SLF001
-    bias = tf.compat.v1.get_variable(
-        "bias", [units], initializer=tf.compat.v1.zeros_initializer())
-  return tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
-
-
 def _matrix_dense(add_bias):
   """A dense layer as one matrix product of the rows, then `add_bias`."""
   def dense(inputs, units, name, initializer_range, activation=None):
-    kernel, bias = _weights(inputs, units, name, initializer_range)
+    kernel, bias = modeling.dense_variables(inputs, units, name,
+                                           initializer_range)
     rows = inputs if inputs.shape.rank == 2 else tf.reshape(
         inputs, [-1, inputs.shape[-1]])
     output = add_bias(tf.matmul(rows, kernel), bias)
@@ -83,26 +74,12 @@ def _matrix_dense(add_bias):
   return dense
 
 
-def _keep(inputs, rate, keys, seed, site):
-  """keyed_dropout's keep mask, the same bits."""
-  site_salt = keyed_dropout.salt(seed, site)
-  rows = keyed_dropout.mix(keyed_dropout._xor(  # noqa: SLF001
-      keyed_dropout._word(keys), site_salt))  # noqa: SLF001
-  columns = keyed_dropout.mix(keyed_dropout._xor(  # noqa: SLF001
-      keyed_dropout._word(tf.range(tf.shape(inputs)[-1])),  # noqa: SLF001
-      keyed_dropout._mix_int(site_salt ^ 0x85EBCA6B)))  # noqa: SLF001
-  values = keyed_dropout.mix(
-      tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
-      last_shift=False)
-  return values >= tf.constant(min(round(rate * 2.0**32), 0xFFFFFFFF),
-                               values.dtype)
-
-
 def _scalar_zero(inputs, rate, keys, *, seed=0, site):
   if not rate:
     return inputs
   scale = tf.cast(1.0 / (1.0 - rate), inputs.dtype)
-  return tf.where(_keep(inputs, rate, keys, seed, site), inputs * scale,
+  return tf.where(keyed_dropout.keep_mask(inputs, rate, keys, seed=seed,
+                                            site=site), inputs * scale,
                   tf.constant(0, inputs.dtype))
 
 
@@ -110,8 +87,8 @@ def _mask_multiply(inputs, rate, keys, *, seed=0, site):
   if not rate:
     return inputs
   scale = tf.cast(1.0 / (1.0 - rate), inputs.dtype)
-  return inputs * (tf.cast(_keep(inputs, rate, keys, seed, site),
-                           inputs.dtype) * scale)
+  return inputs * (tf.cast(keyed_dropout.keep_mask(
+      inputs, rate, keys, seed=seed, site=site), inputs.dtype) * scale)
 
 
 def _no_dropout(inputs, rate, keys, *, seed=0, site):

@@ -155,6 +155,14 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
       keys.shape.rank != inputs.shape.rank - 1):
     raise ValueError(f"keys must have the shape of inputs without its last "
                      f"axis, {inputs.shape[:-1]}, got {keys.shape}")
+  scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
+  return tf.where(keep_mask(inputs, rate, keys, seed=seed, site=site), scaled,
+                  tf.zeros_like(scaled))
+
+
+def keep_mask(inputs, rate, keys, *, seed, site):
+  """bool, `inputs`' shape: which elements `keyed_dropout` keeps (its
+  arguments, checked there)."""
   site_salt = salt(seed, site)
   rows = mix(_xor(_word(keys), site_salt))
   columns = mix(_xor(_word(tf.range(tf.shape(inputs)[-1])),
@@ -162,7 +170,5 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
   # The keep test reads the high bits: the last xor-shift adds nothing.
   values = mix(tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
                last_shift=False)
-  keep = values >= tf.constant(min(round(rate * 2.0**32), _MASK32),
-                             values.dtype)
-  scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
-  return tf.where(keep, scaled, tf.zeros_like(scaled))
+  return values >= tf.constant(min(round(rate * 2.0**32), _MASK32),
+                               values.dtype)

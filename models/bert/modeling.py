@@ -730,15 +730,21 @@ def _initializer(stddev):
 
 def _dense(inputs, units, name, initializer_range, activation=None):
   """A dense layer with Google's variable names `<name>/kernel`, `/bias`."""
+  kernel, bias = dense_variables(inputs, units, name, initializer_range)
+  output = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]]) + bias
+  return activation(output) if activation else output
+
+
+def dense_variables(inputs, units, name, initializer_range):
+  """A dense layer's `<name>/kernel` and `/bias` (made or reused), cast to
+  `inputs`' dtype."""
   with tf.compat.v1.variable_scope(name):
     kernel = tf.compat.v1.get_variable(
         "kernel", [inputs.shape[-1], units],
         initializer=_initializer(initializer_range))
     bias = tf.compat.v1.get_variable(
         "bias", [units], initializer=tf.compat.v1.zeros_initializer())
-  kernel, bias = tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
-  output = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]]) + bias
-  return activation(output) if activation else output
+  return tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
 
 
 def _layer_norm(inputs, epsilon, scope="LayerNorm"):

@@ -575,16 +575,22 @@ print("trained")
 """
 
 
+def _run_with_xla_flags(script, flags, cwd):
+  """`script` in a process of its own (XLA reads TF_XLA_FLAGS once a
+  process) with `flags` as TF_XLA_FLAGS, on the CPU."""
+  env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
+             CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
+             TF_CPP_MIN_LOG_LEVEL="2", TF_XLA_FLAGS=flags)
+  return subprocess.run([sys.executable, "-c", script], env=env, cwd=cwd,
+                        capture_output=True, text=True, timeout=300,
+                        check=False)
+
+
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_xla_auto_clustering_of_a_table_is_refused_not_a_crash(tmp_path,
                                                                accumulate):
-  env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
-             CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
-             TF_CPP_MIN_LOG_LEVEL="2", TF_XLA_FLAGS=_AUTO_CLUSTERING)
-  run = subprocess.run(
-      [sys.executable, "-c", _TABLE_RUN.format(accumulate=accumulate)],
-      env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-      check=False)
+  run = _run_with_xla_flags(_TABLE_RUN.format(accumulate=accumulate),
+                            _AUTO_CLUSTERING, tmp_path)
   if not accumulate:  # plain TensorFlow trains the same model under it
     assert run.returncode == 0 and "trained" in run.stdout, run.stderr[-2000:]
     return
@@ -633,13 +639,8 @@ def test_xla_clustering_of_fusible_ops_trains_a_table_window(tmp_path,
   # XLA (three windows of Adam).
   weights = []
   for flags in ("", _AUTO_CLUSTERING + " --tf_xla_ops_to_cluster=FUSIBLE"):
-    env = dict(os.environ, ESTIMATOR_ACCUM_TEST_FORK="0",
-               CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(_REPO),
-               TF_CPP_MIN_LOG_LEVEL="2", TF_XLA_FLAGS=flags)
-    run = subprocess.run(
-        [sys.executable, "-c", _TABLE_WEIGHTS.format(sparse=sparse)],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        check=False)
+    run = _run_with_xla_flags(_TABLE_WEIGHTS.format(sparse=sparse), flags,
+                              tmp_path)
     line = next((li for li in run.stdout.splitlines()
                  if li.startswith("WEIGHTS ")), None)
     assert run.returncode == 0 and line, (flags, run.stderr[-2000:])
