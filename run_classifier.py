@@ -174,8 +174,9 @@ class ClassifierRun:
 
     def train(plan):
       started = time.perf_counter()
-      self._train(estimator_for(plan), plan, train_file, num_train_updates)
-      print(training.report(time.perf_counter() - started,
+      trained = self._train(estimator_for(plan), plan, train_file,
+                            num_train_updates)
+      print(training.report(time.perf_counter() - started, trained,
                             num_train_updates * plan.k), flush=True)
 
     if self.flags.do_train:
@@ -262,6 +263,8 @@ class ClassifierRun:
       raise UsageError(str(error)) from None
 
   def _train(self, estimator, plan, train_file, num_train_updates):
+    """Trains to the run's last micro-batch; returns how many this
+    process set out to train (those left after where it resumed)."""
     between_graph = self.between_graph
     packing = self.flags.pack_windows
     # Where this run goes on (said once); parameter-server workers share one
@@ -293,6 +296,7 @@ class ClassifierRun:
     else:
       estimator.train(train_input, max_steps=max_steps,
                       hooks=training.summary_hooks(estimator))
+    return max(max_steps - skip, 0)
 
   def _evaluate_and_predict(self, estimator):
     if self.flags.do_eval:

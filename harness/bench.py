@@ -42,7 +42,8 @@ def __getattr__(name):
 # run_classifier.py's own lines, as the benchmarks that run it read them:
 # its training's end, and its progress lines (each line's rate is over the
 # micro-batches since the line before).
-TRAINED = re.compile(r"trained (\d+) micro-batches in ([\d.]+) s")
+TRAINED = re.compile(
+    r"trained (\d+) micro-batches(?: \([^)]*\))? in ([\d.]+) s")
 _PROGRESS = re.compile(
     r"micro-batch (\d+)/\d+ .*\| ([\d.]+) micro-batches/sec")
 

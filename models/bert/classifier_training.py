@@ -202,13 +202,20 @@ def describe(flags, plan, workers, replicas, between_graph,
           "one the classifier reads (--pooled_only)", flush=True)
 
 
-def report(seconds, micro_batches):
-  """One line: the training's time and the allocator's peak of tensor
-  memory (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=
-  true, which holds tensors as a GPU's allocator does)."""
+def report(seconds, micro_batches, total=None):
+  """One line: the training's time (`micro_batches` trained by this
+  process, of the run's `total`) and the allocator's peak of tensor memory
+  (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=true,
+  which holds tensors as a GPU's allocator does)."""
+  total = micro_batches if total is None else total
+  if not micro_batches:
+    return (f"nothing left to train: the run is at micro-batch {total} of "
+            f"{total} ({seconds:.1f} s)")
+  resumed = (f" (resumed: the last {micro_batches} of {total})"
+             if micro_batches < total else "")
   device = estimator_accum.planner.default_device()
-  line = (f"trained {micro_batches} micro-batches in {seconds:.1f} s "
-          f"({seconds / max(micro_batches, 1):.3f} s each)")
+  line = (f"trained {micro_batches} micro-batches{resumed} in "
+          f"{seconds:.1f} s ({seconds / micro_batches:.3f} s each)")
   try:
     peak = tf.config.experimental.get_memory_info(device)["peak"]
   except ValueError:

@@ -63,6 +63,8 @@ def first_run(tiny_model, tmp_path_factory):
   resumed = runs._run(runs._flags(model, data, without, **RESUMED))
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "at micro-batch 24" in resumed.stdout
+  assert re.search(r"^trained 36 micro-batches \(resumed: the last 36 of "
+                   r"60\) in [\d.]+ s", resumed.stdout, re.M), resumed.stdout
   return model, data, output_dir, _weights(without)
 
 
@@ -146,6 +148,13 @@ def test_an_empty_state_file_resumes_from_the_newest(first_run, tmp_path):
   assert "at micro-batch 30" in result.stdout
   assert tf.train.load_checkpoint(str(output_dir)).get_tensor(
       "global_step") == 60
+  # Run again on the finished directory: nothing is trained, and the line
+  # says so (not "trained 60 micro-batches in 0.1 s").
+  again = runs._run(runs._flags(model, data, output_dir, **RESUMED))
+  assert again.returncode == 0, again.stderr[-3000:]
+  assert "nothing left to train: the run is at micro-batch 60 of 60" in (
+      again.stdout), again.stdout
+  assert "trained 60 micro-batches" not in again.stdout
 
 
 @pytest.fixture
