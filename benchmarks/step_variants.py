@@ -24,15 +24,23 @@ scale`), and without dropout (a ceiling on what any dropout could save,
 not a choice: the masks are part of the job). The masks are the same in
 all but the last.
 
+`--ceilings`: what fused kernels for the element-wise blocks could save at
+most: the step without the layer norms' normalization (`* gamma + beta`
+kept), without the GELU, without dropout, and without all three. None is
+the same function; each is a bound on what any kernel computing that block
+(it must still read and write its tensor) could gain.
+
 Prints the median ms a step of each variant, the ratio against the first,
 and, for each variant that computes the same function, the largest
 difference of its gradients from the first's (relative to the largest
 gradient; over 1e-5 fails).
 
-  python benchmarks/step_variants.py --dense|--dropout [--rounds 15]
+  python benchmarks/step_variants.py --dense|--dropout|--ceilings
+      [--rounds 15]
       [--lengths 20,24,28,32,40,48,64]
 """
 
+import contextlib
 import os
 import statistics
 import sys
@@ -113,7 +121,46 @@ DROPOUT = {
 }
 
 
+def _no_normalization(inputs, epsilon):
+  del epsilon
+  return inputs
+
+
+def _no_activation(inputs):
+  return inputs
+
+
+# A ceiling's blocks left out: (where, name, replacement) each.
+_LEFT_OUT = {
+    "layer norm": (modeling, "normalize_last_axis", _no_normalization),
+    "GELU": (modeling._ACTIVATIONS, "gelu", _no_activation),  # noqa: SLF001
+    "dropout": (keyed_dropout, "keyed_dropout", _no_dropout),
+}
+CEILINGS = {
+    "the main job's step": ("ceiling", (), True),
+    "no layer norm (a ceiling)": ("ceiling", ("layer norm",), False),
+    "no GELU (a ceiling)": ("ceiling", ("GELU",), False),
+    "no dropout (a ceiling)": ("ceiling", ("dropout",), False),
+    "none of the three (a ceiling)": (
+        "ceiling", ("layer norm", "GELU", "dropout"), False),
+}
+
+
+@contextlib.contextmanager
+def _left_out(blocks):
+  with contextlib.ExitStack() as stack:
+    for block in blocks:
+      where, name, replacement = _LEFT_OUT[block]
+      if isinstance(where, dict):
+        stack.enter_context(mock.patch.dict(where, {name: replacement}))
+      else:
+        stack.enter_context(mock.patch.object(where, name, replacement))
+    yield
+
+
 def _patched(target, replacement):
+  if target == "ceiling":
+    return _left_out(replacement)
   if target == "_dense":
     return mock.patch.object(modeling, "_dense", replacement)
   return mock.patch.object(keyed_dropout, "keyed_dropout", replacement)
@@ -184,6 +231,7 @@ def main():
   which = parser.add_mutually_exclusive_group(required=True)
   which.add_argument("--dense", action="store_true")
   which.add_argument("--dropout", action="store_true")
+  which.add_argument("--ceilings", action="store_true")
   parser.add_argument("--rounds", type=int, default=15)
   parser.add_argument("--steps_per_round", type=int, default=2)
   parser.add_argument("--lengths", default="20,24,28,32,40,48,64")
@@ -193,7 +241,8 @@ def main():
     parser.error(f"--lengths must be integers in [2, 512], got "
                  f"{args.lengths!r}")
   feeds = _feeds(lengths)
-  variants = DENSE if args.dense else DROPOUT
+  variants = (DENSE if args.dense else DROPOUT if args.dropout else
+              CEILINGS)
   steps = [_FeedSteps(name, target, replacement, feeds)
            for name, (target, replacement, _) in variants.items()]
   interleave(steps, args.rounds, args.steps_per_round)
