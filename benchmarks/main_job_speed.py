@@ -40,8 +40,9 @@ that change nothing a CPU step computes (`--lean_grappler`, the default):
 not.
 
 With `--dropout`, the variants are instead the default run with
-dropout's masks drawn by `tf.nn.dropout` (`--nokeyed_dropout`) and keyed
-by example (`--keyed_dropout`, the default).
+dropout's masks drawn by `tf.nn.dropout` (`--nokeyed_dropout`), keyed by
+example in TensorFlow's own ops (`ESTIMATOR_ACCUM_NATIVE=0`), and keyed by
+example in one pass (the native kernel, the default).
 
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
       [--splits] [--threads] [--dropout] [--grappler]
@@ -92,7 +93,9 @@ THREADS = {
 # (flags, environment) of each way of drawing dropout's masks.
 DROPOUT = {
     "tf.nn.dropout (--nokeyed_dropout)": (["--nokeyed_dropout"], {}),
-    "keyed by example (default)": ([], {}),
+    "keyed, TensorFlow's ops (ESTIMATOR_ACCUM_NATIVE=0)": (
+        [], {"ESTIMATOR_ACCUM_NATIVE": "0"}),
+    "keyed, one pass (default)": ([], {}),
 }
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {

@@ -17,8 +17,10 @@ remapper fuses into one `_MklNativeFusedMatMul`; the Reshape of tensordot
 keeps it from that), and as a matrix product then `tf.nn.bias_add` (fused
 too; the bias's gradient is then `BiasAddGrad`, not a `Sum`).
 
-`--dropout`: keyed dropout as `estimator_accum.keyed_dropout` writes it
-(`tf.where(keep, scaled, zeros_like(scaled))`), with a scalar zero in
+`--dropout`: keyed dropout in TensorFlow's own ops
+(`tf.where(keep, scaled, zeros_like(scaled))`, `one_pass=False`), in the
+native kernel that makes the same masks in one pass (the default where it
+builds: `estimator_accum.native`), with a scalar zero in
 place of the zeros tensor, as a multiply by the mask (`inputs * keep *
 scale`), and without dropout (a ceiling on what any dropout could save,
 not a choice: the masks are part of the job). The masks are the same in
@@ -41,6 +43,7 @@ gradient; over 1e-5 fails).
 """
 
 import contextlib
+import functools
 import os
 import statistics
 import sys
@@ -113,7 +116,10 @@ DENSE = {
         "_dense", _matrix_dense(tf.nn.bias_add), True),
 }
 DROPOUT = {
-    "where(keep, x, zeros_like) (keyed_dropout)": (
+    "where(keep, x, zeros_like) (TensorFlow's ops)": (
+        "keyed_dropout", functools.partial(keyed_dropout.keyed_dropout,
+                                           one_pass=False), True),
+    "one pass (estimator_accum.native, the default)": (
         "keyed_dropout", keyed_dropout.keyed_dropout, True),
     "where(keep, x, 0)": ("keyed_dropout", _scalar_zero, True),
     "x * mask": ("keyed_dropout", _mask_multiply, True),

@@ -28,6 +28,8 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from estimator_accum import native
+
 _MULTIPLY = (0x7FEB352D, 0x846CA68B)
 _MASK32 = 0xFFFFFFFF
 
@@ -123,7 +125,7 @@ def per_head(row_keys, heads, seed):
                                     head_salts[tf.newaxis, :, tf.newaxis]))
 
 
-def keyed_dropout(inputs, rate, keys, *, seed=0, site):
+def keyed_dropout(inputs, rate, keys, *, seed=0, site, one_pass=None):
   """Dropout of `inputs` [..., columns] whose mask follows `keys`.
 
   Each element is kept with probability 1 - `rate` and scaled by
@@ -138,6 +140,10 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
       token's key from its example's and its position), not where it sits.
     seed: int; another seed, other masks.
     site: str naming the place in the model (each dropout its own).
+    one_pass: None (default): the native one-pass kernel where it serves
+      (`estimator_accum.native`: float32 on the CPU, built once), else
+      TensorFlow's own ops; False: TensorFlow's own ops (a graph that a
+      process without the kernel will import). The same masks either way.
 
   Returns `inputs`' shape and dtype; ValueError (one line) for a bad rate,
   seed or keys.
@@ -147,6 +153,7 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
   if (isinstance(rate, bool) or not isinstance(rate, (int, float)) or
       not 0 < rate < 1):
     raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}")
+  inputs = tf.convert_to_tensor(inputs)
   keys = tf.convert_to_tensor(keys)
   if not keys.dtype.is_integer:
     raise ValueError(f"keys must be integers, one a row of inputs, got "
@@ -155,20 +162,44 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site):
       keys.shape.rank != inputs.shape.rank - 1):
     raise ValueError(f"keys must have the shape of inputs without its last "
                      f"axis, {inputs.shape[:-1]}, got {keys.shape}")
+  if one_pass not in (None, False):
+    raise ValueError(f"one_pass must be None or False, got {one_pass!r}")
+  one_pass = None if one_pass is False else _one_pass_op(inputs)
+  if one_pass is not None:
+    rows, columns, threshold = _words(inputs, rate, keys, seed=seed,
+                                      site=site)
+    return one_pass(inputs, rows, columns, threshold=threshold,
+                    scale=1.0 / (1.0 - rate))
   scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
   return tf.where(keep_mask(inputs, rate, keys, seed=seed, site=site), scaled,
                   tf.zeros_like(scaled))
 
 
-def keep_mask(inputs, rate, keys, *, seed, site):
-  """bool, `inputs`' shape: which elements `keyed_dropout` keeps (its
-  arguments, checked there)."""
+def _one_pass_op(inputs):
+  """The native one-pass kernel (`estimator_accum.native`) where it serves
+  (float32 on the CPU, the words uint32), else None."""
+  if inputs.dtype != tf.float32 or word_dtype() != tf.uint32:
+    return None
+  return native.keyed_dropout_op()
+
+
+def _words(inputs, rate, keys, *, seed, site):
+  """(rows, columns, threshold): each row's and each column's hashed word
+  and the keep test's bound; an element is kept where lowbias32 of its
+  row's word xor its column's (without the last xor-shift) reaches the
+  bound."""
   site_salt = salt(seed, site)
   rows = mix(_xor(_word(keys), site_salt))
   columns = mix(_xor(_word(tf.range(tf.shape(inputs)[-1])),
                      _mix_int(site_salt ^ 0x85EBCA6B)))
+  return rows, columns, min(round(rate * 2.0**32), _MASK32)
+
+
+def keep_mask(inputs, rate, keys, *, seed, site):
+  """bool, `inputs`' shape: which elements `keyed_dropout` keeps (its
+  arguments, checked there)."""
+  rows, columns, threshold = _words(inputs, rate, keys, seed=seed, site=site)
   # The keep test reads the high bits: the last xor-shift adds nothing.
   values = mix(tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
                last_shift=False)
-  return values >= tf.constant(min(round(rate * 2.0**32), _MASK32),
-                               values.dtype)
+  return values >= tf.constant(threshold, values.dtype)

@@ -1,0 +1,189 @@
+"""Kernels of our own, built for the running TensorFlow on first use.
+
+`keyed_dropout` in one pass (`keyed_dropout.cc`): TensorFlow's own ops
+take eleven passes over a tensor for it (the hash, the select, the scale)
+and three more in the backward pass. The kernel makes the same masks, bit
+for bit, so a graph trains to the same weights with it or without it.
+
+`load()` compiles the kernels once per TensorFlow, compiler and CPU
+(`g++`, or `$CXX`, with TensorFlow's own `tf.sysconfig` flags; ~10 s) into
+`$ESTIMATOR_ACCUM_CACHE/native/<key>/`, then loads them with
+`tf.load_op_library`. Where that cannot be done (no compiler, a compile
+that fails, a GPU in the process: the kernels are the CPU's only,
+`ESTIMATOR_ACCUM_NATIVE=0`) it says why in one line, once, and returns
+None: the callers then build TensorFlow's own ops, the same function.
+
+A graph holding these ops runs in a process that loaded them: one that
+imports it (`import_meta_graph`) calls `estimator_accum.native.load()`
+first, or the graph is built with `ESTIMATOR_ACCUM_NATIVE=0`.
+"""
+
+import contextlib
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import tensorflow as tf
+
+_SOURCES = ("keyed_dropout.cc",)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+OFF = "ESTIMATOR_ACCUM_NATIVE"
+
+
+def _say(message):
+  print(f"estimator_accum: {message}", file=sys.stderr, flush=True)
+
+
+def cache_root():
+  """$ESTIMATOR_ACCUM_CACHE/native, else ~/.cache/estimator_accum/native
+  ($XDG_CACHE_HOME for ~/.cache)."""
+  base = os.environ.get("ESTIMATOR_ACCUM_CACHE") or os.path.join(
+      os.environ.get("XDG_CACHE_HOME") or os.path.join(
+          os.path.expanduser("~"), ".cache"), "estimator_accum")
+  return os.path.join(base, "native")
+
+
+def _cpu_flags():
+  """The x86 vector extensions this CPU has that the build may use."""
+  if platform.machine() not in ("x86_64", "AMD64"):
+    return []
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+      for line in cpuinfo:
+        if line.startswith("flags"):
+          flags = set(line.split(":", 1)[1].split())
+          return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= flags else []
+  except OSError:
+    pass
+  return []
+
+
+def _command(compiler, output):
+  sources = [os.path.join(_HERE, name) for name in _SOURCES]
+  return ([compiler, "-O3", "-shared", "-fPIC", "-w", *_cpu_flags(),
+           *sources, "-o", output, *tf.sysconfig.get_compile_flags(),
+           *tf.sysconfig.get_link_flags()])
+
+
+def _key(compiler):
+  """What the library depends on: the sources, the command, TensorFlow,
+  the compiler's version and the machine."""
+  digest = hashlib.sha256()
+  for name in _SOURCES:
+    with open(os.path.join(_HERE, name), "rb") as source:
+      digest.update(source.read())
+  try:
+    version = subprocess.run([compiler, "--version"], capture_output=True,
+                             text=True, timeout=60).stdout
+  except (OSError, subprocess.SubprocessError):
+    version = ""
+  for part in (" ".join(_command(compiler, "OUT")), tf.__version__,
+               tf.sysconfig.get_lib(), version, platform.machine(),
+               sys.version):
+    digest.update(part.encode("utf-8", "replace") + b"\0")
+  return f"tf{tf.__version__}-{digest.hexdigest()[:16]}"
+
+
+@contextlib.contextmanager
+def _locked(directory):
+  """One process of many builds (the others wait, then load its file)."""
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, ".lock"), "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build(compiler, library):
+  """Compiles into a temporary file beside `library`, then renames it into
+  place: a reader never sees a part-written library. Returns None, or why
+  not (one line)."""
+  directory = os.path.dirname(library)
+  handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=directory)
+  os.close(handle)
+  try:
+    try:
+      done = subprocess.run(_command(compiler, partial), capture_output=True,
+                            text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as error:
+      return f"{compiler} did not run ({error})"
+    if done.returncode != 0:
+      lines = [line for line in done.stderr.splitlines()
+               if "error" in line] or done.stderr.splitlines() or [""]
+      return (f"{compiler} failed (exit {done.returncode}): "
+              f"{lines[0].strip()[:300]}")
+    os.replace(partial, library)
+    return None
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+
+
+@functools.cache
+def load():
+  """The loaded kernels (a module of op wrappers), or None with the reason
+  said once in one line (see the module's docstring)."""
+  if os.environ.get(OFF, "1").strip().lower() in ("0", "false", "no", "off"):
+    return None
+  if tf.config.list_physical_devices("GPU"):
+    return None  # CPU kernels only: TensorFlow's ops run where a GPU is.
+  compiler = os.environ.get("CXX") or "g++"
+  if shutil.which(compiler) is None:
+    _say(f"no C++ compiler ({compiler!r} not found): keyed dropout runs "
+         f"TensorFlow's own ops (the same masks, slower); install g++ or "
+         f"set CXX, or {OFF}=0 to say nothing")
+    return None
+  directory = None
+  try:
+    directory = os.path.join(cache_root(), _key(compiler))
+    library = os.path.join(directory, "estimator_accum_ops.so")
+    failed = os.path.join(directory, "build_failed.txt")
+    with _locked(directory):
+      why = None
+      if os.path.exists(failed):  # the same build failed before: not again
+        with open(failed, encoding="utf-8") as reason:
+          why = f"{reason.read().strip()} (remove {directory} to try again)"
+      elif not os.path.exists(library):
+        why = _build(compiler, library)
+        if why:
+          with open(failed, "w", encoding="utf-8") as reason:
+            reason.write(why + "\n")
+      if why:
+        _say(f"the native kernels were not built: {why}; keyed dropout "
+             f"runs TensorFlow's own ops (the same masks, slower); "
+             f"{OFF}=0 to say nothing")
+        return None
+    ops = tf.load_op_library(library)
+  except Exception as error:  # noqa: BLE001 (any failure: TensorFlow's ops)
+    where = f" in {directory}" if directory else ""
+    _say(f"the native kernels could not be built or loaded{where} "
+         f"({type(error).__name__}: {str(error).splitlines()[0][:300]}): "
+         f"keyed dropout runs TensorFlow's own ops (the same masks, "
+         f"slower); {OFF}=0 to say nothing")
+    return None
+
+  def _gradient(op, gradient):
+    # The same mask and scale on the incoming gradient.
+    return [ops.ea_keyed_dropout(
+        gradient, op.inputs[1], op.inputs[2],
+        threshold=op.get_attr("threshold"), scale=op.get_attr("scale")),
+            None, None]
+
+  with contextlib.suppress(KeyError):  # registered by an earlier load()
+    tf.RegisterGradient("EaKeyedDropout")(_gradient)
+  return ops
+
+
+def keyed_dropout_op():
+  """The one-pass keyed dropout op (`EaKeyedDropout`), its gradient
+  registered; None where `load()` is None."""
+  ops = load()
+  return None if ops is None else ops.ea_keyed_dropout

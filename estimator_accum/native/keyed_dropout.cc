@@ -1,0 +1,119 @@
+// keyed_dropout in one pass: each element's lowbias32 hash of (its row's
+// word ^ its column's word), kept where the hash is at least `threshold`
+// and then scaled. The same masks as estimator_accum.window.keyed_dropout's
+// TensorFlow ops, bit for bit; its gradient is the same op on the incoming
+// gradient (the mask and the scale are the same). Built and loaded by
+// estimator_accum/native/__init__.py against the running TensorFlow.
+#include <cstdint>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+
+namespace estimator_accum {
+namespace {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+
+REGISTER_OP("EaKeyedDropout")
+    .Input("inputs: float")
+    .Input("rows: uint32")
+    .Input("columns: uint32")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Output("outputs: float")
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return absl::OkStatus();
+    });
+
+class KeyedDropoutOp : public OpKernel {
+ public:
+  explicit KeyedDropoutOp(OpKernelConstruction* context)
+      : OpKernel(context) {
+    int64_t threshold;
+    OP_REQUIRES_OK(context, context->GetAttr("threshold", &threshold));
+    OP_REQUIRES(context, threshold >= 0 && threshold <= 0xFFFFFFFFll,
+                absl::InvalidArgumentError(
+                    "threshold must be in [0, 2**32)"));
+    threshold_ = static_cast<uint32_t>(threshold);
+    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& inputs = context->input(0);
+    const Tensor& rows = context->input(1);
+    const Tensor& columns = context->input(2);
+    OP_REQUIRES(context, inputs.dims() >= 1,
+                absl::InvalidArgumentError("inputs must have rank >= 1"));
+    OP_REQUIRES(context, columns.dims() == 1,
+                absl::InvalidArgumentError("columns must be a vector"));
+    const int64_t width = inputs.dim_size(inputs.dims() - 1);
+    OP_REQUIRES(context, columns.dim_size(0) == width,
+                absl::InvalidArgumentError(
+                    "columns must hold one word a column of inputs"));
+    OP_REQUIRES(context, rows.dims() == inputs.dims() - 1,
+                absl::InvalidArgumentError(
+                    "rows must have the shape of inputs without its last "
+                    "axis"));
+    for (int axis = 0; axis < rows.dims(); ++axis) {
+      OP_REQUIRES(context, rows.dim_size(axis) == inputs.dim_size(axis),
+                  absl::InvalidArgumentError(
+                      "rows must have the shape of inputs without its last "
+                      "axis"));
+    }
+    Tensor* outputs = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, inputs.shape(), &outputs));
+    const int64_t height = rows.NumElements();
+    if (height == 0 || width == 0) return;
+    const float* in = inputs.flat<float>().data();
+    const uint32_t* row_words = rows.flat<uint32_t>().data();
+    const uint32_t* column_words = columns.flat<uint32_t>().data();
+    float* out = outputs->flat<float>().data();
+    const uint32_t threshold = threshold_;
+    const float scale = scale_;
+    auto rows_from_to = [in, row_words, column_words, out, threshold, scale,
+                         width](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const uint32_t word = row_words[row];
+        const float* __restrict x = in + row * width;
+        // The output's words, written as bits: a dropped element's are
+        // cleared (+0.0, whatever the input was: inf and NaN too, as
+        // tf.where's), in a branch-free loop the compiler vectorizes.
+        uint32_t* __restrict y = reinterpret_cast<uint32_t*>(out + row * width);
+        const uint32_t* __restrict column = column_words;
+        const int64_t columns_in_row = width;
+        for (int64_t c = 0; c < columns_in_row; ++c) {
+          uint32_t h = word ^ column[c];
+          h ^= h >> 16;
+          h *= 0x7FEB352Du;
+          h ^= h >> 15;
+          h *= 0x846CA68Bu;
+          // The keep test reads the high bits: lowbias32's last xor-shift
+          // would add nothing (as in keyed_dropout.keep_mask).
+          const uint32_t keep = 0u - static_cast<uint32_t>(h >= threshold);
+          y[c] = __builtin_bit_cast(uint32_t, x[c] * scale) & keep;
+        }
+      }
+    };
+    const auto* threads = context->device()->tensorflow_cpu_worker_threads();
+    ::tensorflow::Shard(threads->num_threads, threads->workers, height,
+                        /*cost_per_unit=*/width * 8, rows_from_to);
+  }
+
+ private:
+  uint32_t threshold_;
+  float scale_;
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("EaKeyedDropout").Device(::tensorflow::DEVICE_CPU),
+    KeyedDropoutOp);
+
+}  // namespace
+}  // namespace estimator_accum
