@@ -1,4 +1,4 @@
-"""Files written whole or not at all."""
+"""Files written whole or not at all, and the library's cache directory."""
 
 import contextlib
 import os
@@ -32,3 +32,13 @@ def write_whole(path, text):
   with whole(path) as temporary:
     with tf.io.gfile.GFile(temporary, "w") as writer:
       writer.write(text)
+
+
+def cache_dir():
+  """$ESTIMATOR_ACCUM_CACHE, else $XDG_CACHE_HOME/estimator_accum, else
+  ~/.cache/estimator_accum."""
+  if os.environ.get("ESTIMATOR_ACCUM_CACHE"):
+    return os.environ["ESTIMATOR_ACCUM_CACHE"]
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+      os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "estimator_accum")

@@ -27,9 +27,10 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import tensorflow as tf
+
+from estimator_accum import _files
 
 _SOURCES = ("keyed_dropout.cc",)
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,12 +42,8 @@ def _say(message):
 
 
 def cache_root():
-  """$ESTIMATOR_ACCUM_CACHE/native, else ~/.cache/estimator_accum/native
-  ($XDG_CACHE_HOME for ~/.cache)."""
-  base = os.environ.get("ESTIMATOR_ACCUM_CACHE") or os.path.join(
-      os.environ.get("XDG_CACHE_HOME") or os.path.join(
-          os.path.expanduser("~"), ".cache"), "estimator_accum")
-  return os.path.join(base, "native")
+  """native/ in the library's cache directory (`_files.cache_dir`)."""
+  return os.path.join(_files.cache_dir(), "native")
 
 
 def _cpu_flags():
@@ -102,29 +99,28 @@ def _locked(directory):
       fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+class _BuildFailed(Exception):
+  pass
+
+
 def _build(compiler, library):
-  """Compiles into a temporary file beside `library`, then renames it into
-  place: a reader never sees a part-written library. Returns None, or why
-  not (one line)."""
-  directory = os.path.dirname(library)
-  handle, partial = tempfile.mkstemp(suffix=".so.partial", dir=directory)
-  os.close(handle)
+  """Compiles into a temporary file renamed over `library` when whole
+  (`_files.whole`: removed when the build fails): a reader never sees a
+  part-written library. Returns None, or why not (one line)."""
   try:
-    try:
+    with _files.whole(library) as partial:
       done = subprocess.run(_command(compiler, partial), capture_output=True,
                             text=True, timeout=600)
-    except (OSError, subprocess.SubprocessError) as error:
-      return f"{compiler} did not run ({error})"
-    if done.returncode != 0:
-      lines = [line for line in done.stderr.splitlines()
-               if "error" in line] or done.stderr.splitlines() or [""]
-      return (f"{compiler} failed (exit {done.returncode}): "
-              f"{lines[0].strip()[:300]}")
-    os.replace(partial, library)
-    return None
-  finally:
-    if os.path.exists(partial):
-      os.remove(partial)
+      if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines()
+                 if "error" in line] or done.stderr.splitlines() or [""]
+        raise _BuildFailed(f"{compiler} failed (exit {done.returncode}): "
+                           f"{lines[0].strip()[:300]}")
+  except _BuildFailed as failed:
+    return str(failed)
+  except (OSError, subprocess.SubprocessError) as error:
+    return f"{compiler} did not run ({error})"
+  return None
 
 
 @functools.cache
@@ -154,8 +150,7 @@ def load():
       elif not os.path.exists(library):
         why = _build(compiler, library)
         if why:
-          with open(failed, "w", encoding="utf-8") as reason:
-            reason.write(why + "\n")
+          _files.write_whole(failed, why + "\n")
       if why:
         _say(f"the native kernels were not built: {why}; keyed dropout "
              f"runs TensorFlow's own ops (the same masks, slower); "

