@@ -32,10 +32,12 @@ Exit codes: `PEER_LOST_EXIT` (150) is 128 or more, so that Kubeflow's
 """
 
 import concurrent.futures
+import faulthandler
 import json
 import os
 import socket
 import sys
+import tempfile
 import threading
 import time
 
@@ -146,14 +148,21 @@ class Watchdog(_Markers):
       a lost peer ends this process only while it is stuck: a peer that
       left after training (a worker done while the chief evaluates) ends
       nothing. Without it, a lost peer always ends the process.
+    stall_report: optional seconds (with `stuck`): a task stuck that long
+      in one step while every peer answers says so once, in one line, with
+      its main thread's stack (`stall_report_lines`), and trains on: a
+      peer busy between steps (evaluating) and collectives that never meet
+      look the same from here, and only the second is a fault.
   """
 
   def __init__(self, config, model_dir=None, timeout=DEFAULT_TIMEOUT,
                interval=DEFAULT_INTERVAL,
                startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit,
-               stuck=None):
+               stuck=None, stall_report=None):
     for name, value in (("timeout", timeout), ("interval", interval),
-                        ("startup_timeout", startup_timeout)):
+                        ("startup_timeout", startup_timeout),
+                        *((("stall_report", stall_report),)
+                          if stall_report is not None else ())):
       if not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"{name} must be a number of seconds > 0, got "
                          f"{value!r}")
@@ -168,6 +177,8 @@ class Watchdog(_Markers):
     self.startup_timeout = max(float(startup_timeout), self.timeout)
     self._exit = exit
     self._stuck = stuck
+    self._stall_report = stall_report
+    self._stall_said = False
     now = time.monotonic()
     self.peers = [
         Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
@@ -283,6 +294,7 @@ class Watchdog(_Markers):
         if peer.done:
           continue
       self._check_alive(peer, now)
+    self._check_stalled(watched, now)
     self._write_marker("running")
     if self.task_type == tfc.PS and self.model_dir and all(
         peer.done for peer in self.peers
@@ -304,6 +316,52 @@ class Watchdog(_Markers):
          f"{silent:.0f} s{never} ({peer.last_error}); exiting with "
          f"{PEER_LOST_EXIT}")
     self._exit(PEER_LOST_EXIT)
+
+
+  def _check_stalled(self, watched, now):
+    if (self._stall_said or self._stall_report is None or
+        self._stuck is None or not self._stuck(self._stall_report)):
+      return
+    if any(peer.last_answer is None or
+           now - peer.last_answer > 2 * self.interval for peer in watched):
+      return  # A silent peer: _check_alive's, not this line's.
+    self._stall_said = True
+    sys.stderr.write("".join(
+        f"[tfconfig] {line}\n" for line in stall_report_lines(
+            self.name, self._stall_report)))
+    sys.stderr.flush()
+
+
+def stall_report_lines(name, seconds):
+  """The lines a task stuck in one step while every peer answers says:
+  what it sees, then where its main thread waits (inside `session.run`,
+  and where that was called from: what a report needs), innermost first."""
+  lines = [f"{name}: inside one training step for {seconds:g} s or more "
+           f"while every peer answers: it waits for a peer's part of the "
+           f"step (a peer busy between steps, e.g. evaluating, or "
+           f"collectives that do not match). Training goes on; this is "
+           f"said once. Its main thread waits in:"]
+  return lines + [f"  {line.strip()}" for line in _main_thread_stack()]
+
+
+def _main_thread_stack():
+  """The main thread's frames, innermost first, as faulthandler writes
+  them ('File "...", line N in name'); [] where it cannot."""
+  with tempfile.TemporaryFile("w+") as dump:
+    try:
+      faulthandler.dump_traceback(dump, all_threads=True)
+    except (OSError, ValueError, RuntimeError):
+      return []
+    dump.seek(0)
+    text = dump.read()
+  main = f"0x{threading.main_thread().ident:016x}"
+  stack, inside = [], False
+  for line in text.splitlines():
+    if line.startswith(("Thread ", "Current thread ")):
+      inside = main in line
+    elif inside and line.strip():
+      stack.append(line)
+  return stack
 
 
 def _stop_serving():

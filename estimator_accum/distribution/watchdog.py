@@ -20,6 +20,12 @@ The train op marks each step's start and end (two host ops, `arm`); the
 watchdog reads them. Not armed when a watchdog of `estimator_accum.distribution.health` already
 runs in the process, and not with ESTIMATOR_ACCUM_PEER_WATCHDOG=0.
 ESTIMATOR_ACCUM_PEER_TIMEOUT sets its timeout (seconds, default 60).
+
+A task inside one step for twice that (ESTIMATOR_ACCUM_STALL_REPORT sets
+it) while every peer answers ends nothing, but says so once, with its
+main thread's stack (`health.stall_report_lines`): a peer evaluating
+between steps looks the same as collectives that never meet, and a job
+that waits without a word cannot be diagnosed.
 """
 
 import os
@@ -34,6 +40,7 @@ from estimator_accum.distribution import health
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_PEER_WATCHDOG"
 TIMEOUT_ENV = "ESTIMATOR_ACCUM_PEER_TIMEOUT"
+STALL_REPORT_ENV = "ESTIMATOR_ACCUM_STALL_REPORT"
 
 
 class Steps:
@@ -117,9 +124,11 @@ def _start_once(config):
     return False
   _ARMED.append(True)
   timeout = _timeout()
+  stall_report = seconds_from_environment(STALL_REPORT_ENV, 2 * timeout)
   health.Watchdog(config, timeout=timeout,
                   interval=min(health.DEFAULT_INTERVAL, timeout / 2),
-                  stuck=_STEPS.stuck).peers_answered().start()
+                  stuck=_STEPS.stuck,
+                  stall_report=stall_report).peers_answered().start()
   # Beside the watchdog's own lines, where a user looks when a job ends.
   sys.stderr.write(
       f"[tfconfig] watching this task's peers: one silent for {timeout:g} s "

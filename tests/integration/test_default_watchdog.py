@@ -75,3 +75,44 @@ def test_it_is_off_when_asked(tmp_path):
       timeout=300, env=_env(ESTIMATOR_ACCUM_PEER_WATCHDOG="0"))
   assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
   assert "watching this task's peers" not in done.stdout + done.stderr
+
+
+@pytest.mark.estimator
+def test_a_task_waiting_in_a_step_on_a_peer_that_answers_says_so_once(
+    tmp_path):
+  # worker 0 sleeps 14 s in a hook after its first micro-batch (as a chief
+  # evaluating between steps would), answering its status all along;
+  # worker 1 waits in its second micro-batch's collectives for it. It says
+  # so once, past ESTIMATOR_ACCUM_STALL_REPORT, with its main thread's stack,
+  # and the job ends at the big batch's weights: nothing is ended.
+  done = subprocess.run(
+      _command(tmp_path, "--pause_at", "trained_one", "--pause_seconds", "0",
+               "--first_task_lag", "14"),
+      cwd=hosts.ROOT, capture_output=True, text=True, timeout=300,
+      env=_env(ESTIMATOR_ACCUM_STALL_REPORT="5"))
+  output = done.stdout + done.stderr
+  assert done.returncode == 0, output[-3000:]
+  said = re.findall(r"worker:(\d): inside one training step for 5 s or more "
+                    r"while every peer answers", output)
+  assert said == ["1"], output[-4000:]
+  # The main thread's stack under the line: in a session's run, called
+  # from the job's script.
+  report = output[output.index("worker:1: inside one training step"):]
+  assert re.search(r'multiworker_job\.py", line \d+ in main', report), (
+      report[:3000])
+  assert re.search(r'session\.py", line \d+ in run', report), report[:3000]
+  assert "lost worker" not in output
+  hosts.assert_final_weights(tmp_path, 2, UPDATES, "a peer late by 14 s")
+
+
+def test_a_stall_report_setting_that_is_not_seconds_is_refused(tmp_path):
+  # Refused where the train op is built, before any step: the user's
+  # script ends with the library's ValueError naming the variable.
+  done = subprocess.run(
+      _command(tmp_path), cwd=hosts.ROOT, capture_output=True, text=True,
+      timeout=300, env=_env(ESTIMATOR_ACCUM_STALL_REPORT="soon"))
+  output = done.stdout + done.stderr
+  assert done.returncode != 0
+  assert ("ValueError: ESTIMATOR_ACCUM_STALL_REPORT must be a number of "
+          "seconds > 0, got 'soon'") in output, output[-3000:]
+  assert hosts.latest_step(tmp_path) == -1, output[-3000:]
