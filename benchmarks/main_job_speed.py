@@ -41,11 +41,16 @@ not.
 
 With `--dropout`, the variants are instead the default run with
 dropout's masks drawn by `tf.nn.dropout` (`--nokeyed_dropout`), keyed by
-example in TensorFlow's own ops (`ESTIMATOR_ACCUM_NATIVE=0`), and keyed by
-example in one pass (the native kernel, the default).
+example in TensorFlow's own ops (`ESTIMATOR_ACCUM_NATIVE=0`, which turns
+the GELU's kernel off too), and keyed by example in one pass (the native
+kernel, the default).
+
+With `--native`, the variants are instead the default run with every
+kernel of `estimator_accum.native` off (`ESTIMATOR_ACCUM_NATIVE=0`:
+keyed dropout and the GELU in TensorFlow's own ops) and on (the default).
 
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
-      [--splits] [--threads] [--dropout] [--grappler]
+      [--splits] [--threads] [--dropout] [--native] [--grappler]
       [--skip WORD,...]
 """
 
@@ -93,9 +98,15 @@ THREADS = {
 # (flags, environment) of each way of drawing dropout's masks.
 DROPOUT = {
     "tf.nn.dropout (--nokeyed_dropout)": (["--nokeyed_dropout"], {}),
-    "keyed, TensorFlow's ops (ESTIMATOR_ACCUM_NATIVE=0)": (
+    "keyed, TensorFlow's ops (ESTIMATOR_ACCUM_NATIVE=0, the GELU's too)": (
         [], {"ESTIMATOR_ACCUM_NATIVE": "0"}),
     "keyed, one pass (default)": ([], {}),
+}
+# (flags, environment) with estimator_accum.native's kernels off and on.
+NATIVE = {
+    "TensorFlow's ops (ESTIMATOR_ACCUM_NATIVE=0)": (
+        [], {"ESTIMATOR_ACCUM_NATIVE": "0"}),
+    "native kernels: dropout and GELU (default)": ([], {}),
 }
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {
@@ -154,6 +165,9 @@ def main():
   instead.add_argument("--dropout", action="store_true",
                        help="compare tf.nn.dropout's masks and keyed ones "
                             "instead")
+  instead.add_argument("--native", action="store_true",
+                       help="compare estimator_accum.native's kernels off "
+                            "and on instead")
   instead.add_argument("--grappler", action="store_true",
                        help="compare TensorFlow's full Grappler and the "
                             "lean one instead")
@@ -165,6 +179,7 @@ def main():
   environments = (CPU_PATHS if args.cpu_paths else
                   THREADS if args.threads else
                   DROPOUT if args.dropout else
+                  NATIVE if args.native else
                   GRAPPLER if args.grappler else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)
@@ -194,11 +209,13 @@ def main():
       args.json, markdown=True,
       formats={"s/micro-batch": ".3f", "examples/s": ".1f", "x today": ".2f",
                "x tf.nn.dropout": ".2f", "x full Grappler": ".2f",
+               "x TensorFlow's ops": ".2f",
                "all told s": ".1f",
                "x Eigen": ".2f"})
   # Against the first variant: today's input, or Eigen's kernels.
   against = ("x Eigen" if args.cpu_paths else
              "x tf.nn.dropout" if args.dropout else
+             "x TensorFlow's ops" if args.native else
              "x full Grappler" if args.grappler else "x today")
   def per_example(name):
     return statistics.median(seconds[name]) / variants[name][2]

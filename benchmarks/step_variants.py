@@ -26,6 +26,11 @@ scale`), and without dropout (a ceiling on what any dropout could save,
 not a choice: the masks are part of the job). The masks are the same in
 all but the last.
 
+`--gelu`: the exact GELU in TensorFlow's own ops (five passes forward,
+seven backward) and in the native kernel's one pass each way (the default
+in a training graph where it builds: `estimator_accum.native`), and
+without the GELU (a ceiling).
+
 `--ceilings`: what fused kernels for the element-wise blocks could save at
 most: the step without the layer norms' normalization (`* gamma + beta`
 kept), without the GELU, without dropout, and without all three. None is
@@ -37,7 +42,7 @@ and, for each variant that computes the same function, the largest
 difference of its gradients from the first's (relative to the largest
 gradient; over 1e-5 fails).
 
-  python benchmarks/step_variants.py --dense|--dropout|--ceilings
+  python benchmarks/step_variants.py --dense|--dropout|--gelu|--ceilings
       [--rounds 15]
       [--lengths 20,24,28,32,40,48,64]
 """
@@ -127,6 +132,14 @@ DROPOUT = {
 }
 
 
+GELU = {
+    "TensorFlow's ops": ("gelu", modeling._gelu_ops, True),  # noqa: SLF001
+    "one pass (estimator_accum.native, the default)": (
+        "gelu", modeling.gelu_exact, True),
+    "no GELU (a ceiling)": ("gelu", lambda inputs: inputs, False),
+}
+
+
 def _no_normalization(inputs, epsilon):
   del epsilon
   return inputs
@@ -169,6 +182,8 @@ def _patched(target, replacement):
     return _left_out(replacement)
   if target == "_dense":
     return mock.patch.object(modeling, "_dense", replacement)
+  if target == "gelu":
+    return mock.patch.dict(modeling._ACTIVATIONS, {"gelu": replacement})  # noqa: SLF001
   return mock.patch.object(keyed_dropout, "keyed_dropout", replacement)
 
 
@@ -237,6 +252,7 @@ def main():
   which = parser.add_mutually_exclusive_group(required=True)
   which.add_argument("--dense", action="store_true")
   which.add_argument("--dropout", action="store_true")
+  which.add_argument("--gelu", action="store_true")
   which.add_argument("--ceilings", action="store_true")
   parser.add_argument("--rounds", type=int, default=15)
   parser.add_argument("--steps_per_round", type=int, default=2)
@@ -248,7 +264,7 @@ def main():
                  f"{args.lengths!r}")
   feeds = _feeds(lengths)
   variants = (DENSE if args.dense else DROPOUT if args.dropout else
-              CEILINGS)
+              GELU if args.gelu else CEILINGS)
   steps = [_FeedSteps(name, target, replacement, feeds)
            for name, (target, replacement, _) in variants.items()]
   interleave(steps, args.rounds, args.steps_per_round)

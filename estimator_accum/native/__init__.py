@@ -5,6 +5,10 @@ take eleven passes over a tensor for it (the hash, the select, the scale)
 and three more in the backward pass. The kernel makes the same masks, bit
 for bit, so a graph trains to the same weights with it or without it.
 
+The exact (erf) GELU in one pass forward and one backward (`gelu.cc`),
+where TensorFlow's ops take five and seven: the same function to within
+float rounding (Eigen's erf and exp, as TensorFlow's kernels use them).
+
 `load()` compiles the kernels once per TensorFlow, compiler and CPU
 (`g++`, or `$CXX`, with TensorFlow's own `tf.sysconfig` flags; ~10 s) into
 `$ESTIMATOR_ACCUM_CACHE/native/<key>/`, then loads them with
@@ -18,6 +22,7 @@ imports it (`import_meta_graph`) calls `estimator_accum.native.load()`
 first, or the graph is built with `ESTIMATOR_ACCUM_NATIVE=0`.
 """
 
+import concurrent.futures
 import contextlib
 import fcntl
 import functools
@@ -32,7 +37,12 @@ import tensorflow as tf
 
 from estimator_accum import _files
 
-_SOURCES = ("keyed_dropout.cc",)
+# Each source with the vector extensions it is built for ("fast": the
+# CPU's widest with fused multiply-add, for integer work and single
+# products; "tensorflow's": AVX without fused multiply-add, as TensorFlow's
+# own wheels build Eigen, so that float expressions round as its kernels
+# do).
+_SOURCES = {"keyed_dropout.cc": "fast", "gelu.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 OFF = "ESTIMATOR_ACCUM_NATIVE"
 
@@ -47,25 +57,39 @@ def cache_root():
 
 
 def _cpu_flags():
-  """The x86 vector extensions this CPU has that the build may use."""
+  """The x86 vector extensions of this CPU that the build may use."""
   if platform.machine() not in ("x86_64", "AMD64"):
-    return []
+    return set()
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
       for line in cpuinfo:
         if line.startswith("flags"):
-          flags = set(line.split(":", 1)[1].split())
-          return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= flags else []
+          return set(line.split(":", 1)[1].split())
   except OSError:
     pass
-  return []
+  return set()
 
 
-def _command(compiler, output):
-  sources = [os.path.join(_HERE, name) for name in _SOURCES]
-  return ([compiler, "-O3", "-shared", "-fPIC", "-w", *_cpu_flags(),
-           *sources, "-o", output, *tf.sysconfig.get_compile_flags(),
-           *tf.sysconfig.get_link_flags()])
+def _vector_flags(kind):
+  """The compiler's vector flags for a source of `kind` (`_SOURCES`)."""
+  cpu = _cpu_flags()
+  if kind == "fast":
+    return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= cpu else []
+  return ["-mavx", "-mno-fma"] if "avx" in cpu else []
+
+
+def _commands(compiler, output):
+  """The compiles (one object a source, its own flags) and the link of
+  `output`; the objects lie beside it (`output`.<source>.o)."""
+  objects, commands = [], []
+  for name, kind in _SOURCES.items():
+    objects.append(f"{output}.{name}.o")
+    commands.append([compiler, "-O3", "-fPIC", "-w", *_vector_flags(kind),
+                     "-c", os.path.join(_HERE, name), "-o", objects[-1],
+                     *tf.sysconfig.get_compile_flags()])
+  commands.append([compiler, "-shared", *objects, "-o", output,
+                   *tf.sysconfig.get_link_flags()])
+  return commands, objects
 
 
 def _key(compiler):
@@ -80,7 +104,7 @@ def _key(compiler):
                              text=True, timeout=60).stdout
   except (OSError, subprocess.SubprocessError):
     version = ""
-  for part in (" ".join(_command(compiler, "OUT")), tf.__version__,
+  for part in (repr(_commands(compiler, "OUT")), tf.__version__,
                tf.sysconfig.get_lib(), version, platform.machine(),
                sys.version):
     digest.update(part.encode("utf-8", "replace") + b"\0")
@@ -103,19 +127,36 @@ class _BuildFailed(Exception):
   pass
 
 
+def _run(command):
+  return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def _check(compiler, done):
+  """Raises _BuildFailed with the compiler's first error line."""
+  if done.returncode != 0:
+    lines = [line for line in done.stderr.splitlines()
+             if "error" in line] or done.stderr.splitlines() or [""]
+    raise _BuildFailed(f"{compiler} failed (exit {done.returncode}): "
+                       f"{lines[0].strip()[:300]}")
+
+
 def _build(compiler, library):
   """Compiles into a temporary file renamed over `library` when whole
   (`_files.whole`: removed when the build fails): a reader never sees a
   part-written library. Returns None, or why not (one line)."""
   try:
     with _files.whole(library) as partial:
-      done = subprocess.run(_command(compiler, partial), capture_output=True,
-                            text=True, timeout=600)
-      if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines()
-                 if "error" in line] or done.stderr.splitlines() or [""]
-        raise _BuildFailed(f"{compiler} failed (exit {done.returncode}): "
-                           f"{lines[0].strip()[:300]}")
+      commands, objects = _commands(compiler, partial)
+      try:
+        # The sources compile side by side (each a process), then link.
+        with concurrent.futures.ThreadPoolExecutor(len(commands)) as pool:
+          for done in pool.map(_run, commands[:-1]):
+            _check(compiler, done)
+        _check(compiler, _run(commands[-1]))
+      finally:
+        for path in objects:
+          with contextlib.suppress(OSError):
+            os.remove(path)
   except _BuildFailed as failed:
     return str(failed)
   except (OSError, subprocess.SubprocessError) as error:
@@ -133,9 +174,9 @@ def load():
     return None  # CPU kernels only: TensorFlow's ops run where a GPU is.
   compiler = os.environ.get("CXX") or "g++"
   if shutil.which(compiler) is None:
-    _say(f"no C++ compiler ({compiler!r} not found): keyed dropout runs "
-         f"TensorFlow's own ops (the same masks, slower); install g++ or "
-         f"set CXX, or {OFF}=0 to say nothing")
+    _say(f"no C++ compiler ({compiler!r} not found): keyed dropout and "
+         f"the GELU run TensorFlow's own ops (the same function, slower); "
+         f"install g++ or set CXX, or {OFF}=0 to say nothing")
     return None
   directory = None
   try:
@@ -153,16 +194,16 @@ def load():
           _files.write_whole(failed, why + "\n")
       if why:
         _say(f"the native kernels were not built: {why}; keyed dropout "
-             f"runs TensorFlow's own ops (the same masks, slower); "
-             f"{OFF}=0 to say nothing")
+             f"and the GELU run TensorFlow's own ops (the same function, "
+             f"slower); {OFF}=0 to say nothing")
         return None
     ops = tf.load_op_library(library)
   except Exception as error:  # noqa: BLE001 (any failure: TensorFlow's ops)
     where = f" in {directory}" if directory else ""
     _say(f"the native kernels could not be built or loaded{where} "
          f"({type(error).__name__}: {str(error).splitlines()[0][:300]}): "
-         f"keyed dropout runs TensorFlow's own ops (the same masks, "
-         f"slower); {OFF}=0 to say nothing")
+         f"keyed dropout and the GELU run TensorFlow's own ops (the same "
+         f"function, slower); {OFF}=0 to say nothing")
     return None
 
   def _gradient(op, gradient):
@@ -172,8 +213,13 @@ def load():
         threshold=op.get_attr("threshold"), scale=op.get_attr("scale")),
             None, None]
 
-  with contextlib.suppress(KeyError):  # registered by an earlier load()
-    tf.RegisterGradient("EaKeyedDropout")(_gradient)
+  def _gelu_gradient(op, gradient):
+    return ops.ea_gelu_grad(gradient, op.inputs[0])
+
+  for name, function in (("EaKeyedDropout", _gradient),
+                         ("EaGelu", _gelu_gradient)):
+    with contextlib.suppress(KeyError):  # registered by an earlier load()
+      tf.RegisterGradient(name)(function)
   return ops
 
 
@@ -182,3 +228,10 @@ def keyed_dropout_op():
   registered; None where `load()` is None."""
   ops = load()
   return None if ops is None else ops.ea_keyed_dropout
+
+
+def gelu_op():
+  """The one-pass exact GELU op (`EaGelu`), its gradient (`EaGeluGrad`)
+  registered; None where `load()` is None."""
+  ops = load()
+  return None if ops is None else ops.ea_gelu

@@ -30,11 +30,30 @@ import math
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum import native
 from estimator_accum.window import keyed_dropout
 from models.bert import packing
 
+
+def _gelu_ops(x):
+  """The exact (erf) GELU in TensorFlow's own ops."""
+  return 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0)))
+
+
+def gelu_exact(x):
+  """The exact (erf) GELU: in one pass forward and one backward
+  (`estimator_accum.native`, float32 on the CPU, built once) where it
+  serves, else TensorFlow's ops. The same values bit for bit on
+  TensorFlow's own wheels (the kernel rounds as its Eigen build does)."""
+  if x.dtype == tf.float32:
+    kernel = native.gelu_op()
+    if kernel is not None:
+      return kernel(x)
+  return _gelu_ops(x)
+
+
 _ACTIVATIONS = {
-    "gelu": lambda x: 0.5 * x * (1.0 + tf.math.erf(x / math.sqrt(2.0))),
+    "gelu": gelu_exact,
     "gelu_tanh": lambda x: 0.5 * x * (1.0 + tf.tanh(
         math.sqrt(2.0 / math.pi) * (x + 0.044715 * tf.pow(x, 3)))),
     "relu": tf.nn.relu,
@@ -196,6 +215,7 @@ class BertModel:
       raise ValueError(
           f"pooled_only must be True or False, got {pooled_only!r}")
     self._pooled_only = pooled_only
+    self._is_training = bool(is_training)
     self._keys = None  # [batch, length] words: each token's dropout key.
     if dropout_keys is not None:
       if example_ids is not None:
@@ -378,9 +398,13 @@ class BertModel:
                           query_keys) + query_input,
             config.layer_norm_eps)
     with tf.compat.v1.variable_scope("intermediate"):
+      activation = _ACTIVATIONS[config.hidden_act]
+      if activation is gelu_exact and not self._is_training:
+        # A graph to evaluate, predict or export: TensorFlow's ops, which
+        # any process (a server) runs, the kernel's values.
+        activation = _gelu_ops
       intermediate = _dense(attention, config.intermediate_size, "dense",
-                            config.initializer_range,
-                            activation=_ACTIVATIONS[config.hidden_act])
+                            config.initializer_range, activation=activation)
     with tf.compat.v1.variable_scope("output"):
       output = _dense(intermediate, config.hidden_size, "dense",
                       config.initializer_range)

@@ -183,7 +183,8 @@ def test_a_compiler_that_fails_is_one_line_and_tensorflows_ops(tmp_path):
         assert not lines, lines
       else:
         assert len(lines) == 1 and lines[0].startswith(said), lines
-        assert "keyed dropout runs TensorFlow's own ops" in lines[0]
+        assert ("keyed dropout and the GELU run TensorFlow's own ops"
+                in lines[0]), lines
   assert "remove " in _masks_in_a_new_process(
       {"CXX": "false", "ESTIMATOR_ACCUM_CACHE": str(tmp_path / "false")}
   ).stderr
