@@ -47,7 +47,8 @@ kernel, the default).
 
 With `--native`, the variants are instead the default run with every
 kernel of `estimator_accum.native` off (`ESTIMATOR_ACCUM_NATIVE=0`:
-keyed dropout and the GELU in TensorFlow's own ops) and on (the default).
+keyed dropout, the GELU and the layer norms in TensorFlow's own ops) and on
+(the default).
 
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
       [--splits] [--threads] [--dropout] [--native] [--grappler]
@@ -106,7 +107,7 @@ DROPOUT = {
 NATIVE = {
     "TensorFlow's ops (ESTIMATOR_ACCUM_NATIVE=0)": (
         [], {"ESTIMATOR_ACCUM_NATIVE": "0"}),
-    "native kernels: dropout and GELU (default)": ([], {}),
+    "native kernels: dropout, GELU, layer norm (default)": ([], {}),
 }
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {

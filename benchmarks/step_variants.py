@@ -31,6 +31,11 @@ seven backward) and in the native kernel's one pass each way (the default
 in a training graph where it builds: `estimator_accum.native`), and
 without the GELU (a ceiling).
 
+`--normalize`: the layer norms' normalization in TensorFlow's own ops
+(eight passes forward) and in the native kernel (three each way: the
+default in a training graph where it builds), and without it (a ceiling;
+`* gamma + beta` kept in all three).
+
 `--ceilings`: what fused kernels for the element-wise blocks could save at
 most: the step without the layer norms' normalization (`* gamma + beta`
 kept), without the GELU, without dropout, and without all three. None is
@@ -42,7 +47,8 @@ and, for each variant that computes the same function, the largest
 difference of its gradients from the first's (relative to the largest
 gradient; over 1e-5 fails).
 
-  python benchmarks/step_variants.py --dense|--dropout|--gelu|--ceilings
+  python benchmarks/step_variants.py --dense|--dropout|--gelu|--normalize|
+      --ceilings
       [--rounds 15]
       [--lengths 20,24,28,32,40,48,64]
 """
@@ -140,9 +146,20 @@ GELU = {
 }
 
 
-def _no_normalization(inputs, epsilon):
-  del epsilon
+def _no_normalization(inputs, epsilon, one_pass=False):
+  del epsilon, one_pass
   return inputs
+
+
+_NORMALIZE = modeling.normalize_last_axis
+NORMALIZE = {
+    "TensorFlow's ops": (
+        "normalize", lambda inputs, epsilon, one_pass=False: _NORMALIZE(
+            inputs, epsilon, one_pass=False), True),
+    "three passes (estimator_accum.native, the default)": (
+        "normalize", _NORMALIZE, True),
+    "no normalization (a ceiling)": ("normalize", _no_normalization, False),
+}
 
 
 def _no_activation(inputs):
@@ -182,6 +199,8 @@ def _patched(target, replacement):
     return _left_out(replacement)
   if target == "_dense":
     return mock.patch.object(modeling, "_dense", replacement)
+  if target == "normalize":
+    return mock.patch.object(modeling, "normalize_last_axis", replacement)
   if target == "gelu":
     return mock.patch.dict(modeling._ACTIVATIONS, {"gelu": replacement})  # noqa: SLF001
   return mock.patch.object(keyed_dropout, "keyed_dropout", replacement)
@@ -253,6 +272,7 @@ def main():
   which.add_argument("--dense", action="store_true")
   which.add_argument("--dropout", action="store_true")
   which.add_argument("--gelu", action="store_true")
+  which.add_argument("--normalize", action="store_true")
   which.add_argument("--ceilings", action="store_true")
   parser.add_argument("--rounds", type=int, default=15)
   parser.add_argument("--steps_per_round", type=int, default=2)
@@ -264,7 +284,8 @@ def main():
                  f"{args.lengths!r}")
   feeds = _feeds(lengths)
   variants = (DENSE if args.dense else DROPOUT if args.dropout else
-              GELU if args.gelu else CEILINGS)
+              GELU if args.gelu else NORMALIZE if args.normalize else
+              CEILINGS)
   steps = [_FeedSteps(name, target, replacement, feeds)
            for name, (target, replacement, _) in variants.items()]
   interleave(steps, args.rounds, args.steps_per_round)

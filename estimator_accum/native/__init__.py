@@ -6,8 +6,12 @@ and three more in the backward pass. The kernel makes the same masks, bit
 for bit, so a graph trains to the same weights with it or without it.
 
 The exact (erf) GELU in one pass forward and one backward (`gelu.cc`),
-where TensorFlow's ops take five and seven: the same function to within
-float rounding (Eigen's erf and exp, as TensorFlow's kernels use them).
+where TensorFlow's ops take five and seven, and layer normalization's
+normalization over the last axis (`normalize.cc`) in three passes forward
+and three backward where they take eight and about sixteen: forward, the
+values of TensorFlow's ops bit for bit (the same Eigen reductions and
+functors, built as its wheels build Eigen); the GELU's gradient too, the
+normalization's within float rounding (its closed form).
 
 `load()` compiles the kernels once per TensorFlow, compiler and CPU
 (`g++`, or `$CXX`, with TensorFlow's own `tf.sysconfig` flags; ~10 s) into
@@ -42,7 +46,8 @@ from estimator_accum import _files
 # products; "tensorflow's": AVX without fused multiply-add, as TensorFlow's
 # own wheels build Eigen, so that float expressions round as its kernels
 # do).
-_SOURCES = {"keyed_dropout.cc": "fast", "gelu.cc": "tensorflow's"}
+_SOURCES = {"keyed_dropout.cc": "fast", "gelu.cc": "tensorflow's",
+            "normalize.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 OFF = "ESTIMATOR_ACCUM_NATIVE"
 
@@ -216,8 +221,16 @@ def load():
   def _gelu_gradient(op, gradient):
     return ops.ea_gelu_grad(gradient, op.inputs[0])
 
+  def _normalize_gradient(op, gradient, *statistics):
+    # The op's mean and rstd are its wrapper's own (never handed out):
+    # their gradients are the zeros TensorFlow fills in.
+    del statistics
+    return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
+                                 op.outputs[2])
+
   for name, function in (("EaKeyedDropout", _gradient),
-                         ("EaGelu", _gelu_gradient)):
+                         ("EaGelu", _gelu_gradient),
+                         ("EaNormalize", _normalize_gradient)):
     with contextlib.suppress(KeyError):  # registered by an earlier load()
       tf.RegisterGradient(name)(function)
   return ops
@@ -235,3 +248,17 @@ def gelu_op():
   registered; None where `load()` is None."""
   ops = load()
   return None if ops is None else ops.ea_gelu
+
+
+def normalize_op():
+  """A function (inputs, epsilon) -> the normalization of `inputs` over
+  its last axis in few passes (`EaNormalize`, its gradient registered);
+  None where `load()` is None."""
+  ops = load()
+  if ops is None:
+    return None
+
+  def normalize(inputs, epsilon):
+    return ops.ea_normalize(inputs, epsilon=epsilon)[0]
+
+  return normalize

@@ -321,7 +321,8 @@ class BertModel:
               tf.gather(token_types, token_type_ids) +
               (positions[tf.newaxis, :seq_length] if position_ids is None else
                tf.gather(positions, position_ids)))
-    output = _layer_norm(output, config.layer_norm_eps)
+    output = _layer_norm(output, config.layer_norm_eps,
+                         one_pass=self._is_training)
     return self._dropout(output, config.hidden_dropout_prob, self._keys)
 
   def _dropout(self, inputs, rate, row_keys, site=""):
@@ -396,12 +397,13 @@ class BertModel:
         attention = _layer_norm(
             self._dropout(attention, config.hidden_dropout_prob,
                           query_keys) + query_input,
-            config.layer_norm_eps)
+            config.layer_norm_eps, one_pass=self._is_training)
     with tf.compat.v1.variable_scope("intermediate"):
       activation = _ACTIVATIONS[config.hidden_act]
       if activation is gelu_exact and not self._is_training:
         # A graph to evaluate, predict or export: TensorFlow's ops, which
-        # any process (a server) runs, the kernel's values.
+        # any process (a server) runs, the kernel's values (as the layer
+        # norms': one_pass in training graphs only).
         activation = _gelu_ops
       intermediate = _dense(attention, config.intermediate_size, "dense",
                             config.initializer_range, activation=activation)
@@ -410,7 +412,7 @@ class BertModel:
                       config.initializer_range)
       return _layer_norm(
           self._dropout(output, config.hidden_dropout_prob, query_keys) +
-          attention, config.layer_norm_eps)
+          attention, config.layer_norm_eps, one_pass=self._is_training)
 
   def get_pooled_output(self):
     """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));
@@ -771,7 +773,7 @@ def dense_variables(inputs, units, name, initializer_range):
   return tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
 
 
-def _layer_norm(inputs, epsilon, scope="LayerNorm"):
+def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False):
   """Layer normalization over the last axis, variables `<scope>/beta|gamma`."""
   with tf.compat.v1.variable_scope(scope):
     size = inputs.shape[-1]
@@ -781,10 +783,11 @@ def _layer_norm(inputs, epsilon, scope="LayerNorm"):
         "gamma", [size], initializer=tf.compat.v1.ones_initializer())
   dtype = inputs.dtype
   inputs = tf.cast(inputs, tf.float32)  # Statistics in float32.
-  return tf.cast(normalize_last_axis(inputs, epsilon) * gamma + beta, dtype)
+  return tf.cast(normalize_last_axis(inputs, epsilon, one_pass=one_pass) *
+                 gamma + beta, dtype)
 
 
-def normalize_last_axis(inputs, epsilon):
+def normalize_last_axis(inputs, epsilon, one_pass=False):
   """(x - mean) / sqrt(variance + epsilon) over the last axis.
 
   The variance is the mean square of the centred values, not
@@ -799,10 +802,19 @@ def normalize_last_axis(inputs, epsilon):
   Args:
     inputs: float32 Tensor of any rank >= 1.
     epsilon: float added to the variance.
+    one_pass: True: `estimator_accum.native`'s kernel where it serves (a
+      training graph: three passes over the tensor each way, where these
+      ops take eight forward and about sixteen backward; the same values
+      bit for bit, the gradient within float rounding), else TensorFlow's
+      ops, which a graph to export needs.
 
   Returns:
     float32 Tensor of the shape of `inputs`.
   """
+  if one_pass and inputs.dtype == tf.float32:
+    kernel = native.normalize_op()
+    if kernel is not None:
+      return kernel(inputs, epsilon)
   mean = tf.reduce_mean(inputs, [-1], keepdims=True)
   centred = inputs - mean
   variance = tf.reduce_mean(tf.square(centred), [-1], keepdims=True)
