@@ -1,13 +1,14 @@
 // Layer normalization's normalization over the last axis,
 // (x - mean) / sqrt(variance + epsilon) with the variance the mean square
 // of the centred values (models.bert's normalize_last_axis), and its
-// gradient, in few passes: TensorFlow's ops take eight passes over the
-// tensor forward (two means, a difference, a square, a product and their
-// broadcasts) and about twice that backward. Forward, the same Eigen
-// reductions and element-wise functors as TensorFlow's Mean, Sub, Square,
-// AddV2, Rsqrt and Mul, on the same shapes: their values bit for bit where
-// Eigen is built alike (AVX, no fused multiply-add). Backward, the
-// gradient's closed form,
+// gradient, row by row: TensorFlow's ops take eight passes over the tensor
+// forward (two means, a difference, a square, a product and their
+// broadcasts) and about twice that backward; here each row is read three
+// times while it is in cache, and written once. Forward, the same Eigen
+// reductions (a row's lanes summed in the same order) and element-wise
+// arithmetic as TensorFlow's Mean, Sub, Square, AddV2, Rsqrt and Mul: their
+// values bit for bit where Eigen is built alike (AVX, no fused
+// multiply-add). Backward, the gradient's closed form,
 //   dx = r (dy - mean(dy) - c r^2 mean(dy c)),  c = x - mean, r = rstd,
 // within float rounding of TensorFlow's (its ops sum in another order).
 // Built and loaded by estimator_accum/native/__init__.py.
@@ -16,6 +17,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
 #include "unsupported/Eigen/CXX11/Tensor"
 
 namespace estimator_accum {
@@ -29,12 +31,7 @@ using ::tensorflow::TensorShape;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
-using Matrix = Eigen::TensorMap<Eigen::Tensor<const float, 2, Eigen::RowMajor>,
-                                Eigen::Aligned>;
 using Column = Eigen::TensorMap<Eigen::Tensor<float, 1, Eigen::RowMajor>>;
-using ConstColumn =
-    Eigen::TensorMap<Eigen::Tensor<const float, 1, Eigen::RowMajor>,
-                     Eigen::Aligned>;
 
 // The shape of `inputs` with its last axis 1 (the rows' statistics).
 absl::Status RowShape(InferenceContext* c, ShapeHandle inputs,
@@ -97,6 +94,21 @@ TensorShape RowStatisticsShape(const Tensor& inputs) {
   return shape;
 }
 
+// A row of `width` floats as a 1-D Eigen tensor: its full sum runs the
+// same InnerMostDimReducer, in the same lane order, as TensorFlow's sum of
+// a matrix's rows.
+using Row = Eigen::TensorMap<Eigen::Tensor<const float, 1, Eigen::RowMajor>>;
+
+// `function(begin, end)` over rows [0, rows), split over TensorFlow's CPU
+// threads (`cost` per row).
+template <typename Function>
+void OverRows(OpKernelContext* context, int64_t rows, int64_t cost,
+              Function function) {
+  const auto* threads = context->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(threads->num_threads, threads->workers, rows, cost,
+                      function);
+}
+
 class NormalizeOp : public OpKernel {
  public:
   explicit NormalizeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -122,25 +134,40 @@ class NormalizeOp : public OpKernel {
           std::numeric_limits<float>::quiet_NaN());
       return;
     }
-    const auto& device = context->eigen_device<Eigen::ThreadPoolDevice>();
-    Matrix x(inputs.flat<float>().data(), rows, width);
-    Column mean(mean_out->flat<float>().data(), rows);
-    Column rstd(rstd_out->flat<float>().data(), rows);
-    // The reduced axis known at compile time, as TensorFlow's reductions
-    // give it (Eigen then sums a row in vector lanes, in their order).
-    const Eigen::IndexList<Eigen::type2index<1>> last;
-    const Eigen::array<Eigen::Index, 2> column{rows, 1};
-    const Eigen::array<Eigen::Index, 2> across{1, width};
+    const float* x = inputs.flat<float>().data();
+    float* y = outputs->flat<float>().data();
+    float* mean = mean_out->flat<float>().data();
+    float* rstd = rstd_out->flat<float>().data();
     const float count = static_cast<float>(width);
-    // TensorFlow's Mean: the sum over the row, then divided by its count.
-    mean.device(device) = x.sum(last) / count;
-    auto centred = x - mean.reshape(column).broadcast(across);
-    // The variance (stored in rstd first), then 1 / sqrt(it + epsilon).
-    rstd.device(device) = centred.square().sum(last) / count;
-    rstd.device(device) = (rstd + epsilon_).rsqrt();
-    Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor>, Eigen::Aligned>
-        y(outputs->flat<float>().data(), rows, width);
-    y.device(device) = centred * rstd.reshape(column).broadcast(across);
+    // Each row's mean and variance (kept in rstd): TensorFlow's Mean (the
+    // sum, then divided by the count) of the row and of its centred
+    // values' squares.
+    OverRows(context, rows, width * 6, [&](int64_t begin, int64_t end) {
+      Eigen::Tensor<float, 0, Eigen::RowMajor> sum;
+      for (int64_t i = begin; i < end; ++i) {
+        Row row(x + i * width, width);
+        sum = row.sum();
+        const float m = sum() / count;
+        mean[i] = m;
+        sum = (row - row.constant(m)).square().sum();
+        rstd[i] = sum() / count;
+      }
+    });
+    // 1 / sqrt(variance + epsilon) over the rows as one vector, as
+    // TensorFlow's AddV2 and Rsqrt take it (their vector lanes and last
+    // scalars fall on the same rows).
+    Column statistics(rstd, rows);
+    statistics.device(context->eigen_device<Eigen::ThreadPoolDevice>()) =
+        (statistics + epsilon_).rsqrt();
+    // (x - mean) * rstd: a difference, then a product, as Sub and Mul.
+    OverRows(context, rows, width * 3, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const float m = mean[i], r = rstd[i];
+        const float* __restrict in = x + i * width;
+        float* __restrict out = y + i * width;
+        for (int64_t j = 0; j < width; ++j) out[j] = (in[j] - m) * r;
+      }
+    });
   }
 
  private:
@@ -176,32 +203,30 @@ class NormalizeGradOp : public OpKernel {
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, inputs.shape(), &backprops));
     if (inputs.NumElements() == 0) return;
-    const auto& device = context->eigen_device<Eigen::ThreadPoolDevice>();
-    Matrix dy(gradients.flat<float>().data(), rows, width);
-    Matrix x(inputs.flat<float>().data(), rows, width);
-    ConstColumn mean(mean_in.flat<float>().data(), rows);
-    ConstColumn rstd(rstd_in.flat<float>().data(), rows);
-    Tensor sums_tensor;
-    OP_REQUIRES_OK(context, context->allocate_temp(
-                                ::tensorflow::DT_FLOAT,
-                                TensorShape({2, rows}), &sums_tensor));
-    Column dy_mean(sums_tensor.flat<float>().data(), rows);
-    Column dy_c_mean(sums_tensor.flat<float>().data() + rows, rows);
-    // The reduced axis known at compile time, as TensorFlow's reductions
-    // give it (Eigen then sums a row in vector lanes, in their order).
-    const Eigen::IndexList<Eigen::type2index<1>> last;
-    const Eigen::array<Eigen::Index, 2> column{rows, 1};
-    const Eigen::array<Eigen::Index, 2> across{1, width};
+    const float* dy = gradients.flat<float>().data();
+    const float* x = inputs.flat<float>().data();
+    const float* mean = mean_in.flat<float>().data();
+    const float* rstd = rstd_in.flat<float>().data();
+    float* dx = backprops->flat<float>().data();
     const float count = static_cast<float>(width);
-    auto centred = x - mean.reshape(column).broadcast(across);
-    dy_mean.device(device) = dy.sum(last) / count;
-    dy_c_mean.device(device) = (dy * centred).sum(last) / count;
-    auto r = rstd.reshape(column).broadcast(across);
-    Eigen::TensorMap<Eigen::Tensor<float, 2, Eigen::RowMajor>, Eigen::Aligned>
-        dx(backprops->flat<float>().data(), rows, width);
-    dx.device(device) =
-        r * (dy - dy_mean.reshape(column).broadcast(across) -
-             centred * (r * r) * dy_c_mean.reshape(column).broadcast(across));
+    OverRows(context, rows, width * 10, [&](int64_t begin, int64_t end) {
+      Eigen::Tensor<float, 0, Eigen::RowMajor> sum;
+      for (int64_t i = begin; i < end; ++i) {
+        Row g(dy + i * width, width), row(x + i * width, width);
+        const float m = mean[i], r = rstd[i];
+        sum = g.sum();
+        const float g_mean = sum() / count;
+        sum = (g * (row - row.constant(m))).sum();
+        const float gc_mean = sum() / count;
+        const float c_scale = r * r * gc_mean;
+        const float* __restrict gi = dy + i * width;
+        const float* __restrict xi = x + i * width;
+        float* __restrict out = dx + i * width;
+        for (int64_t j = 0; j < width; ++j) {
+          out[j] = r * (gi[j] - g_mean - (xi[j] - m) * c_scale);
+        }
+      }
+    });
   }
 };
 
