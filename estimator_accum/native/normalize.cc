@@ -208,17 +208,19 @@ class NormalizeGradOp : public OpKernel {
     const float* mean = mean_in.flat<float>().data();
     const float* rstd = rstd_in.flat<float>().data();
     float* dx = backprops->flat<float>().data();
-    const float count = static_cast<float>(width);
     OverRows(context, rows, width * 10, [&](int64_t begin, int64_t end) {
-      Eigen::Tensor<float, 0, Eigen::RowMajor> sum;
+      // The row's two means in double: the closed form subtracts them
+      // from each element, so their rounding would reach every one.
+      Eigen::Tensor<double, 0, Eigen::RowMajor> sum;
       for (int64_t i = begin; i < end; ++i) {
         Row g(dy + i * width, width), row(x + i * width, width);
         const float m = mean[i], r = rstd[i];
-        sum = g.sum();
-        const float g_mean = sum() / count;
-        sum = (g * (row - row.constant(m))).sum();
-        const float gc_mean = sum() / count;
-        const float c_scale = r * r * gc_mean;
+        sum = g.cast<double>().sum();
+        const float g_mean = static_cast<float>(sum() / width);
+        sum = (g.cast<double>() *
+               (row - row.constant(m)).cast<double>()).sum();
+        const float c_scale = static_cast<float>(
+            static_cast<double>(r) * r * (sum() / width));
         const float* __restrict gi = dy + i * width;
         const float* __restrict xi = x + i * width;
         float* __restrict out = dx + i * width;
