@@ -15,15 +15,12 @@ import pytest
 import tensorflow as tf
 
 from estimator_accum import native
-from models.bert import modeling
+from tests.helpers import native_kernels
 
 
 def _kernel():
-  kernel = native.gelu_op()
-  assert kernel is not None, (
-      "the native kernels did not build here (its line above says why): "
-      "this test needs g++ and TensorFlow's headers")
-  return kernel
+  native_kernels.loaded()
+  return native.gelu_op()
 
 
 def _tensorflows(x):
@@ -110,36 +107,9 @@ def test_a_gradient_of_another_shape_is_an_error_not_a_crash():
                              x: np.ones([3, 2], np.float32)})
 
 
-def _bert(training, monkeypatch=None, *, without_kernel=False):
-  """(gradients or pooled output, the graph's op types) of a small BERT
-  with hidden_act="gelu"."""
-  if without_kernel:
-    monkeypatch.setattr(native, "gelu_op", lambda: None)
-  config = modeling.BertConfig(vocab_size=50, hidden_size=16,
-                               num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=24, hidden_act="gelu",
-                               hidden_dropout_prob=0.0,
-                               attention_probs_dropout_prob=0.0)
-  rng = np.random.RandomState(0)
-  ids = rng.randint(0, 50, [3, 9]).astype(np.int32)
-  mask = np.ones([3, 9], np.int32)
-  mask[1, 6:] = 0
-  with tf.Graph().as_default():
-    tf.compat.v1.set_random_seed(1)
-    ids_in = tf.compat.v1.placeholder(tf.int32, [None, None])
-    mask_in = tf.compat.v1.placeholder(tf.int32, [None, None])
-    model = modeling.BertModel(config, training, ids_in, mask_in)
-    pooled = model.get_pooled_output()
-    fetches = pooled
-    if training:
-      loss = tf.reduce_sum(tf.square(pooled))
-      fetches = [tf.convert_to_tensor(g) for g in tf.gradients(
-          loss, tf.compat.v1.trainable_variables())]
-    types = {op.type for op in
-             tf.compat.v1.get_default_graph().get_operations()}
-    with tf.compat.v1.Session() as session:
-      session.run(tf.compat.v1.global_variables_initializer())
-      return session.run(fetches, {ids_in: ids, mask_in: mask}), types
+def _bert(training):
+  return native_kernels.tiny_bert(
+      training, config=dict(native_kernels.NO_DROPOUT, hidden_act="gelu"))
 
 
 @pytest.mark.grappler
@@ -149,7 +119,8 @@ def test_bert_trains_alike_with_the_kernel_and_without(monkeypatch):
   _kernel()
   with_kernel, types = _bert(True)
   assert "EaGelu" in types and "EaGeluGrad" in types
-  without, types = _bert(True, monkeypatch, without_kernel=True)
+  monkeypatch.setattr(native, "gelu_op", lambda: None)
+  without, types = _bert(True)
   assert not {"EaGelu", "EaGeluGrad"} & types
   assert "Erf" in types
   for a, b in zip(with_kernel, without):

@@ -11,14 +11,9 @@ import tensorflow as tf
 
 from estimator_accum import native
 from models.bert import modeling
+from tests.helpers import native_kernels
 
-
-def _loaded():
-  ops = native.load()
-  assert ops is not None, (
-      "the native kernels did not build here (its line above says why): "
-      "this test needs g++ and TensorFlow's headers")
-  return ops
+_loaded = native_kernels.loaded
 
 
 def _values_and_gradients(one_pass, values, upstream, epsilon=1e-12):
@@ -96,27 +91,9 @@ def test_bad_shapes_are_an_error_not_a_crash():
 
 def test_bert_trains_alike_with_the_kernels_and_without(monkeypatch):
   _loaded()
-  config = modeling.BertConfig(vocab_size=50, hidden_size=16,
-                               num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=24, hidden_dropout_prob=0.0,
-                               attention_probs_dropout_prob=0.0)
-  rng = np.random.RandomState(0)
-  ids = rng.randint(0, 50, [3, 9]).astype(np.int32)
-  mask = np.ones([3, 9], np.int32)
-  mask[1, 6:] = 0
-
   def gradients():
-    with tf.Graph().as_default():
-      tf.compat.v1.set_random_seed(1)
-      model = modeling.BertModel(config, True, tf.constant(ids),
-                                 tf.constant(mask), unpadded=True)
-      loss = tf.reduce_sum(tf.square(model.get_pooled_output()))
-      grads = tf.gradients(loss, tf.compat.v1.trainable_variables())
-      types = {op.type for op in tf.compat.v1.get_default_graph()
-               .get_operations()}
-      with tf.compat.v1.Session() as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        return session.run([tf.convert_to_tensor(g) for g in grads]), types
+    return native_kernels.tiny_bert(config=native_kernels.NO_DROPOUT,
+                                    unpadded=True)
 
   with_kernels, types = gradients()
   assert {"EaNormalize", "EaNormalizeGrad", "EaGelu"} <= types

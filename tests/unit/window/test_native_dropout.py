@@ -13,20 +13,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_accum import native
 from estimator_accum.window import keyed_dropout as keyed
-from models.bert import modeling
+from tests.helpers import native_kernels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
 
 
-def _loaded():
-  ops = native.load()
-  assert ops is not None, (
-      "the native kernels did not build here (its line above says why): "
-      "this test needs g++ and TensorFlow's headers")
-  return ops
+_loaded = native_kernels.loaded
 
 
 def _both(values, rate, keys, seed=3, site="s"):
@@ -102,30 +96,11 @@ def test_bert_trains_alike_with_the_kernel_and_without(monkeypatch):
   """A BERT with keyed dropout on every site: the same gradients either
   way (the kernel in every dropout site, attention's too)."""
   _loaded()
-  config = modeling.BertConfig(vocab_size=50, hidden_size=16,
-                               num_hidden_layers=2, num_attention_heads=2,
-                               intermediate_size=24)
-  rng = np.random.RandomState(0)
-  ids = rng.randint(0, 50, [3, 9]).astype(np.int32)
-  mask = np.ones([3, 9], np.int32)
-  mask[1, 6:] = 0
 
   def gradients():
-    with tf.Graph().as_default():
-      tf.compat.v1.set_random_seed(1)
-      model = modeling.BertModel(config, True, tf.constant(ids),
-                                 tf.constant(mask), unpadded=True,
-                                 dropout_keys=tf.constant([5, 9, 11],
-                                                          tf.int64),
-                                 dropout_seed=4)
-      loss = tf.reduce_sum(tf.square(model.get_pooled_output()))
-      variables = tf.compat.v1.trainable_variables()
-      grads = tf.gradients(loss, variables)
-      types = {op.type for op in tf.compat.v1.get_default_graph()
-               .get_operations()}
-      with tf.compat.v1.Session() as session:
-        session.run(tf.compat.v1.global_variables_initializer())
-        return session.run([tf.convert_to_tensor(g) for g in grads]), types
+    return native_kernels.tiny_bert(
+        unpadded=True, dropout_keys=np.array([5, 9, 11], np.int64),
+        dropout_seed=4)
 
   with_kernel, types = gradients()
   assert "EaKeyedDropout" in types
