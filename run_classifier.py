@@ -295,7 +295,7 @@ class ClassifierRun:
                                 start_delay_secs=0, throttle_secs=0))
     else:
       estimator.train(train_input, max_steps=max_steps,
-                      hooks=training.summary_hooks(estimator))
+                      hooks=training.training_hooks(estimator))
     return max(max_steps - skip, 0)
 
   def _evaluate_and_predict(self, estimator):

@@ -14,6 +14,7 @@ from estimator_accum.integrations import (  # noqa: F401
   keras_optimizer_legacy,
   keras_optimizer_v3,
 )
+from estimator_accum.checkpoints.saver_hook import LeanCheckpointSaverHook
 from estimator_accum.integrations.hooks import (
     AccumulationLoggingHook,
     EveryStepSummaryHook,
@@ -80,6 +81,7 @@ __all__ = [
     "SPARSE_THRESHOLD_BYTES",
     "AccumulationLoggingHook",
     "EveryStepSummaryHook",
+    "LeanCheckpointSaverHook",
     "WindowTraceHook",
     "AccumulationState",
     "BackupAndRestore",

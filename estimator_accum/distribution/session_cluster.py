@@ -13,6 +13,7 @@ import typing
 import tensorflow as tf
 
 from clusterspec import config as tfc
+from estimator_accum.checkpoints import saver_hook
 from estimator_accum.distribution import replicas
 
 __all__ = ["SessionCluster"]
@@ -52,7 +53,7 @@ class SessionCluster:
       return None
     return os.path.join(model_dir, f"tmp_{self.task}")
 
-  def saver_hooks(self, model_dir, scaffold, save_steps):
+  def saver_hooks(self, model_dir, scaffold, save_steps, save_at_start=True):
     """The hook that saves this worker's checkpoints every `save_steps`
     (a list: none for a parameter-server job's workers, where the chief
     saves the ps's variables and the others wait for it to start them).
@@ -60,11 +61,15 @@ class SessionCluster:
     placed last among its hooks so that each runs them in the same order (a
     value summed over the workers is read by a collective each must join
     in turn): the chief in model_dir, the others in a directory of their
-    own, removed with the job (as Estimator's workers do)."""
+    own, removed with the job (as Estimator's workers do). Without
+    `save_at_start`, none at the session's start at global step 0
+    (`LeanCheckpointSaverHook`)."""
     saves = self.save_directory(model_dir)
     if saves is None:
       return []
-    return [tf.compat.v1.train.CheckpointSaverHook(
+    hook = (tf.compat.v1.train.CheckpointSaverHook if save_at_start else
+            saver_hook.LeanCheckpointSaverHook)
+    return [hook(
         saves, save_steps=save_steps, scaffold=scaffold,
         save_graph_def=False)]
 

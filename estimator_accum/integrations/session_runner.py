@@ -86,6 +86,10 @@ class RunSettings:
   # as Estimator trains one without train_distribute: each chief and
   # worker its own graph on its own server, the variables on the ps tasks.
   parameter_servers: typing.Any = None
+  # False: no checkpoint at the session's start while the global step is 0
+  # (`LeanCheckpointSaverHook`: it would hold the initial values, which a
+  # new run rebuilds alike). True: TensorFlow's saver, which saves there.
+  save_at_start: bool = True
 
 
 def call_as_estimator(function, **arguments):
@@ -198,7 +202,8 @@ class SessionEstimator:
           hooks=[tf.compat.v1.train.StopAtStepHook(last_step=max_steps),
                  *spec.training_hooks, *hooks,
                  *cluster.saver_hooks(self.model_dir, scaffold,
-                                      self.config.save_checkpoints_steps)],
+                                      self.config.save_checkpoints_steps,
+                                      self.config.save_at_start)],
           save_checkpoint_steps=None, save_checkpoint_secs=None,
           save_summaries_steps=(self.config.save_summary_steps
                                 if saves is not None else None),

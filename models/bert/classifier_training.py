@@ -73,7 +73,7 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
     save_every = batch_plan.save_every(plan, save_every)
   model_fn = classifier.model_fn_builder(setup.bert_config, training)
   # One device: the summaries are fetched on every step by the run's
-  # EveryStepSummaryHook (summary_hooks), not by Estimator's own hooks on
+  # EveryStepSummaryHook (training_hooks), not by Estimator's own hooks on
   # some steps only, so that every step runs one executor.
   every_step = strategy is None and parameter_servers is None
   if estimator_accum.releases.estimator() is None:
@@ -87,7 +87,8 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
             parameter_servers=parameter_servers,
             save_checkpoints_steps=save_every,
             keep_checkpoint_max=flags.keep_checkpoint_max,
-            save_summary_steps=None if every_step else SUMMARY_STEPS))
+            save_summary_steps=None if every_step else SUMMARY_STEPS,
+            save_at_start=not every_step))
   run_config = tf.estimator.RunConfig(
       model_dir=output_dir, tf_random_seed=flags.seed,
       train_distribute=strategy, session_config=session_config,
@@ -104,13 +105,22 @@ def estimator(flags, setup, output_dir, training, plan, strategy, replicas,
   return tf.estimator.Estimator(model_fn, config=run_config)
 
 
-def summary_hooks(estimator):
-  """The training hooks writing TensorBoard's summaries where `estimator`
-  (of estimator()) writes none itself: one device."""
-  if estimator.config.save_summary_steps is not None:
+def training_hooks(estimator):
+  """The hooks `estimator` (of estimator()) trains with on one device:
+  TensorBoard's summaries, which it writes none of itself, and on
+  Estimator (2.15) its checkpoints without the save at global step 0
+  (`LeanCheckpointSaverHook`; Estimator then adds no saver of its own, and
+  the SessionEstimator has `save_at_start=False`). None on a cluster."""
+  config = estimator.config
+  if config.save_summary_steps is not None:
     return []
-  return [estimator_accum.EveryStepSummaryHook(estimator.model_dir,
-                                               SUMMARY_STEPS)]
+  hooks = [estimator_accum.EveryStepSummaryHook(estimator.model_dir,
+                                                SUMMARY_STEPS)]
+  if not isinstance(estimator, session_runner.SessionEstimator):
+    hooks.append(estimator_accum.LeanCheckpointSaverHook(
+        estimator.model_dir, save_steps=config.save_checkpoints_steps,
+        save_graph_def=config.checkpoint_save_graph_def))
+  return hooks
 
 
 # The flags a training step's graph, memory and speed depend on: with the

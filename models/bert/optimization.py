@@ -148,11 +148,31 @@ class _BertAdamBase(tf.compat.v1.train.Optimizer):
   def _prepare(self):
     self._lr_t = tf.convert_to_tensor(self._call_if_callable(self._lr),
                                       tf.float32, name="learning_rate")
+    # The hyperparameters as float32 constants made once an apply, not once
+    # a variable: the same values (each Python float rounded to float32,
+    # as beside a float32 tensor), a few hundred ops fewer to build.
+    self._constants = {
+        name: tf.constant(value, tf.float32, name=name) for name, value in (
+            ("beta_1", self.beta_1), ("one_minus_beta_1", 1.0 - self.beta_1),
+            ("beta_2", self.beta_2), ("one_minus_beta_2", 1.0 - self.beta_2),
+            ("epsilon", self.epsilon),
+            ("weight_decay_rate", self.weight_decay_rate))}
+
+  def _constant(self, name, like):
+    """The hyperparameter `name` for an op with `like`: its float32
+    constant, or the Python float where `like` is of another dtype."""
+    if like.dtype.base_dtype == tf.float32:
+      return self._constants[name]
+    if name.startswith("one_minus_"):
+      return 1.0 - getattr(self, name[len("one_minus_"):])
+    return getattr(self, name)
 
   def _moments(self, grad, var):
     m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
-    next_m = self.beta_1 * m + (1.0 - self.beta_1) * grad
-    next_v = self.beta_2 * v + (1.0 - self.beta_2) * tf.square(grad)
+    next_m = (self._constant("beta_1", grad) * m +
+              self._constant("one_minus_beta_1", grad) * grad)
+    next_v = (self._constant("beta_2", grad) * v +
+              self._constant("one_minus_beta_2", grad) * tf.square(grad))
     return m, v, next_m, next_v
 
   def _update(self, var, next_m, next_v):
@@ -194,9 +214,9 @@ class AdamWeightDecayOptimizer(_BertAdamBase):
                      epsilon, exclude_from_weight_decay, name)
 
   def _update(self, var, next_m, next_v):
-    update = next_m / (tf.sqrt(next_v) + self.epsilon)
+    update = next_m / (tf.sqrt(next_v) + self._constant("epsilon", next_v))
     if self._do_use_weight_decay(var):
-      update += self.weight_decay_rate * var
+      update += self._constant("weight_decay_rate", update) * var
     return self._lr_t * update
 
 
