@@ -7,6 +7,7 @@ parameter-server workers. See `build_accumulating_train_op`.
 
 # First: a missing or unsupported TensorFlow is named in one line.
 from estimator_accum import releases  # noqa: F401
+from estimator_accum.checkpoints.saver_hook import LeanCheckpointSaverHook
 
 # The kinds around a tf.keras.optimizers.Optimizer and a legacy one
 # (AccumulatingKerasOptimizer makes one of its subclasses).
@@ -14,10 +15,9 @@ from estimator_accum.integrations import (  # noqa: F401
   keras_optimizer_legacy,
   keras_optimizer_v3,
 )
-from estimator_accum.checkpoints.saver_hook import LeanCheckpointSaverHook
 from estimator_accum.integrations.hooks import (
-    AccumulationLoggingHook,
-    EveryStepSummaryHook,
+  AccumulationLoggingHook,
+  EveryStepSummaryHook,
 )
 from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
