@@ -22,6 +22,7 @@ def test_public_api_is_pinned():
       "BackupAndRestore",
       "CompactSparseAccumulator",
       "EveryStepSummaryHook",
+      "LeanCheckpointSaverHook",
       "MicroBatchPlan",
       "OutOfMemory",
       "SPARSE_THRESHOLD_BYTES",
