@@ -146,6 +146,14 @@ def require_checkpoint(path, what):
 
 
 def size(path):
-  """Bytes in the files under `path`."""
-  return sum(os.path.getsize(os.path.join(root, name))
-             for root, _, names in os.walk(path) for name in names)
+  """Bytes in the files under `path`; a file removed while they are
+  counted counts nothing (another worker removing its own save directory,
+  `tmp_worker_<i>`, as its job ends: a CI run's chief failed on it)."""
+  total = 0
+  for root, _, names in os.walk(path):
+    for name in names:
+      try:
+        total += os.path.getsize(os.path.join(root, name))
+      except FileNotFoundError:
+        pass
+  return total
