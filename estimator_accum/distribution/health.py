@@ -159,13 +159,10 @@ class Watchdog(_Markers):
                interval=DEFAULT_INTERVAL,
                startup_timeout=DEFAULT_STARTUP_TIMEOUT, exit=os._exit,
                stuck=None, stall_report=None):
-    for name, value in (("timeout", timeout), ("interval", interval),
-                        ("startup_timeout", startup_timeout),
-                        *((("stall_report", stall_report),)
-                          if stall_report is not None else ())):
-      if not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number of seconds > 0, got "
-                         f"{value!r}")
+    _check_seconds(timeout=timeout, interval=interval,
+                   startup_timeout=startup_timeout,
+                   **({} if stall_report is None else
+                      {"stall_report": stall_report}))
     if interval > timeout:
       raise ValueError(f"interval ({interval}) must not exceed timeout "
                        f"({timeout})")
@@ -177,8 +174,7 @@ class Watchdog(_Markers):
     self.startup_timeout = max(float(startup_timeout), self.timeout)
     self._exit = exit
     self._stuck = stuck
-    self._stall_report = stall_report
-    self._stall_said = False
+    self._stall = _StallReport(stall_report, stuck)
     now = time.monotonic()
     self.peers = [
         Peer(task_type, index, config[tfc.CLUSTER][task_type][index], now)
@@ -294,7 +290,7 @@ class Watchdog(_Markers):
         if peer.done:
           continue
       self._check_alive(peer, now)
-    self._check_stalled(watched, now)
+    self._stall.check(self.name, watched, now, 2 * self.interval)
     self._write_marker("running")
     if self.task_type == tfc.PS and self.model_dir and all(
         peer.done for peer in self.peers
@@ -318,17 +314,33 @@ class Watchdog(_Markers):
     self._exit(PEER_LOST_EXIT)
 
 
-  def _check_stalled(self, watched, now):
-    if (self._stall_said or self._stall_report is None or
-        self._stuck is None or not self._stuck(self._stall_report)):
+def _check_seconds(**values):
+  """ValueError naming the first of `values` that is not seconds > 0."""
+  for name, value in values.items():
+    if not isinstance(value, (int, float)) or not value > 0:
+      raise ValueError(f"{name} must be a number of seconds > 0, got "
+                       f"{value!r}")
+
+
+class _StallReport:
+  """A Watchdog's `stall_report`: says once that its task has been inside
+  one step for `seconds` while every peer answered within the last
+  `answered_within` seconds (`stall_report_lines`); ends nothing."""
+
+  def __init__(self, seconds, stuck):
+    self.seconds, self._stuck, self._said = seconds, stuck, False
+
+  def check(self, name, watched, now, answered_within):
+    if (self._said or self.seconds is None or self._stuck is None or
+        not self._stuck(self.seconds)):
       return
     if any(peer.last_answer is None or
-           now - peer.last_answer > 2 * self.interval for peer in watched):
-      return  # A silent peer: _check_alive's, not this line's.
-    self._stall_said = True
+           now - peer.last_answer > answered_within for peer in watched):
+      return  # A silent peer: Watchdog._check_alive's, not this line's.
+    self._said = True
     sys.stderr.write("".join(
         f"[tfconfig] {line}\n" for line in stall_report_lines(
-            self.name, self._stall_report)))
+            name, self.seconds)))
     sys.stderr.flush()
 
 
