@@ -38,7 +38,9 @@ def halve_checkpoint(model_dir, plan):
   """
   smaller = plan.halved()
   latest = tf.train.latest_checkpoint(model_dir)
-  if latest is None:  # Nothing trained yet: start with the smaller plan.
+  if latest is None:
+    # None saved yet (a new run saves nothing at global step 0,
+    # LeanCheckpointSaverHook): start again with the smaller plan.
     return smaller, 0, 0
   values = _read(latest)
   step = int(values["global_step"])
