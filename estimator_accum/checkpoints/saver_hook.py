@@ -11,8 +11,9 @@ starting again. For the main job (MiniLM, AdamW, k=4) it wrote 348 MB (the
 weights, Adam's two slots and the window's sums) and took 1.3 s of the
 start, measured. This hook skips that save and the two serializations at
 global step 0 (the events file keeps the graph its writer wrote); from a
-resumed step it does what TensorFlow's does. Every later save (every `save_steps`, at
-the end, and the listeners around each) is TensorFlow's.
+resumed step it does what TensorFlow's does. Every later save (every
+`save_steps`, at the end, and the listeners around each) is
+TensorFlow's.
 
     hook = LeanCheckpointSaverHook(model_dir, save_steps=1000)
     estimator.train(input_fn, max_steps=n, hooks=[hook])  # Estimator then
