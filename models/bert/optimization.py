@@ -151,21 +151,21 @@ class _BertAdamBase(tf.compat.v1.train.Optimizer):
     # The hyperparameters as float32 constants made once an apply, not once
     # a variable: the same values (each Python float rounded to float32,
     # as beside a float32 tensor), a few hundred ops fewer to build.
-    self._constants = {
-        name: tf.constant(value, tf.float32, name=name) for name, value in (
-            ("beta_1", self.beta_1), ("one_minus_beta_1", 1.0 - self.beta_1),
-            ("beta_2", self.beta_2), ("one_minus_beta_2", 1.0 - self.beta_2),
-            ("epsilon", self.epsilon),
-            ("weight_decay_rate", self.weight_decay_rate))}
+    self._constants = {name: tf.constant(value, tf.float32, name=name)
+                       for name, value in self._hyperparameters().items()}
+
+  def _hyperparameters(self):
+    return {"beta_1": self.beta_1, "one_minus_beta_1": 1.0 - self.beta_1,
+            "beta_2": self.beta_2, "one_minus_beta_2": 1.0 - self.beta_2,
+            "epsilon": self.epsilon,
+            "weight_decay_rate": self.weight_decay_rate}
 
   def _constant(self, name, like):
     """The hyperparameter `name` for an op with `like`: its float32
     constant, or the Python float where `like` is of another dtype."""
     if like.dtype.base_dtype == tf.float32:
       return self._constants[name]
-    if name.startswith("one_minus_"):
-      return 1.0 - getattr(self, name[len("one_minus_"):])
-    return getattr(self, name)
+    return self._hyperparameters()[name]
 
   def _moments(self, grad, var):
     m, v = self.get_slot(var, "m"), self.get_slot(var, "v")
