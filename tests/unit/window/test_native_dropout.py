@@ -131,12 +131,11 @@ def _masks_in_a_new_process(env):
 
 
 def test_a_compiler_that_fails_is_one_line_and_tensorflows_ops(tmp_path):
-  built = _masks_in_a_new_process({"ESTIMATOR_ACCUM_CACHE": str(
-      tmp_path / "ok")})
+  # The kernel's masks from the default cache (built there once for the
+  # suite; a build into an empty cache is the next test's).
+  built = _masks_in_a_new_process({})
   assert built.returncode == 0, built.stderr[-3000:]
   assert built.stdout.split()[0] == "EaKeyedDropout", built.stderr[-2000:]
-  assert list((tmp_path / "ok" / "native").glob("*/estimator_accum_ops.so"))
-  assert not list((tmp_path / "ok").rglob("*.tmp"))
   for env, said in [
       ({"CXX": "false"}, "estimator_accum: the native kernels were not "
                          "built: false failed (exit 1)"),
