@@ -77,9 +77,12 @@ def _assert_same(padded, unpadded, mask):
     assert np.any(gradient), name
     # Sums over tokens in another order: float32 rounding of the largest
     # terms (the attention keys' bias has a zero gradient, in rounding).
+    # Seen: up to 3e-6 of a tensor's largest here, 1.3e-5 on CI's CPU with
+    # oneDNN off; one token masked out moves half the tensors by 40% or
+    # more of their largest.
     scale = max(np.abs(gradient).max(), 1e-3 * largest)
     np.testing.assert_allclose(gradients_u[name], gradient, rtol=1e-5,
-                               atol=1e-5 * scale, err_msg=name)
+                               atol=5e-5 * scale, err_msg=name)
 
 
 @pytest.mark.parametrize("recompute", [False, True],
