@@ -354,7 +354,10 @@ def main(argv):
     except (tf.errors.OpError, OSError) as error:
       if not full_disk.is_full_disk(error):
         raise
-      raise DiskFull(full_disk.describe(run.output_dir, error)) from None
+      raise DiskFull(full_disk.describe(
+          run.output_dir, error,
+          estimate_bytes=run_dir.checkpoint_estimate(
+              run.setup.init_checkpoint))) from None
   except DiskFull as error:
     print(f"run_classifier: error: {error}", file=sys.stderr)
     sys.exit(DISK_FULL_EXIT_CODE)

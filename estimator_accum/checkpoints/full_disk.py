@@ -111,18 +111,24 @@ def _free(directory):
   return f"{_megabytes(free)} free" if free is not None else "free space unknown"
 
 
-def describe(directory, error, flag="--output_dir"):
+def describe(directory, error, flag="--output_dir", estimate_bytes=None):
   """One line for a write into `directory` that found the disk full: the
   directory, what the file system said, the bytes a checkpoint takes (its
-  newest complete one's) and the bytes free, and what to do. Removes the
-  saves it cut short first."""
+  newest complete one's; with none yet, `estimate_bytes` as "about", when
+  given) and the bytes free, and what to do. Removes the saves it cut short
+  first."""
   remove_cut_saves(directory)
   try:
     newest = tf.train.latest_checkpoint(directory)
   except (tf.errors.OpError, ValueError):  # a state file the disk cut short
     newest = None
-  needs = (f"a checkpoint takes {_megabytes(checkpoint_bytes(newest))} "
-           f"({os.path.basename(newest)}), " if newest else "")
+  if newest:
+    needs = (f"a checkpoint takes {_megabytes(checkpoint_bytes(newest))} "
+             f"({os.path.basename(newest)}), ")
+  elif estimate_bytes:
+    needs = f"a checkpoint takes about {_megabytes(estimate_bytes)}, "
+  else:
+    needs = ""
   resume = (f"; free space and run again to resume from {newest}" if newest
             else "; free space and run again")
   return (f"{flag}={directory}: the disk is full ({_said(error)}): {needs}"
@@ -131,7 +137,10 @@ def describe(directory, error, flag="--output_dir"):
 
 def short_of_room(directory, each_bytes, count, flag="--output_dir"):
   """A line saying `directory` cannot hold `count` checkpoints of about
-  `each_bytes`, or None when it can (or its free space is unknown)."""
+  `each_bytes`, or None when it can (or its free space or `each_bytes` is
+  unknown)."""
+  if not each_bytes:
+    return None
   free = _free_bytes(directory)
   if free is None or free >= each_bytes * count:
     return None

@@ -113,13 +113,23 @@ def remove_if_empty(path):
         os.rmdir(root)
 
 
+def checkpoint_estimate(init_checkpoint):
+  """The bytes of one of the run's checkpoints, about 4x the model (its
+  weights, the optimizer's two slots, the window's sums); None without an
+  `init_checkpoint` to measure."""
+  if not init_checkpoint:
+    return None
+  try:
+    return 4 * full_disk.checkpoint_bytes(init_checkpoint)
+  except tf.errors.OpError:
+    return None
+
+
 def warn_if_short_of_room(path, init_checkpoint, keep_checkpoint_max):
   """Says at the start when `path` cannot hold `keep_checkpoint_max`
-  checkpoints, each about 4x the model (its weights, the optimizer's two
-  slots, the window's sums)."""
+  checkpoints (`checkpoint_estimate`'s each)."""
   line = full_disk.short_of_room(
-      path, 4 * full_disk.checkpoint_bytes(init_checkpoint),
-      keep_checkpoint_max)
+      path, checkpoint_estimate(init_checkpoint), keep_checkpoint_max)
   if line:
     print(f"warning: {line}", flush=True)
 

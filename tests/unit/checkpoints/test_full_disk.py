@@ -76,6 +76,21 @@ def test_with_no_checkpoint_yet_it_says_the_free_space(tmp_path):
   assert line.endswith(" MB free; free space and run again.")
 
 
+def test_with_no_checkpoint_yet_an_estimate_is_said_as_about(tmp_path):
+  line = full_disk.describe(str(tmp_path), SAVE_ERROR,
+                            estimate_bytes=363 * 2**20)
+  free = shutil.disk_usage(tmp_path).free / 2**20
+  assert line == (
+      f"--output_dir={tmp_path}: the disk is full (No space left on device): "
+      f"a checkpoint takes about 363.0 MB, {free:.1f} MB free; free space "
+      "and run again.")
+
+
+def test_with_a_checkpoint_its_size_is_said_not_the_estimate(run_dir):
+  line = full_disk.describe(str(run_dir), SAVE_ERROR, estimate_bytes=1)
+  assert "about" not in line and "(model.ckpt-6)" in line
+
+
 def test_short_of_room_is_said_only_when_it_is(tmp_path):
   free = shutil.disk_usage(tmp_path).free
   assert full_disk.short_of_room(str(tmp_path), 1, 3) is None
@@ -83,3 +98,5 @@ def test_short_of_room_is_said_only_when_it_is(tmp_path):
   assert line.startswith(f"--output_dir={tmp_path / 'not_yet'} has ")
   assert "3 checkpoint(s) of about" in line
   assert line.endswith("the run will stop when the disk is full.")
+  # A size not known (no checkpoint to measure it by): nothing said.
+  assert full_disk.short_of_room(str(tmp_path / "not_yet"), None, 3) is None
