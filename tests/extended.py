@@ -430,7 +430,7 @@ EXTENDED = {
         "its [options2] case (renamed, and built)",
     UT + "window/test_sparse_accumulation.py::test_compact_equals_big_batch[nesterov":
         "its [momentum] case: the same sparse kernel, with use_nesterov",
-    # Left out at stop 92, when the suite took 834 s on a 2-core Intel
+    # Left out at stop 93, when the suite took 834 s on a 2-core Intel
     # machine (its 2048² matmul at 136 GFLOP/s, 167-208 the day before):
     UT + "window/test_native_dropout.py::test_processes_that_build_at_once":
         "every fresh machine's suite (CI's each time): its 3 workers load "

@@ -36,12 +36,14 @@ def shared_model(rows=None, packed=None, **options):
         max_examples=max(n for _, n in packed["placement"]), **options)
 
 
-def _padded_and_unpadded(rows, recompute=False, packed=None):
+def _padded_and_unpadded(rows, recompute=False, packed=None,
+                         variants=(False, True)):
   """(padded, unpadded) outputs on shared weights: sequence output, pooled
-  output, and the gradient of a loss over both for every variable."""
+  output, and the gradient of a loss over both for every variable; one
+  result for each of `variants` (unpadded or not), in its order."""
   results = []
   with tf.Graph().as_default():
-    for unpadded in (False, True):
+    for unpadded in variants:
       model = shared_model(rows, packed, recompute=recompute,
                            unpadded=unpadded)
       sequence, pooled = model.get_sequence_output(), model.get_pooled_output()
@@ -112,8 +114,8 @@ def test_the_bound_catches_one_token_lost():
   rows = _one_per_row(_examples(LENGTHS))
   lost = {key: np.array(value) for key, value in rows.items()}
   lost["input_mask"][0, LENGTHS[0] - 1] = 0
-  full, _ = _padded_and_unpadded(rows)
-  dropped, _ = _padded_and_unpadded(lost)
+  (full,) = _padded_and_unpadded(rows, variants=(False,))
+  (dropped,) = _padded_and_unpadded(lost, variants=(False,))
   with pytest.raises(AssertionError, match="Mismatched elements"):
     _assert_same_gradients(full[2], dropped[2])
 
