@@ -48,6 +48,9 @@ from models.script_flags import FlagValues
 from models.training import DISK_FULL_EXIT_CODE, resume_from_complete
 
 FLAGS = classifier_flags.FLAGS
+# --sort_eval_by_length sorts the dev split this many batches at a time
+# (64 x --eval_batch_size examples held at once).
+EVAL_SORT_BATCHES = 64
 
 
 class ClassifierRun:
@@ -305,7 +308,9 @@ class ClassifierRun:
       result = estimator.evaluate(bert_features.input_fn_builder(
           eval_file, self.flags.max_seq_length, self.flags.eval_batch_size,
           is_training=False, drop_remainder=False,
-          pad_to_multiple_of=self.flags.pad_to_multiple_of))
+          pad_to_multiple_of=self.flags.pad_to_multiple_of,
+          sort_window=(EVAL_SORT_BATCHES if self.flags.sort_eval_by_length
+                       else None)))
       result["num_examples"] = num_eval
       not_finite = sorted(key for key, value in result.items()
                           if not math.isfinite(float(value)))

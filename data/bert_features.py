@@ -240,7 +240,11 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
   update, the mean over the same k x batch_size examples, is the same,
   and trimmed batches of like lengths compute less padding. Each input
   pipeline (a worker) sorts its own; a resumed run skips sorted batches,
-  so it goes on with the very batches of the uninterrupted run.
+  so it goes on with the very batches of the uninterrupted run. Not
+  training (evaluation), each chunk of `sort_window` batches of the file
+  is sorted so, the last chunk kept however short: the same examples, in
+  batches of like lengths (not for prediction, whose outputs follow the
+  file's order).
   `pack_window`: k, to pack the examples of each window of k batches into
   rows of `seq_length` instead (`models.bert.packing`: longest first,
   first fit, at most `max_examples_per_row` a row), cut into k batches of
@@ -293,7 +297,7 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       not isinstance(pad_to_multiple_of, int) or pad_to_multiple_of < 1):
     raise ValueError(f"pad_to_multiple_of={pad_to_multiple_of!r}: must be a "
                      "whole number >= 1")
-  sorting = bool(sort_window and sort_window > 1 and is_training)
+  sorting = bool(sort_window and sort_window > 1)
   packing_k = pack_window if (pack_window and is_training) else None
   if packing_k and sorting:
     raise ValueError(f"sort_window={sort_window} and pack_window="
@@ -337,7 +341,10 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
       dataset = dataset.map(packed,
                             num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if sorting:
-      dataset = dataset.batch(batch_size * sort_window, drop_remainder=True)
+      # (Training repeats: a window is always whole. An evaluation keeps
+      # its last, shorter chunk.)
+      dataset = dataset.batch(batch_size * sort_window,
+                              drop_remainder=is_training)
       dataset = dataset.map(sort_by_length,
                             num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if not packing_k:

@@ -129,6 +129,12 @@ flags.DEFINE_bool("sort_windows_by_length", True, "Sort the examples of "
                   "them into micro-batches, each trimmed to its longest: the "
                   "same update (the mean over the same examples), computed "
                   "over less padding.")
+flags.DEFINE_bool("sort_eval_by_length", True, "Evaluate the dev split's "
+                  "examples sorted by length, 64 batches at a time, each "
+                  "batch trimmed to its longest: the same examples and "
+                  "accuracy (the mean loss up to float32's order of "
+                  "summation), less padding. Prediction keeps the file's "
+                  "order.")
 flags.DEFINE_bool("pack_windows", False, "Pack the examples of each window "
                   "(k micro-batches) into rows of max_seq_length, several a "
                   "row, each attending to its own only, with its own "

@@ -5,6 +5,7 @@ train + eval + predict with k=2, one-line errors for bad input, and a
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +151,32 @@ def test_train_eval_predict_with_accumulation(tiny_model, main_run):
     probabilities = [float(value) for value in row.split("\t")]
     assert len(probabilities) == 2
     assert abs(sum(probabilities) - 1.0) < 1e-4
+
+
+@pytest.mark.estimator
+def test_the_dev_split_sorted_by_length_gives_the_same_metrics(
+    tiny_model, main_run, tmp_path):
+  # main_run evaluated its 10 dev examples sorted by length (the default),
+  # 64 batches of 3 at a time; the same checkpoint evaluated in the file's
+  # order: the same accuracy, the mean loss up to float32's summation order.
+  _, output_dir = main_run
+  copy = tmp_path / "run"
+  shutil.copytree(output_dir, copy)
+  (copy / "eval_results.txt").unlink()
+  result = _run(_flags(tiny_model, output_dir.parent / "data", copy,
+                       do_train=False, sort_eval_by_length=False))
+  assert result.returncode == 0, result.stderr[-3000:]
+
+  def metrics(directory):
+    return {key: float(value) for key, value in (
+        line.split(" = ") for line in (
+            directory / "eval_results.txt").read_text().splitlines())}
+
+  sorted_, plain = metrics(output_dir), metrics(copy)
+  assert sorted_["eval_accuracy"] == plain["eval_accuracy"]
+  assert sorted_["num_examples"] == plain["num_examples"] == 10
+  np.testing.assert_allclose(sorted_["eval_loss"], plain["eval_loss"],
+                             rtol=1e-6)
 
 
 @pytest.mark.estimator

@@ -442,3 +442,41 @@ def test_a_shared_cache_that_cannot_be_written_is_one_line(tmp_path,
   assert lines[0].startswith(f"features not kept in the shared cache "
                              f"{blocked} (")
   assert lines[0].endswith("); this run has its own")
+
+
+def test_an_evaluation_sorted_by_length_keeps_every_example_once(tmp_path):
+  # 26 examples in batches of 4, sorted 3 batches (12 examples) at a time:
+  # chunks of 12, 12 and 2 (the last kept, not dropped as a training
+  # window would be), each sorted by length, cut into batches trimmed to
+  # their longest; the last batch of each chunk may be short.
+  path = _varied_lengths_file(tmp_path, count=26)
+
+  def read(**options):
+    input_fn = bert_features.input_fn_builder(
+        path, 12, 4, is_training=False, drop_remainder=False, **options)
+    with tf.Graph().as_default():
+      batch = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+      batches = []
+      with tf.compat.v1.Session() as session:
+        while True:
+          try:
+            batches.append(session.run(batch))
+          except tf.errors.OutOfRangeError:
+            return batches
+  plain, ordered = read(), read(sort_window=3)
+  assert _examples(plain) == list(range(1, 27))  # the file's order
+  assert sorted(_examples(ordered)) == list(range(1, 27))
+  assert [len(b["input_ids"]) for b in ordered] == [4, 4, 4, 4, 4, 4, 2]
+  for start, chunk in zip((0, 12, 24),
+                          (ordered[0:3], ordered[3:6], ordered[6:])):
+    lengths = [int(n) for b in chunk for n in b["input_mask"].sum(1)]
+    assert lengths == sorted(lengths)
+    # The file's examples of that chunk, no other.
+    assert sorted(_examples(chunk)) == list(
+        range(start + 1, min(start + 12, 26) + 1))
+  for batch in ordered:
+    assert batch["input_ids"].shape[1] == batch["input_mask"].sum(1).max()
+    np.testing.assert_array_equal(batch["label_ids"],
+                                  (batch["input_ids"][:, 0] - 1) % 2)
+  assert (sum(b["input_ids"].size for b in ordered) <
+          sum(b["input_ids"].size for b in plain))
