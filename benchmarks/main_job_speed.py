@@ -33,6 +33,10 @@ TensorFlow's thread pools set by its own environment variables
 (`TF_NUM_INTEROP_THREADS`, `TF_NUM_INTRAOP_THREADS`; both default to the
 cores): ops one at a time on every core, or two at a time on one core each.
 
+With `--attention`, the variants are instead the default run with
+attention as TensorFlow's ops (`--nofused_attention`) and as one native
+op over the real tokens (`--fused_attention`, the default).
+
 With `--grappler`, the variants are instead the default run with
 TensorFlow's full Grappler (`--nolean_grappler`) and without its passes
 that change nothing a CPU step computes (`--lean_grappler`, the default):
@@ -109,6 +113,12 @@ NATIVE = {
         [], {"ESTIMATOR_ACCUM_NATIVE": "0"}),
     "native kernels: dropout, GELU, layer norm (default)": ([], {}),
 }
+# (flags, environment) of each attention: TensorFlow's ops or the native op.
+ATTENTION = {
+    "attention, TensorFlow's ops (--nofused_attention)": (
+        ["--nofused_attention"], {}),
+    "attention, one native op (default)": ([], {}),
+}
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {
     "TensorFlow's full Grappler (--nolean_grappler)": (
@@ -169,6 +179,9 @@ def main():
   instead.add_argument("--native", action="store_true",
                        help="compare estimator_accum.native's kernels off "
                             "and on instead")
+  instead.add_argument("--attention", action="store_true",
+                       help="compare attention as TensorFlow's ops and as "
+                            "the native op instead")
   instead.add_argument("--grappler", action="store_true",
                        help="compare TensorFlow's full Grappler and the "
                             "lean one instead")
@@ -181,7 +194,8 @@ def main():
                   THREADS if args.threads else
                   DROPOUT if args.dropout else
                   NATIVE if args.native else
-                  GRAPPLER if args.grappler else None)
+                  GRAPPLER if args.grappler else
+                  ATTENTION if args.attention else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)
                 for name, (flags, env) in environments.items()}

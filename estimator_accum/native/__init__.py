@@ -5,6 +5,12 @@ take eleven passes over a tensor for it (the hash, the select, the scale)
 and three more in the backward pass. The kernel makes the same masks, bit
 for bit, so a graph trains to the same weights with it or without it.
 
+Attention over unpadded tokens in one op (`attention.cc`): per example and
+head the scores, the softmax, keyed dropout (the same masks) and the
+context, forward and backward, on the [tokens, hidden] matrices, the
+padded layout's function to float32 rounding (models.bert's
+`fused_attention`).
+
 The exact (erf) GELU in one pass forward and one backward (`gelu.cc`),
 where TensorFlow's ops take five and seven, and layer normalization's
 normalization over the last axis (`normalize.cc`) in three passes forward
@@ -49,7 +55,8 @@ from estimator_accum import _files
 # products; "tensorflow's": AVX without fused multiply-add, as TensorFlow's
 # own wheels build Eigen, so that float expressions round as its kernels
 # do).
-_SOURCES = {"keyed_dropout.cc": "fast", "gelu.cc": "tensorflow's",
+_SOURCES = {"keyed_dropout.cc": "fast", "attention.cc": "fast",
+            "gelu.cc": "tensorflow's",
             "normalize.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 OFF = "ESTIMATOR_ACCUM_NATIVE"
@@ -257,7 +264,16 @@ def load():
     return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
                                  op.outputs[2])
 
+  def _attention_gradient(op, gradient, probs_gradient):
+    # The kept probabilities are the op's own (never handed out).
+    del probs_gradient
+    attributes = {name: op.get_attr(name)
+                  for name in ("heads", "divisor", "threshold", "scale")}
+    return [*ops.ea_attention_grad(*op.inputs, op.outputs[1], gradient,
+                                   **attributes), None, None, None, None]
+
   for name, function in (("EaKeyedDropout", _gradient),
+                         ("EaAttention", _attention_gradient),
                          ("EaGelu", _gelu_gradient),
                          ("EaNormalize", _normalize_gradient)):
     with contextlib.suppress(KeyError):  # registered by an earlier load()
@@ -291,3 +307,21 @@ def normalize_op():
     return ops.ea_normalize(inputs, epsilon=epsilon)[0]
 
   return normalize
+
+
+def attention_op():
+  """A function (query, key, value, starts, positions, rows, columns, *,
+  heads, divisor, threshold, scale) -> the context of attention over
+  unpadded tokens (`EaAttention`, attention.cc; its gradient registered);
+  None where `load()` is None."""
+  ops = load()
+  if ops is None:
+    return None
+
+  def attention(query, key, value, starts, positions, rows, columns, *,
+                heads, divisor, threshold, scale):
+    return ops.ea_attention(query, key, value, starts, positions, rows,
+                            columns, heads=heads, divisor=divisor,
+                            threshold=threshold, scale=scale)[0]
+
+  return attention

@@ -193,11 +193,7 @@ def _words(inputs, rate, keys, *, seed, site):
   and the keep test's bound; an element is kept where lowbias32 of its
   row's word xor its column's (without the last xor-shift) reaches the
   bound."""
-  site_salt = salt(seed, site)
-  rows = mix(_xor(_word(keys), site_salt))
-  columns = mix(_xor(_word(tf.range(tf.shape(inputs)[-1])),
-                     _mix_int(site_salt ^ 0x85EBCA6B)))
-  return rows, columns, min(round(rate * 2.0**32), _MASK32)
+  return words(rate, keys, tf.shape(inputs)[-1], seed=seed, site=site)
 
 
 def keep_mask(inputs, rate, keys, *, seed, site):
@@ -208,3 +204,15 @@ def keep_mask(inputs, rate, keys, *, seed, site):
   values = mix(tf.bitwise.bitwise_xor(rows[..., tf.newaxis], columns),
                last_shift=False)
   return values >= tf.constant(threshold, values.dtype)
+
+
+def words(rate, keys, width, *, seed, site):
+  """(rows, columns, threshold) of `keyed_dropout(inputs, rate, keys, ...)`
+  for inputs of `width` columns: each row's and each column's hashed word
+  and the keep test's bound, for a kernel that drops inside (the native
+  attention's probabilities: the same masks)."""
+  site_salt = salt(seed, site)
+  rows = mix(_xor(_word(keys), site_salt))
+  columns = mix(_xor(_word(tf.range(width)),
+                     _mix_int(site_salt ^ 0x85EBCA6B)))
+  return rows, columns, min(round(rate * 2.0**32), _MASK32)

@@ -54,12 +54,15 @@ class TrainingConfig:
   # dropout_seed): every split of a window trains to the same weights.
   keyed_dropout: bool = False
   dropout_seed: int = 0
+  # Attention as one native op over the real tokens (BertModel
+  # fused_attention; with unpadded, in training).
+  fused_attention: bool = True
 
 
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
                  recompute=False, unpadded=False, pooled_only=False,
-                 keyed_dropout=False, dropout_seed=0):
+                 keyed_dropout=False, dropout_seed=0, fused_attention=True):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
@@ -83,7 +86,7 @@ def create_model(bert_config, is_training, features, num_labels,
       example_ids=features.get("example_ids"),
       max_examples=features["label_ids"].shape[-1] if packed else None,
       unpadded=unpadded, pooled_only=pooled_only, dropout_keys=keys,
-      dropout_seed=dropout_seed)
+      dropout_seed=dropout_seed, fused_attention=fused_attention)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -128,7 +131,8 @@ def model_fn_builder(bert_config, training):
         bert_config, is_training, features, training.num_labels,
         tf.float16 if training.use_fp16 else tf.float32,
         training.classifier_dropout, training.recompute, training.unpadded,
-        training.pooled_only, training.keyed_dropout, training.dropout_seed)
+        training.pooled_only, training.keyed_dropout, training.dropout_seed,
+        training.fused_attention)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

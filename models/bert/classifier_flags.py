@@ -111,6 +111,13 @@ flags.DEFINE_bool("pooled_only", True, "The last transformer layer "
                   "and update (keyed dropout's masks too), "
                   "~13% of MiniLM's matrix products less. --nopooled_only: "
                   "every token of the last layer computed.")
+flags.DEFINE_bool("fused_attention", True, "With --unpadded, in training: "
+                  "attention as one native op over the real tokens "
+                  "(scores, softmax, keyed dropout and context per example "
+                  "and head; no padding, transposes, scatter or gather), "
+                  "where the native kernels build (float32, one example a "
+                  "row). The same function to float32 rounding, the same "
+                  "dropout masks. --nofused_attention: TensorFlow's ops.")
 flags.DEFINE_bool("keyed_dropout", True, "Dropout's masks drawn from each "
                   "example's place in the training stream (a hash of the "
                   "seed, the layer, the example, the position, the column), "

@@ -41,7 +41,8 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       fused_apply=flags.fused_apply, unpadded=flags.unpadded,
       pooled_only=flags.pooled_only,
       trace_dir=output_dir if flags.trace_window else None,
-      keyed_dropout=keyed_dropout(flags), dropout_seed=flags.seed)
+      keyed_dropout=keyed_dropout(flags), dropout_seed=flags.seed,
+      fused_attention=flags.fused_attention)
 
 
 def keyed_dropout(flags):
@@ -129,7 +130,8 @@ STEP_FLAGS = ("task_name", "max_seq_length", "do_lower_case", "unpadded",
               "pooled_only", "fused_apply", "recompute",
               "sort_windows_by_length", "pack_windows", "max_examples_per_row",
               "pad_to_multiple_of", "classifier_dropout", "optimizer",
-              "use_fp16", "distribution_strategy", "keyed_dropout")
+              "use_fp16", "distribution_strategy", "keyed_dropout",
+              "fused_attention")
 
 
 def planning_signature(flags, setup, train_file):

@@ -129,7 +129,7 @@ class BertModel:
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
                compute_type=tf.float32, recompute=False, example_ids=None,
                max_examples=None, unpadded=False, pooled_only=False,
-               dropout_keys=None, dropout_seed=0):
+               dropout_keys=None, dropout_seed=0, fused_attention=True):
     """Builds the encoder in the current graph.
 
     Args:
@@ -187,6 +187,14 @@ class BertModel:
         (`estimator_accum.keyed_dropout`): every split of a window trains to the same
         weights. None: `tf.nn.dropout`. Not with packed rows.
       dropout_seed: int salting the keyed masks (with `dropout_keys`).
+      fused_attention: with `unpadded`, in a training graph, attention
+        runs as one native op over the real tokens (`estimator_accum.
+        native`, attention.cc: scores, softmax, keyed dropout and context
+        per example and head, no padding, no transposes, no scatter and
+        gather) where it serves: float32, one example a row, dropout off
+        or keyed, the kernels built; the same function up to float32
+        rounding (the same dropout masks). False: TensorFlow's ops. Graphs
+        to evaluate, predict or export always hold TensorFlow's ops.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -214,7 +222,12 @@ class BertModel:
     if not isinstance(pooled_only, bool):
       raise ValueError(
           f"pooled_only must be True or False, got {pooled_only!r}")
+    if not isinstance(fused_attention, bool):
+      raise ValueError(
+          f"fused_attention must be True or False, got {fused_attention!r}")
     self._pooled_only = pooled_only
+    self._fused_attention = fused_attention
+    self._token_rows = None  # (starts, positions) for the fused attention.
     self._is_training = bool(is_training)
     self._keys = None  # [batch, length] words: each token's dropout key.
     if dropout_keys is not None:
@@ -256,6 +269,14 @@ class BertModel:
                         example_ids > 0)
           # [tokens, 1]: where each real token sits in the flattened rows.
           real = (tf.where(tf.reshape(token_real, [-1])),)
+          if example_ids is None:
+            # Each example's first row among the real tokens, and each
+            # token's position in its row.
+            self._token_rows = (
+                tf.concat([[0], tf.cumsum(tf.reduce_sum(
+                    tf.cast(token_real, tf.int32), axis=1))], 0),
+                tf.cast(real[0][:, 0] % tf.cast(tf.shape(input_ids)[1],
+                                                tf.int64), tf.int32))
           batch_and_length = tf.unstack(tf.shape(input_ids))
           layer_input = tf.gather_nd(
               tf.reshape(layer_input, [-1, config.hidden_size]), real[0])
@@ -335,6 +356,39 @@ class BertModel:
     return keyed_dropout.keyed_dropout(inputs, rate, row_keys,
                                        seed=self._seed, site=f"{scope}/{site}")
 
+  def _fused_op(self):
+    """The native attention op (`native.attention_op`) where this model's
+    training graph may hold it (`fused_attention`), else None."""
+    config = self._config
+    if (not self._fused_attention or not self._is_training or
+        self._token_rows is None or self._compute_type != tf.float32 or
+        (config.attention_probs_dropout_prob and self._keys is None)):
+      return None
+    return native.attention_op()
+
+  def _fused_attention_layer(self, attention, query, layer_input, query_grid,
+                             length, heads, head_size):
+    """The attention's context [tokens, hidden] of the unpadded `query`
+    and of the keys and values of `layer_input` by the native op: the
+    padded layout's function (a padded key's probability there is 0), the
+    same keyed dropout masks (the same site)."""
+    config = self._config
+    key, value = (_dense(layer_input, config.hidden_size, name,
+                         config.initializer_range)
+                  for name in ("key", "value"))
+    rate = config.attention_probs_dropout_prob
+    if rate:
+      scope = tf.compat.v1.get_variable_scope().name
+      rows, columns, threshold = keyed_dropout.words(
+          rate, query_grid, length, seed=self._seed, site=f"{scope}/probs")
+      scale = 1.0 / (1.0 - rate)
+    else:
+      rows = tf.zeros([0, 0, 0], tf.uint32)
+      columns, threshold, scale = tf.zeros([0], tf.uint32), 0, 1.0
+    return attention(query, key, value, *self._token_rows, rows, columns,
+                     heads=heads, divisor=math.sqrt(head_size),
+                     threshold=threshold, scale=scale)
+
   def _layer(self, layer_input, attention_bias, real=None, starts=None):
     """One transformer layer; with `real` ([tokens, 1] int64, unpadded), of
     the real tokens' [tokens, hidden] matrix, each token's projections put
@@ -376,21 +430,29 @@ class BertModel:
                                        batch_dims=1)[:, tf.newaxis]
         query = _dense(query_input, config.hidden_size, "query",
                        config.initializer_range)
-        query = split_heads(rows(query) if starts is None else query, count)
-        key, value = (
-            split_heads(rows(_dense(layer_input, config.hidden_size, name,
-                                    config.initializer_range)), length)
-            for name in ("key", "value"))
-        scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(head_size)
-        probs = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias)
-        probs = self._dropout(tf.cast(probs, layer_input.dtype),
-                              config.attention_probs_dropout_prob, query_grid,
-                              "probs")
-        context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
-        context = tf.reshape(context, [batch, count, config.hidden_size])
-        if real is not None and starts is None:
-          context = tf.gather_nd(
-              tf.reshape(context, [-1, config.hidden_size]), real)
+        fused = (self._fused_op() if real is not None and starts is None
+                 else None)
+        if fused is not None:
+          context = self._fused_attention_layer(
+              fused, query, layer_input, query_grid, length, heads,
+              head_size)
+        if fused is None:
+          query = split_heads(rows(query) if starts is None else query, count)
+          key, value = (
+              split_heads(rows(_dense(layer_input, config.hidden_size, name,
+                                      config.initializer_range)), length)
+              for name in ("key", "value"))
+          scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(
+              head_size)
+          probs = tf.nn.softmax(tf.cast(scores, tf.float32) + attention_bias)
+          probs = self._dropout(tf.cast(probs, layer_input.dtype),
+                                config.attention_probs_dropout_prob,
+                                query_grid, "probs")
+          context = tf.transpose(tf.matmul(probs, value), [0, 2, 1, 3])
+          context = tf.reshape(context, [batch, count, config.hidden_size])
+          if real is not None and starts is None:
+            context = tf.gather_nd(
+                tf.reshape(context, [-1, config.hidden_size]), real)
       with tf.compat.v1.variable_scope("output"):
         attention = _dense(context, config.hidden_size, "dense",
                            config.initializer_range)

@@ -96,9 +96,11 @@ def test_bert_trains_alike_with_the_kernels_and_without(monkeypatch):
                                     unpadded=True)
 
   with_kernels, types = gradients()
-  assert {"EaNormalize", "EaNormalizeGrad", "EaGelu"} <= types
+  assert {"EaNormalize", "EaNormalizeGrad", "EaGelu", "EaAttention",
+          "EaAttentionGrad"} <= types
   monkeypatch.setattr(native, "normalize_op", lambda: None)
   monkeypatch.setattr(native, "gelu_op", lambda: None)
+  monkeypatch.setattr(native, "attention_op", lambda: None)
   without, types = gradients()
   assert not any(t.startswith("Ea") for t in types), sorted(types)
   # Against the largest gradient: some (a layer norm's sum of normalized
