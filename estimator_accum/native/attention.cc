@@ -14,6 +14,7 @@
 // float32. It keeps the probabilities (before dropout) for the gradient.
 // Built and loaded by estimator_accum/native/__init__.py.
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "Eigen/Core"
@@ -197,6 +198,32 @@ class Attention {
     }
   }
 
+  // Example b's rows of head h in a [tokens, hidden] matrix at `base`.
+  template <typename Float>
+  Eigen::Map<std::conditional_t<std::is_const_v<Float>, const RowMajor,
+                                RowMajor>,
+             0, Eigen::OuterStride<>>
+  HeadRows(Float* base, int64_t b, int64_t h) const {
+    return {base + starts_[b] * hidden_ + h * head_size_,
+            starts_[b + 1] - starts_[b], head_size_,
+            Eigen::OuterStride<>(hidden_)};
+  }
+
+  // Example b's head h: `dropped` = its kept probabilities `p` (n x n)
+  // after dropout; with `gradient`, the same mask and scale on it too.
+  void DropHead(int64_t b, int64_t h, int64_t n, const float* p,
+                float* dropped, float* gradient = nullptr) const {
+    std::vector<uint32_t> words(2 * n);
+    Words(b, h, n, words.data(), words.data() + n);
+    for (int64_t i = 0; i < n; ++i) {
+      Drop(words[i], words.data() + n, p + i * n, dropped + i * n, n);
+      if (gradient != nullptr) {
+        Drop(words[i], words.data() + n, gradient + i * n, gradient + i * n,
+             n);
+      }
+    }
+  }
+
   // Runs work(b, h) for every example and head, on the CPU's threads.
   template <typename Work>
   void EachHead(OpKernelContext* context, Work work) const {
@@ -251,19 +278,13 @@ class AttentionOp : public OpKernel {
     const float* value = context->input(2).flat<float>().data();
     float* out = output->flat<float>().data();
     float* kept = probs->flat<float>().data();
-    const int64_t hidden = a.hidden_, size = a.head_size_;
     a.EachHead(context, [&](int64_t b, int64_t h) {
-      const int64_t first = a.starts_[b];
-      const int64_t n = a.starts_[b + 1] - first;
-      Strided context_h(out + first * hidden + h * size, n, size,
-                        Eigen::OuterStride<>(hidden));
+      const int64_t n = a.starts_[b + 1] - a.starts_[b];
       if (n == 0) return;
-      ConstStrided q(query + first * hidden + h * size, n, size,
-                     Eigen::OuterStride<>(hidden));
-      ConstStrided k(key + first * hidden + h * size, n, size,
-                     Eigen::OuterStride<>(hidden));
-      ConstStrided v(value + first * hidden + h * size, n, size,
-                     Eigen::OuterStride<>(hidden));
+      Strided context_h = a.HeadRows(out, b, h);
+      ConstStrided q = a.HeadRows(query, b, h);
+      ConstStrided k = a.HeadRows(key, b, h);
+      ConstStrided v = a.HeadRows(value, b, h);
       Block p(kept + a.offsets_[b] + h * n * n, n, n);
       p.noalias() = q * k.transpose();
       p /= a.divisor_;
@@ -278,12 +299,7 @@ class AttentionOp : public OpKernel {
         return;
       }
       RowMajor dropped(n, n);
-      std::vector<uint32_t> words(2 * n);
-      a.Words(b, h, n, words.data(), words.data() + n);
-      for (int64_t i = 0; i < n; ++i) {
-        a.Drop(words[i], words.data() + n, p.data() + i * n,
-               &dropped(i, 0), n);
-      }
+      a.DropHead(b, h, n, p.data(), dropped.data());
       context_h.noalias() = dropped * v;
     });
   }
@@ -323,32 +339,22 @@ class AttentionGradOp : public OpKernel {
     float* dq_all = outputs[0]->flat<float>().data();
     float* dk_all = outputs[1]->flat<float>().data();
     float* dv_all = outputs[2]->flat<float>().data();
-    const int64_t hidden = a.hidden_, size = a.head_size_;
     a.EachHead(context, [&](int64_t b, int64_t h) {
-      const int64_t first = a.starts_[b];
-      const int64_t n = a.starts_[b + 1] - first;
+      const int64_t n = a.starts_[b + 1] - a.starts_[b];
       if (n == 0) return;
-      auto at = [&](auto* base) { return base + first * hidden + h * size; };
-      const Eigen::OuterStride<> stride(hidden);
-      ConstStrided q(at(query), n, size, stride);
-      ConstStrided k(at(key), n, size, stride);
-      ConstStrided v(at(value), n, size, stride);
-      ConstStrided d_context(at(incoming), n, size, stride);
-      Strided dq(at(dq_all), n, size, stride);
-      Strided dk(at(dk_all), n, size, stride);
-      Strided dv(at(dv_all), n, size, stride);
+      ConstStrided q = a.HeadRows(query, b, h);
+      ConstStrided k = a.HeadRows(key, b, h);
+      ConstStrided v = a.HeadRows(value, b, h);
+      ConstStrided d_context = a.HeadRows(incoming, b, h);
+      Strided dq = a.HeadRows(dq_all, b, h);
+      Strided dk = a.HeadRows(dk_all, b, h);
+      Strided dv = a.HeadRows(dv_all, b, h);
       Eigen::Map<const RowMajor> p(kept + a.offsets_[b] + h * n * n, n, n);
       // d(dropped probs) = dC V^T; dV = dropped^T dC.
       RowMajor dp = d_context * v.transpose();
       if (a.dropout_) {
         RowMajor dropped(n, n);
-        std::vector<uint32_t> words(2 * n);
-        a.Words(b, h, n, words.data(), words.data() + n);
-        for (int64_t i = 0; i < n; ++i) {
-          a.Drop(words[i], words.data() + n, p.data() + i * n,
-               &dropped(i, 0), n);
-          a.Drop(words[i], words.data() + n, &dp(i, 0), &dp(i, 0), n);
-        }
+        a.DropHead(b, h, n, p.data(), dropped.data(), dp.data());
         dv.noalias() = dropped.transpose() * d_context;
       } else {
         dv.noalias() = p.transpose() * d_context;
