@@ -205,6 +205,16 @@ def _build(compiler, library):
   return None
 
 
+def _attention_gradient(op, gradient, probs_gradient):
+  """EaAttention's gradient (by the loaded EaAttentionGrad): the kept
+  probabilities are the op's own (never handed out)."""
+  del probs_gradient
+  attributes = {name: op.get_attr(name)
+                for name in ("heads", "divisor", "threshold", "scale")}
+  return [*load().ea_attention_grad(*op.inputs, op.outputs[1], gradient,
+                                    **attributes), None, None, None, None]
+
+
 @functools.cache
 def load():
   """The loaded kernels (a module of op wrappers), or None with the reason
@@ -263,14 +273,6 @@ def load():
     del statistics
     return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
                                  op.outputs[2])
-
-  def _attention_gradient(op, gradient, probs_gradient):
-    # The kept probabilities are the op's own (never handed out).
-    del probs_gradient
-    attributes = {name: op.get_attr(name)
-                  for name in ("heads", "divisor", "threshold", "scale")}
-    return [*ops.ea_attention_grad(*op.inputs, op.outputs[1], gradient,
-                                   **attributes), None, None, None, None]
 
   for name, function in (("EaKeyedDropout", _gradient),
                          ("EaAttention", _attention_gradient),
