@@ -165,7 +165,7 @@ class ClassifierRun:
         num_train * self.flags.num_train_epochs / plan.effective_batch))
     if self.flags.do_train:
       training.describe(self.flags, plan, workers, replicas, between_graph,
-                        num_train_updates, num_train)
+                        num_train_updates, num_train, self.setup.bert_config)
 
     def estimator_for(plan):
       return training.estimator(

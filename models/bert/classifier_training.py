@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
+from estimator_accum import native
 from estimator_accum.integrations import session_runner
 from models import batch_plan
 from models.bert import classifier
@@ -182,8 +183,21 @@ def planning_step(flags, setup, training, train_file, arranged=False):
   return build
 
 
+def attention_fused(flags, bert_config):
+  """Whether the training graph's attention runs as the native op over
+  the real tokens (--fused_attention): BertModel's own conditions (unpadded,
+  one example a row, float32, attention's dropout off or keyed), and the
+  native kernels build here."""
+  if not (flags.unpadded and flags.fused_attention) or (
+      flags.pack_windows or flags.use_fp16):
+    return False
+  if bert_config.attention_probs_dropout_prob and not keyed_dropout(flags):
+    return False
+  return native.attention_op() is not None
+
+
 def describe(flags, plan, workers, replicas, between_graph,
-             num_train_updates, num_train):
+             num_train_updates, num_train, bert_config):
   """Prints how the run trains: the effective batch and its split, and the
   arrangement of the windows' examples."""
   how = (f"{workers} worker(s) x {replicas} replica(s) x micro-batch "
@@ -206,7 +220,11 @@ def describe(flags, plan, workers, replicas, between_graph,
     print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
           "by length into its micro-batches (--sort_windows_by_length)",
           flush=True)
-  if flags.unpadded:
+  if flags.unpadded and attention_fused(flags, bert_config):
+    print("the layers' dense parts compute real tokens only, attention "
+          "too, one native op per example and head (--unpadded, "
+          "--fused_attention)", flush=True)
+  elif flags.unpadded:
     print("the layers' dense parts compute real tokens only, attention "
           "the padded rows (--unpadded)", flush=True)
   if flags.pooled_only:

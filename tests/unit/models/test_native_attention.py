@@ -7,6 +7,7 @@ one; bad inputs refused; a whole BERT's gradients alike with the op and
 without it, dropout on."""
 
 import math
+import types
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ import tensorflow as tf
 
 from estimator_accum import native
 from estimator_accum.window import keyed_dropout
+from models.bert import classifier_training, modeling
 from tests.helpers import native_kernels
 
 _loaded = native_kernels.loaded
@@ -161,3 +163,45 @@ def test_fused_attention_that_is_not_a_bool():
   with pytest.raises(ValueError, match="fused_attention must be True or "
                                        "False, got 'yes'"):
     native_kernels.tiny_bert(unpadded=True, fused_attention="yes")
+
+
+def _graph_holds_the_op(attention_dropout, *, unpadded, fused_attention,
+                        pack_windows, use_fp16, keyed_dropout):
+  """Whether a tiny BERT's training graph built as run_classifier builds
+  it for these flags holds the native attention (graph only, not run)."""
+  bert_config = modeling.BertConfig(
+      vocab_size=50, hidden_size=16, num_hidden_layers=2,
+      num_attention_heads=2, intermediate_size=24,
+      attention_probs_dropout_prob=attention_dropout)
+  ids = np.arange(27, dtype=np.int32).reshape([3, 9]) % 50
+  with tf.Graph().as_default() as graph:
+    arguments = dict(unpadded=unpadded, fused_attention=fused_attention,
+                     compute_type=tf.float16 if use_fp16 else tf.float32)
+    if pack_windows:
+      arguments.update(example_ids=tf.constant(
+          np.array([[1] * 4 + [2] * 5] * 3, np.int32)), max_examples=2)
+    elif keyed_dropout:
+      arguments.update(dropout_keys=tf.constant([5, 9, 2], tf.int64))
+    modeling.BertModel(bert_config, True, tf.constant(ids),
+                       tf.constant(np.ones([3, 9], np.int32)), **arguments)
+    return "EaAttention" in {op.type for op in graph.get_operations()}
+
+
+@pytest.mark.parametrize("attention_dropout", [0.0, 0.1])
+@pytest.mark.parametrize("changed", [
+    {}, dict(fused_attention=False), dict(unpadded=False),
+    dict(pack_windows=True), dict(use_fp16=True), dict(keyed_dropout=False)])
+def test_the_runs_line_says_whether_its_graph_holds_the_op(
+    attention_dropout, changed):
+  # run_classifier's line on attention (classifier_training.describe)
+  # says the native op runs exactly where the training graph it builds
+  # holds it.
+  _loaded()
+  flags = {**dict(unpadded=True, fused_attention=True, pack_windows=False,
+                  use_fp16=False, keyed_dropout=True), **changed}
+  said = classifier_training.attention_fused(
+      types.SimpleNamespace(**flags), modeling.BertConfig(
+          vocab_size=50, attention_probs_dropout_prob=attention_dropout))
+  assert said == _graph_holds_the_op(attention_dropout, **flags)
+  assert said == (not changed or (changed == dict(keyed_dropout=False) and
+                                  not attention_dropout))
