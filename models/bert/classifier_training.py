@@ -10,10 +10,9 @@ import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
-from estimator_accum import native
 from estimator_accum.integrations import session_runner
 from models import batch_plan
-from models.bert import classifier
+from models.bert import classifier, modeling
 
 __all__ = ["config", "describe", "estimator", "planning_step", "report"]
 
@@ -185,15 +184,13 @@ def planning_step(flags, setup, training, train_file, arranged=False):
 
 def attention_fused(flags, bert_config):
   """Whether the training graph's attention runs as the native op over
-  the real tokens (--fused_attention): BertModel's own conditions (unpadded,
-  one example a row, float32, attention's dropout off or keyed), and the
-  native kernels build here."""
-  if not (flags.unpadded and flags.fused_attention) or (
-      flags.pack_windows or flags.use_fp16):
-    return False
-  if bert_config.attention_probs_dropout_prob and not keyed_dropout(flags):
-    return False
-  return native.attention_op() is not None
+  the real tokens (--fused_attention): BertModel's own test
+  (`modeling.fused_attention_op`) for the model these flags build."""
+  return modeling.fused_attention_op(
+      bert_config, fused_attention=flags.fused_attention, is_training=True,
+      one_example_a_row=flags.unpadded and not flags.pack_windows,
+      compute_type=tf.float16 if flags.use_fp16 else tf.float32,
+      keyed=keyed_dropout(flags)) is not None
 
 
 def describe(flags, plan, workers, replicas, between_graph,
@@ -220,13 +217,12 @@ def describe(flags, plan, workers, replicas, between_graph,
     print(f"each window's {plan.k} x {plan.micro_batch} examples sorted "
           "by length into its micro-batches (--sort_windows_by_length)",
           flush=True)
-  if flags.unpadded and attention_fused(flags, bert_config):
+  if flags.unpadded:
+    attention = ("too, one native op per example and head (--unpadded, "
+                 "--fused_attention)" if attention_fused(flags, bert_config)
+                 else "the padded rows (--unpadded)")
     print("the layers' dense parts compute real tokens only, attention "
-          "too, one native op per example and head (--unpadded, "
-          "--fused_attention)", flush=True)
-  elif flags.unpadded:
-    print("the layers' dense parts compute real tokens only, attention "
-          "the padded rows (--unpadded)", flush=True)
+          f"{attention}", flush=True)
   if flags.pooled_only:
     print("the last layer computes each example's first token only, the "
           "one the classifier reads (--pooled_only)", flush=True)

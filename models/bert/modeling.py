@@ -359,12 +359,11 @@ class BertModel:
   def _fused_op(self):
     """The native attention op (`native.attention_op`) where this model's
     training graph may hold it (`fused_attention`), else None."""
-    config = self._config
-    if (not self._fused_attention or not self._is_training or
-        self._token_rows is None or self._compute_type != tf.float32 or
-        (config.attention_probs_dropout_prob and self._keys is None)):
-      return None
-    return native.attention_op()
+    return fused_attention_op(
+        self._config, fused_attention=self._fused_attention,
+        is_training=self._is_training,
+        one_example_a_row=self._token_rows is not None,
+        compute_type=self._compute_type, keyed=self._keys is not None)
 
   def _fused_attention_layer(self, attention, query, layer_input, query_grid,
                              length, heads, head_size):
@@ -511,6 +510,21 @@ class BertModel:
   def get_embedding_table(self):
     """float32 Variable [vocab_size, hidden_size]."""
     return self.embedding_table
+
+
+def fused_attention_op(config, *, fused_attention, is_training,
+                       one_example_a_row, compute_type, keyed):
+  """The native attention op (`native.attention_op`) where a BertModel's
+  layers hold it, else None: asked for (`fused_attention`), a training
+  graph, the real tokens unpadded one example a row (`one_example_a_row`:
+  unpadded, not packed), float32, attention's dropout off or keyed by
+  example (`keyed`), and the native kernels built here. BertModel and
+  run_classifier's line on the layers both ask this."""
+  if (not fused_attention or not is_training or not one_example_a_row or
+      compute_type != tf.float32 or
+      (config.attention_probs_dropout_prob and not keyed)):
+    return None
+  return native.attention_op()
 
 
 def _padded(tokens, real, batch, length):
