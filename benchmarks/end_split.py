@@ -2,8 +2,9 @@
 
 `fused_apply` compiles the optimizer's whole apply into one
 `tf.function(jit_compile=True)` (one XlaLaunch, which updates the
-variables in place). XLA's CPU code runs such a function's loops on one
-thread; TensorFlow's executor runs independent XlaLaunch ops at once.
+variables in place). TensorFlow's executor runs independent XlaLaunch
+ops at once, each on a thread of its own; whether one function's loops
+use both cores is what the ways below show.
 This times google-research/bert's AdamWeightDecay update (the gradient
 read from the accumulator, which is then zeroed) of all-MiniLM-L6-v2's
 variables (the 30522 x 384 word-embedding table and the 6 layers', ~22.7M
