@@ -16,8 +16,9 @@ floats) made four ways, interleaved in one process:
 - one function per variable with the table held as 4 row-slices of its
   own (what a partitioned table would give).
 
-Each way's update is the same arithmetic on the same values; only how
-it is cut into compiled functions differs.
+Each way's update is the same arithmetic on the same values
+(`xla_update.py`'s AdamWeightDecay step), on the BFC allocator as the
+main job runs; only how it is cut into compiled functions differs.
 
   python benchmarks/end_split.py [--repeats 12] [--rounds 2]
 """
@@ -27,14 +28,15 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from benchmarks.xla_update import _update  # noqa: E402
 from harness import bench  # noqa: E402
 
-LR, BETA_1, BETA_2, EPSILON, DECAY = 1e-5, 0.9, 0.999, 1e-6, 0.01
 HIDDEN, INTERMEDIATE, LAYERS, VOCAB = 384, 1536, 6, 30522
 
 
@@ -58,11 +60,8 @@ def _compiled(group):
   def update():
     for p, m, v, accumulator in group:
       g = accumulator.read_value()
-      next_m = BETA_1 * m + (1.0 - BETA_1) * g
-      next_v = BETA_2 * v + (1.0 - BETA_2) * tf.square(g)
-      p.assign_sub(LR * (next_m / (tf.sqrt(next_v) + EPSILON) + DECAY * p))
-      m.assign(next_m)
-      v.assign(next_v)
+      for variable, value in zip((p, m, v), _update(p, m, v, g)):
+        variable.assign(value)
       accumulator.assign(tf.zeros_like(g))
     return tf.constant(True)
   return tf.function(update, jit_compile=True, autograph=False)()
