@@ -3,13 +3,14 @@ peer venv's Python (PyTorch and transformers, requirements-peer.txt),
 never the project's. Fine-tunes the Hugging Face folder of
 all-MiniLM-L6-v2 on the train examples peer_speed.py wrote (JSON lines of
 text and label), with the main job's recipe: micro-batch 8 x 4 accumulated
-steps, AdamW 5e-5, 10% warmup then linear decay, weight decay 0.01, clip
-1.0, max length 128, padding per batch; evaluates on the dev examples.
+steps (or another split of the batch 32: --micro_batch, --accumulation),
+AdamW 5e-5, 10% warmup then linear decay, weight decay 0.01, clip 1.0, max length 128, padding per batch; evaluates on the dev examples.
 Prints one line, `RESULT {json}`: training seconds (Trainer's train()),
 examples, accuracy.
 
   .venv-peer/bin/python benchmarks/peer_hf_trainer.py --model DIR \\
       --data DIR [--group_by_length] [--epochs 1] [--seed 42]
+      [--micro_batch 8 --accumulation 4]
 """
 
 import argparse
@@ -32,6 +33,8 @@ def main():
   parser.add_argument("--epochs", type=float, default=1.0)
   parser.add_argument("--seed", type=int, default=42)
   parser.add_argument("--group_by_length", action="store_true")
+  parser.add_argument("--micro_batch", type=int, default=8)
+  parser.add_argument("--accumulation", type=int, default=4)
   args = parser.parse_args()
 
   import numpy as np  # noqa: PLC0415
@@ -64,8 +67,9 @@ def main():
     trainer = transformers.Trainer(
         model=model,
         args=transformers.TrainingArguments(
-            output_dir=output_dir, per_device_train_batch_size=8,
-            gradient_accumulation_steps=4, learning_rate=5e-5,
+            output_dir=output_dir,
+            per_device_train_batch_size=args.micro_batch,
+            gradient_accumulation_steps=args.accumulation, learning_rate=5e-5,
             warmup_ratio=0.1, lr_scheduler_type="linear", weight_decay=0.01,
             max_grad_norm=1.0, num_train_epochs=args.epochs, seed=args.seed,
             group_by_length=args.group_by_length,

@@ -46,7 +46,10 @@ runs it with `--micro_batch_size fastest` instead (the planner times the
 splits that fit `--fastest_budget_mb`, default 4000, and trains the
 fastest: its planning counts in the whole process), then once more in a
 new directory, which reads that plan from the plan cache. `--no_padded` leaves
-out Trainer's padding per batch (its slowest arrangement).
+out Trainer's padding per batch (its slowest arrangement). With
+`--peer_splits 16x2,...` Trainer (group_by_length) also runs at those
+splits (`per_device_train_batch_size`, `gradient_accumulation_steps`), and
+Trainer's best is the fastest of all its arrangements.
 
 With `--avx2`, every library on both sides is held to its AVX2 kernels,
 as on a CPU without AVX-512 (measured on this one, not on such a CPU):
@@ -56,7 +59,7 @@ own kernels by `ATEN_CPU_CAPABILITY=avx2`, and MKL by
 kernels are built for AVX either way.
 
   python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
-      [--splits 16x2,fastest] [--no_padded] [--avx2]
+      [--splits 16x2,fastest] [--peer_splits 16x2] [--no_padded] [--avx2]
       [--peer_python .venv-peer/bin/python]
 
 The peer venv is made on first use (`--peer_python` names another): Python
@@ -278,12 +281,14 @@ def run_ours(root, epochs, seed, flags=(), env=None):
           "planning": float(planned.group(1)) if planned else 0.0}
 
 
-def run_peer(python, data, model, epochs, seed, grouped):
+def run_peer(python, data, model, epochs, seed, grouped, split=(8, 4)):
   started = time.perf_counter()
   done = subprocess.run(
       [python, os.path.join(ROOT, "benchmarks", "peer_hf_trainer.py"),
        "--model", model, "--data", data, f"--epochs={epochs}",
-       f"--seed={seed}", *(["--group_by_length"] if grouped else [])],
+       f"--seed={seed}", f"--micro_batch={split[0]}",
+       f"--accumulation={split[1]}",
+       *(["--group_by_length"] if grouped else [])],
       capture_output=True, text=True, check=False)
   whole = time.perf_counter() - started
   line = next((li for li in done.stdout.splitlines()
@@ -306,6 +311,9 @@ def main():
   parser.add_argument("--splits", default="",
                       help="comma-separated MICROxK splits of the batch 32 "
                            "the main job also runs at, e.g. 16x2")
+  parser.add_argument("--peer_splits", default="",
+                      help="comma-separated MICROxK splits of the batch 32 "
+                           "Trainer (group_by_length) also runs at")
   parser.add_argument("--fastest_budget_mb", type=float, default=4000,
                       help="--memory_budget_mb of --splits fastest")
   parser.add_argument("--no_padded", action="store_true",
@@ -358,7 +366,14 @@ def main():
           f"--train_batch_size={micro}",
           f"--gradient_accumulation_multiplier={k}"]
     ours[OURS] = []
-    peers = [GROUPED] if args.no_padded else [PADDED, GROUPED]
+    peers = {GROUPED: (8, 4)} if args.no_padded else {PADDED: (8, 4),
+                                                       GROUPED: (8, 4)}
+    for split in filter(None, args.peer_splits.split(",")):
+      micro, k = (int(part) for part in split.lower().split("x"))
+      if micro * k != 32:
+        rows.fail(f"--peer_splits {split}: micro-batch x k must be 32")
+        return rows.exit_code()
+      peers[f"{GROUPED}, micro-batch {micro} x {k}"] = (micro, k)
     arrangements = [*ours, *peers]
     results = {name: [] for name in arrangements}
     versions = ""
@@ -381,7 +396,7 @@ def main():
                               else None)
           else:
             result = run_peer(python, data, model, args.epochs, args.seed,
-                              grouped=name == GROUPED)
+                              grouped=name != PADDED, split=peers[name])
             versions = result["versions"]
         except RuntimeError as error:
           rows.fail(str(error))
