@@ -4,7 +4,8 @@ never the project's. Fine-tunes the Hugging Face folder of
 all-MiniLM-L6-v2 on the train examples peer_speed.py wrote (JSON lines of
 text and label), with the main job's recipe: micro-batch 8 x 4 accumulated
 steps (or another split of the batch 32: --micro_batch, --accumulation),
-AdamW 5e-5, 10% warmup then linear decay, weight decay 0.01, clip 1.0, max length 128, padding per batch; evaluates on the dev examples.
+AdamW 5e-5, 10% warmup then linear decay, weight decay 0.01, clip 1.0,
+max length 128, padding per batch; evaluates on the dev examples.
 Prints one line, `RESULT {json}`: training seconds (Trainer's train()),
 examples, accuracy.
 

@@ -98,6 +98,7 @@ PLANNED = re.compile(r"planned in ([\d.]+) s")
 STEADY_AFTER = 90
 MAX_LENGTH = 128
 MICRO_BATCH = 8  # run_classifier.py's default micro-batch (k=4).
+DEFAULT_SPLIT = (MICRO_BATCH, 4)  # Trainer's too, unless --peer_splits.
 OURS = "run_classifier.py (its defaults)"
 FASTEST = "run_classifier.py --micro_batch_size fastest"
 FASTEST_CACHED = ("run_classifier.py --micro_batch_size fastest, its plan "
@@ -256,6 +257,18 @@ def steady_seconds(stderr, micro_batches):
   return seconds * micro_batches / covered
 
 
+def parse_split(flag, text):
+  """(micro-batch, k) from `text`, MICROxK, a split of the batch 32; a
+  ValueError naming `flag` and the value otherwise."""
+  try:
+    micro, k = (int(part) for part in text.lower().split("x"))
+  except ValueError:
+    raise ValueError(f"{flag} {text}: must be MICROxK, e.g. 16x2") from None
+  if micro < 1 or k < 1 or micro * k != 32:
+    raise ValueError(f"{flag} {text}: micro-batch x k must be 32")
+  return micro, k
+
+
 def run_ours(root, epochs, seed, flags=(), env=None):
   output_dir = tempfile.mkdtemp(prefix="ours-", dir=root)
   started = time.perf_counter()
@@ -281,7 +294,8 @@ def run_ours(root, epochs, seed, flags=(), env=None):
           "planning": float(planned.group(1)) if planned else 0.0}
 
 
-def run_peer(python, data, model, epochs, seed, grouped, split=(8, 4)):
+def run_peer(python, data, model, epochs, seed, grouped,
+             split=DEFAULT_SPLIT):
   started = time.perf_counter()
   done = subprocess.run(
       [python, os.path.join(ROOT, "benchmarks", "peer_hf_trainer.py"),
@@ -350,30 +364,28 @@ def main():
     token_rows = round(MICRO_BATCH * work.tokens /
                        (args.epochs * len(train_texts)))
     ours = {OURS: []}
-    for split in filter(None, args.splits.split(",")):
-      if split == "fastest":
-        # Planned in a plan cache of each round's own, then read from it
-        # by the next run (a new directory).
-        ours[FASTEST] = ours[FASTEST_CACHED] = [
-            "--micro_batch_size=fastest", "--effective_batch_size=32",
-            f"--memory_budget_mb={args.fastest_budget_mb:g}"]
-        continue
-      micro, k = (int(part) for part in split.lower().split("x"))
-      if micro * k != 32:
-        rows.fail(f"--splits {split}: micro-batch x k must be 32")
-        return rows.exit_code()
-      ours[f"run_classifier.py, micro-batch {micro} x k={k}"] = [
-          f"--train_batch_size={micro}",
-          f"--gradient_accumulation_multiplier={k}"]
+    peers = {GROUPED: DEFAULT_SPLIT} if args.no_padded else {
+        PADDED: DEFAULT_SPLIT, GROUPED: DEFAULT_SPLIT}
+    try:
+      for split in filter(None, args.splits.split(",")):
+        if split == "fastest":
+          # Planned in a plan cache of each round's own, then read from it
+          # by the next run (a new directory).
+          ours[FASTEST] = ours[FASTEST_CACHED] = [
+              "--micro_batch_size=fastest", "--effective_batch_size=32",
+              f"--memory_budget_mb={args.fastest_budget_mb:g}"]
+          continue
+        micro, k = parse_split("--splits", split)
+        ours[f"run_classifier.py, micro-batch {micro} x k={k}"] = [
+            f"--train_batch_size={micro}",
+            f"--gradient_accumulation_multiplier={k}"]
+      for split in filter(None, args.peer_splits.split(",")):
+        micro, k = parse_split("--peer_splits", split)
+        peers[f"{GROUPED}, micro-batch {micro} x {k}"] = (micro, k)
+    except ValueError as error:
+      rows.fail(str(error))
+      return rows.exit_code()
     ours[OURS] = []
-    peers = {GROUPED: (8, 4)} if args.no_padded else {PADDED: (8, 4),
-                                                       GROUPED: (8, 4)}
-    for split in filter(None, args.peer_splits.split(",")):
-      micro, k = (int(part) for part in split.lower().split("x"))
-      if micro * k != 32:
-        rows.fail(f"--peer_splits {split}: micro-batch x k must be 32")
-        return rows.exit_code()
-      peers[f"{GROUPED}, micro-batch {micro} x {k}"] = (micro, k)
     arrangements = [*ours, *peers]
     results = {name: [] for name in arrangements}
     versions = ""
