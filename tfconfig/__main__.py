@@ -3,11 +3,18 @@
   python -m tfconfig show
       Validates $TF_CONFIG and prints one line per task.
   python -m tfconfig launch --workers 2 [--chief] [--ps 1] [--evaluator] \\
-      [--evaluator_wait S] [--timeout S] -- python train.py --flag ...
-      Runs every task locally on free loopback ports; output lines are
-      prefixed with the task; exits non-zero naming a task that fails.
+      [--evaluator_wait S] [--timeout S] [--isolation MODE] \\
+      -- python train.py --flag ...
+      Runs every task locally on free loopback ports, closed to every other
+      host and local user (an nftables table as root, else a private
+      network namespace; --isolation open leaves them open); output lines
+      are prefixed with the task; exits non-zero naming a task that fails.
       SIGINT, SIGTERM and SIGHUP stop every task; the exit code is then
       128 + the signal's number.
+  python -m tfconfig guard [--isolation auto|firewall|open] -- CMD ...
+      Runs CMD (a task of a multi-host job, TF_CONFIG set) with its port
+      closed to every address but its cluster's hosts' (root), or says in
+      one line how to close it.
   python -m tfconfig print --workers h1:2222 h2:2222 [--chief h0:2222] \\
       [--ps h3:2222]
       Prints the TF_CONFIG value of every task, for a multi-machine job.
@@ -18,9 +25,11 @@
       Makes (or removes) such hosts for rehearsing a cluster by hand.
   python -m tfconfig tfjob --name NAME --image IMAGE --workers 4 [--chief] \\
       [--ps N] [--evaluator] [--pvc CLAIM --mount_path /runs] -- CMD ...
-      Prints a Kubeflow TFJob (kubeflow.org/v1) for the job, as YAML.
+      Prints a Kubeflow TFJob (kubeflow.org/v1) for the job, as YAML, and
+      a NetworkPolicy that admits to its pods' port only the job's pods.
   srun python -m tfconfig slurm [--chief] [--ps N] -- CMD ...
-      Runs CMD with the TF_CONFIG of this Slurm task (from SLURM_*).
+      Runs CMD with the TF_CONFIG of this Slurm task (from SLURM_*), its
+      port guarded as by 'guard'.
 """
 
 import argparse
@@ -30,6 +39,7 @@ import signal
 import sys
 
 from clusterspec import config as tfc
+from tfconfig import closed
 from tfconfig import launch as tfl
 
 
@@ -86,10 +96,10 @@ def _launch(args):
   cluster = tfl.local_cluster(args.workers, chief=args.chief, ps=args.ps,
                               evaluator=args.evaluator)
   _print_cluster(cluster)
-  print(f"[tfconfig] {tfl.EXPOSURE_NOTE}", file=sys.stderr, flush=True)
   return tfl.run_cluster(command, cluster, timeout=args.timeout,
                          evaluator_wait=args.evaluator_wait,
-                         grace=args.grace, restarts=args.restart)
+                         grace=args.grace, restarts=args.restart,
+                         isolation=args.isolation)
 
 
 def _print_cluster(cluster, hosts=None):
@@ -119,11 +129,16 @@ def _launch_on_testbed(args, command, count):
     order = {task: host for host, task in enumerate(tfc.tasks(cluster))}
     _print_cluster(cluster, {task: bed.host(host)
                              for task, host in order.items()})
+    # Each task is a host of its own: it guards its own port, in its own
+    # namespace, against every address but the cluster's.
+    guard = [] if args.isolation == "open" else [
+        sys.executable, "-m", "tfconfig", "guard", "--isolation",
+        "auto" if args.isolation == "auto" else "firewall", "--"]
     return tfl.run_cluster(
         command, cluster, timeout=args.timeout,
         evaluator_wait=args.evaluator_wait, grace=args.grace,
-        restarts=args.restart,
-        task_prefix=lambda t, i: bed.exec_prefix(order[(t, i)]))
+        restarts=args.restart, isolation="open",
+        task_prefix=lambda t, i: bed.exec_prefix(order[(t, i)]) + guard)
   except testbed.TestBedError as error:
     raise tfc.TFConfigError(str(error)) from None
   finally:
@@ -151,8 +166,43 @@ def _tfjob(args):
       restart_policy=args.restart_policy, backoff_limit=args.backoff_limit,
       pvc=args.pvc, mount_path=args.mount_path,
       grace_seconds=args.grace_seconds)
-  print(yaml.safe_dump(manifest, sort_keys=False), end="")
+  documents = [manifest]
+  if not args.no_network_policy:
+    documents.append(engines.tfjob_network_policy(manifest))
+  print(yaml.safe_dump_all(documents, sort_keys=False), end="")
   return 0
+
+
+def _guarded_exec(command, env, isolation, name):
+  """Closes this task's port (tfconfig/closed.py), then runs `command` in
+  this process: the holder of its table is this process's child and dies
+  with it, however it ends."""
+  try:
+    closure = closed.guard_task(json.loads(env["TF_CONFIG"]), isolation)
+  except closed.ClosingError as error:
+    raise tfc.TFConfigError(str(error)) from None
+  if closure.description:
+    print(f"[tfconfig] {closure.description}", file=sys.stderr, flush=True)
+  closure.keep_across_exec()
+  try:
+    os.execvpe(command[0], command, env)
+  except OSError as error:
+    closure.close()
+    raise tfl.LaunchError(f"cannot start {name}: {command[0]!r}: "
+                          f"{error.strerror or error}") from None
+
+
+def _guard(args):
+  command = _command(args)
+  text = os.environ.get("TF_CONFIG")
+  if not text:
+    raise tfc.TFConfigError("guard needs TF_CONFIG (this task's cluster and "
+                            "place) in its environment")
+  config = tfc.parse(text)
+  task = config["task"]
+  name = f"{task['type']}:{task['index']}"
+  tfl.check_command(command, name)
+  return _guarded_exec(command, dict(os.environ), args.isolation, name)
 
 
 def _slurm(args):
@@ -171,7 +221,8 @@ def _slurm(args):
   if args.print_only:
     print(env["TF_CONFIG"])
     return 0
-  os.execvpe(command[0], command, env)
+  return _guarded_exec(command, env, args.isolation,
+                       f"{task['type']}:{task['index']}")
 
 
 def _testbed(args):
@@ -208,7 +259,8 @@ def _parser():
                                    description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="verb", required=True)
   commands.add_parser("show", help="validate and describe $TF_CONFIG")
-  for add in (_add_launch, _add_print, _add_testbed, _add_tfjob, _add_slurm):
+  for add in (_add_launch, _add_print, _add_testbed, _add_tfjob, _add_slurm,
+              _add_guard):
     add(commands)
   return parser
 
@@ -245,6 +297,12 @@ def _add_launch(commands):
   launch.add_argument("--link_rate", metavar="RATE",
                       help="with --netns auto: shape every link (tc rate, "
                       "e.g. 1gbit)")
+  launch.add_argument("--isolation", default="auto",
+                      choices=("auto", "firewall", "namespace", "open"),
+                      help="how the tasks' ports are closed to other hosts "
+                      "and local users: auto (default: an nftables table "
+                      "where allowed, else a private network namespace), "
+                      "firewall, namespace, or open (no closing)")
   launch.add_argument("command", nargs=argparse.REMAINDER,
                       help="-- then the command every task runs")
 
@@ -296,6 +354,9 @@ def _add_tfjob(commands):
                      help="every pod's terminationGracePeriodSeconds; a pod "
                      "told to stop saves its window within all but "
                      f"{engines.GRACE_MARGIN_SECONDS} s of it")
+  tfjob.add_argument("--no_network_policy", action="store_true",
+                     help="print the TFJob alone, without the NetworkPolicy "
+                     "that admits to its pods' port only the job's pods")
   tfjob.add_argument("command", nargs=argparse.REMAINDER)
 
 
@@ -309,7 +370,25 @@ def _add_slurm(commands):
   slurm.add_argument("--gpus_per_task", type=int, default=0)
   slurm.add_argument("--print_only", action="store_true",
                      help="print the TF_CONFIG instead of running")
+  _add_host_isolation(slurm)
   slurm.add_argument("command", nargs=argparse.REMAINDER)
+
+
+def _add_host_isolation(parser):
+  parser.add_argument("--isolation", default="auto",
+                      choices=("auto", "firewall", "open"),
+                      help="auto (default): close this task's port to every "
+                      "address but the cluster's hosts' where allowed "
+                      "(root), else say how in one line and go on; "
+                      "firewall: fail if it cannot; open: leave it open")
+
+
+def _add_guard(commands):
+  guard = commands.add_parser(
+      "guard", help="run a task of a multi-host job with its port closed "
+      "to all but its peers")
+  _add_host_isolation(guard)
+  guard.add_argument("command", nargs=argparse.REMAINDER)
 
 
 def main(argv=None):
@@ -318,13 +397,16 @@ def main(argv=None):
   try:
     return {"show": _show, "launch": _launch, "print": _print,
             "testbed": _testbed, "tfjob": _tfjob,
-            "slurm": _slurm}[args.verb](args)
+            "slurm": _slurm, "guard": _guard}[args.verb](args)
   except tfc.TFConfigError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
   except tfl.LaunchError as error:
     print(f"error: {error}", file=sys.stderr)
     return tfl.CANNOT_START
+  except closed.ClosingError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
   except KeyboardInterrupt:
     # Ctrl-C before the launch's own handlers are set: nothing started yet.
     print("[tfconfig] interrupted", file=sys.stderr)

@@ -195,3 +195,29 @@ def slurm_tf_config(chief=False, ps=0, port_base=8888, gpus_per_task=0):
   return tfc.validate({
       "cluster": resolver.cluster_spec().as_dict(),
       "task": {"type": resolver.task_type, "index": resolver.task_id}})
+
+
+NETWORK_POLICY_API_VERSION = "networking.k8s.io/v1"
+# The label Kubeflow's training operator puts on every pod of a job
+# (kubeflow.training.constants.JOB_NAME_LABEL).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+
+def tfjob_network_policy(manifest):
+  """A Kubernetes NetworkPolicy for `manifest` (a TFJob from
+  `tfjob_manifest`): the job's pods admit ingress only from the job's own
+  pods, and only on TensorFlow's port. A TensorFlow server runs any graph
+  sent to its port; without this, every pod of the cluster reaches it.
+  It takes effect where the cluster's network plugin enforces
+  NetworkPolicies (Calico, Cilium and most managed clusters' plugins)."""
+  name = manifest["metadata"]["name"]
+  namespace = manifest["metadata"].get("namespace", "default")
+  job_pods = {"matchLabels": {JOB_NAME_LABEL: name}}
+  return {"apiVersion": NETWORK_POLICY_API_VERSION, "kind": "NetworkPolicy",
+          "metadata": {"name": f"{name}-tensorflow-port",
+                       "namespace": namespace},
+          "spec": {"podSelector": job_pods,
+                   "policyTypes": ["Ingress"],
+                   "ingress": [{"from": [{"podSelector": job_pods}],
+                                "ports": [{"protocol": "TCP",
+                                           "port": TFJOB_PORT}]}]}}

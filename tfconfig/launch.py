@@ -44,6 +44,7 @@ import time
 
 from clusterspec import config as tfc
 from clusterspec import health_format
+from tfconfig import closed
 from tfconfig.ports import (  # noqa: F401  (the launcher's names)
   free_ports,
   local_cluster,
@@ -66,13 +67,6 @@ TIMED_OUT = 124
 # The signals that stop a launch; each task is stopped, and the launch
 # returns 128 + the signal's number.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-# What TensorFlow's gRPC servers listen on, whatever address TF_CONFIG names.
-EXPOSURE_NOTE = (
-    "note: TensorFlow's gRPC servers listen on every network interface "
-    "(0.0.0.0:<port>), not only on the loopback addresses in TF_CONFIG; on "
-    "a shared or public network, confine the ports with a firewall or run "
-    "on a private network (docs/distributed.md)")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -163,8 +157,9 @@ def _die_with_parent():
 class _Tasks:
   """The processes of one launch, their output pumps and its own lines."""
 
-  def __init__(self, out, log, grace):
+  def __init__(self, out, log, grace, preexec=None):
     self.out, self.log, self.grace = out, log, grace
+    self._preexec = preexec
     self.lock = threading.Lock()
     self.processes = {}
     self._pumps = []
@@ -175,13 +170,23 @@ class _Tasks:
       self.log.write(f"[tfconfig] {message}\n")
       self.log.flush()
 
+  def _before_exec(self):
+    """In the task's child process: dies with the launcher, and joins the
+    job's private network namespace where it has one."""
+    _die_with_parent()
+    if self._preexec is not None:
+      self._preexec()
+
   def start(self, name, task_type, command, env):
     try:
       process = subprocess.Popen(
           command, env=env, stdout=subprocess.PIPE,
           stderr=subprocess.STDOUT, text=True, bufsize=1,
           start_new_session=True,
-          preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+          preexec_fn=self._before_exec if sys.platform == "linux" else None)
+    except subprocess.SubprocessError as error:
+      raise LaunchError(f"cannot start {name} in the job's network "
+                        f"namespace: {error}") from None
     except OSError as error:
       raise LaunchError(
           f"cannot start {name}: {command[0]!r}: "
@@ -246,8 +251,11 @@ class _Tasks:
 
 def run_cluster(command, cluster, out=None, timeout=None, env=None,
                 evaluator_wait=0, log=None, grace=STOP_GRACE_SECONDS,
-                task_prefix=None, restarts=0):
+                task_prefix=None, restarts=0, isolation="auto"):
   """Starts `command` once per task of `cluster`; returns an exit code.
+
+  The tasks' ports are closed to every other host and local user for the
+  whole launch (`isolation`, tfconfig/closed.py), before any task starts.
 
   Args:
     command: list of str, the program every task runs.
@@ -265,6 +273,12 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
     restarts: int >= 0, how many times a failed job is started again
       (every task, after stopping the others); not after a timeout or a
       stop signal.
+    isolation: 'auto' (default: an nftables table where this process may
+      write one, else a private network namespace), 'firewall',
+      'namespace', or 'open' (TensorFlow's default: every host and local
+      user reaches the ports). With `task_prefix` the tasks run elsewhere
+      (other namespaces): 'open' here, and each task guards its own port
+      (`python -m tfconfig guard`).
 
   Returns:
     0 when all training tasks exited 0 (and the evaluator too, if it
@@ -276,14 +290,34 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
   Raises:
     LaunchError: a task's command cannot be started (not found, not
       executable); the tasks already started are stopped first.
+    closed.ClosingError: the ports cannot be closed as `isolation` asks;
+      no task was started.
   """
   if not isinstance(restarts, int) or restarts < 0:
     raise ValueError(f"restarts must be an int >= 0, got {restarts!r}")
   deadline = None if timeout is None else time.monotonic() + timeout
+  with closed.one_host(cluster_ports(cluster), isolation) as closure:
+    (log or sys.stderr).write(f"[tfconfig] {closure.description}\n")
+    (log or sys.stderr).flush()
+    return _run_attempts(command, cluster, out, deadline, timeout, env,
+                         evaluator_wait, log, grace, task_prefix, restarts,
+                         closure)
+
+
+def cluster_ports(cluster):
+  """Every port in `cluster` (a TF_CONFIG dict's, or its 'cluster')."""
+  jobs = cluster.get("cluster", cluster)
+  return sorted({int(address.rpartition(":")[2])
+                 for addresses in jobs.values() for address in addresses})
+
+
+def _run_attempts(command, cluster, out, deadline, timeout, env,
+                  evaluator_wait, log, grace, task_prefix, restarts, closure):
   attempt = 0
   with StopSignals() as signals:
     while True:
-      tasks = _Tasks(out or sys.stdout, log or sys.stderr, grace)
+      tasks = _Tasks(out or sys.stdout, log or sys.stderr, grace,
+                     preexec=closure.preexec)
       try:
         for task_type, index in tfc.tasks(cluster):
           if signals.received is not None:

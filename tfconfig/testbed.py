@@ -8,8 +8,9 @@ with TestBed(hosts=3, rate="1gbit") as bed:      # root only (Linux)
   bed.set_loss(1, 5)                              # 5% of its input dropped
 ```
 
-Each host `<name>h<i>` has one interface, `eth0`, with the address
-10.213.N.(i+1)/24 on a veth link to a bridge in the namespace `<name>sw`.
+Each host `<name>h<i>` has one interface, `eth0`, with the addresses
+10.213.N.(i+1)/24 and fd13:0:0:N::(i+1)/64 on a veth link to a bridge in
+the namespace `<name>sw`.
 The subnet exists only on those links: no host has a default route, so
 nothing a task sends leaves the test bed, and TensorFlow's servers, which
 listen on every interface of their own namespace, are reachable from the
@@ -32,6 +33,7 @@ import zlib
 PREFIX = "eatb"
 PORT = 2222
 _SUBNET = "10.213.{net}.0/24"
+_SUBNET6 = "fd13:0:0:{net}::/64"
 
 
 class TestBedError(RuntimeError):
@@ -101,6 +103,7 @@ class TestBed:
     # One /24 per name, so that two test beds never share addresses.
     net = zlib.crc32(self.name.encode()) % 250 + 1
     self.network = ipaddress.ip_network(_SUBNET.format(net=net))
+    self.network6 = ipaddress.ip_network(_SUBNET6.format(net=net))
     self.switch = f"{self.name}sw"
 
   def host(self, index):
@@ -109,6 +112,10 @@ class TestBed:
   def address(self, index):
     """The host's IPv4 address, a str."""
     return str(self.network.network_address + index + 1)
+
+  def address6(self, index):
+    """The host's IPv6 address, a str."""
+    return str(self.network6.network_address + index + 1)
 
   def exec_prefix(self, index):
     """The command prefix that runs a program on host `index`."""
@@ -157,6 +164,9 @@ class TestBed:
       _run("ip", "-n", self.switch, "link", "set", f"p{index}", "up")
       _run("ip", "-n", host, "addr", "add",
            f"{self.address(index)}/{prefix}", "dev", "eth0")
+      _run("ip", "-n", host, "-6", "addr", "add",
+           f"{self.address6(index)}/{self.network6.prefixlen}", "dev",
+           "eth0", "nodad")
       _run("ip", "-n", host, "link", "set", "eth0", "up")
       if self.rate:
         self.shape(index, self.rate)

@@ -89,8 +89,12 @@ class SessionCluster:
       config.CopyFrom(session_config)
     config.allow_soft_placement = True
     del config.device_filters[:]
+    # A ps serves its variables to the others' sessions (its worker
+    # service); a session of its own (a stop request) sees ps tasks only.
+    # Estimator's own ps filters admit every job: a session opened on the
+    # ps's port reached the chief and every worker through it.
     config.device_filters.extend(
-        ["/job:ps", "/job:worker", "/job:chief"] if kind == "ps" else
+        ["/job:ps"] if kind == "ps" else
         ["/job:ps", f"/job:{kind}/task:{index}"] if kind == "worker" else
         ["/job:ps", f"/job:{kind}"])
     server = tf.distribute.Server(spec, job_name=kind, task_index=index,

@@ -1,0 +1,394 @@
+"""A job's TensorFlow servers, attacked for real (tfconfig/closed.py).
+
+Each attack is a real TensorFlow client (tests/helpers/attacks.py) that
+opens a session on a task's port and runs `tf.io.read_file` of a secret
+(mode 600, root's) and `tf.io.write_file` into a directory only root may
+write, pinned to that task. Attackers: another host on the job's network
+(a namespace of this test's own on a veth link), over IPv4 and IPv6, and
+another local user (`nobody`) over 127.0.0.1 and [::1]. With the ports
+left open (`--isolation open`) every attack gets in: that is what shows
+the attack is real. Closed, none reads or writes anything, the job ends
+as it would have, and nothing is left behind: no nftables table, no
+namespace, no holder process, after a normal end, SIGTERM and SIGKILL.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from tests.helpers import attacks
+from tfconfig import testbed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+SERVER_ONLY = os.path.join(ROOT, "tests", "jobs", "server_only.py")
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def stage():
+  """The attacks' secret and drop directory, and the job's stop file, in a
+  directory every user may enter (pytest's own is root's alone, and an
+  unprivileged job must see its stop file)."""
+  reason = attacks.available()
+  if reason:
+    if os.environ.get("CI"):
+      pytest.fail(f"the closing tests must run in CI: {reason}")
+    pytest.skip(reason)
+  directory = tempfile.mkdtemp(prefix="closed_ports_", dir="/tmp")
+  os.chmod(directory, 0o755)
+  secret = os.path.join(directory, "secret")
+  with open(secret, "w", encoding="utf-8") as stream:
+    stream.write("the job's secret")
+  os.chmod(secret, 0o600)
+  drop = os.path.join(directory, "drop")
+  os.mkdir(drop, 0o755)
+  yield {"secret": secret, "drop": drop,
+         "stop": os.path.join(directory, "stop"), "dir": directory}
+  shutil.rmtree(directory, ignore_errors=True)
+
+
+def _start(prefix, flags, stop, tasks=2, env=None, python=sys.executable,
+           command=None):
+  """Starts `python -m tfconfig launch FLAGS -- <server_only.py STOP>`
+  behind `prefix`; returns (process, ports in cluster order, task names,
+  the lines read so far) once every task serves."""
+  command = command or [python, SERVER_ONLY, stop]
+  launch = list(prefix) + [python, "-m", "tfconfig", "launch", *flags,
+                           "--timeout", "200", "--", *command]
+  process = subprocess.Popen(launch, cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True,
+                             env=env or dict(os.environ),
+                             start_new_session=True)
+  lines, deadline = [], time.monotonic() + 120
+  while sum("serving grpc://" in line for line in lines) < tasks:
+    line = process.stdout.readline()
+    if not line or time.monotonic() > deadline:
+      process.kill()
+      raise AssertionError("the job did not start: " + "".join(lines)[-3000:])
+    lines.append(line)
+  cluster = next(line for line in lines if "[tfconfig] cluster" in line)
+  found = re.findall(r"(\w+:\d+)=[^ ]*?:(\d+)", cluster)
+  return process, [int(p) for _, p in found], [t for t, _ in found], lines
+
+
+def _finish(process, stop, lines):
+  open(stop, "w").close()
+  out, _ = process.communicate(timeout=60)
+  return process.returncode, "".join(lines) + out
+
+
+def _assert_all_in(results, what):
+  for result in results:
+    assert result["read"] == "the job's secret" and result["wrote"], (
+        f"{what}: the open job should have let this attack in (the attack "
+        f"is not real otherwise): {result}")
+
+
+def _assert_none_in(results, stage, what):
+  for result in results:
+    assert result["read"] is None and not result["wrote"], (
+        f"{what}: an attack got in: {result}")
+  assert not os.listdir(stage["drop"]), os.listdir(stage["drop"])
+
+
+def _tables(prefix=()):
+  result = subprocess.run(list(prefix) + ["nft", "list", "tables"],
+                          capture_output=True, text=True, check=False)
+  return [line for line in result.stdout.splitlines()
+          if "estimator_accum_" in line]
+
+
+def _holders(launcher):
+  """Holder processes (tfconfig/closed.py) of the launcher `launcher`."""
+  result = subprocess.run(
+      ["pgrep", "-f", rf"tfconfig\.closed_holder [a-z-]+ {launcher}$"],
+      capture_output=True, text=True, check=False)
+  return [int(pid) for pid in result.stdout.split()]
+
+
+@pytest.mark.parametrize("mode", ["open", "auto", "namespace"])
+def test_one_host_launch_is_closed_to_other_hosts_and_users(mode, stage):
+  """The README's launch, as root: `auto` writes the firewall; a private
+  namespace is the other way; `open` is TensorFlow's default, and every
+  attack then gets in."""
+  with attacks.JobHost() as host:
+    process, ports, tasks, lines = _start(
+        host.exec_prefix(), ["--workers", "2", "--isolation", mode],
+        stage["stop"])
+    try:
+      if mode == "auto":
+        assert len(_tables(host.exec_prefix())) == 1
+      if mode != "open":
+        assert len(_holders(process.pid)) == 1
+      remote = host.from_attacker(ports, tasks, stage["secret"],
+                                  stage["drop"])
+      local = host.from_local_user(ports, tasks, stage["secret"],
+                                   stage["drop"])
+    finally:
+      code, output = _finish(process, stage["stop"], lines)
+    assert code == 0, output[-3000:]
+    assert len(remote) == len(local) == 4
+    if mode == "open":
+      _assert_all_in(remote + local, "open")
+      assert "open to every host and local user" in output
+    else:
+      _assert_none_in(remote, stage, f"{mode}: another host")
+      _assert_none_in(local, stage, f"{mode}: another local user")
+      assert ("closed to other hosts" in output if mode == "auto" else
+              "private network namespace" in output), output[-2000:]
+    assert _tables(host.exec_prefix()) == []
+  assert _holders(process.pid) == []
+
+
+def test_parameter_server_job_is_closed(stage):
+  """A parameter-server job's every port, and the ps's port used to reach
+  the chief and the workers through it."""
+  with attacks.JobHost() as host:
+    process, ports, tasks, lines = _start(
+        host.exec_prefix(), ["--chief", "--workers", "2", "--ps", "1"],
+        stage["stop"], tasks=4)
+    try:
+      ps = tasks.index("ps:0")
+      targets = [(port, task) for port, task in zip(ports, tasks)] + [
+          (ports[ps], task) for task in tasks if task != "ps:0"]
+      remote = host.from_attacker([p for p, _ in targets],
+                                  [t for _, t in targets], stage["secret"],
+                                  stage["drop"])
+      local = host.from_local_user([p for p, _ in targets],
+                                   [t for _, t in targets], stage["secret"],
+                                   stage["drop"])
+    finally:
+      code, output = _finish(process, stage["stop"], lines)
+    assert code == 0, output[-3000:]
+    assert len(remote) == len(local) == 2 * 7
+    _assert_none_in(remote + local, stage, "parameter-server job")
+
+
+def _unprivileged_python():
+  """An interpreter `nobody` may run with this venv's packages: this
+  machine's venv links into root's home, which other users cannot reach,
+  so the system's python of the same version, given the venv's
+  site-packages."""
+  import sysconfig  # noqa: PLC0415
+
+  version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+  for candidate in (sys.executable, f"/usr/bin/{version}",
+                    f"/usr/local/bin/{version}"):
+    probe = subprocess.run(
+        attacks.as_user() + [candidate, "-c", "import subprocess, sys; "
+                             "subprocess.run([sys.executable, '-c', ''], "
+                             "check=True)"],
+        capture_output=True, check=False, cwd="/")
+    if probe.returncode == 0:
+      return candidate, os.pathsep.join(
+          [ROOT, sysconfig.get_paths()["purelib"],
+           sysconfig.get_paths()["platlib"]])
+  pytest.fail(f"no {version} that user nobody may run here (tried "
+              f"{sys.executable} and /usr/bin/{version})")
+
+
+def test_unprivileged_launch_runs_in_a_user_namespace(stage):
+  """A user without root: no firewall, so `auto` makes an unprivileged
+  user namespace with a network namespace in it. Another host, another
+  local user and root on the same host all fail to get in, and the tasks
+  write their files as their own user."""
+  python, path = _unprivileged_python()
+  env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+  with attacks.JobHost() as host:
+    process, ports, tasks, lines = _start(
+        host.exec_prefix() + attacks.as_user(), ["--workers", "2"],
+        stage["stop"], env=env, python=python)
+    try:
+      remote = host.from_attacker(ports, tasks, stage["secret"],
+                                  stage["drop"])
+      other_user = attacks.attack(
+          attacks.local_targets(ports, tasks), stage["secret"],
+          stage["drop"], host.exec_prefix() + attacks.as_user(uid=1))
+      root = attacks.attack(attacks.local_targets(ports, tasks),
+                            stage["secret"], stage["drop"],
+                            host.exec_prefix())
+    finally:
+      code, output = _finish(process, stage["stop"], lines)
+    assert code == 0, output[-3000:]
+    assert "private network namespace" in output, output[-2000:]
+    # The tasks run as their own user, not as root of the namespace.
+    assert output.count(f"as uid {attacks.NOBODY}") == 2, output[-2000:]
+    for what, results in (("another host", remote),
+                          ("another local user", other_user),
+                          ("root over loopback", root)):
+      _assert_none_in(results, stage, f"unprivileged job: {what}")
+
+
+def test_a_mode_that_cannot_be_had_is_one_line(stage):
+  """Not root: the firewall cannot be written. One line naming why and
+  the flag that opens the ports; no task starts, no traceback."""
+  python, path = _unprivileged_python()
+  env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+  result = subprocess.run(
+      attacks.as_user() + [python, "-m", "tfconfig", "launch", "--isolation",
+                           "firewall", "--workers", "2", "--", python, "-c",
+                           "print('TASK RAN')"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 2, result.stderr
+  errors = [line for line in result.stderr.splitlines()
+            if line.startswith("error:")]
+  assert len(errors) == 1, result.stderr
+  assert "not root and no CAP_NET_ADMIN" in errors[0]
+  assert "--isolation open" in errors[0]
+  assert "Traceback" not in result.stderr
+  assert "TASK RAN" not in result.stdout
+
+
+@pytest.mark.parametrize("stop", ["SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize("mode", ["auto", "namespace"])
+def test_nothing_is_left_behind_when_the_launcher_is_stopped(stop, mode,
+                                                             stage):
+  with attacks.JobHost() as host:
+    process, ports, tasks, _ = _start(
+        host.exec_prefix(), ["--workers", "2", "--isolation", mode],
+        stage["stop"])
+    pids = _task_pids(ports, host)
+    assert len(pids) == 2
+    if mode == "auto":
+      assert len(_tables(host.exec_prefix())) == 1
+    assert len(_holders(process.pid)) == 1
+    # The launcher alone (`ip netns exec` execs it: the same process), as
+    # a batch system or an operator stops it.
+    os.kill(process.pid, getattr(signal, stop))
+    process.communicate(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (
+        _tables(host.exec_prefix()) or _holders(process.pid) or
+        any(_alive(pid) for pid in pids)):
+      time.sleep(0.2)
+    assert _tables(host.exec_prefix()) == []
+    assert _holders(process.pid) == []
+    assert not any(_alive(pid) for pid in pids)
+  assert not any(name.startswith((host.host, host.attacker))
+                 for name in testbed.namespaces(""))
+
+
+def _alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+      return stat.read().split(") ")[1][0] != "Z"
+  except OSError:
+    return False
+
+
+def _task_pids(ports, host):
+  """The processes of the tasks (server_only.py) of this launch."""
+  found = subprocess.run(["pgrep", "-f", SERVER_ONLY], capture_output=True,
+                         text=True, check=False).stdout.split()
+  pids = []
+  for pid in map(int, found):
+    try:
+      with open(f"/proc/{pid}/environ", "rb") as environ:
+        text = environ.read().decode(errors="replace")
+    except OSError:
+      continue
+    if any(f":{port}" in text for port in ports):
+      pids.append(pid)
+  del host
+  return pids
+
+
+# Multi-host jobs -------------------------------------------------------------
+
+
+def test_multi_host_job_admits_only_its_peers(stage):
+  """Two hosts of a test bed run the job, each task behind `tfconfig
+  guard` (what `launch --netns` puts before every task); a third host on
+  the same switch attacks both over IPv4 and IPv6, and `nobody` on a
+  job's host over loopback and the host's own address. Nothing gets in;
+  the job's own tasks keep talking (the job ends normally); no table is
+  left in any host."""
+  reason = testbed.available()
+  assert reason is None or not os.environ.get("CI"), reason
+  if reason:
+    pytest.skip(reason)
+  testbed.remove_leftovers(only_dead=True)
+  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}c")
+  with bed:
+    process, ports, tasks, lines = _start(
+        [], ["--netns", bed.name, "--workers", "2"], stage["stop"])
+    try:
+      targets = [{"address": f"{address}:{testbed.PORT}", "task": task}
+                 for index, task in enumerate(tasks)
+                 for address in (bed.address(index),
+                                 f"[{bed.address6(index)}]")]
+      remote = attacks.attack(targets, stage["secret"], stage["drop"],
+                              bed.exec_prefix(2))
+      local = attacks.attack(
+          [{"address": address, "task": "worker:0"} for address in (
+              f"127.0.0.1:{testbed.PORT}", f"[::1]:{testbed.PORT}",
+              f"{bed.address(0)}:{testbed.PORT}")] +
+          [{"address": f"{bed.address(1)}:{testbed.PORT}",
+            "task": "worker:1"}],
+          stage["secret"], stage["drop"], bed.exec_prefix(0) +
+          attacks.as_user())
+      tables = [_tables(bed.exec_prefix(i)) for i in range(2)]
+    finally:
+      code, output = _finish(process, stage["stop"], lines)
+    assert code == 0, output[-3000:]
+    assert all(len(t) == 1 for t in tables), tables
+    assert output.count("admits only the cluster's") == 2, output[-2000:]
+    _assert_none_in(remote, stage, "multi-host: a third host")
+    _assert_none_in(local, stage, "multi-host: another local user")
+    assert [_tables(bed.exec_prefix(i)) for i in range(3)] == [[], [], []]
+  assert ports == [testbed.PORT] * 2
+
+
+def test_multi_host_job_open_lets_the_third_host_in(stage):
+  """The control of the test above: `--isolation open` on the same bed,
+  and the third host's attack gets in."""
+  reason = testbed.available()
+  assert reason is None or not os.environ.get("CI"), reason
+  if reason:
+    pytest.skip(reason)
+  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}o")
+  with bed:
+    process, _, tasks, lines = _start(
+        [], ["--netns", bed.name, "--workers", "2", "--isolation", "open"],
+        stage["stop"])
+    try:
+      targets = [{"address": f"{address}:{testbed.PORT}", "task": task}
+                 for index, task in enumerate(tasks)
+                 for address in (bed.address(index),
+                                 f"[{bed.address6(index)}]")]
+      remote = attacks.attack(targets, stage["secret"], stage["drop"],
+                              bed.exec_prefix(2))
+    finally:
+      code, output = _finish(process, stage["stop"], lines)
+    assert code == 0, output[-3000:]
+    _assert_all_in(remote, "multi-host, open")
+
+
+def test_guard_without_root_names_the_port_and_the_commands(stage):
+  """Not root: the guard cannot write rules; it says so in one line with
+  the port and the nft commands that close it, and runs the task."""
+  python, path = _unprivileged_python()
+  config = {"cluster": {"worker": ["127.0.0.1:23456", "[::1]:23457"]},
+            "task": {"type": "worker", "index": 0}}
+  env = dict(os.environ, PYTHONPATH=path, TF_CONFIG=json.dumps(config))
+  result = subprocess.run(
+      attacks.as_user() + [python, "-m", "tfconfig", "guard", "--", python,
+                           "-c", "print('TASK RAN')"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+  assert result.returncode == 0, result.stderr
+  assert "TASK RAN" in result.stdout
+  warning = [line for line in result.stderr.splitlines() if "OPEN" in line]
+  assert len(warning) == 1, result.stderr
+  assert "port 23456" in warning[0] and "nft -f -" in warning[0]
+  assert "tcp dport 23456 counter drop" in warning[0]
+  assert "127.0.0.1" in warning[0] and "::1" in warning[0]
+  assert "Traceback" not in result.stderr
