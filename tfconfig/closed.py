@@ -99,6 +99,11 @@ def _elements(values):
   return ", ".join(str(value) for value in values)
 
 
+def _ports(ports):
+  ports = sorted(ports)
+  return f"port{'s' if len(ports) > 1 else ''} {_elements(ports)}"
+
+
 def one_host_rules(table, ports, uid=None):
   """nftables text: `ports` closed to every other host (both families)
   and to every other local user than `uid`."""
@@ -293,8 +298,8 @@ def one_host(ports, mode="auto", log=None):
     raise ClosingError(f"--isolation {mode!r} is not one of {', '.join(MODES)}")
   if mode == "open":
     return Closure("open", description=(
-        f"ports {_elements(sorted(ports))} are open to every host and local "
-        f"user ({OPEN_FLAG})"))
+        f"{_ports(ports)} {'are' if len(set(ports)) > 1 else 'is'} open to "
+        f"every host and local user ({OPEN_FLAG})"))
   reasons = []
   if mode in ("auto", "firewall"):
     reason = firewall_unavailable()
@@ -303,7 +308,7 @@ def one_host(ports, mode="auto", log=None):
       try:
         closure = firewall(one_host_rules(table, ports), table)
         closure.description = (
-            f"ports {_elements(sorted(ports))} closed to other hosts (IPv4 and "
+            f"{_ports(ports)} closed to other hosts (IPv4 and "
             f"IPv6) and other local users: nftables table inet {table}")
         return closure
       except ClosingError as error:
@@ -387,10 +392,14 @@ def guard_task(tf_config, mode="auto", log=None):
     return Closure("open", description=f"{name}: port {port} open ({OPEN_FLAG})")
   peers, ports, unresolved = resolve_peers(tf_config.get("cluster") or {})
   if unresolved:
-    raise ClosingError(
-        f"cannot resolve {', '.join(sorted(set(unresolved)))} from TF_CONFIG, "
-        f"so {name}'s port {port} cannot be closed to all but its peers; "
-        f"{OPEN_FLAG} runs it open")
+    reason = (f"cannot resolve {', '.join(sorted(set(unresolved)))} from "
+              "TF_CONFIG, so its peers' addresses are unknown")
+    if mode == "firewall":
+      raise ClosingError(f"cannot close {name}'s port {port}: {reason}")
+    log.write(f"[tfconfig] warning: {name}'s port {port} is OPEN to every "
+              f"host and local user ({reason})\n")
+    log.flush()
+    return Closure("open")
   table = _table_name(f"task_{port}")
   rules = peer_rules(table, port, peers, ports)
   reason = firewall_unavailable()

@@ -178,7 +178,9 @@ def _tfjob(*flags):
   result = subprocess.run(
       [sys.executable, "-m", "tfconfig", "tfjob", *flags], cwd=ROOT,
       capture_output=True, text=True, check=True)
-  return yaml.safe_load(result.stdout)
+  documents = list(yaml.safe_load_all(result.stdout))
+  assert [d["kind"] for d in documents] == ["TFJob", "NetworkPolicy"]
+  return documents[0]
 
 
 MAIN_JOB = ["--name", "bert-accum", "--image",
@@ -229,6 +231,41 @@ def test_tfjob_of_the_main_job_on_four_workers():
     tfconfig.check_strategy(config, "multi_worker")
     assert tfconfig.tensorflow_form(config)["task"] == {
         "type": "worker", "index": index}
+
+
+def test_tfjob_comes_with_a_network_policy_for_its_pods_alone():
+  """A TensorFlow server runs any graph sent to its port: the NetworkPolicy
+  admits to the job's pods only the job's own pods, on TensorFlow's port,
+  selected by the label the training operator puts on them."""
+  from kubernetes.client import ApiClient as KubernetesClient  # noqa: PLC0415
+  from kubernetes.client import V1NetworkPolicy  # noqa: PLC0415
+
+  result = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "tfjob", *MAIN_JOB[:2],
+       "--namespace", "team-a", *MAIN_JOB[2:]],
+      cwd=ROOT, capture_output=True, text=True, check=True)
+  manifest, policy_doc = yaml.safe_load_all(result.stdout)
+  policy = KubernetesClient().deserialize(_Response(policy_doc),
+                                          "V1NetworkPolicy")
+  assert isinstance(policy, V1NetworkPolicy)
+  assert (policy.api_version, policy.kind) == ("networking.k8s.io/v1",
+                                               "NetworkPolicy")
+  assert policy.metadata.namespace == manifest["metadata"]["namespace"]
+  job_pods = {kubeflow_constants.JOB_NAME_LABEL: "bert-accum"}
+  assert policy.spec.pod_selector.match_labels == job_pods
+  assert policy.spec.policy_types == ["Ingress"]
+  [rule] = policy.spec.ingress
+  assert [peer.pod_selector.match_labels for peer in rule._from] == [job_pods]
+  assert all(peer.namespace_selector is None and peer.ip_block is None
+             for peer in rule._from)
+  job = ApiClient().deserialize(_Response(manifest), "KubeflowOrgV1TFJob")
+  port = job.spec.tf_replica_specs["Worker"].template.spec.containers[0].ports[0]
+  assert [(p.protocol, p.port) for p in rule.ports] == [
+      ("TCP", port.container_port)]
+  alone = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "tfjob", "--no_network_policy",
+       *MAIN_JOB], cwd=ROOT, capture_output=True, text=True, check=True)
+  assert [d["kind"] for d in yaml.safe_load_all(alone.stdout)] == ["TFJob"]
 
 
 def test_tfjob_with_every_replica_type():

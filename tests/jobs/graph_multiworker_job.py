@@ -11,6 +11,7 @@ workers' windows together are plain training's batches of K * B * workers.
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
@@ -29,6 +30,18 @@ OPTIMIZERS = {
 }
 
 
+def _wait_at_gate(target):
+  """With JOB_GATE set (the closing tests): says this task serves, and
+  waits for that file before training, so that attacks meet the job's
+  servers up."""
+  gate = os.environ.get("JOB_GATE")
+  if not gate:
+    return
+  print(f"serving {target}", flush=True)
+  while not os.path.exists(gate):
+    time.sleep(0.1)
+
+
 def main(optimizer_name):
   tf_config = json.loads(os.environ["TF_CONFIG"])
   index = tf_config["task"]["index"]
@@ -40,6 +53,7 @@ def main(optimizer_name):
       cluster_resolver=resolver)
   config = strategy.update_config_proto(tf.compat.v1.ConfigProto())
   target = "grpc://" + resolver.master().replace("grpc://", "")
+  _wait_at_gate(target)
   data = support.make_data(K * B * workers * STEPS)
   with tf.Graph().as_default(), strategy.scope():
     tf.compat.v1.train.get_or_create_global_step()

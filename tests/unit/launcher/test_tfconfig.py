@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -377,12 +378,70 @@ def test_tasks_die_with_a_launcher_killed_outright(tmp_path):
   assert not processes.wait_gone(pids, 10), "tasks outlived a SIGKILLed launcher"
 
 
-def test_launch_prints_what_the_network_exposure_is():
+def test_launch_says_how_its_ports_are_closed_or_that_they_are_open():
   result = _tfconfig("launch", "--workers", "1", "--", sys.executable, "-c",
                      "print('ok')")
   assert result.returncode == 0, result.stderr
-  assert "listen on every network interface" in result.stderr
-  assert result.stderr.count("every network interface") == 1
+  lines = [line for line in result.stderr.splitlines()
+           if "closed to other hosts" in line or "private network" in line]
+  assert len(lines) == 1, result.stderr
+  opened = _tfconfig("launch", "--workers", "1", "--isolation", "open", "--",
+                     sys.executable, "-c", "print('ok')")
+  assert opened.returncode == 0, opened.stderr
+  assert re.search(r"\[tfconfig\] port \d+ is open to every host and local "
+                   r"user \(--isolation open\)", opened.stderr), opened.stderr
+
+
+def test_closing_rules_cover_both_families_and_other_users():
+  """The tables' text (the attacks themselves: tests/integration/
+  test_closed_ports.py)."""
+  import ipaddress  # noqa: PLC0415
+
+  from tfconfig import closed  # noqa: PLC0415
+
+  rules = closed.one_host_rules("t", [2223, 2222, 2222], uid=1000)
+  assert "table inet t {" in rules  # inet: IPv4 and IPv6 alike
+  assert "elements = { 2222, 2223 }" in rules
+  assert 'tcp dport @ports iif != "lo" counter drop;' in rules
+  assert "meta skuid != 1000 counter reject with tcp reset;" in rules
+  peers = [ipaddress.ip_address(a) for a in ("10.0.0.2", "10.0.0.1",
+                                             "fd00::1")]
+  rules = closed.peer_rules("t", 2222, peers, [2222, 2223], uid=0)
+  assert "set peers4 { type ipv4_addr; elements = { 10.0.0.1, 10.0.0.2 }; }" in rules
+  assert "set peers6 { type ipv6_addr; elements = { fd00::1 }; }" in rules
+  assert rules.index("ip saddr @peers4 accept") < rules.index(
+      "tcp dport 2222 counter drop")
+  assert "fib daddr type local meta skuid != 0" in rules
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "--isolation", "wide", "--", "true"], "invalid choice: 'wide'"),
+    (["guard", "--isolation", "namespace", "--", "true"],
+     "invalid choice: 'namespace'"),
+])
+def test_a_bad_isolation_is_one_line(argv, message):
+  result = _tfconfig(*argv)
+  assert result.returncode == 2
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_guard_that_must_close_but_cannot_resolve_a_peer_is_one_line():
+  env = dict(os.environ, TF_CONFIG=json.dumps(
+      {"cluster": {"worker": ["127.0.0.1:2222", "no-such-host.invalid:2222"]},
+       "task": {"type": "worker", "index": 0}}))
+  result = _tfconfig("guard", "--isolation", "firewall", "--",
+                     sys.executable, "-c", "print('TASK RAN')", env=env)
+  assert result.returncode == 2
+  assert result.stderr.strip() == (
+      "error: cannot close worker:0's port 2222: cannot resolve "
+      "no-such-host.invalid from TF_CONFIG, so its peers' addresses are "
+      "unknown")
+  assert "TASK RAN" not in result.stdout
+  auto = _tfconfig("guard", "--", sys.executable, "-c", "print('TASK RAN')",
+                   env=env)
+  assert auto.returncode == 0 and "TASK RAN" in auto.stdout
+  assert "port 2222 is OPEN" in auto.stderr
 
 
 def test_an_absurd_number_of_tasks_is_one_line():
