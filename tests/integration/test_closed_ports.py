@@ -416,6 +416,41 @@ def test_multi_host_job_open_lets_the_third_host_in(stage):
     _assert_all_in(remote, "multi-host, open")
 
 
+@pytest.mark.parametrize("end", ["exit", "SIGTERM", "SIGKILL"])
+def test_a_guarded_tasks_table_goes_with_it_however_it_ends(end, stage):
+  """`guard` execs the task: the table's holder is the task's child and
+  ends with it, on a normal exit, SIGTERM or SIGKILL."""
+  config = {"cluster": {"worker": ["127.0.0.1:23456", "[::1]:23457"]},
+            "task": {"type": "worker", "index": 0}}
+  env = dict(os.environ, TF_CONFIG=json.dumps(config))
+  seconds = "0.5" if end == "exit" else "60"
+  with attacks.JobHost() as host:
+    task = subprocess.Popen(
+        host.exec_prefix() + [sys.executable, "-m", "tfconfig", "guard",
+                              "--isolation", "firewall", "--", "sleep",
+                              seconds],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 30
+    while not (_holders(task.pid) and _tables(host.exec_prefix())) and (
+        time.monotonic() < deadline):
+      time.sleep(0.05)
+    assert len(_holders(task.pid)) == 1
+    assert len(_tables(host.exec_prefix())) == 1
+    # The task is `sleep` now, the same process: exec kept its id.
+    with open(f"/proc/{task.pid}/comm", encoding="ascii") as comm:
+      assert comm.read().strip() in ("sleep", "python")
+    if end != "exit":
+      os.kill(task.pid, getattr(signal, end))
+    task.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while (_tables(host.exec_prefix()) or _holders(task.pid)) and (
+        time.monotonic() < deadline):
+      time.sleep(0.05)
+    assert _tables(host.exec_prefix()) == []
+    assert _holders(task.pid) == []
+
+
 def test_guard_without_root_names_the_port_and_the_commands(stage):
   """Not root: the guard cannot write rules; it says so in one line with
   the port and the nft commands that close it, and runs the task."""

@@ -22,7 +22,9 @@ import tensorflow as tf  # noqa: E402
 import estimator_accum  # noqa: E402
 from harness import support  # noqa: E402
 
-K, B, STEPS = 2, 4, 3
+K, B = 2, 4
+# JOB_STEPS: more windows, for benchmarks/closed_ports.py.
+STEPS = int(os.environ.get("JOB_STEPS", "3"))
 OPTIMIZERS = {
     "sgd": lambda: tf.compat.v1.train.GradientDescentOptimizer(0.5),
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.2, 0.9),
@@ -74,13 +76,16 @@ def main(optimizer_name):
     initialize = tf.compat.v1.global_variables_initializer()
     with tf.compat.v1.Session(target, config=config) as session:
       session.run(initialize)
+      started = time.perf_counter()
       for update in range(STEPS):
         for micro in range(K):
           start = (update * workers + index) * K * B + micro * B
           session.run(train_op, {inputs[key]: value[start:start + B]
                                  for key, value in data.items()})
+      trained = time.perf_counter() - started
       weights = {name: session.run(variables[name]).tolist()
                  for name in support.weight_names()}
+  print(f"TRAINED_SECONDS {trained:.4f}", flush=True)
   print("WEIGHTS " + json.dumps(weights), flush=True)
 
 
