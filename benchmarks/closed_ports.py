@@ -18,7 +18,6 @@ mode ended at the same weights.
 job's ports), else a private network namespace.
 """
 
-import argparse
 import json
 import os
 import statistics
@@ -27,6 +26,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from harness import bench  # noqa: E402
 
 
 def run(mode, windows):
@@ -49,7 +51,7 @@ def run(mode, windows):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = bench.parser(__doc__)
   parser.add_argument("--rounds", type=int, default=5)
   parser.add_argument("--windows", type=int, default=300)
   parser.add_argument("--modes", default="open,auto,namespace")
@@ -67,18 +69,23 @@ def main(argv=None):
       weights.setdefault(mode, weight)
       print(f"round {round_ + 1} {mode:>9}: training {trained:6.2f} s, "
             f"whole {whole:6.2f} s", flush=True)
+  rows = bench.Rows(
+      f"{args.windows} windows of 2 x 4 on 2 workers, median of "
+      f"{args.rounds} interleaved rounds", args.json, markdown=True,
+      formats={"training s": ".2f", "whole s": ".2f", "training / open":
+               ".3f", "whole / open": ".3f"})
   base_train = statistics.median(times["open"][0])
   base_whole = statistics.median(times["open"][1])
-  print(f"\n{args.windows} windows of 2 x 4 on 2 workers, median of "
-        f"{args.rounds} interleaved rounds:")
   for mode in modes:
     train, whole = (statistics.median(t) for t in times[mode])
-    print(f"  {mode:>9}: training {train:6.2f} s ({train / base_train:.3f}x "
-          f"open), whole {whole:6.2f} s ({whole / base_whole:.3f}x open)")
-  same = all(json.loads(w) == json.loads(weights["open"])
-             for w in weights.values())
-  print(f"  every mode at the same weights as open: {same}")
-  return 0 if same else 1
+    same = json.loads(weights[mode]) == json.loads(weights["open"])
+    rows.add(isolation=mode, **{"training s": train, "whole s": whole,
+                                "training / open": train / base_train,
+                                "whole / open": whole / base_whole,
+                                "same weights": same})
+    if not same:
+      rows.fail(f"{mode}: the weights differ from the open job's")
+  return rows.exit_code()
 
 
 if __name__ == "__main__":
