@@ -104,6 +104,14 @@ def _ports(ports):
   return f"port{'s' if len(ports) > 1 else ''} {_elements(ports)}"
 
 
+# A connection opens with a SYN from its client's socket: checking the
+# client's user on that packet alone is enough, and every other packet
+# leaves the output chain at its first comparison (the job's all-reduces
+# cross it on every window). The input chain lets loopback through first,
+# for the same reason.
+_OPENING = "tcp flags & (syn | ack) == syn"
+
+
 def one_host_rules(table, ports, uid=None):
   """nftables text: `ports` closed to every other host (both families)
   and to every other local user than `uid`."""
@@ -114,11 +122,13 @@ def one_host_rules(table, ports, uid=None):
       f"  set ports {{ type inet_service; elements = {{ {_elements(ports)} }}; }}\n"
       "  chain input {\n"
       "    type filter hook input priority -10; policy accept;\n"
-      '    tcp dport @ports iif != "lo" counter drop;\n'
+      '    iif "lo" accept;\n'
+      "    tcp dport @ports counter drop;\n"
       "  }\n"
       "  chain output {\n"
       "    type filter hook output priority -10; policy accept;\n"
-      f"    tcp dport @ports meta skuid != {uid} counter reject with tcp reset;\n"
+      f"    {_OPENING} tcp dport @ports meta skuid != {uid} counter reject "
+      "with tcp reset;\n"
       "  }\n"
       "}\n")
 
@@ -150,14 +160,14 @@ def peer_rules(table, port, peers, cluster_ports, uid=None):
             "  }",
             "  chain output {",
             "    type filter hook output priority -10; policy accept;",
-            f"    tcp dport {port} fib daddr type local meta skuid != {uid} "
-            "counter reject with tcp reset;"]
+            f"    {_OPENING} tcp dport {port} fib daddr type local "
+            f"meta skuid != {uid} counter reject with tcp reset;"]
   if v4:
-    lines.append(f"    ip daddr @peers4 tcp dport @ports meta skuid != {uid} "
-                 "counter reject with tcp reset;")
+    lines.append(f"    {_OPENING} ip daddr @peers4 tcp dport @ports "
+                 f"meta skuid != {uid} counter reject with tcp reset;")
   if v6:
-    lines.append(f"    ip6 daddr @peers6 tcp dport @ports meta skuid != {uid} "
-                 "counter reject with tcp reset;")
+    lines.append(f"    {_OPENING} ip6 daddr @peers6 tcp dport @ports "
+                 f"meta skuid != {uid} counter reject with tcp reset;")
   lines += ["  }", "}", ""]
   return "\n".join(lines)
 
