@@ -18,20 +18,12 @@ from absl import logging
 
 from data import sharding
 from estimator_accum import _files
+from estimator_accum.integrations.input_options import without_autotune
 
 FEATURE_NAMES = ("input_ids", "input_mask", "segment_ids")
 # Part of every cache key: bump it when the conversion changes.
 FEATURES_FORMAT = 1
 
-# tf.data's autotuning off: its model thread sleeps between optimizations,
-# up to 60 s once a run is long, and on TensorFlow 2.15 a session's close
-# waited for it to wake (the iterator's destructor joins it): the main job's
-# training ended 45-51 s after its last checkpoint in 3 of 5 one-epoch runs
-# (py-spy and gdb: the main thread in ~RootDataset::Iterator, the model
-# thread in Model::OptimizeLoop). The input is light: AUTOTUNE then means
-# as many parallel calls as cores and a prefetch of one micro-batch.
-NO_AUTOTUNE = tf.data.Options()
-NO_AUTOTUNE.autotune.enabled = False
 
 
 def _truncate_pair(tokens_a, tokens_b, max_length):
@@ -354,6 +346,9 @@ def input_fn_builder(input_file, seq_length, batch_size, is_training,
     if not (sorting or packing_k):
       dataset = dataset.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     dataset = dataset.map(trimmed, num_parallel_calls=tf.data.AUTOTUNE)
-    return dataset.prefetch(tf.data.AUTOTUNE).with_options(NO_AUTOTUNE)
+    # Autotuning off: the main job's training ended 45-51 s after its last
+    # checkpoint in 3 of 5 one-epoch runs, a session's close waiting for
+    # tf.data's model thread (estimator_accum.without_autotune).
+    return without_autotune(dataset.prefetch(tf.data.AUTOTUNE))
 
   return input_fn

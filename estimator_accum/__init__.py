@@ -19,6 +19,7 @@ from estimator_accum.integrations.hooks import (
   AccumulationLoggingHook,
   EveryStepSummaryHook,
 )
+from estimator_accum.integrations.input_options import without_autotune
 from estimator_accum.integrations.keras_optimizer import (
   AccumulatingKerasOptimizer,
 )
@@ -103,4 +104,5 @@ __all__ = [
     "reportable_loss",
     "update_count",
     "WindowBatchNormalization",
+    "without_autotune",
 ]
