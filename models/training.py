@@ -2,8 +2,13 @@
 accumulation."""
 
 import contextlib
+import hashlib
+import json
+import os
 import re
+import stat
 import sys
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -11,6 +16,37 @@ import tensorflow as tf
 import estimator_accum
 from clusterspec import config as tfc
 from estimator_accum.checkpoints import full_disk, integrity, run_lock
+
+
+def default_model_dir(prefix):
+  """Where a run goes without --model_dir: a new temporary directory; in a
+  TF_CONFIG cluster of several tasks, one the tasks share, named after the
+  cluster (every task computes the same name; a fresh temporary directory
+  each made the workers' save barrier wait for each other's markers in
+  directories the others never saw). A cluster across machines needs a
+  shared --model_dir anyway: the watchdog then says this one is not shared.
+
+  Raises:
+    SystemExit: that directory exists and is not this user's own.
+  """
+  config = tfc.task_of((*tfc.TRAINING_TYPES, tfc.PS, tfc.EVALUATOR))
+  cluster = (config or {}).get("cluster") or {}
+  if sum(len(tasks) for tasks in cluster.values()) < 2:
+    return tempfile.mkdtemp(prefix=prefix + "_")
+  digest = hashlib.sha1(json.dumps(cluster, sort_keys=True).encode())
+  path = os.path.join(tempfile.gettempdir(),
+                      f"{prefix}_{digest.hexdigest()[:12]}")
+  os.makedirs(path, mode=0o700, exist_ok=True)
+  status = os.lstat(path)
+  if stat.S_ISLNK(status.st_mode) or status.st_uid != os.geteuid():
+    raise SystemExit(f"{prefix}: error: {path}, this cluster's default "
+                     "--model_dir, is not a directory of this user's own; "
+                     "give --model_dir")
+  if os.listdir(path) and (config.get("task") or {}).get("index", 0) == 0:
+    print(f"{prefix}: {path} already holds a run of this same cluster "
+          "(its addresses and ports): it resumes from there; give "
+          "--model_dir for a new run", file=sys.stderr, flush=True)
+  return path
 
 
 def train_spec(loss, optimizer, params, log_every=200):

@@ -13,7 +13,6 @@ worker 0 prints the eval RMSE.
 """
 
 import os
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -100,7 +99,7 @@ def main(argv):
   if values.batch < 1:
     raise app.UsageError(f"--batch must be >= 1, got {values.batch}")
   train, evaluation = housing.load_housing(values.data_csv)
-  model_dir = values.model_dir or tempfile.mkdtemp(prefix="housing_")
+  model_dir = values.model_dir or training.default_model_dir("housing")
   if values.strategy == "multi_worker":
     _multi_worker(values, model_dir, train, evaluation)
     return

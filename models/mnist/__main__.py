@@ -18,7 +18,6 @@ Each run writes run_info.json beside its event files for
 
 import json
 import os
-import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -163,13 +162,13 @@ def main(argv):
   try:
     # A lost peer ends this task in bounded time instead of a hang; the
     # markers need the model_dir the tasks share (not a temporary one each).
-    distribution = strategies.choose(values.strategy, values.model_dir,
+    model_dir = values.model_dir or training.default_model_dir("mnist")
+    distribution = strategies.choose(values.strategy, model_dir,
                                      health.DEFAULT_TIMEOUT)
   except strategies.StrategyError as error:
     raise SystemExit(f"mnist: error: {error}") from None
   strategy = distribution.strategy
   workers = distribution.workers * distribution.replicas_per_worker
-  model_dir = values.model_dir or tempfile.mkdtemp(prefix="mnist_")
   try:
     batch, k = _plan_batch(values, train, workers, model_dir,
                            distribution.is_chief)
