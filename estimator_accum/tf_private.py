@@ -412,3 +412,15 @@ def configure_coordination_service(leader, heartbeat_timeout_ms, jobs):
       coordinated_jobs=[
           coordination_config_pb2.CoordinatedJob(name=name, num_tasks=count)
           for name, count in jobs])
+
+
+def recoverable_session_class():
+  """`tf.compat.v1.train.MonitoredSession`'s inner `_RecoverableSession`
+  (tensorflow/python/training/monitored_session.py, 2.15 to 2.21): it
+  closes a session whose step raised AbortedError or UnavailableError and
+  makes a new one, with no public hook that sees it happen. A
+  MultiWorkerMirroredStrategy job must not do that on one worker alone
+  (`distribution/recreated_session.py`)."""
+  from tensorflow.python.training import monitored_session  # noqa: PLC0415
+
+  return monitored_session._RecoverableSession  # noqa: SLF001

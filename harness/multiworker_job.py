@@ -77,6 +77,22 @@ class _DieAfter(tf.compat.v1.train.SessionRunHook):
       os._exit(3)
 
 
+class _AbortAfter(tf.compat.v1.train.SessionRunHook):
+  """Raises AbortedError after n micro-batches, once (a marker file
+  remembers): what a failed RPC raises into a step, which makes
+  MonitoredSession remake its session."""
+
+  def __init__(self, n, marker):
+    self._n, self._marker, self._runs = n, marker, 0
+
+  def after_run(self, run_context, run_values):
+    self._runs += 1
+    if self._runs == self._n and not os.path.exists(self._marker):
+      open(self._marker, "w").close()
+      print(f"aborting after {self._n} micro-batches", flush=True)
+      raise tf.errors.AbortedError(None, None, "injected by the test's hook")
+
+
 # The moments of a job's start a test can stop it at (--pause_at).
 PHASES = ("imported", "strategy_made", "building_train_op", "session_made",
           "trained_one")
@@ -151,6 +167,9 @@ def main():
   parser.add_argument("--die_at", type=int, default=None,
                       help="worker 1 exits after this many micro-batches, "
                       "once (a marker file remembers it died)")
+  parser.add_argument("--abort_at", type=int, default=None,
+                      help="worker 1's step raises AbortedError after this "
+                      "many micro-batches, once")
   parser.add_argument("--save_every", type=int, default=10_000)
   parser.add_argument("--end", default="train_and_evaluate",
                       choices=["train_and_evaluate", "stop_hook", "rounds"],
@@ -268,6 +287,9 @@ def main():
   if (args.die_at is not None and task["index"] == 1
       and not os.path.exists(marker)):
     dier = _DieAfter(args.die_at, marker)
+  if args.abort_at is not None and task["index"] == 1:
+    dier = _AbortAfter(args.abort_at,
+                       os.path.join(args.model_dir, "worker_1_aborted"))
   before_input = CollectivesBeforeInput(os.path.join(
       args.model_dir, f"collectives_before_input_{task['index']}.json")) if (
           args.collectives_before_input) else None

@@ -133,6 +133,8 @@ def describe_exit(status):
   meaning = {
       health_format.PEER_LOST_EXIT: " (it lost a peer)",
       health_format.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
+      health_format.SESSION_LOST_EXIT: " (its session failed; the job "
+                                       "restarts whole)",
       128 + int(signal.SIGTERM): " (it was stopped by SIGTERM)",
   }.get(status, "")
   if status > 128 and not meaning:

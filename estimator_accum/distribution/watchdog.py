@@ -36,7 +36,7 @@ import time
 import tensorflow as tf
 
 from clusterspec import config as tfc
-from estimator_accum.distribution import health
+from estimator_accum.distribution import health, recreated_session
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_PEER_WATCHDOG"
 TIMEOUT_ENV = "ESTIMATOR_ACCUM_PEER_TIMEOUT"
@@ -169,10 +169,15 @@ def arm(train_op):
   """`train_op`, marking where each step starts and ends for the
   watchdog, and the watchdog started, in a multi-task cluster; else
   `train_op` as it is."""
-  if os.environ.get(ENABLED_ENV, "1") == "0":
-    return train_op
   config = _cluster()
   if config is None:
+    return train_op
+  if tfc.PS not in config.get(tfc.CLUSTER, {}):
+    # Collectives: a session remade on one worker alone would hang the job
+    # (whichever watchdog runs, or none).
+    task = config.get(tfc.TASK) or {}
+    recreated_session.install(f"{task.get('type')}:{task.get('index', 0)}")
+  if os.environ.get(ENABLED_ENV, "1") == "0":
     return train_op
   if not _start_once(config):
     return train_op

@@ -6,6 +6,7 @@ are started and always stopped by `python -m tfconfig launch`.
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -325,6 +326,43 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   assert second.returncode == 0, second.stdout[-4000:]
   assert "[worker:0] starting at micro-batch 2" in second.stdout
   assert "[worker:0] saved final weights at global step 6" in second.stdout
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="restarted job")
+
+
+@pytest.mark.estimator
+def test_a_session_remade_on_one_worker_ends_the_job_which_restarts_exactly(
+    tmp_path):
+  """Worker 1's step raises AbortedError (from a hook: what a failed RPC
+  raises there) after micro-batch 3. MonitoredSession would close that
+  session and make a new one on worker 1 alone while worker 0 waits in
+  the old one's collective: every task alive, none moving (it waited until
+  the launcher's timeout before). Instead worker 1 exits 151 with one line,
+  worker 0's collective is aborted and it exits too, `--restart 1` starts
+  the job again, and it resumes from the checkpoint of micro-batch 2 to
+  the big batch's weights."""
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  command = _adam_job(tmp_path, "--abort_at", "3", "--save_every", "2")
+  command[command.index("launch") + 1:command.index("launch") + 1] = [
+      "--restart", "1"]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300, env=dict(
+                              os.environ, ESTIMATOR_ACCUM_PEER_TIMEOUT="10"))
+  said = result.stdout + result.stderr
+  assert result.returncode == 0, _where_it_stopped(result, tmp_path)
+  assert "[worker:1] aborting after 3 micro-batches" in said
+  assert re.search(
+      r"\[worker:1\] \[tfconfig\] worker:1: its session failed \(AbortedError:"
+      r" injected by the test's hook\) and would be made anew on this "
+      r"worker alone.*exiting 151", said), said[-3000:]
+  assert ("[tfconfig] task worker:1 failed with exit code 151 (its session "
+          "failed; the job restarts whole)") in said
+  assert "[tfconfig] restarting the job (1 of 1)" in said
+  assert "[worker:0] starting at micro-batch 2" in said
+  assert "[worker:0] saved final weights at global step 6" in said
   saved = np.load(tmp_path / "final_weights.npz")
   actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
   support.assert_weights_close(actual, expected, what="restarted job")

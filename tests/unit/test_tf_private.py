@@ -484,3 +484,13 @@ def test_keras3_clip_gradients_clips_as_the_optimizer_does():
   np.testing.assert_allclose(clipped[0].numpy(), [0.6, 0.8], rtol=1e-6)
   same = keras_private.keras3_clip_gradients(keras.optimizers.SGD(), grads)
   np.testing.assert_allclose(same[0].numpy(), [3.0, 4.0])
+
+
+def test_the_recoverable_session_is_the_one_monitored_sessions_use():
+  recoverable = tf_private.recoverable_session_class()
+  for name in ("close", "_create_session", "run"):
+    assert callable(getattr(recoverable, name)), name
+  with tf.Graph().as_default():
+    tf.compat.v1.train.get_or_create_global_step()
+    with tf.compat.v1.train.MonitoredSession() as session:
+      assert isinstance(session._sess, recoverable)  # noqa: SLF001

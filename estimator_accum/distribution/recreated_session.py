@@ -1,0 +1,82 @@
+"""A MultiWorkerMirroredStrategy worker whose session is made anew exits.
+
+`MonitoredSession` closes a session whose step (or a hook's run) raised
+AbortedError or UnavailableError and makes a new one, logging at INFO
+only. In a parameter-server job that is recovery. Under
+MultiWorkerMirroredStrategy it is a hang: the other workers stay in the
+old session's collectives, and this one waits in its new session's first
+save or step for peers that never come (seen: worker 0 in
+`_RecoverableSession._create_session`, then in CheckpointSaverHook's
+save; worker 1 in the old session's training step; 10 minutes, every task
+alive, until the launcher was stopped). So in such a job, once this
+module is installed (the default watchdog installs it when it arms), a
+session about to be made anew after such an error ends the process with
+one line naming the error and exit `SESSION_LOST_EXIT` (151, >= 128: a
+TFJob's `ExitCode` policy and `tfconfig launch --restart N` restart the
+job, which resumes from its last checkpoint). Its peers then lose it and
+end too (exit 150).
+"""
+
+import os
+import sys
+
+from clusterspec.health_format import SESSION_LOST_EXIT
+from estimator_accum import tf_private
+
+_INSTALLED = []
+
+
+def _say(message):
+  sys.stderr.write(f"[tfconfig] {message}\n")
+  sys.stderr.flush()
+
+
+def _first_line(error):
+  """The first line of `error`'s message that says something (TensorFlow
+  puts "Graph execution error:" first)."""
+  text = getattr(error, "message", None) or str(error)
+  for line in text.splitlines():
+    line = line.strip()
+    if line and not line.startswith("Graph execution error"):
+      return line[:300]
+  return ""
+
+
+def install(task_name):
+  """Makes a MonitoredSession's remaking of its session after an error end
+  this process (once per process; `task_name`: "worker:1", for the
+  line)."""
+  if _INSTALLED:
+    return
+  import tensorflow as tf  # noqa: PLC0415
+
+  recoverable = tf_private.recoverable_session_class()
+  errors = (tf.errors.AbortedError, tf.errors.UnavailableError)
+  original_close = recoverable.close
+  original_create = recoverable._create_session  # noqa: SLF001
+
+  def close(self):
+    error = sys.exc_info()[1]
+    if isinstance(error, errors):
+      self.__dict__["_estimator_accum_lost"] = error
+    return original_close(self)
+
+  def create_session(self):
+    error = self.__dict__.get("_estimator_accum_lost")
+    if error is not None:
+      _say(f"{task_name}: its session failed ({type(error).__name__}: "
+           f"{_first_line(error)}) and would be made anew on this "
+           "worker alone, while its peers wait in the old one's "
+           "collectives: exiting "
+           f"{SESSION_LOST_EXIT} so that the job restarts whole from its "
+           "last checkpoint")
+      os._exit(SESSION_LOST_EXIT)
+    return original_create(self)
+
+  recoverable.close = close
+  recoverable._create_session = create_session  # noqa: SLF001
+  _INSTALLED.append(task_name)
+
+
+def installed():
+  return bool(_INSTALLED)
