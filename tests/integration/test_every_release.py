@@ -413,6 +413,41 @@ def test_run_classifier_mirrored_without_estimator(tiny_model, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_session_remade_on_one_worker_ends_the_job_at_once(tmp_path):
+  """Two MultiWorkerMirroredStrategy workers in MonitoredSessions (no
+  Estimator: every release); worker 1's step raises AbortedError once.
+  MonitoredSession would remake that session alone while worker 0 waits
+  in the old one's collective; instead worker 1 exits 151 with one line,
+  and `--restart 1` runs the job again to the big batch's weights."""
+  from tests.jobs import graph_multiworker_job as job  # noqa: PLC0415
+
+  result = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+       "--restart", "1", "--timeout", "240", "--", sys.executable,
+       "tests/jobs/graph_multiworker_job.py", "adam"],
+      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, JOB_ABORT_AT="3", JOB_ABORT_DIR=str(tmp_path),
+               ESTIMATOR_ACCUM_PEER_TIMEOUT="10"))
+  said = result.stdout + result.stderr
+  assert result.returncode == 0, said[-4000:]
+  assert "[worker:1] aborting after 3 micro-batches" in said
+  assert re.search(r"\[worker:1\] \[tfconfig\] worker:1: its session failed "
+                   r"\(AbortedError: injected by the test's hook\).*exiting "
+                   r"151", said), said[-3000:]
+  assert "[tfconfig] restarting the job (1 of 1)" in said
+  weights = [json.loads(line.split("WEIGHTS ", 1)[1])
+             for line in result.stdout.splitlines() if "WEIGHTS " in line]
+  assert len(weights) == 2, said[-3000:]
+  data = support.make_data(job.K * job.B * 2 * job.STEPS)
+  expected = support.reference_train(
+      job.OPTIMIZERS["adam"], data, job.K * job.B * 2, job.STEPS)
+  for worker in weights:
+    support.assert_weights_close(
+        {key: np.array(value) for key, value in worker.items()}, expected,
+        what=f"the restarted job, TensorFlow {tf.__version__}")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["sgd", "momentum", "adam"])
 def test_multi_worker_mirrored_strategy_in_a_plain_graph(name, tmp_path):
   """Two workers of `tf.compat.v1`'s MultiWorkerMirroredStrategy, started

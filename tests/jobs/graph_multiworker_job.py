@@ -44,6 +44,37 @@ def _wait_at_gate(target):
     time.sleep(0.1)
 
 
+class _AbortOnce(tf.compat.v1.train.SessionRunHook):
+  """JOB_ABORT_AT=N: worker 1's N-th micro-batch raises AbortedError once
+  (a marker file in JOB_ABORT_DIR remembers), as a failed RPC would."""
+
+  def __init__(self, n, marker):
+    self._n, self._marker, self._runs = n, marker, 0
+
+  def after_run(self, run_context, run_values):
+    self._runs += 1
+    if self._runs == self._n and not os.path.exists(self._marker):
+      open(self._marker, "w").close()
+      print(f"aborting after {self._n} micro-batches", flush=True)
+      raise tf.errors.AbortedError(None, None, "injected by the test's hook")
+
+
+def _session(target, config, initialize, index):
+  """A plain session, initialized; with JOB_ABORT_AT, a MonitoredSession
+  (what remakes a session after AbortedError) whose worker 1 aborts once."""
+  abort_at = os.environ.get("JOB_ABORT_AT")
+  if not abort_at:
+    session = tf.compat.v1.Session(target, config=config)
+    session.run(initialize)
+    return session
+  hooks = [] if index != 1 else [_AbortOnce(int(abort_at), os.path.join(
+      os.environ["JOB_ABORT_DIR"], "worker_1_aborted"))]
+  return tf.compat.v1.train.MonitoredSession(
+      session_creator=tf.compat.v1.train.ChiefSessionCreator(
+          scaffold=tf.compat.v1.train.Scaffold(init_op=initialize),
+          master=target, config=config), hooks=hooks)
+
+
 def main(optimizer_name):
   tf_config = json.loads(os.environ["TF_CONFIG"])
   index = tf_config["task"]["index"]
@@ -74,8 +105,7 @@ def main(optimizer_name):
     variables = {v.name.split(":")[0]: v
                  for v in tf.compat.v1.global_variables()}
     initialize = tf.compat.v1.global_variables_initializer()
-    with tf.compat.v1.Session(target, config=config) as session:
-      session.run(initialize)
+    with _session(target, config, initialize, index) as session:
       started = time.perf_counter()
       for update in range(STEPS):
         for micro in range(K):
