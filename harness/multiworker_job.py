@@ -93,6 +93,22 @@ class _AbortAfter(tf.compat.v1.train.SessionRunHook):
       raise tf.errors.AbortedError(None, None, "injected by the test's hook")
 
 
+class _StallBefore(tf.compat.v1.train.SessionRunHook):
+  """Before its n-th micro-batch this worker sleeps an hour, once (a
+  marker file remembers): alive and answering, it never joins its peers'
+  next collective."""
+
+  def __init__(self, n, marker):
+    self._n, self._marker, self._runs = n, marker, 0
+
+  def before_run(self, run_context):
+    self._runs += 1
+    if self._runs == self._n and not os.path.exists(self._marker):
+      open(self._marker, "w").close()
+      print(f"stalling before micro-batch {self._n}", flush=True)
+      time.sleep(3600)
+
+
 # The moments of a job's start a test can stop it at (--pause_at).
 PHASES = ("imported", "strategy_made", "building_train_op", "session_made",
           "trained_one")
@@ -170,6 +186,9 @@ def main():
   parser.add_argument("--abort_at", type=int, default=None,
                       help="worker 1's step raises AbortedError after this "
                       "many micro-batches, once")
+  parser.add_argument("--stall_at", type=int, default=None,
+                      help="worker 1 sleeps an hour before this micro-batch, "
+                      "once")
   parser.add_argument("--save_every", type=int, default=10_000)
   parser.add_argument("--end", default="train_and_evaluate",
                       choices=["train_and_evaluate", "stop_hook", "rounds"],
@@ -287,6 +306,9 @@ def main():
   if (args.die_at is not None and task["index"] == 1
       and not os.path.exists(marker)):
     dier = _DieAfter(args.die_at, marker)
+  if args.stall_at is not None and task["index"] == 1:
+    dier = _StallBefore(args.stall_at,
+                        os.path.join(args.model_dir, "worker_1_stalled"))
   if args.abort_at is not None and task["index"] == 1:
     dier = _AbortAfter(args.abort_at,
                        os.path.join(args.model_dir, "worker_1_aborted"))

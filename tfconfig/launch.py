@@ -135,6 +135,8 @@ def describe_exit(status):
       health_format.MODEL_DIR_NOT_SHARED_EXIT: " (its model_dir is not shared)",
       health_format.SESSION_LOST_EXIT: " (its session failed; the job "
                                        "restarts whole)",
+      health_format.NO_PROGRESS_EXIT: " (it made no progress within its "
+                                      "bound)",
       128 + int(signal.SIGTERM): " (it was stopped by SIGTERM)",
   }.get(status, "")
   if status > 128 and not meaning:

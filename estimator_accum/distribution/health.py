@@ -353,10 +353,10 @@ def stall_report_lines(name, seconds):
            f"step (a peer busy between steps, e.g. evaluating, or "
            f"collectives that do not match). Training goes on; this is "
            f"said once. Its main thread waits in:"]
-  return lines + [f"  {line.strip()}" for line in _main_thread_stack()]
+  return lines + [f"  {line.strip()}" for line in main_thread_stack()]
 
 
-def _main_thread_stack():
+def main_thread_stack():
   """The main thread's frames, innermost first, as faulthandler writes
   them ('File "...", line N in name'); [] where it cannot."""
   with tempfile.TemporaryFile("w+") as dump:

@@ -36,7 +36,11 @@ import time
 import tensorflow as tf
 
 from clusterspec import config as tfc
-from estimator_accum.distribution import health, recreated_session
+from estimator_accum.distribution import (
+  health,
+  progress_bound,
+  recreated_session,
+)
 
 ENABLED_ENV = "ESTIMATOR_ACCUM_PEER_WATCHDOG"
 TIMEOUT_ENV = "ESTIMATOR_ACCUM_PEER_TIMEOUT"
@@ -53,6 +57,7 @@ class Steps:
     self._lock = threading.Lock()
     self._since = None
     self._pending = 0
+    self._longest = 0.0  # the longest wait that ended (the progress bound's)
 
   def enter(self, count=1):
     if count <= 0:
@@ -66,9 +71,17 @@ class Steps:
   def leave(self):
     with self._lock:
       self._pending = max(self._pending - 1, 0)
-      if not self._pending:
+      if not self._pending and self._since is not None:
+        self._longest = max(self._longest, time.monotonic() - self._since)
         self._since = None
     return 0
+
+  def waiting(self):
+    """Seconds this task has waited in its current step or save (0: in
+    none), and the longest such wait that has ended."""
+    with self._lock:
+      since, longest = self._since, self._longest
+    return (0.0 if since is None else time.monotonic() - since), longest
 
   def stuck(self, seconds):
     """Whether the current step started `seconds` or more ago."""
@@ -172,14 +185,16 @@ def arm(train_op):
   config = _cluster()
   if config is None:
     return train_op
+  task = config.get(tfc.TASK) or {}
+  name = f"{task.get('type')}:{task.get('index', 0)}"
   if tfc.PS not in config.get(tfc.CLUSTER, {}):
     # Collectives: a session remade on one worker alone would hang the job
     # (whichever watchdog runs, or none).
-    task = config.get(tfc.TASK) or {}
-    recreated_session.install(f"{task.get('type')}:{task.get('index', 0)}")
-  if os.environ.get(ENABLED_ENV, "1") == "0":
-    return train_op
-  if not _start_once(config):
+    recreated_session.install(name)
+  bounded = progress_bound.start_once(name, _STEPS.waiting)
+  watched = (os.environ.get(ENABLED_ENV, "1") != "0" and
+             _start_once(config))
+  if not (bounded or watched):
     return train_op
   # A host op with no inputs runs as the step starts; the other after
   # every op of the step.
