@@ -332,6 +332,42 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
 
 
 @pytest.mark.estimator
+def test_a_job_that_stands_still_ends_at_its_bound_and_restarts_exactly(
+    tmp_path):
+  """Worker 1 sleeps before micro-batch 4, alive and answering; worker 0
+  waits in that micro-batch's collective. Past the progress bound (its
+  floor set to 8 s here) worker 0 says where it waits and exits 152; the
+  launcher stops worker 1 and `--restart 1` resumes the job from the
+  checkpoint of micro-batch 2 to the big batch's weights."""
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  command = _adam_job(tmp_path, "--stall_at", "4", "--save_every", "2")
+  command[command.index("launch") + 1:command.index("launch") + 1] = [
+      "--restart", "1", "--grace", "5"]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300, env=dict(
+                              os.environ, ESTIMATOR_ACCUM_PROGRESS_BOUND="8"))
+  said = result.stdout + result.stderr
+  assert result.returncode == 0, _where_it_stopped(result, tmp_path)
+  assert "[worker:1] stalling before micro-batch 4" in said
+  line = re.search(r"\[worker:0\] \[tfconfig\] worker:0: no progress for "
+                   r"(\d+) s: .*bound of (\d+) s.*exiting with 152", said)
+  assert line, said[-3000:]
+  assert int(line.group(2)) == 8 and int(line.group(1)) >= 8
+  # Where it waits: inside a session's run, called from Estimator's train.
+  assert re.search(r"\[worker:0\] \[tfconfig\]   File .*session.py.* in "
+                   r"_call_tf_sessionrun", said), said[-3000:]
+  assert ("[tfconfig] task worker:0 failed with exit code 152 (it made no "
+          "progress within its bound)") in said
+  assert "[worker:0] starting at micro-batch 2" in said
+  assert "[worker:0] saved final weights at global step 6" in said
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="restarted job")
+
+
+@pytest.mark.estimator
 def test_a_session_remade_on_one_worker_ends_the_job_which_restarts_exactly(
     tmp_path):
   """Worker 1's step raises AbortedError (from a hook: what a failed RPC

@@ -59,16 +59,40 @@ class _AbortOnce(tf.compat.v1.train.SessionRunHook):
       raise tf.errors.AbortedError(None, None, "injected by the test's hook")
 
 
+class _StallOnce(tf.compat.v1.train.SessionRunHook):
+  """JOB_STALL_AT=N: worker 1 sleeps an hour before its N-th micro-batch,
+  once (a marker file in JOB_ABORT_DIR remembers): alive, not moving."""
+
+  def __init__(self, n, marker):
+    self._n, self._marker, self._runs = n, marker, 0
+
+  def before_run(self, run_context):
+    self._runs += 1
+    if self._runs == self._n and not os.path.exists(self._marker):
+      open(self._marker, "w").close()
+      print(f"stalling before micro-batch {self._n}", flush=True)
+      time.sleep(3600)
+
+
 def _session(target, config, initialize, index):
-  """A plain session, initialized; with JOB_ABORT_AT, a MonitoredSession
-  (what remakes a session after AbortedError) whose worker 1 aborts once."""
+  """A plain session, initialized; with JOB_ABORT_AT or JOB_STALL_AT, a
+  MonitoredSession (what remakes a session after AbortedError) whose
+  worker 1 aborts, or stalls, once."""
   abort_at = os.environ.get("JOB_ABORT_AT")
-  if not abort_at:
+  stall_at = os.environ.get("JOB_STALL_AT")
+  if not (abort_at or stall_at):
     session = tf.compat.v1.Session(target, config=config)
     session.run(initialize)
     return session
-  hooks = [] if index != 1 else [_AbortOnce(int(abort_at), os.path.join(
-      os.environ["JOB_ABORT_DIR"], "worker_1_aborted"))]
+  hooks = []
+  if index == 1:
+    markers = os.environ["JOB_ABORT_DIR"]
+    if abort_at:
+      hooks.append(_AbortOnce(int(abort_at), os.path.join(
+          markers, "worker_1_aborted")))
+    if stall_at:
+      hooks.append(_StallOnce(int(stall_at), os.path.join(
+          markers, "worker_1_stalled")))
   return tf.compat.v1.train.MonitoredSession(
       session_creator=tf.compat.v1.train.ChiefSessionCreator(
           scaffold=tf.compat.v1.train.Scaffold(init_op=initialize),
