@@ -49,6 +49,26 @@ def default_model_dir(prefix):
   return path
 
 
+def remove_own_worker_checkpoints(model_dir):
+  """A MultiWorkerMirroredStrategy worker other than the chief saves its
+  own copy of every checkpoint (the model's size each, and its graph and
+  events) in model_dir/tmp_<type>_<i>, as Estimator has it. Once this
+  worker's training has ended nothing reads them: a restarted job resumes
+  from the chief's. Removes this worker's (run_classifier.py does the
+  same)."""
+  config = tfc.task_of(tfc.TRAINING_TYPES)
+  if config is None:
+    return
+  task = config.get(tfc.TASK) or {}
+  kind, index = task.get(tfc.TYPE), int(task.get(tfc.INDEX, 0))
+  leads = kind == tfc.CHIEF or (
+      kind == tfc.WORKER and index == 0 and
+      tfc.CHIEF not in config.get(tfc.CLUSTER, {}))
+  path = os.path.join(model_dir, f"tmp_{kind}_{index}")
+  if not leads and tf.io.gfile.isdir(path):
+    tf.io.gfile.rmtree(path)
+
+
 def train_spec(loss, optimizer, params, log_every=200):
   """EstimatorSpec for TRAIN: accumulation when params["k"] > 1, else plain
   `optimizer.minimize` (so the examples can compare the two)."""

@@ -83,6 +83,7 @@ def _train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
         estimator, tf.estimator.TrainSpec(train_input, max_steps=steps),
         tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
                               throttle_secs=0))
+    training.remove_own_worker_checkpoints(model_dir)
   metrics = estimator.evaluate(lambda: housing.input_fn(evaluation, 64))
   training.check_finite("housing", metrics)
   weights = {name: estimator.get_variable_value(name)

@@ -126,6 +126,7 @@ def _run_holding(values, model_dir, train, test, k, micro_batch, strategy,
                                           max_steps=micro_batches),
         tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
                               throttle_secs=0))
+    training.remove_own_worker_checkpoints(model_dir)
   metrics = estimator.evaluate(lambda: mnist.input_fn(test, 100))
   training.check_finite("mnist", metrics)
   return metrics, {name: estimator.get_variable_value(name)

@@ -78,3 +78,24 @@ def test_a_default_model_dir_that_is_a_link_is_refused(monkeypatch, tmp_path):
   with pytest.raises(SystemExit, match="is not a directory of this user's "
                      "own; give --model_dir"):
     training.default_model_dir("mnist")
+
+
+@pytest.mark.parametrize("cluster, task, removed", [
+    ({"worker": ["a:1", "b:1"]}, ("worker", 1), True),
+    ({"worker": ["a:1", "b:1"]}, ("worker", 0), False),  # the chief
+    ({"chief": ["c:1"], "worker": ["a:1"]}, ("worker", 0), True),
+    ({"chief": ["c:1"], "worker": ["a:1"]}, ("chief", 0), False),
+])
+def test_a_worker_removes_its_own_checkpoint_copies_at_its_end(
+    cluster, task, removed, monkeypatch, tmp_path):
+  kind, index = task
+  monkeypatch.setenv("TF_CONFIG", json.dumps(
+      {"cluster": cluster, "task": {"type": kind, "index": index}}))
+  own = tmp_path / f"tmp_{kind}_{index}"
+  own.mkdir()
+  (own / "model.ckpt-1.index").write_text("x")
+  other = tmp_path / "tmp_worker_7"
+  other.mkdir()
+  training.remove_own_worker_checkpoints(str(tmp_path))
+  assert own.exists() is not removed
+  assert other.exists()
