@@ -424,3 +424,29 @@ def recoverable_session_class():
   from tensorflow.python.training import monitored_session  # noqa: PLC0415
 
   return monitored_session._RecoverableSession  # noqa: SLF001
+
+
+def per_device_datasets_without_autotune():
+  """Turns tf.data's autotuning off on the per-device datasets a
+  MultiDeviceIterator builds (`multi_device_iterator_ops.
+  _create_device_dataset`, 2.15 to 2.21; what a distribution strategy's
+  input runs through). Those are a generator and a fixed prefetch:
+  nothing to tune, but each iterator's autotuning thread sleeps up to 60 s
+  between optimizations and is joined when the session closes, which held
+  a MultiWorkerMirroredStrategy job's end up to a minute. A user's
+  `input_fn` cannot reach these datasets' options. Idempotent."""
+  from tensorflow.python.data.ops import (  # noqa: PLC0415
+    multi_device_iterator_ops,
+  )
+
+  original = multi_device_iterator_ops._create_device_dataset  # noqa: SLF001
+  if getattr(original, "_estimator_accum", False):
+    return
+  options = tf.data.Options()
+  options.autotune.enabled = False
+
+  def create_device_dataset(*args, **kwargs):
+    return original(*args, **kwargs).with_options(options)
+
+  create_device_dataset._estimator_accum = True  # noqa: SLF001
+  multi_device_iterator_ops._create_device_dataset = create_device_dataset  # noqa: SLF001
