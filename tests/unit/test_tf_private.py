@@ -494,3 +494,27 @@ def test_the_recoverable_session_is_the_one_monitored_sessions_use():
     tf.compat.v1.train.get_or_create_global_step()
     with tf.compat.v1.train.MonitoredSession() as session:
       assert isinstance(session._sess, recoverable)  # noqa: SLF001
+
+
+def test_per_device_datasets_carry_autotuning_off():
+  """A MultiDeviceIterator (a distribution strategy's input) builds one
+  dataset per device; each now records autotuning off in its graph (an
+  OptionsDataset op), so its iterator starts no autotuning thread."""
+  from tensorflow.core.framework import dataset_options_pb2  # noqa: PLC0415
+  from tensorflow.python.data.ops import (  # noqa: PLC0415
+    multi_device_iterator_ops,
+  )
+
+  tf_private.per_device_datasets_without_autotune()
+  tf_private.per_device_datasets_without_autotune()  # idempotent
+  with tf.Graph().as_default() as graph:
+    multi_device_iterator_ops.MultiDeviceIterator(
+        tf.data.Dataset.range(8), ["/cpu:0"])
+  autotune = []
+  for op in graph.get_operations():
+    if op.type == "OptionsDataset":
+      options = dataset_options_pb2.Options()
+      options.ParseFromString(op.get_attr("serialized_options"))
+      if options.autotune_options.HasField("enabled"):
+        autotune.append(options.autotune_options.enabled)
+  assert autotune == [False]
