@@ -16,6 +16,8 @@ lists them, and the test checks each still exists on its base.
 """
 
 import contextlib
+import sys
+import weakref
 
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
@@ -418,19 +420,47 @@ def recoverable_session_class():
   """`tf.compat.v1.train.MonitoredSession`'s inner `_RecoverableSession`
   (tensorflow/python/training/monitored_session.py, 2.15 to 2.21): it
   closes a session whose step raised AbortedError or UnavailableError and
-  makes a new one, with no public hook that sees it happen. A
-  MultiWorkerMirroredStrategy job must not do that on one worker alone
-  (`distribution/recreated_session.py`)."""
+  makes a new one, with no public hook that sees it happen."""
   from tensorflow.python.training import monitored_session  # noqa: PLC0415
 
   return monitored_session._RecoverableSession  # noqa: SLF001
 
 
+def on_session_remade(callback):
+  """Calls `callback(error)` where a MonitoredSession is about to make its
+  session anew after `error` (AbortedError or UnavailableError) closed the
+  old one: `_RecoverableSession.close` (called while that error is being
+  handled) and `_RecoverableSession._create_session` (which makes the new
+  one), both wrapped. A MultiWorkerMirroredStrategy job must not remake
+  its session on one worker alone (`distribution/recreated_session.py`).
+  No public API tells that a session is being remade."""
+  recoverable = recoverable_session_class()
+  errors = (tf.errors.AbortedError, tf.errors.UnavailableError)
+  lost = weakref.WeakKeyDictionary()
+  original_close = recoverable.close
+  original_create = recoverable._create_session  # noqa: SLF001
+
+  def close(self):
+    error = sys.exc_info()[1]
+    if isinstance(error, errors):
+      lost[self] = error
+    return original_close(self)
+
+  def create_session(self):
+    error = lost.pop(self, None)
+    if error is not None:
+      callback(error)
+    return original_create(self)
+
+  recoverable.close = close
+  recoverable._create_session = create_session  # noqa: SLF001
+
+
 def per_device_datasets_without_autotune():
   """Turns tf.data's autotuning off on the per-device datasets a
-  MultiDeviceIterator builds (`multi_device_iterator_ops.
-  _create_device_dataset`, 2.15 to 2.21; what a distribution strategy's
-  input runs through). Those are a generator and a fixed prefetch:
+  MultiDeviceIterator builds
+  (`multi_device_iterator_ops._create_device_dataset`, 2.15 to 2.21; what
+  a distribution strategy's input runs through). Those are a generator and a fixed prefetch:
   nothing to tune, but each iterator's autotuning thread sleeps up to 60 s
   between optimizations and is joined when the session closes, which held
   a MultiWorkerMirroredStrategy job's end up to a minute. A user's

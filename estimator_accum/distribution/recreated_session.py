@@ -48,33 +48,16 @@ def install(task_name):
   line)."""
   if _INSTALLED:
     return
-  import tensorflow as tf  # noqa: PLC0415
 
-  recoverable = tf_private.recoverable_session_class()
-  errors = (tf.errors.AbortedError, tf.errors.UnavailableError)
-  original_close = recoverable.close
-  original_create = recoverable._create_session  # noqa: SLF001
+  def end(error):
+    _say(f"{task_name}: its session failed ({type(error).__name__}: "
+         f"{_first_line(error)}) and would be made anew on this worker "
+         "alone, while its peers wait in the old one's collectives: exiting "
+         f"{SESSION_LOST_EXIT} so that the job restarts whole from its last "
+         "checkpoint")
+    os._exit(SESSION_LOST_EXIT)
 
-  def close(self):
-    error = sys.exc_info()[1]
-    if isinstance(error, errors):
-      self.__dict__["_estimator_accum_lost"] = error
-    return original_close(self)
-
-  def create_session(self):
-    error = self.__dict__.get("_estimator_accum_lost")
-    if error is not None:
-      _say(f"{task_name}: its session failed ({type(error).__name__}: "
-           f"{_first_line(error)}) and would be made anew on this "
-           "worker alone, while its peers wait in the old one's "
-           "collectives: exiting "
-           f"{SESSION_LOST_EXIT} so that the job restarts whole from its "
-           "last checkpoint")
-      os._exit(SESSION_LOST_EXIT)
-    return original_create(self)
-
-  recoverable.close = close
-  recoverable._create_session = create_session  # noqa: SLF001
+  tf_private.on_session_remade(end)
   _INSTALLED.append(task_name)
 
 

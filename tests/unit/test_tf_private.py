@@ -518,3 +518,36 @@ def test_per_device_datasets_carry_autotuning_off():
       if options.autotune_options.HasField("enabled"):
         autotune.append(options.autotune_options.enabled)
   assert autotune == [False]
+
+
+def test_a_session_remade_after_an_abort_is_told_in_a_fresh_process():
+  # Patches MonitoredSession's class for the process: a process of its own.
+  script = textwrap.dedent("""
+      import os
+      os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+      import tensorflow as tf
+      from estimator_accum import tf_private
+      told = []
+      tf_private.on_session_remade(told.append)
+
+      class AbortOnce(tf.compat.v1.train.SessionRunHook):
+        runs = 0
+        def after_run(self, run_context, run_values):
+          AbortOnce.runs += 1
+          if AbortOnce.runs == 2:
+            raise tf.errors.AbortedError(None, None, "the second run")
+
+      with tf.Graph().as_default():
+        step = tf.compat.v1.train.get_or_create_global_step()
+        bump = tf.compat.v1.assign_add(step, 1)
+        with tf.compat.v1.train.MonitoredSession(hooks=[AbortOnce()]) as s:
+          for _ in range(4):
+            s.run(bump)
+      assert len(told) == 1, told
+      assert isinstance(told[0], tf.errors.AbortedError), told
+      print("told", told[0].message)
+  """)
+  done = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                        text=True, timeout=120, cwd=ROOT)
+  assert done.returncode == 0 and "told the second run" in done.stdout, (
+      done.stderr[-2000:])
