@@ -69,6 +69,9 @@ TIMED_OUT = 124
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _PR_SET_PDEATHSIG = 1
+# Exit codes of a task that ended because of a peer, not on its own.
+_CONSEQUENCES = (health_format.PEER_LOST_EXIT,
+                 health_format.SESSION_LOST_EXIT)
 
 
 class LaunchError(RuntimeError):
@@ -220,12 +223,16 @@ class _Tasks:
             if (status := process.poll()) not in (None, 0)]
 
   def first_failure(self):
-    """(name, exit status) of a task that exited non-zero, or None."""
-    for name, (_, process) in self.processes.items():
-      status = process.poll()
-      if status not in (None, 0):
+    """(name, exit status) of a task that exited non-zero, or None; a
+    cause before its consequences: a task that failed on its own before
+    one that exited because of a peer (lost it, 150; its session failed
+    with it, 151)."""
+    failed = [(name, status) for name, (_, process) in self.processes.items()
+              if (status := process.poll()) not in (None, 0)]
+    for name, status in failed:
+      if status not in _CONSEQUENCES:
         return name, status
-    return None
+    return failed[0] if failed else None
 
   def training_running(self):
     return any(kind in tfc.TRAINING_TYPES and process.poll() is None

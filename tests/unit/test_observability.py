@@ -45,6 +45,7 @@ def test_public_api_is_pinned():
       "train_halving_on_oom",
       "update_count",
       "window_batches",
+      "without_autotune",
   ]
   for name in set(estimator_accum.__all__) - {"SPARSE_THRESHOLD_BYTES"}:
     assert getattr(estimator_accum, name).__doc__, f"{name} has no docstring"
