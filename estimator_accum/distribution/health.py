@@ -392,6 +392,14 @@ def running():
   return any(watchdog.watching() for watchdog in _STARTED)
 
 
+def seconds_to_notice():
+  """The longest a watchdog of this process takes to end it for a lost
+  peer (its timeout and two probes), or None when none watches."""
+  times = [watchdog.timeout + 2 * watchdog.interval
+           for watchdog in _STARTED if watchdog.watching()]
+  return max(times) if times else None
+
+
 def watch(model_dir=None, timeout=DEFAULT_TIMEOUT, interval=DEFAULT_INTERVAL,
           startup_timeout=DEFAULT_STARTUP_TIMEOUT, config=None):
   """A started `Watchdog` for this process's TF_CONFIG, or None when the

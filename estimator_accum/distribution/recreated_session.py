@@ -14,14 +14,20 @@ session about to be made anew after such an error ends the process with
 one line naming the error and exit `SESSION_LOST_EXIT` (151, >= 128: a
 TFJob's `ExitCode` policy and `tfconfig launch --restart N` restart the
 job, which resumes from its last checkpoint). Its peers then lose it and
-end too (exit 150).
+end too (exit 150). After UnavailableError, which a peer that is gone
+raises too, it first gives the peer watchdog its time to name the lost
+peer (exit 150).
 """
 
 import os
 import sys
+import time
+
+import tensorflow as tf
 
 from clusterspec.health_format import SESSION_LOST_EXIT
 from estimator_accum import tf_private
+from estimator_accum.distribution import health
 
 _INSTALLED = []
 
@@ -50,6 +56,14 @@ def install(task_name):
     return
 
   def end(error):
+    if isinstance(error, tf.errors.UnavailableError):
+      # A peer gone (killed, cut off) fails a step with UnavailableError
+      # too: the peer watchdog, which names it, ends this process with
+      # 150 within its timeout. Only a session failed with every peer
+      # still there comes to the line below.
+      wait = health.seconds_to_notice()
+      if wait:
+        time.sleep(wait)
     _say(f"{task_name}: its session failed ({type(error).__name__}: "
          f"{_first_line(error)}) and would be made anew on this worker "
          "alone, while its peers wait in the old one's collectives: exiting "
