@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from estimator_accum.distribution import health  # noqa: E402
-from harness import support  # noqa: E402
+from harness import faults, support  # noqa: E402
 from harness.collectives import (  # noqa: E402
   CollectiveCounter,
   CollectivesBeforeInput,
@@ -75,38 +75,6 @@ class _DieAfter(tf.compat.v1.train.SessionRunHook):
       open(self._marker, "w").close()
       print(f"dying after {self._n} micro-batches", flush=True)
       os._exit(3)
-
-
-class _AbortAfter(tf.compat.v1.train.SessionRunHook):
-  """Raises AbortedError after n micro-batches, once (a marker file
-  remembers): what a failed RPC raises into a step, which makes
-  MonitoredSession remake its session."""
-
-  def __init__(self, n, marker):
-    self._n, self._marker, self._runs = n, marker, 0
-
-  def after_run(self, run_context, run_values):
-    self._runs += 1
-    if self._runs == self._n and not os.path.exists(self._marker):
-      open(self._marker, "w").close()
-      print(f"aborting after {self._n} micro-batches", flush=True)
-      raise tf.errors.AbortedError(None, None, "injected by the test's hook")
-
-
-class _StallBefore(tf.compat.v1.train.SessionRunHook):
-  """Before its n-th micro-batch this worker sleeps an hour, once (a
-  marker file remembers): alive and answering, it never joins its peers'
-  next collective."""
-
-  def __init__(self, n, marker):
-    self._n, self._marker, self._runs = n, marker, 0
-
-  def before_run(self, run_context):
-    self._runs += 1
-    if self._runs == self._n and not os.path.exists(self._marker):
-      open(self._marker, "w").close()
-      print(f"stalling before micro-batch {self._n}", flush=True)
-      time.sleep(3600)
 
 
 # The moments of a job's start a test can stop it at (--pause_at).
@@ -307,11 +275,11 @@ def main():
       and not os.path.exists(marker)):
     dier = _DieAfter(args.die_at, marker)
   if args.stall_at is not None and task["index"] == 1:
-    dier = _StallBefore(args.stall_at,
-                        os.path.join(args.model_dir, "worker_1_stalled"))
+    dier = faults.StallOnce(args.stall_at,
+                            os.path.join(args.model_dir, "worker_1_stalled"))
   if args.abort_at is not None and task["index"] == 1:
-    dier = _AbortAfter(args.abort_at,
-                       os.path.join(args.model_dir, "worker_1_aborted"))
+    dier = faults.AbortOnce(args.abort_at,
+                            os.path.join(args.model_dir, "worker_1_aborted"))
   before_input = CollectivesBeforeInput(os.path.join(
       args.model_dir, f"collectives_before_input_{task['index']}.json")) if (
           args.collectives_before_input) else None

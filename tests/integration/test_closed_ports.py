@@ -317,6 +317,13 @@ def _task_pids(ports, host):
 # Multi-host jobs -------------------------------------------------------------
 
 
+def _bed_targets(bed, tasks):
+  """Every task's port on its test-bed host, over IPv4 and IPv6."""
+  return [{"address": f"{address}:{testbed.PORT}", "task": task}
+          for index, task in enumerate(tasks)
+          for address in (bed.address(index), f"[{bed.address6(index)}]")]
+
+
 def test_multi_host_job_admits_only_its_peers(stage):
   """Two hosts of a test bed run the job, each task behind `tfconfig
   guard` (what `launch --netns` puts before every task); a third host on
@@ -334,10 +341,7 @@ def test_multi_host_job_admits_only_its_peers(stage):
     process, ports, tasks, lines = _start(
         [], ["--netns", bed.name, "--workers", "2"], stage["stop"])
     try:
-      targets = [{"address": f"{address}:{testbed.PORT}", "task": task}
-                 for index, task in enumerate(tasks)
-                 for address in (bed.address(index),
-                                 f"[{bed.address6(index)}]")]
+      targets = _bed_targets(bed, tasks)
       remote = attacks.attack(targets, stage["secret"], stage["drop"],
                               bed.exec_prefix(2))
       local = attacks.attack(
@@ -373,10 +377,7 @@ def test_multi_host_job_open_lets_the_third_host_in(stage):
         [], ["--netns", bed.name, "--workers", "2", "--isolation", "open"],
         stage["stop"])
     try:
-      targets = [{"address": f"{address}:{testbed.PORT}", "task": task}
-                 for index, task in enumerate(tasks)
-                 for address in (bed.address(index),
-                                 f"[{bed.address6(index)}]")]
+      targets = _bed_targets(bed, tasks)
       remote = attacks.attack(targets, stage["secret"], stage["drop"],
                               bed.exec_prefix(2))
     finally:

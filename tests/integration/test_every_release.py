@@ -412,64 +412,22 @@ def test_run_classifier_mirrored_without_estimator(tiny_model, tmp_path):
                                           tmp_path / "none", 20)
 
 
-@pytest.mark.slow
-def test_a_job_that_stands_still_ends_at_its_bound(tmp_path):
-  """Two MultiWorkerMirroredStrategy workers (no Estimator: every
-  release); worker 1 sleeps before micro-batch 4, alive, and worker 0
-  waits in that micro-batch's collective. Past the progress bound (floor
-  8 s here) worker 0 exits 152 naming where it waits, and `--restart 1`
-  runs the job again to the big batch's weights."""
+def _faulted_two_workers(tmp_path, *flags, **env):
+  """Two MultiWorkerMirroredStrategy workers of a plain graph in
+  MonitoredSessions (tests/jobs/graph_multiworker_job.py, no Estimator:
+  every release), launched with `--restart 1` and `flags`, the job's fault
+  set by `env`; returns what they said, after checking that the restarted
+  job ends at the big batch's weights."""
   from tests.jobs import graph_multiworker_job as job  # noqa: PLC0415
 
   result = subprocess.run(
       [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
-       "--restart", "1", "--grace", "5", "--timeout", "240", "--",
-       sys.executable, "tests/jobs/graph_multiworker_job.py", "adam"],
-      cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, JOB_STALL_AT="4", JOB_ABORT_DIR=str(tmp_path),
-               ESTIMATOR_ACCUM_PROGRESS_BOUND="8"))
-  said = result.stdout + result.stderr
-  assert result.returncode == 0, said[-4000:]
-  assert "[worker:1] stalling before micro-batch 4" in said
-  assert re.search(r"\[worker:0\] \[tfconfig\] worker:0: no progress for "
-                   r"\d+ s: .*bound of 8 s.*exiting with 152", said), (
-                       said[-3000:])
-  assert ("[tfconfig] task worker:0 failed with exit code 152 (it made no "
-          "progress within its bound)") in said
-  weights = [json.loads(line.split("WEIGHTS ", 1)[1])
-             for line in result.stdout.splitlines() if "WEIGHTS " in line]
-  assert len(weights) == 2, said[-3000:]
-  data = support.make_data(job.K * job.B * 2 * job.STEPS)
-  expected = support.reference_train(
-      job.OPTIMIZERS["adam"], data, job.K * job.B * 2, job.STEPS)
-  for worker in weights:
-    support.assert_weights_close(
-        {key: np.array(value) for key, value in worker.items()}, expected,
-        what=f"the restarted job, TensorFlow {tf.__version__}")
-
-
-@pytest.mark.slow
-def test_a_session_remade_on_one_worker_ends_the_job_at_once(tmp_path):
-  """Two MultiWorkerMirroredStrategy workers in MonitoredSessions (no
-  Estimator: every release); worker 1's step raises AbortedError once.
-  MonitoredSession would remake that session alone while worker 0 waits
-  in the old one's collective; instead worker 1 exits 151 with one line,
-  and `--restart 1` runs the job again to the big batch's weights."""
-  from tests.jobs import graph_multiworker_job as job  # noqa: PLC0415
-
-  result = subprocess.run(
-      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
-       "--restart", "1", "--timeout", "240", "--", sys.executable,
+       "--restart", "1", *flags, "--timeout", "240", "--", sys.executable,
        "tests/jobs/graph_multiworker_job.py", "adam"],
       cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, JOB_ABORT_AT="3", JOB_ABORT_DIR=str(tmp_path),
-               ESTIMATOR_ACCUM_PEER_TIMEOUT="10"))
+      env=dict(os.environ, JOB_ABORT_DIR=str(tmp_path), **env))
   said = result.stdout + result.stderr
   assert result.returncode == 0, said[-4000:]
-  assert "[worker:1] aborting after 3 micro-batches" in said
-  assert re.search(r"\[worker:1\] \[tfconfig\] worker:1: its session failed "
-                   r"\(AbortedError: injected by the test's hook\).*exiting "
-                   r"151", said), said[-3000:]
   assert "[tfconfig] restarting the job (1 of 1)" in said
   weights = [json.loads(line.split("WEIGHTS ", 1)[1])
              for line in result.stdout.splitlines() if "WEIGHTS " in line]
@@ -481,6 +439,37 @@ def test_a_session_remade_on_one_worker_ends_the_job_at_once(tmp_path):
     support.assert_weights_close(
         {key: np.array(value) for key, value in worker.items()}, expected,
         what=f"the restarted job, TensorFlow {tf.__version__}")
+  return said
+
+
+@pytest.mark.slow
+def test_a_job_that_stands_still_ends_at_its_bound(tmp_path):
+  """Worker 1 sleeps before micro-batch 4, alive, and worker 0 waits in
+  that micro-batch's collective. Past the progress bound (floor 8 s here)
+  worker 0 exits 152 naming where it waits, and the job runs again to the
+  big batch's weights."""
+  said = _faulted_two_workers(tmp_path, "--grace", "5", JOB_STALL_AT="4",
+                              ESTIMATOR_ACCUM_PROGRESS_BOUND="8")
+  assert "[worker:1] stalling before micro-batch 4" in said
+  assert re.search(r"\[worker:0\] \[tfconfig\] worker:0: no progress for "
+                   r"\d+ s: .*bound of 8 s.*exiting with 152", said), (
+                       said[-3000:])
+  assert ("[tfconfig] task worker:0 failed with exit code 152 (it made no "
+          "progress within its bound)") in said
+
+
+@pytest.mark.slow
+def test_a_session_remade_on_one_worker_ends_the_job_at_once(tmp_path):
+  """Worker 1's step raises AbortedError once. MonitoredSession would
+  remake that session alone while worker 0 waits in the old one's
+  collective; instead worker 1 exits 151 with one line, and the job runs
+  again to the big batch's weights."""
+  said = _faulted_two_workers(tmp_path, JOB_ABORT_AT="3",
+                              ESTIMATOR_ACCUM_PEER_TIMEOUT="10")
+  assert "[worker:1] aborting after 3 micro-batches" in said
+  assert re.search(r"\[worker:1\] \[tfconfig\] worker:1: its session failed "
+                   r"\(AbortedError: injected by the test's hook\).*exiting "
+                   r"151", said), said[-3000:]
 
 
 @pytest.mark.slow

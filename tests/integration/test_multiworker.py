@@ -334,6 +334,30 @@ def test_a_worker_dies_and_the_restarted_job_resumes_exactly(tmp_path):
   support.assert_weights_close(actual, expected, what="restarted job")
 
 
+def _faulted_adam_job(tmp_path, fault, launch_flags, **env):
+  """The 2-worker Adam job with worker 1's `fault` flags, launched with
+  `--restart 1` and `launch_flags`, checkpoints every 2 micro-batches;
+  returns what it said, after checking that the restarted job resumed
+  from micro-batch 2 and ended at the big batch's weights."""
+  data = support.make_data(BIG_BATCH * UPDATES)
+  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
+                                     UPDATES)
+  command = _adam_job(tmp_path, *fault, "--save_every", "2")
+  at = command.index("launch") + 1
+  command[at:at] = ["--restart", "1", *launch_flags]
+  result = subprocess.run(command, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, **env))
+  said = result.stdout + result.stderr
+  assert result.returncode == 0, _where_it_stopped(result, tmp_path)
+  assert "[tfconfig] restarting the job (1 of 1)" in said
+  assert "[worker:0] starting at micro-batch 2" in said
+  assert "[worker:0] saved final weights at global step 6" in said
+  saved = np.load(tmp_path / "final_weights.npz")
+  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
+  support.assert_weights_close(actual, expected, what="restarted job")
+  return said
+
+
 @pytest.mark.estimator
 def test_a_job_that_stands_still_ends_at_its_bound_and_restarts_exactly(
     tmp_path):
@@ -342,17 +366,8 @@ def test_a_job_that_stands_still_ends_at_its_bound_and_restarts_exactly(
   floor set to 8 s here) worker 0 says where it waits and exits 152; the
   launcher stops worker 1 and `--restart 1` resumes the job from the
   checkpoint of micro-batch 2 to the big batch's weights."""
-  data = support.make_data(BIG_BATCH * UPDATES)
-  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
-                                     UPDATES)
-  command = _adam_job(tmp_path, "--stall_at", "4", "--save_every", "2")
-  command[command.index("launch") + 1:command.index("launch") + 1] = [
-      "--restart", "1", "--grace", "5"]
-  result = subprocess.run(command, capture_output=True, text=True,
-                          timeout=300, env=dict(
-                              os.environ, ESTIMATOR_ACCUM_PROGRESS_BOUND="8"))
-  said = result.stdout + result.stderr
-  assert result.returncode == 0, _where_it_stopped(result, tmp_path)
+  said = _faulted_adam_job(tmp_path, ["--stall_at", "4"], ["--grace", "5"],
+                           ESTIMATOR_ACCUM_PROGRESS_BOUND="8")
   assert "[worker:1] stalling before micro-batch 4" in said
   line = re.search(r"\[worker:0\] \[tfconfig\] worker:0: no progress for "
                    r"(\d+) s: .*bound of (\d+) s.*exiting with 152", said)
@@ -363,11 +378,6 @@ def test_a_job_that_stands_still_ends_at_its_bound_and_restarts_exactly(
                    r"_call_tf_sessionrun", said), said[-3000:]
   assert ("[tfconfig] task worker:0 failed with exit code 152 (it made no "
           "progress within its bound)") in said
-  assert "[worker:0] starting at micro-batch 2" in said
-  assert "[worker:0] saved final weights at global step 6" in said
-  saved = np.load(tmp_path / "final_weights.npz")
-  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
-  support.assert_weights_close(actual, expected, what="restarted job")
 
 
 @pytest.mark.estimator
@@ -378,20 +388,10 @@ def test_a_session_remade_on_one_worker_ends_the_job_which_restarts_exactly(
   session and make a new one on worker 1 alone while worker 0 waits in
   the old one's collective: every task alive, none moving (it waited until
   the launcher's timeout before). Instead worker 1 exits 151 with one line,
-  worker 0's collective is aborted and it exits too, `--restart 1` starts
-  the job again, and it resumes from the checkpoint of micro-batch 2 to
-  the big batch's weights."""
-  data = support.make_data(BIG_BATCH * UPDATES)
-  expected = support.reference_train(OPTIMIZERS["adam"], data, BIG_BATCH,
-                                     UPDATES)
-  command = _adam_job(tmp_path, "--abort_at", "3", "--save_every", "2")
-  command[command.index("launch") + 1:command.index("launch") + 1] = [
-      "--restart", "1"]
-  result = subprocess.run(command, capture_output=True, text=True,
-                          timeout=300, env=dict(
-                              os.environ, ESTIMATOR_ACCUM_PEER_TIMEOUT="10"))
-  said = result.stdout + result.stderr
-  assert result.returncode == 0, _where_it_stopped(result, tmp_path)
+  and `--restart 1` resumes the job from the checkpoint of micro-batch 2
+  to the big batch's weights."""
+  said = _faulted_adam_job(tmp_path, ["--abort_at", "3"], [],
+                           ESTIMATOR_ACCUM_PEER_TIMEOUT="10")
   assert "[worker:1] aborting after 3 micro-batches" in said
   assert re.search(
       r"\[worker:1\] \[tfconfig\] worker:1: its session failed \(AbortedError:"
@@ -399,12 +399,6 @@ def test_a_session_remade_on_one_worker_ends_the_job_which_restarts_exactly(
       r"worker alone.*exiting 151", said), said[-3000:]
   assert ("[tfconfig] task worker:1 failed with exit code 151 (its session "
           "failed; the job restarts whole)") in said
-  assert "[tfconfig] restarting the job (1 of 1)" in said
-  assert "[worker:0] starting at micro-batch 2" in said
-  assert "[worker:0] saved final weights at global step 6" in said
-  saved = np.load(tmp_path / "final_weights.npz")
-  actual = {n: saved[n.replace("/", "__")] for n in support.weight_names()}
-  support.assert_weights_close(actual, expected, what="restarted job")
 
 
 @pytest.mark.estimator

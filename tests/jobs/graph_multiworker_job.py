@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
 import tensorflow as tf  # noqa: E402
 
 import estimator_accum  # noqa: E402
-from harness import support  # noqa: E402
+from harness import faults, support  # noqa: E402
 
 K, B = 2, 4
 # JOB_STEPS: more windows, for benchmarks/closed_ports.py.
@@ -44,36 +44,6 @@ def _wait_at_gate(target):
     time.sleep(0.1)
 
 
-class _AbortOnce(tf.compat.v1.train.SessionRunHook):
-  """JOB_ABORT_AT=N: worker 1's N-th micro-batch raises AbortedError once
-  (a marker file in JOB_ABORT_DIR remembers), as a failed RPC would."""
-
-  def __init__(self, n, marker):
-    self._n, self._marker, self._runs = n, marker, 0
-
-  def after_run(self, run_context, run_values):
-    self._runs += 1
-    if self._runs == self._n and not os.path.exists(self._marker):
-      open(self._marker, "w").close()
-      print(f"aborting after {self._n} micro-batches", flush=True)
-      raise tf.errors.AbortedError(None, None, "injected by the test's hook")
-
-
-class _StallOnce(tf.compat.v1.train.SessionRunHook):
-  """JOB_STALL_AT=N: worker 1 sleeps an hour before its N-th micro-batch,
-  once (a marker file in JOB_ABORT_DIR remembers): alive, not moving."""
-
-  def __init__(self, n, marker):
-    self._n, self._marker, self._runs = n, marker, 0
-
-  def before_run(self, run_context):
-    self._runs += 1
-    if self._runs == self._n and not os.path.exists(self._marker):
-      open(self._marker, "w").close()
-      print(f"stalling before micro-batch {self._n}", flush=True)
-      time.sleep(3600)
-
-
 def _session(target, config, initialize, index):
   """A plain session, initialized; with JOB_ABORT_AT or JOB_STALL_AT, a
   MonitoredSession (what remakes a session after AbortedError) whose
@@ -88,10 +58,10 @@ def _session(target, config, initialize, index):
   if index == 1:
     markers = os.environ["JOB_ABORT_DIR"]
     if abort_at:
-      hooks.append(_AbortOnce(int(abort_at), os.path.join(
+      hooks.append(faults.AbortOnce(int(abort_at), os.path.join(
           markers, "worker_1_aborted")))
     if stall_at:
-      hooks.append(_StallOnce(int(stall_at), os.path.join(
+      hooks.append(faults.StallOnce(int(stall_at), os.path.join(
           markers, "worker_1_stalled")))
   return tf.compat.v1.train.MonitoredSession(
       session_creator=tf.compat.v1.train.ChiefSessionCreator(
