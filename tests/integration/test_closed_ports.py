@@ -314,6 +314,49 @@ def _task_pids(ports, host):
   return pids
 
 
+@pytest.mark.parametrize("name", ["adam"])
+def test_a_training_job_under_attack_ends_at_the_same_weights(name, stage):
+  """Two MultiWorkerMirroredStrategy workers of a plain graph, attacked
+  from another host and another user while their servers are up: the
+  closed job ends at the weights the same job reaches with its ports
+  open (1e-6), which are the big batch's."""
+  import numpy as np  # noqa: PLC0415
+
+  from harness import support  # noqa: PLC0415
+  from tests.jobs import graph_multiworker_job as job  # noqa: PLC0415
+
+  weights = {}
+  with attacks.JobHost() as host:
+    for mode in ("open", "auto"):
+      gate = stage["stop"] + mode
+      process, ports, tasks, lines = _start(
+          host.exec_prefix(), ["--workers", "2", "--isolation", mode], gate,
+          env=dict(os.environ, JOB_GATE=gate),
+          command=[sys.executable, "tests/jobs/graph_multiworker_job.py",
+                   name])
+      try:
+        if mode == "auto":
+          results = host.from_attacker(ports, tasks, stage["secret"],
+                                       stage["drop"]) + host.from_local_user(
+              ports, tasks, stage["secret"], stage["drop"])
+      finally:
+        code, output = _finish(process, gate, lines)
+      assert code == 0, output[-3000:]
+      found = [json.loads(line.split("WEIGHTS ", 1)[1])
+               for line in output.splitlines() if "WEIGHTS " in line]
+      assert len(found) == 2, output[-3000:]
+      weights[mode] = {key: np.array(value) for key, value in found[0].items()}
+  _assert_none_in(results, stage, "a training job")
+  for key, value in weights["open"].items():
+    np.testing.assert_allclose(weights["auto"][key], value, rtol=1e-6,
+                               atol=1e-7, err_msg=key)
+  data = support.make_data(job.K * job.B * 2 * job.STEPS)
+  expected = support.reference_train(job.OPTIMIZERS[name], data,
+                                     job.K * job.B * 2, job.STEPS)
+  support.assert_weights_close(weights["auto"], expected,
+                               what="closed job under attack")
+
+
 # Multi-host jobs -------------------------------------------------------------
 
 
