@@ -177,10 +177,7 @@ def _guarded_exec(command, env, isolation, name):
   """Closes this task's port (tfconfig/closed.py), then runs `command` in
   this process: the holder of its table is this process's child and dies
   with it, however it ends."""
-  try:
-    closure = closed.guard_task(json.loads(env["TF_CONFIG"]), isolation)
-  except closed.ClosingError as error:
-    raise tfc.TFConfigError(str(error)) from None
+  closure = closed.guard_task(json.loads(env["TF_CONFIG"]), isolation)
   if closure.description:
     print(f"[tfconfig] {closure.description}", file=sys.stderr, flush=True)
   closure.keep_across_exec()
@@ -298,7 +295,7 @@ def _add_launch(commands):
                       help="with --netns auto: shape every link (tc rate, "
                       "e.g. 1gbit)")
   launch.add_argument("--isolation", default="auto",
-                      choices=("auto", "firewall", "namespace", "open"),
+                      choices=closed.MODES,
                       help="how the tasks' ports are closed to other hosts "
                       "and local users: auto (default: an nftables table "
                       "where allowed, else a private network namespace), "
@@ -376,7 +373,7 @@ def _add_slurm(commands):
 
 def _add_host_isolation(parser):
   parser.add_argument("--isolation", default="auto",
-                      choices=("auto", "firewall", "open"),
+                      choices=closed.HOST_MODES,
                       help="auto (default): close this task's port to every "
                       "address but the cluster's hosts' where allowed "
                       "(root), else say how in one line and go on; "

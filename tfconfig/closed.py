@@ -219,10 +219,6 @@ class Closure:
     if self._holder is not None:
       os.set_inheritable(self._holder.stdin.fileno(), True)
 
-  @property
-  def holder_pid(self):
-    return self._holder.pid if self._holder else None
-
   def close(self):
     """Ends the holder: the table or the namespace (once its tasks have
     ended) goes with it."""
@@ -296,7 +292,7 @@ def namespace():
                  user_namespace=user)
 
 
-def one_host(ports, mode="auto", log=None):
+def one_host(ports, mode="auto"):
   """Closes a one-host job's `ports` (every task on this host, on
   loopback) as `mode` says; returns a Closure (mode 'open': holds nothing).
 
@@ -373,13 +369,6 @@ def _task_address(tf_config):
     raise ClosingError(
         f"TF_CONFIG names task {kind}:{index}, which its cluster does not list")
   return f"{kind}:{index}", addresses[index]
-
-
-def close_commands(rules, table):
-  """The commands an operator with root runs to close the port as the
-  guard would (and to open it again when the job is done)."""
-  return (f"sudo nft -f - <<'EOF'\n{rules}EOF\n"
-          f"  (when the job is done: sudo nft delete table inet {table})")
 
 
 def guard_task(tf_config, mode="auto", log=None):

@@ -24,6 +24,7 @@ and written (`{"target": ..., "read": "..." or null, "wrote": bool,
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,8 +59,10 @@ class JobHost:
   host and an attacker's host. Removed on exit, whatever happened."""
 
   def __init__(self):
-    tag = os.getpid() % 100000
-    net = os.getpid() % 250 + 1
+    # The whole process id in every name (at most 11 characters, under
+    # the 15 of a link's): a run killed before its cleanup is told by it.
+    tag = os.getpid()
+    net = tag % 250 + 1
     self.host, self.attacker = f"eajh{tag}", f"eaat{tag}"
     self.host_v4, self.attacker_v4 = f"10.79.{net}.1", f"10.79.{net}.2"
     self.host_v6, self.attacker_v6 = f"fd79:0:0:{net}::1", f"fd79:0:0:{net}::2"
@@ -77,6 +80,7 @@ class JobHost:
     self.down()
 
   def up(self):
+    remove_leftovers()
     host_link, attacker_link = self._links
     for name in (self.host, self.attacker):
       _run("ip", "netns", "add", name)
@@ -111,6 +115,20 @@ class JobHost:
     [::1]."""
     return attack(local_targets(ports, tasks), secret, drop,
                   self.exec_prefix() + as_user(), timeout=timeout)
+
+
+def remove_leftovers():
+  """Deletes the namespaces of JobHosts whose process is gone (a test run
+  killed before its cleanup); returns their names."""
+  removed = []
+  listing = _run("ip", "netns", "list", check=False).stdout
+  for line in listing.splitlines():
+    name = line.split()[0] if line.strip() else ""
+    match = re.fullmatch(r"ea(?:jh|at)(\d+)", name)
+    if match and not os.path.exists(f"/proc/{match.group(1)}"):
+      _run("ip", "netns", "del", name, check=False)
+      removed.append(name)
+  return removed
 
 
 def local_targets(ports, tasks):
