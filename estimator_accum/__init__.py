@@ -7,72 +7,83 @@ parameter-server workers. See `build_accumulating_train_op`.
 
 # First: a missing or unsupported TensorFlow is named in one line.
 from estimator_accum import releases  # noqa: F401
+from estimator_accum.checkpoints.full_disk import is_full_disk, remove_cut_saves
+from estimator_accum.checkpoints.integrity import resume_from_complete
+from estimator_accum.checkpoints.run_lock import hold as hold_run_lock
 from estimator_accum.checkpoints.saver_hook import LeanCheckpointSaverHook
-
-# The kinds around a tf.keras.optimizers.Optimizer and a legacy one
-# (AccumulatingKerasOptimizer makes one of its subclasses).
-from estimator_accum.integrations import (  # noqa: F401
-  keras_optimizer_legacy,
-  keras_optimizer_v3,
+from estimator_accum.distribution.health import coordination_heartbeat
+from estimator_accum.distribution.health import watch as watch_cluster
+from estimator_accum.estimator import (
+  Estimator,
+  EvalSpec,
+  TrainSpec,
+  train_and_evaluate,
 )
 from estimator_accum.integrations.hooks import (
   AccumulationLoggingHook,
   EveryStepSummaryHook,
 )
 from estimator_accum.integrations.input_options import without_autotune
-from estimator_accum.integrations.keras_optimizer import (
-  AccumulatingKerasOptimizer,
-)
 from estimator_accum.integrations.optimizer import AccumulatingOptimizer
 from estimator_accum.integrations.session_config import lean_grappler
 from estimator_accum.integrations.window_trace import WindowTraceHook
 
-# The layer and the callback of the Keras `tf.keras` is: Keras 3's
+# The optimizer, layer and callback of the Keras `tf.keras` is: Keras 3's
 # (TensorFlow 2.16+'s default) or Keras 2's (2.15, or tf-keras).
-if releases.keras_major() >= 3:
-  from estimator_accum.integrations.keras3_backup import BackupAndRestore
-  from estimator_accum.integrations.keras3_batch_norm import (
-      WindowBatchNormalization,
-  )
-else:
-  from estimator_accum.integrations.keras_backup import BackupAndRestore
-  from estimator_accum.integrations.keras_batch_norm import (
-      WindowBatchNormalization,
-  )
+from estimator_accum.keras import (
+  AccumulatingKerasOptimizer,
+  BackupAndRestore,
+  WindowBatchNormalization,
+)
 
 # The planner's module, as `estimator_accum.planner` (DEFAULT_MARGIN,
 # Measurement) for the scripts that read its plan files.
 from estimator_accum.memory.recompute import recompute
 from estimator_accum.planning import planner as planner
 from estimator_accum.planning.planner import (
-    MicroBatchPlan,
-    estimator_step,
-    measure_peak,
-    own_threads,
-    plan_micro_batch,
-    window_batches,
+  MicroBatchPlan,
+  estimator_step,
+  measure_peak,
+  own_threads,
+  plan_micro_batch,
+  window_batches,
 )
 from estimator_accum.planning.replan import (
-    OutOfMemory,
-    halve_checkpoint,
-    train_halving_on_oom,
+  OutOfMemory,
+  halve_checkpoint,
+  train_halving_on_oom,
 )
 from estimator_accum.window.accumulators import Accumulator
 from estimator_accum.window.batch_norm import adjusted_momentum, batch_norm
 from estimator_accum.window.compact import (
-    SPARSE_THRESHOLD_BYTES,
-    CompactSparseAccumulator,
+  SPARSE_THRESHOLD_BYTES,
+  CompactSparseAccumulator,
 )
 from estimator_accum.window.keyed_dropout import keyed_dropout
 from estimator_accum.window.reports import is_divergence, reportable_loss
 from estimator_accum.window.step_counting import update_count
 from estimator_accum.window.train_op import (
-    AccumulationState,
-    build_accumulating_train_op,
-    get_accumulation_state,
+  AccumulationState,
+  build_accumulating_train_op,
+  get_accumulation_state,
 )
 
 __all__ = [
+    "Estimator",
+    "EstimatorSpec",
+    "EvalSpec",
+    "ModeKeys",
+    "PredictOutput",
+    "RunConfig",
+    "ServingInputReceiver",
+    "TrainSpec",
+    "train_and_evaluate",
+    "coordination_heartbeat",
+    "hold_run_lock",
+    "is_full_disk",
+    "remove_cut_saves",
+    "resume_from_complete",
+    "watch_cluster",
     "AccumulatingKerasOptimizer",
     "AccumulatingOptimizer",
     "Accumulator",
@@ -106,3 +117,12 @@ __all__ = [
     "WindowBatchNormalization",
     "without_autotune",
 ]
+
+
+def __getattr__(name):
+  # EstimatorSpec, ModeKeys, RunConfig: tf.estimator's on 2.15 (loaded when
+  # first asked for), the library's on 2.16+.
+  from estimator_accum import estimator  # noqa: PLC0415
+  if name in estimator.RELEASE_TYPES:
+    return getattr(estimator, name)
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -53,7 +53,8 @@ class SessionCluster:
       return None
     return os.path.join(model_dir, f"tmp_{self.task}")
 
-  def saver_hooks(self, model_dir, scaffold, save_steps, save_at_start=True):
+  def saver_hooks(self, model_dir, scaffold, save_steps, save_at_start=True,
+                  save_secs=None, listeners=()):
     """The hook that saves this worker's checkpoints every `save_steps`
     (a list: none for a parameter-server job's workers, where the chief
     saves the ps's variables and the others wait for it to start them).
@@ -63,15 +64,20 @@ class SessionCluster:
     in turn): the chief in model_dir, the others in a directory of their
     own, removed with the job (as Estimator's workers do). Without
     `save_at_start`, none at the session's start at global step 0
-    (`LeanCheckpointSaverHook`)."""
+    (`LeanCheckpointSaverHook`). `save_secs` (with `save_steps` None): every
+    so many seconds, where one task saves alone (the run's
+    settings refuse it under MultiWorkerMirroredStrategy); `listeners`:
+    CheckpointSaverListeners of the saves."""
     saves = self.save_directory(model_dir)
     if saves is None:
       return []
     hook = (tf.compat.v1.train.CheckpointSaverHook if save_at_start else
             saver_hook.LeanCheckpointSaverHook)
+    if save_steps is None and save_secs is None:
+      return []
     return [hook(
-        saves, save_steps=save_steps, scaffold=scaffold,
-        save_graph_def=False)]
+        saves, save_steps=save_steps, save_secs=save_secs, scaffold=scaffold,
+        save_graph_def=False, listeners=list(listeners))]
 
   @classmethod
   def parameter_servers(cls, tf_config, session_config=None):

@@ -5,7 +5,7 @@
 import tensorflow as tf
 
 from estimator_accum import _checks
-from estimator_accum.integrations import session_runner
+from estimator_accum.estimator import runner as session_runner
 from estimator_accum.planning.plan import MicroBatchPlan
 
 __all__ = ["estimator_step", "window_batches"]

@@ -13,7 +13,7 @@ import tensorflow as tf
 from absl import logging
 
 import estimator_accum
-from estimator_accum.integrations import session_runner
+from estimator_accum.estimator import runner as session_runner
 from models.bert import modeling, optimization, packing
 
 

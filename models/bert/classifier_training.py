@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
-from estimator_accum.integrations import session_runner
+from estimator_accum.estimator import runner as session_runner
 from models import batch_plan
 from models.bert import classifier, modeling
 

@@ -25,7 +25,7 @@ import tensorflow as tf
 import tensorflow_text as text
 from tensorflow.core.protobuf import saved_model_pb2
 
-from estimator_accum.integrations import session_export
+from estimator_accum.estimator import export as session_export
 
 SERVING_INPUTS = ("input_ids", "input_mask", "segment_ids")
 TEXT_SIGNATURE = "text"

@@ -195,12 +195,12 @@ def test_keras_legacy_optimizers(name):
 
 @pytest.mark.skipif(releases.keras_major() < 3,
                     reason="tf.keras is Keras 2 here, which the wrapper runs on "
-                           "(tests/unit/integrations/test_keras_tf2.py)")
+                           "(tests/unit/keras/test_keras_tf2.py)")
 def test_under_keras_3_what_runs_only_on_keras_2_is_refused_in_one_line():
   """Around a Keras 3 optimizer the wrapper is Keras 3's
-  (tests/unit/integrations/test_keras3.py); around a tf.compat.v1 one it
+  (tests/unit/keras/test_keras3.py); around a tf.compat.v1 one it
   needs Keras 2 and says so. WindowBatchNormalization is Keras 3's
-  there (tests/unit/integrations/test_keras3_batch_norm.py)."""
+  there (tests/unit/keras/test_keras3_batch_norm.py)."""
   wrapped = estimator_accum.AccumulatingKerasOptimizer(
       tf.keras.optimizers.Adam(1e-3), k=4)
   assert isinstance(wrapped, tf.keras.optimizers.Optimizer)
@@ -226,7 +226,7 @@ tiny_model = runs.tiny_model  # a one-layer random BERT, made once here
 def test_run_classifier_trains_evaluates_predicts_and_resumes_without_estimator(
     tiny_model, tmp_path):
   """TensorFlow 2.16+: the same model_fn through the library's sessions
-  (estimator_accum.integrations.session_runner): train, eval and predict;
+  (estimator_accum.estimator.runner): train, eval and predict;
   a run killed after its checkpoint at micro-batch 6 and run again ends at
   the weights of one that ran to 60 at once (dropout off)."""
   model = runs._no_dropout_model(tiny_model, tmp_path)
@@ -399,7 +399,7 @@ def test_run_classifier_mirrored_without_estimator(tiny_model, tmp_path):
   MirroredStrategy's replicas through the library's sessions (here the one
   CPU's: MirroredStrategy() takes every GPU, else the CPU), to the weights
   of the run on one device (dropout off); 2 replicas are exact in
-  tests/unit/integrations/test_session_runner.py."""
+  tests/unit/estimator/test_runner.py."""
   model = runs._no_dropout_model(tiny_model, tmp_path)
   data = runs._write_sst2(tmp_path / "data")
   flags = dict(classifier_dropout=0, num_train_epochs=2)

@@ -86,7 +86,7 @@ def ran_once(tmp_path_factory):
     ("mirrored", "new", "model_checkpoint"),
     ("mirrored", "legacy", "model_checkpoint"),
     ("mirrored", "new", "backup"), ("mirrored", "legacy", "backup"),
-    # (One device with Keras's Adam: tests/unit/integrations/test_keras_tf2.py.)
+    # (One device with Keras's Adam: tests/unit/keras/test_keras_tf2.py.)
     ("one", "legacy", "backup")])
 def test_saved_mid_window_resumes_in_a_new_process(strategy, kind, save,
                                                    tmp_path, ran_once):

@@ -40,7 +40,9 @@ def _estimator_predict(output_dir, bert_config_file, num_labels, path,
                        length):
   from data import bert_features  # noqa: PLC0415
   from estimator_accum import releases  # noqa: PLC0415
-  from estimator_accum.integrations import session_runner  # noqa: PLC0415
+  from estimator_accum.estimator import (
+    runner as session_runner,  # noqa: PLC0415
+  )
   from models.bert import classifier, modeling  # noqa: PLC0415
   config = modeling.BertConfig.from_json_file(bert_config_file)
   model_fn = classifier.model_fn_builder(

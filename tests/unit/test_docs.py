@@ -44,3 +44,15 @@ def test_commands_name_modules_and_scripts_that_exist(page):
     assert (ROOT / script).exists(), f"{page.name}: python {script}"
   for path in set(PATH.findall(text)):
     assert (ROOT / path).exists(), f"{page.name}: {path}"
+
+
+def test_the_reference_is_written_from_the_code():
+  """docs/reference.md is what `python -m harness.reference` writes (the
+  public names, the window options' table, run_classifier's flags), the
+  same on every release."""
+  from harness import reference  # noqa: PLC0415
+
+  expected = reference.render()
+  assert (ROOT / "docs" / "reference.md").read_text() == expected, (
+      "docs/reference.md is stale: python -m harness.reference > "
+      "docs/reference.md")

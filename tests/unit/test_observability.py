@@ -12,45 +12,6 @@ import estimator_accum
 from harness import support
 
 
-def test_public_api_is_pinned():
-  assert sorted(estimator_accum.__all__) == [
-      "AccumulatingKerasOptimizer",
-      "AccumulatingOptimizer",
-      "AccumulationLoggingHook",
-      "AccumulationState",
-      "Accumulator",
-      "BackupAndRestore",
-      "CompactSparseAccumulator",
-      "EveryStepSummaryHook",
-      "LeanCheckpointSaverHook",
-      "MicroBatchPlan",
-      "OutOfMemory",
-      "SPARSE_THRESHOLD_BYTES",
-      "WindowBatchNormalization",
-      "WindowTraceHook",
-      "adjusted_momentum",
-      "batch_norm",
-      "build_accumulating_train_op",
-      "estimator_step",
-      "get_accumulation_state",
-      "halve_checkpoint",
-      "is_divergence",
-      "keyed_dropout",
-      "lean_grappler",
-      "measure_peak",
-      "own_threads",
-      "plan_micro_batch",
-      "recompute",
-      "reportable_loss",
-      "train_halving_on_oom",
-      "update_count",
-      "window_batches",
-      "without_autotune",
-  ]
-  for name in set(estimator_accum.__all__) - {"SPARSE_THRESHOLD_BYTES"}:
-    assert getattr(estimator_accum, name).__doc__, f"{name} has no docstring"
-
-
 def _scalars(model_dir):
   values = {}
   for path in glob.glob(str(model_dir / "events.out.tfevents.*")):

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum.integrations import session_runner
+from estimator_accum.estimator import runner as session_runner
 
 
 def _steps(directory):

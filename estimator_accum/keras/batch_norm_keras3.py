@@ -1,10 +1,10 @@
 """`WindowBatchNormalization` under Keras 3 (TensorFlow 2.16+'s default
 `tf.keras`, TensorFlow backend), for a model trained with the Keras 3
-`AccumulatingKerasOptimizer` (`integrations/keras3.py`).
+`AccumulatingKerasOptimizer` (`keras/optimizer_keras3.py`).
 
 Keras 3's BatchNormalization moves its moving mean and variance on every
 micro-batch, and has no ghost batch normalization to compare a window
-with. This layer is the Keras 2 layer's (`keras_batch_norm.py`) under
+with. This layer is the Keras 2 layer's (`batch_norm.py`) under
 Keras 3: it normalizes each micro-batch with its own statistics and adds
 them to the window; the optimizer's window end moves the moving statistics
 once, toward the mean over the window's micro-batches of their means and
@@ -29,7 +29,7 @@ import keras
 import tensorflow as tf
 
 from estimator_accum import _checks, tf_private
-from estimator_accum.integrations.keras3_variables import replica_sum
+from estimator_accum.keras.variables_keras3 import replica_sum
 
 __all__ = ["WindowBatchNormalization", "windows_in_step"]
 

@@ -13,11 +13,11 @@ import tensorflow as tf
 
 from estimator_accum._autograph import as_written
 from estimator_accum.distribution import replicas
-from estimator_accum.integrations.keras_optimizer import (
+from estimator_accum.integrations.wrappers import gradients_as_they_are
+from estimator_accum.keras.optimizer import (
   AccumulatingKerasOptimizer,
   is_of_the_new_kind,
 )
-from estimator_accum.integrations.wrappers import gradients_as_they_are
 
 __all__ = []
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum.integrations.keras3_batch_norm import (
+from estimator_accum.keras.batch_norm_keras3 import (
   WindowBatchNormalization,
 )
 

@@ -34,8 +34,8 @@ import tensorflow as tf
 
 from estimator_accum import _checks, keras_private, tf_private
 from estimator_accum.distribution import replicas
-from estimator_accum.integrations import keras3_batch_norm
-from estimator_accum.integrations.keras3_variables import (
+from estimator_accum.keras import batch_norm_keras3
+from estimator_accum.keras.variables_keras3 import (
   replica_sum,
   takes_synchronization,
 )
@@ -197,7 +197,7 @@ class AccumulatingKeras3Optimizer(keras.optimizers.Optimizer):
     self.window_examples.assign_add(weight)
     replicas.in_each_replica_when(
         self._ends_window, self._end_window, applied, accumulators,
-        keras3_batch_norm.windows_in_step(self.k))
+        batch_norm_keras3.windows_in_step(self.k))
     self._iterations.assign_add(1)
 
   def _ends_window(self):

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from estimator_accum import releases
 
-__all__ = ["ServingInputReceiver", "export_saved_model",
+__all__ = ["PredictOutput", "ServingInputReceiver", "export_saved_model",
            "serving_input_receiver"]
 
 
@@ -28,6 +28,20 @@ class ServingInputReceiver(typing.NamedTuple):
   features: typing.Any
   receiver_tensors: typing.Any
   receiver_tensors_alternatives: typing.Any = None
+
+
+class PredictOutput:
+  """Estimator's PredictOutput: the tensors a serving signature returns
+  (a tensor, or a dict of them), for `EstimatorSpec(export_outputs=...)`."""
+
+  def __init__(self, outputs):
+    if not isinstance(outputs, dict):
+      outputs = {"output": outputs}
+    for key, value in outputs.items():
+      if not isinstance(key, str) or not tf.is_tensor(value):
+        raise ValueError(f"PredictOutput: outputs map names to tensors; got "
+                         f"{key!r}: {type(value).__name__}.")
+    self.outputs = outputs
 
 
 def serving_input_receiver(features, receiver_tensors,

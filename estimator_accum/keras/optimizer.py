@@ -14,7 +14,7 @@ with nothing else changed.
 `AccumulatingKerasOptimizer(optimizer, k)` is a Keras optimizer of the
 optimizer's own kind, as Keras's LossScaleOptimizer is: around a
 `tf.keras.optimizers.Optimizer` (TensorFlow 2) one of that kind
-(`keras_optimizer_v3.py`), so that Keras treats it as it treats that
+(`optimizer_v3.py`), so that Keras treats it as it treats that
 optimizer (an EMA's weights written into the model at the end of `fit`,
 `.keras` files); around a legacy or tf.compat.v1 optimizer a legacy one.
 """
@@ -29,7 +29,6 @@ from estimator_accum import _checks, keras_private
 from estimator_accum._autograph import as_written
 from estimator_accum.checkpoints import saved_model_state
 from estimator_accum.distribution import replicas
-from estimator_accum.integrations.keras_loss_scale import KerasLossScaling
 from estimator_accum.integrations.wrappers import (
   DEFAULT_NAME,
   WRAPPER_DEFAULTS,
@@ -37,6 +36,7 @@ from estimator_accum.integrations.wrappers import (
   WrapperWindow,
   gradient_options,
 )
+from estimator_accum.keras.loss_scale import KerasLossScaling
 from estimator_accum.options import (
   DEFAULT_MAX_CONSECUTIVE_SKIPPED_WINDOWS,
   window_options,
@@ -142,7 +142,7 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
   ```
 
   Around a Keras 3 optimizer (TensorFlow 2.16+'s Keras) it is
-  `integrations/keras3.py`'s. Else it is a Keras optimizer of its
+  `keras/optimizer_keras3.py`'s. Else it is a Keras optimizer of its
   optimizer's kind (a `tf.keras.optimizers.Optimizer` around one, a legacy
   one otherwise) and a Keras LossScaleOptimizer: `compile` does not wrap it
   in another for a mixed_float16 model; it scales the loss itself, once per
@@ -185,7 +185,9 @@ class AccumulatingKerasOptimizer(_KerasConfig, Wrapper, KerasLossScaling):
     kind's module defines one, and `estimator_accum` imports them all)
     whose `takes(optimizer)`, when called as AccumulatingKerasOptimizer."""
     if _is_keras3_optimizer(optimizer):
-      from estimator_accum.integrations import keras3  # noqa: PLC0415
+      from estimator_accum.keras import (
+        optimizer_keras3 as keras3,  # noqa: PLC0415
+      )
 
       return keras3.AccumulatingKeras3Optimizer(optimizer, *args, **kwargs)
     del args, kwargs

@@ -14,7 +14,7 @@ from estimator_accum.checkpoints import integrity
 
 # Keras 3's callback, which `estimator_accum.BackupAndRestore` is where
 # tf.keras is Keras 3 (under TF_USE_LEGACY_KERAS=1 that name is Keras 2's).
-from estimator_accum.integrations.keras3_backup import (  # noqa: I001
+from estimator_accum.keras.backup_keras3 import (  # noqa: I001
   BackupAndRestore,
 )
 

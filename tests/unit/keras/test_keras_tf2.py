@@ -20,7 +20,7 @@ from estimator_accum.checkpoints import state_variables as estimator_accum_state
 from harness import keras_exactness as kx
 
 # The wrapper runs on Keras 2: TensorFlow 2.15's tf.keras, tf-keras on 2.16+
-# (under Keras 3 the wrapper is keras3.py's: tests/unit/integrations/test_keras3.py).
+# (under Keras 3 the wrapper is keras3.py's: tests/unit/keras/test_keras3.py).
 pytestmark = pytest.mark.keras2
 
 K, B = kx.K, kx.MICRO_BATCH

@@ -12,7 +12,7 @@ two, and checks the newest before Keras restores it
 one warning naming the file and what is wrong, and training resumes from
 the one before it, at the epoch that one was written; none complete raises
 `NoCompleteCheckpoint`, one line naming each, never a silent start from
-scratch. (Under Keras 3 the callback is `keras3_backup.py`'s.)
+scratch. (Under Keras 3 the callback is `backup_keras3.py`'s.)
 """
 
 import os

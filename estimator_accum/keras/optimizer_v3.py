@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from estimator_accum.distribution import replicas
-from estimator_accum.integrations.keras_optimizer import (
+from estimator_accum.keras.optimizer import (
   AccumulatingKerasOptimizer,
   is_of_the_new_kind,
 )

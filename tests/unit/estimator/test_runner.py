@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
-from estimator_accum.integrations import session_runner
+from estimator_accum.estimator import runner as session_runner
 from harness import support
 
 K, MICRO_BATCH, UPDATES = 4, 8, 3
