@@ -185,15 +185,16 @@ class _Task:
 
 
 def task_of(config):
-  """This process's place (cluster, type, index) as `config` reads it
-  (tf.estimator's RunConfig or the library's)."""
-  spec = config.cluster_spec
-  cluster = spec.as_dict() if spec else {}
-  cluster = {kind: (list(addresses.values()) if isinstance(addresses, dict)
-                    else list(addresses)) for kind, addresses in
-             cluster.items()}
-  return _Task(cluster, config.task_type or tfc.WORKER,
-               int(config.task_id or 0))
+  """This process's place (cluster, type, index), as TF_CONFIG gives it
+  (both RunConfigs read it; tf.estimator's keeps no cluster under a
+  strategy), the evaluator kept; `config`'s where TF_CONFIG names none."""
+  read = tfc.from_environment()
+  if read.get(tfc.CLUSTER):
+    task = read.get(tfc.TASK) or {}
+    return _Task({kind: list(addresses) for kind, addresses
+                  in read[tfc.CLUSTER].items()},
+                 task.get(tfc.TYPE, tfc.WORKER), int(task.get(tfc.INDEX, 0)))
+  return _Task({}, config.task_type or tfc.WORKER, int(config.task_id or 0))
 
 
 def settings_of(config, model_dir, runner_settings):
@@ -206,6 +207,8 @@ def settings_of(config, model_dir, runner_settings):
           f"RunConfig: {name}={_checks.short(value)} is not run by "
           f"estimator_accum.Estimator ({_NOT_RUN[name]}); leave it None.")
   task = task_of(config)
+  training = {kind: addresses for kind, addresses in task.cluster.items()
+              if kind != tfc.EVALUATOR}
   strategy = config.train_distribute
   steps = config.save_checkpoints_steps
   secs = config.save_checkpoints_secs
@@ -219,11 +222,11 @@ def settings_of(config, model_dir, runner_settings):
         f"save_checkpoints_steps instead.")
   parameter_servers = None
   if task.cluster.get(tfc.PS) and strategy is None:
-    parameter_servers = {tfc.CLUSTER: task.cluster,
+    parameter_servers = {tfc.CLUSTER: training,
                          tfc.TASK: {tfc.TYPE: task.task_type,
                                     tfc.INDEX: task.task_id}}
   elif strategy is None and task.task_type != tfc.EVALUATOR:
-    trainers, _ = tfc.trainer_position(task.cluster, task.task_type, 0)
+    trainers, _ = tfc.trainer_position(training, task.task_type, 0)
     if trainers > 1:
       raise ValueError(
           f"TF_CONFIG names {trainers} training tasks and no ps, and "

@@ -5,9 +5,7 @@ What a task does follows TF_CONFIG, as in tf.estimator:
 - one process (no cluster): trains, evaluating at a checkpoint saved at
   least `throttle_secs` after the last evaluation (not the first save) and
   at the end, the exporters run after each evaluation;
-- the chief and the workers of a cluster train (the ps tasks serve); the
-  chief evaluates and exports at the end unless the cluster has an
-  evaluator;
+- the chief and the workers of a cluster train (the ps tasks serve);
 - the evaluator waits `start_delay_secs`, then evaluates each new
   checkpoint (at most one every `throttle_secs`) until the one at
   `TrainSpec.max_steps`.
@@ -45,17 +43,11 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     return _evaluator(estimator, train_spec, eval_spec)
   if not task.cluster:
     return _one_process(estimator, train_spec, eval_spec)
+  # As tf.estimator's: in a cluster the evaluator task evaluates (the
+  # training tasks' TF_CONFIG does not name it); the others train.
   estimator.train(train_spec.input_fn, hooks=list(train_spec.hooks),
                   max_steps=train_spec.max_steps)
-  chief = task.task_type == tfc.CHIEF or (
-      task.task_type == tfc.WORKER and task.task_id == 0 and
-      tfc.CHIEF not in task.cluster)
-  has_evaluator = bool(_evaluators())
-  if not chief or has_evaluator:
-    return None, []
-  evaluation = _Evaluation(estimator, eval_spec, train_spec.max_steps)
-  evaluation.run(estimator.latest_checkpoint(), final=True)
-  return evaluation.result, evaluation.exports
+  return None, []
 
 
 def _ours(spec, kind, argument):
@@ -67,12 +59,6 @@ def _ours(spec, kind, argument):
     raise TypeError(f"train_and_evaluate: {argument} is a "
                     f"{kind.__name__}, got {type(spec).__name__}.")
   return kind(*spec)
-
-
-def _evaluators():
-  """The evaluator tasks TF_CONFIG names (tf.estimator's RunConfig keeps
-  them out of its cluster_spec)."""
-  return tfc.from_environment().get(tfc.CLUSTER, {}).get(tfc.EVALUATOR, [])
 
 
 class _Evaluation:
