@@ -87,7 +87,11 @@ def _options():
            "`build_accumulating_train_op(loss, optimizer, k, ...)`, "
            "`AccumulatingOptimizer(optimizer, k, ...)` and "
            "`AccumulatingKerasOptimizer(optimizer, k, ...)` take each as a "
-           "keyword argument (`estimator_accum/options.py`).", "",
+           "keyword argument, from one table (`estimator_accum/options.py`). "
+           "The two wrappers default `reduction` and `name` to None (the "
+           "loss's own reduction, and the next free default name), and "
+           "`AccumulatingKerasOptimizer` defaults `reduction` to \"mean\" "
+           "and `loss_scale` to \"auto\".", "",
            "| option | default | what it does |", "| --- | --- | --- |"]
   for option in options.OPTIONS:
     default = getattr(option.default, "name", option.default)
