@@ -37,6 +37,12 @@ With `--attention`, the variants are instead the default run with
 attention as TensorFlow's ops (`--nofused_attention`) and as one native
 op over the real tokens (`--fused_attention`, the default).
 
+With `--precision`, the variants are instead the default run in float32
+and with bfloat16 products (`--precision bfloat16`), each also with
+oneDNN held to AVX-512 without its bf16 instructions
+(`ONEDNN_MAX_CPU_ISA=AVX512_CORE`: what a CPU without avx512_bf16 or
+amx_bf16 runs, measured on one with them).
+
 With `--grappler`, the variants are instead the default run with
 TensorFlow's full Grappler (`--nolean_grappler`) and without its passes
 that change nothing a CPU step computes (`--lean_grappler`, the default):
@@ -119,6 +125,19 @@ ATTENTION = {
         ["--nofused_attention"], {}),
     "attention, one native op (default)": ([], {}),
 }
+# (flags, environment) of each precision: float32, bfloat16 products, and
+# bfloat16 with oneDNN held to AVX2 and AVX-512 without its bf16
+# instructions (what a CPU without avx512_bf16 or amx_bf16 runs).
+PRECISION = {
+    "float32 (default)": ([], {}),
+    "bfloat16 products (--precision bfloat16)": (
+        ["--precision=bfloat16"], {}),
+    "bfloat16, oneDNN without bf16 instructions (ONEDNN_MAX_CPU_ISA="
+    "AVX512_CORE)": (["--precision=bfloat16"],
+                     {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
+    "float32, oneDNN without bf16 instructions": (
+        [], {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
+}
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {
     "TensorFlow's full Grappler (--nolean_grappler)": (
@@ -182,6 +201,10 @@ def main():
   instead.add_argument("--attention", action="store_true",
                        help="compare attention as TensorFlow's ops and as "
                             "the native op instead")
+  instead.add_argument("--precision", action="store_true",
+                       help="compare float32 and bfloat16 products "
+                            "instead, with and without oneDNN's bf16 "
+                            "instructions")
   instead.add_argument("--grappler", action="store_true",
                        help="compare TensorFlow's full Grappler and the "
                             "lean one instead")
@@ -195,6 +218,7 @@ def main():
                   DROPOUT if args.dropout else
                   NATIVE if args.native else
                   GRAPPLER if args.grappler else
+                  PRECISION if args.precision else
                   ATTENTION if args.attention else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)

@@ -139,7 +139,7 @@ def weight_names():
 def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
                     loss_reduction="mean", minimize=True,
                     embedding_partitions=None, ema_decay=None,
-                    unique_rows=False):
+                    unique_rows=False, compute_dtype=tf.float32):
   """Plain big-batch training in a fresh graph; returns the final weights.
 
   Args:
@@ -162,6 +162,8 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
       optimizer that clips raw tf.IndexedSlices (Keras clipvalue, clipnorm)
       clips each occurrence of a row on its own instead. Implies
       minimize=False.
+    compute_dtype: the forward pass's dtype (model_loss's: float32
+      variables cast for it), e.g. tf.bfloat16.
   """
   graph = tf.Graph()
   with graph.as_default():
@@ -172,6 +174,7 @@ def reference_train(optimizer_fn, data, batch_size, steps, clip_norm=None,
                                       (None,) + value.shape[1:])
         for key, value in data.items()}
     loss = model_loss(placeholders, placeholders["labels"], loss_reduction,
+                      compute_dtype=compute_dtype,
                       embedding_partitions=embedding_partitions)
     optimizer = optimizer_fn()
     variables = tf.compat.v1.trainable_variables()

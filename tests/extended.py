@@ -236,24 +236,24 @@ EXTENDED = {
         "MirroredStrategy",
     IT + "test_keras_models.py::test_model_to_estimator_resumed_mid_window_equals_big_batch[keras":
         "its [v1-checkpoint-1] case",
-    UT + "integrations/test_keras_tf2.py::test_fit_equals_the_big_batch[adamw-mirrored":
+    UT + "keras/test_keras_tf2.py::test_fit_equals_the_big_batch[adamw-mirrored":
         "its [adamw-one] and [adam-mirrored] cases",
-    UT + "integrations/test_keras_tf2.py::test_fit_equals_the_big_batch[sgd-mirrored":
+    UT + "keras/test_keras_tf2.py::test_fit_equals_the_big_batch[sgd-mirrored":
         "its [sgd-one] and [adam-mirrored] cases",
-    UT + "integrations/test_keras_tf2.py::test_fit_equals_the_big_batch[legacy_adam-mirrored":
+    UT + "keras/test_keras_tf2.py::test_fit_equals_the_big_batch[legacy_adam-mirrored":
         "its [legacy_adam-one] and [adam-mirrored] cases",
-    UT + "integrations/test_keras_tf2.py::test_window_batch_normalization_is_keras_ghost_batch_normalization[mirrored":
+    UT + "keras/test_keras_tf2.py::test_window_batch_normalization_is_keras_ghost_batch_normalization[mirrored":
         "its [one] case; test_batch_norm.py under MirroredStrategy",
-    UT + "integrations/test_keras_tf2.py::test_gradients_cross_replicas_only_at_the_windows_end[mixed":
+    UT + "keras/test_keras_tf2.py::test_gradients_cross_replicas_only_at_the_windows_end[mixed":
         "its [float32] case",
-    UT + "integrations/test_keras_tf2.py::test_the_questions_custom_train_step_under_mirrored_strategy[mixed":
+    UT + "keras/test_keras_tf2.py::test_the_questions_custom_train_step_under_mirrored_strategy[mixed":
         "its [float32] case",
-    UT + "integrations/test_keras_tf2.py::test_mixed_float16_is_as_close_to_float32_as_keras_own[mirrored":
+    UT + "keras/test_keras_tf2.py::test_mixed_float16_is_as_close_to_float32_as_keras_own[mirrored":
         "its [one] case",
-    UT + "integrations/test_keras_tf2.py::test_a_keras_file_keeps_the_window":
+    UT + "keras/test_keras_tf2.py::test_a_keras_file_keeps_the_window":
         "test_keras_tf2.py::test_a_checkpoint_mid_window_resumes_exactly, "
         "test_keras_savedmodel.py",
-    UT + "integrations/test_keras_tf2.py::test_backup_and_restore_at_epochs_resumes_exactly[0":
+    UT + "keras/test_keras_tf2.py::test_backup_and_restore_at_epochs_resumes_exactly[0":
         "its [1] case; test_keras_checkpoint_faults.py",
     UT + "integrations/test_optimizer_wrapper.py::test_canned_estimator_equals_big_batch[wide_deep":
         "its [dnn-adam-None] case (a canned head's Adam) and "
@@ -299,9 +299,9 @@ EXTENDED = {
         "test_export.py::test_the_export_serves_what_estimator_predicts",
     UT + "planning/test_planner_recompute.py::test_the_choice_is_checked":
         "test_planner_recompute.py::test_recomputation_lowers_the_peak",
-    UT + "integrations/test_keras_tf2.py::test_a_short_last_micro_batch_weighs_its_examples[mirrored":
+    UT + "keras/test_keras_tf2.py::test_a_short_last_micro_batch_weighs_its_examples[mirrored":
         "its [one] case",
-    UT + "integrations/test_keras_tf2.py::test_fit_equals_the_big_batch[momentum-mirrored":
+    UT + "keras/test_keras_tf2.py::test_fit_equals_the_big_batch[momentum-mirrored":
         "its [momentum-one] and [adam-mirrored] cases",
     UT + "memory/test_recompute_order.py::test_bert_layers_save_in_every_executor_order[default_threads-plain":
         "its [default_threads-grappler] case",
@@ -310,9 +310,9 @@ EXTENDED = {
     IT + "test_many_hosts.py::test_mwms_across_hosts_equals_the_big_batch[2":
         "test_many_hosts.py::test_link_cut_mid_window_restarts_and_resumes, "
         "which trains across hosts to the big batch's weights",
-    UT + "integrations/test_keras_checkpoint_faults.py::test_a_bad_newest_checkpoint_is_skipped_and_training_goes_on_exactly[index":
+    UT + "keras/test_keras_checkpoint_faults.py::test_a_bad_newest_checkpoint_is_skipped_and_training_goes_on_exactly[index":
         "its [truncated_data] case",
-    UT + "integrations/test_keras_checkpoint_faults.py::test_backup_and_restore_skips_a_bad_backup_and_goes_on_exactly[index":
+    UT + "keras/test_keras_checkpoint_faults.py::test_backup_and_restore_skips_a_bad_backup_and_goes_on_exactly[index":
         "its [truncated_data] case",
     IT + "test_keras_savedmodel.py::test_with_its_optimizer_it_loads_serves_and_trains_on_exactly[legacy":
         "its [new] case; test_keras_savedmodel.py::test_an_h5_file_resumes_the_legacy_kind_exactly",
@@ -324,7 +324,7 @@ EXTENDED = {
         "its [cf_v2] cases",
     UT + "planning/test_planner.py::test_the_first_windows_end_is_not_timed":
         "test_planner.py::test_fastest_takes_a_smaller_split",
-    UT + "integrations/test_keras_tf2.py::test_fused_apply_in_fit_equals_the_big_batch[mirrored":
+    UT + "keras/test_keras_tf2.py::test_fused_apply_in_fit_equals_the_big_batch[mirrored":
         "its [one] case",
     UT + "integrations/test_optimizer_wrapper.py::test_canned_estimator_on_two_workers[v1":
         "test_canned_estimator_under_mirrored_strategy, test_multiworker.py",

@@ -31,7 +31,10 @@ class TrainingConfig:
   micro_batch_size: int | None = None
   total_micro_batches: int | None = None
   log_every_n_micro_batches: int = 50
-  use_fp16: bool = False
+  # The products' precision: "float32", "bfloat16" (the dense products in
+  # bfloat16, everything else float32, no loss scale) or "float16" (float16
+  # compute with dynamic loss scaling).
+  precision: str = "float32"
   # Windows skipped in a row (non-finite gradients) that stop training as
   # diverged; None never stops.
   max_consecutive_skipped_windows: int | None = 25
@@ -62,7 +65,8 @@ class TrainingConfig:
 def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
                  recompute=False, unpadded=False, pooled_only=False,
-                 keyed_dropout=False, dropout_seed=0, fused_attention=True):
+                 keyed_dropout=False, dropout_seed=0, fused_attention=True,
+                 product_type=None):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
@@ -86,7 +90,8 @@ def create_model(bert_config, is_training, features, num_labels,
       example_ids=features.get("example_ids"),
       max_examples=features["label_ids"].shape[-1] if packed else None,
       unpadded=unpadded, pooled_only=pooled_only, dropout_keys=keys,
-      dropout_seed=dropout_seed, fused_attention=fused_attention)
+      dropout_seed=dropout_seed, fused_attention=fused_attention,
+      product_type=product_type)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -129,10 +134,11 @@ def model_fn_builder(bert_config, training):
     is_training = mode == session_runner.TRAIN
     logits, probabilities = create_model(
         bert_config, is_training, features, training.num_labels,
-        tf.float16 if training.use_fp16 else tf.float32,
+        tf.float16 if training.precision == "float16" else tf.float32,
         training.classifier_dropout, training.recompute, training.unpadded,
         training.pooled_only, training.keyed_dropout, training.dropout_seed,
-        training.fused_attention)
+        training.fused_attention,
+        tf.bfloat16 if training.precision == "bfloat16" else None)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)
@@ -179,7 +185,7 @@ def model_fn_builder(bert_config, training):
     train_op = estimator_accum.build_accumulating_train_op(
         loss, optimizer, training.k, clip_norm=training.clip_norm,
         num_examples=num_examples,
-        loss_scale="dynamic" if training.use_fp16 else None,
+        loss_scale="dynamic" if training.precision == "float16" else None,
         accumulator_placement=training.accumulator_placement,
         fused_apply=training.fused_apply,
         max_consecutive_skipped_windows=(

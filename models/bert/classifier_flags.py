@@ -163,8 +163,22 @@ flags.DEFINE_bool("trace_window", False, "Trace one window's "
 flags.DEFINE_integer("max_examples_per_row", 8, "With --pack_windows, the "
                      "most examples one row holds.", lower_bound=1)
 flags.DEFINE_enum("optimizer", "adamw", optimization.OPTIMIZERS, "Optimizer.")
-flags.DEFINE_bool("use_fp16", False, "float16 compute (float32 variables) "
-                  "with dynamic loss scaling.")
+flags.DEFINE_enum("precision", "float32", ["float32", "bfloat16", "float16"],
+                  "The layers' products: float32; bfloat16 (the dense "
+                  "products' operands in bfloat16, everything else, the "
+                  "weights, slots and accumulators float32, no loss "
+                  "scaling; pays where the CPU or GPU multiplies bfloat16 "
+                  "natively: AVX512-BF16, AMX, Ampere); float16 (float16 "
+                  "compute, float32 variables, dynamic loss scaling).")
+flags.DEFINE_bool("use_fp16", False, "The same as --precision float16.")
+
+
+@flags.multi_flags_validator(
+    ["precision", "use_fp16"],
+    message="--use_fp16 is --precision float16; give one of them.")
+def _one_precision(values):
+  return not values["use_fp16"] or values["precision"] in ("float32",
+                                                           "float16")
 flags.DEFINE_enum("distribution_strategy", "none", STRATEGIES,
                   "none, mirrored (local devices), or multi_worker / "
                   "parameter_server with the cluster from TF_CONFIG.")

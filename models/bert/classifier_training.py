@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
+from estimator_accum import tf_private
 from estimator_accum.estimator import runner as session_runner
 from models import batch_plan
 from models.bert import classifier, modeling
@@ -32,7 +33,7 @@ def config(flags, setup, plan, num_train_updates, init_checkpoint,
       init_checkpoint=init_checkpoint, micro_batch_size=plan.micro_batch,
       total_micro_batches=num_train_updates * plan.k,
       log_every_n_micro_batches=flags.log_every,
-      use_fp16=flags.use_fp16,
+      precision=precision(flags),
       max_consecutive_skipped_windows=(
           flags.max_consecutive_skipped_windows or None),
       classifier_dropout=flags.classifier_dropout,
@@ -130,7 +131,7 @@ STEP_FLAGS = ("task_name", "max_seq_length", "do_lower_case", "unpadded",
               "pooled_only", "fused_apply", "recompute",
               "sort_windows_by_length", "pack_windows", "max_examples_per_row",
               "pad_to_multiple_of", "classifier_dropout", "optimizer",
-              "use_fp16", "distribution_strategy", "keyed_dropout",
+              "use_fp16", "precision", "distribution_strategy", "keyed_dropout",
               "fused_attention")
 
 
@@ -189,8 +190,14 @@ def attention_fused(flags, bert_config):
   return modeling.fused_attention_op(
       bert_config, fused_attention=flags.fused_attention, is_training=True,
       one_example_a_row=flags.unpadded and not flags.pack_windows,
-      compute_type=tf.float16 if flags.use_fp16 else tf.float32,
-      keyed=keyed_dropout(flags)) is not None
+      compute_type=tf.float16 if precision(flags) == "float16" else
+      tf.float32, keyed=keyed_dropout(flags)) is not None
+
+
+def precision(flags):
+  """The run's --precision (--use_fp16 is float16)."""
+  return "float16" if flags.use_fp16 else getattr(flags, "precision",
+                                                    "float32")
 
 
 def describe(flags, plan, workers, replicas, between_graph,
@@ -226,6 +233,39 @@ def describe(flags, plan, workers, replicas, between_graph,
   if flags.pooled_only:
     print("the last layer computes each example's first token only, the "
           "one the classifier reads (--pooled_only)", flush=True)
+  if precision(flags) == "bfloat16":
+    print("the dense products take bfloat16 operands; the weights, "
+          "optimizer slots, accumulators, layer norms, softmax and loss "
+          "stay float32, no loss scale (--precision bfloat16)", flush=True)
+    native, why = native_bfloat16()
+    if not native:
+      print(f"this machine has no native bfloat16 products ({why}): "
+            "bfloat16 runs slower here than float32; --precision float32 "
+            "is the faster choice", flush=True)
+
+
+def native_bfloat16():
+  """(whether this process multiplies bfloat16 natively, what says so): a
+  GPU of compute capability 8.0+ (Ampere on), else a CPU whose flags list
+  avx512_bf16 or amx_bf16 with TensorFlow's oneDNN kernels on."""
+  gpus = tf.config.list_physical_devices("GPU")
+  if gpus:
+    capability = tf.config.experimental.get_device_details(gpus[0]).get(
+        "compute_capability", (0, 0))
+    return (tuple(capability) >= (8, 0),
+            f"GPU compute capability {capability[0]}.{capability[1]}")
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+      cpu_flags = set(cpuinfo.read().split())
+  except OSError:
+    cpu_flags = set()
+  found = sorted(cpu_flags & {"avx512_bf16", "amx_bf16"})
+  if not found:
+    return False, "the CPU lists neither avx512_bf16 nor amx_bf16"
+  if not tf_private.onednn_enabled():
+    return False, ("TensorFlow's oneDNN kernels are off "
+                   "(TF_ENABLE_ONEDNN_OPTS=0)")
+  return True, f"CPU: {', '.join(found)}"
 
 
 def report(seconds, micro_batches, total):

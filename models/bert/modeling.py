@@ -24,6 +24,7 @@ extract_features.py) call keep their signatures: `get_shape_list`,
 """
 
 import copy
+import functools
 import json
 import math
 
@@ -129,7 +130,8 @@ class BertModel:
                token_type_ids=None, use_one_hot_embeddings=False, scope=None,
                compute_type=tf.float32, recompute=False, example_ids=None,
                max_examples=None, unpadded=False, pooled_only=False,
-               dropout_keys=None, dropout_seed=0, fused_attention=True):
+               dropout_keys=None, dropout_seed=0, fused_attention=True,
+               product_type=None):
     """Builds the encoder in the current graph.
 
     Args:
@@ -195,6 +197,13 @@ class BertModel:
         or keyed, the kernels built; the same function up to float32
         rounding (the same dropout masks). False: TensorFlow's ops. Graphs
         to evaluate, predict or export always hold TensorFlow's ops.
+      product_type: None, or tf.bfloat16: the layers' and the pooler's
+        dense products take bfloat16 operands (the variables and
+        activations cast in, the product cast back to the activations'
+        float32 before the bias), everything else in float32: layer norms,
+        softmax, attention, dropout, the loss. Gradients reach the
+        variables in float32. Where the CPU (AVX512-BF16, AMX) or GPU
+        multiplies bfloat16 natively.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -246,6 +255,9 @@ class BertModel:
       token_type_ids = tf.zeros_like(input_ids)
     self._config = config
     self._compute_type = tf.as_dtype(compute_type)
+    self._dense = functools.partial(
+        _dense, products=None if product_type is None else
+        tf.as_dtype(product_type))
     self._one_hot = use_one_hot_embeddings
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
@@ -315,7 +327,7 @@ class BertModel:
       if pooled_only and example_ids is None:
         first = first[:, 0]
       with tf.compat.v1.variable_scope("pooler"):
-        self.pooled_output = tf.cast(_dense(
+        self.pooled_output = tf.cast(self._dense(
             first, config.hidden_size, "dense",
             config.initializer_range, activation=tf.tanh), tf.float32)
 
@@ -372,7 +384,7 @@ class BertModel:
     padded layout's function (a padded key's probability there is 0), the
     same keyed dropout masks (the same site)."""
     config = self._config
-    key, value = (_dense(layer_input, config.hidden_size, name,
+    key, value = (self._dense(layer_input, config.hidden_size, name,
                          config.initializer_range)
                   for name in ("key", "value"))
     rate = config.attention_probs_dropout_prob
@@ -427,7 +439,7 @@ class BertModel:
           if attention_bias.shape[2] != 1:  # Packed: a row per query.
             attention_bias = tf.gather(attention_bias[:, 0], starts,
                                        batch_dims=1)[:, tf.newaxis]
-        query = _dense(query_input, config.hidden_size, "query",
+        query = self._dense(query_input, config.hidden_size, "query",
                        config.initializer_range)
         fused = (self._fused_op() if real is not None and starts is None
                  else None)
@@ -438,7 +450,7 @@ class BertModel:
         if fused is None:
           query = split_heads(rows(query) if starts is None else query, count)
           key, value = (
-              split_heads(rows(_dense(layer_input, config.hidden_size, name,
+              split_heads(rows(self._dense(layer_input, config.hidden_size, name,
                                       config.initializer_range)), length)
               for name in ("key", "value"))
           scores = tf.matmul(query, key, transpose_b=True) / math.sqrt(
@@ -453,7 +465,7 @@ class BertModel:
             context = tf.gather_nd(
                 tf.reshape(context, [-1, config.hidden_size]), real)
       with tf.compat.v1.variable_scope("output"):
-        attention = _dense(context, config.hidden_size, "dense",
+        attention = self._dense(context, config.hidden_size, "dense",
                            config.initializer_range)
         attention = _layer_norm(
             self._dropout(attention, config.hidden_dropout_prob,
@@ -466,10 +478,10 @@ class BertModel:
         # any process (a server) runs, the kernel's values (as the layer
         # norms': one_pass in training graphs only).
         activation = _gelu_ops
-      intermediate = _dense(attention, config.intermediate_size, "dense",
+      intermediate = self._dense(attention, config.intermediate_size, "dense",
                             config.initializer_range, activation=activation)
     with tf.compat.v1.variable_scope("output"):
-      output = _dense(intermediate, config.hidden_size, "dense",
+      output = self._dense(intermediate, config.hidden_size, "dense",
                       config.initializer_range)
       return _layer_norm(
           self._dropout(output, config.hidden_dropout_prob, query_keys) +
@@ -830,10 +842,19 @@ def _initializer(stddev):
   return create_initializer(stddev)
 
 
-def _dense(inputs, units, name, initializer_range, activation=None):
-  """A dense layer with Google's variable names `<name>/kernel`, `/bias`."""
+def _dense(inputs, units, name, initializer_range, activation=None,
+           products=None):
+  """A dense layer with Google's variable names `<name>/kernel`, `/bias`;
+  with `products` (a dtype), its product's operands in that dtype, the
+  result back in `inputs`' dtype."""
   kernel, bias = dense_variables(inputs, units, name, initializer_range)
-  output = tf.tensordot(inputs, kernel, [[inputs.shape.rank - 1], [0]]) + bias
+  axes = [[inputs.shape.rank - 1], [0]]
+  if products is not None and products != inputs.dtype:
+    output = tf.cast(tf.tensordot(tf.cast(inputs, products),
+                                  tf.cast(kernel, products), axes),
+                     inputs.dtype) + bias
+  else:
+    output = tf.tensordot(inputs, kernel, axes) + bias
   return activation(output) if activation else output
 
 

@@ -691,3 +691,30 @@ def test_windows_sorted_or_packed_train_to_the_same_weights(
       np.testing.assert_allclose(weights[arrangement].get_tensor(name),
                                  weights["plain"].get_tensor(name), rtol=1e-5,
                                  atol=1e-6, err_msg=f"{arrangement}: {name}")
+
+
+def test_bfloat16_trains_with_float32_weights_and_window(tiny_model, sst2,
+                                                         tmp_path):
+  """--precision bfloat16 on every release: the dense products in
+  bfloat16, the checkpoint float32 (the variables, Adam's slots, the
+  accumulators), no loss scale; it evaluates; --use_fp16 with it is
+  refused in one line."""
+  output_dir = tmp_path / "run"
+  result = _run(_flags(tiny_model, sst2, output_dir, precision="bfloat16"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "the dense products take bfloat16 operands" in result.stdout
+  reader = tf.train.load_checkpoint(str(output_dir))
+  dtypes = reader.get_variable_to_dtype_map()
+  assert reader.get_tensor("global_step") == 20
+  assert "gradient_accumulation/loss_scale" not in dtypes
+  floats = {name: dtype for name, dtype in dtypes.items()
+            if dtype.is_floating}
+  assert set(floats.values()) == {tf.float32}, floats
+  assert any(name.endswith("/accum") for name in floats)
+  assert "eval_accuracy" in (output_dir / "eval_results.txt").read_text()
+  refused = _run(_flags(tiny_model, sst2, tmp_path / "both",
+                        precision="bfloat16", use_fp16=True))
+  assert refused.returncode != 0
+  assert "--use_fp16 is --precision float16; give one of them" in (
+      refused.stderr + refused.stdout)
+  assert "Traceback" not in refused.stderr
