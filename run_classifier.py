@@ -152,6 +152,9 @@ class ClassifierRun:
     return examples, path, count
 
   def _train_and_evaluate(self):
+    problem = training.precision_problem(self.flags)
+    if problem:
+      raise UsageError(problem)
     distribution = self.distribution
     strategy, workers = distribution.strategy, distribution.workers
     replicas = distribution.replicas_per_worker

@@ -134,9 +134,8 @@ PRECISION = {
         ["--precision=bfloat16"], {}),
     "bfloat16, oneDNN without bf16 instructions (ONEDNN_MAX_CPU_ISA="
     "AVX512_CORE)": (["--precision=bfloat16"],
-                     {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
-    "float32, oneDNN without bf16 instructions": (
-        [], {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}),
+                     {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+                      "ESTIMATOR_ACCUM_BFLOAT16_ANYWHERE": "1"}),
 }
 # (flags, environment) of each Grappler setting.
 GRAPPLER = {

@@ -240,8 +240,31 @@ def describe(flags, plan, workers, replicas, between_graph,
     native, why = native_bfloat16()
     if not native:
       print(f"this machine has no native bfloat16 products ({why}): "
-            "bfloat16 runs slower here than float32; --precision float32 "
-            "is the faster choice", flush=True)
+            "bfloat16 runs slower here than float32 "
+            f"({BFLOAT16_ANYWHERE}=1 given)", flush=True)
+
+
+# Runs --precision bfloat16 where the machine has no native bfloat16
+# products (for its numerics; 2.5-3.5x slower products, below).
+BFLOAT16_ANYWHERE = "ESTIMATOR_ACCUM_BFLOAT16_ANYWHERE"
+
+
+def precision_problem(flags):
+  """Why --precision bfloat16 is refused here, or None. Without native
+  bfloat16 products the library's bfloat16 matmuls ran at 0.28-0.40x
+  float32's (oneDNN held to AVX-512 without its bf16 instructions,
+  MiniLM's shapes and 2048², AMD EPYC, 2026-12-06): the run would only be
+  slower, and its numbers rounder."""
+  if precision(flags) != "bfloat16" or os.environ.get(BFLOAT16_ANYWHERE) == (
+      "1"):
+    return None
+  native, why = native_bfloat16()
+  if native:
+    return None
+  return (f"--precision bfloat16: this machine has no native bfloat16 "
+          f"products ({why}), where bfloat16 matmuls run at about a third "
+          f"of float32's speed; use --precision float32, or set "
+          f"{BFLOAT16_ANYWHERE}=1 to run it anyway.")
 
 
 def native_bfloat16():

@@ -700,7 +700,10 @@ def test_bfloat16_trains_with_float32_weights_and_window(tiny_model, sst2,
   accumulators), no loss scale; it evaluates; --use_fp16 with it is
   refused in one line."""
   output_dir = tmp_path / "run"
-  result = _run(_flags(tiny_model, sst2, output_dir, precision="bfloat16"))
+  # On any CPU (CI's may have no native bfloat16): the numerics.
+  anywhere = dict(os.environ, ESTIMATOR_ACCUM_BFLOAT16_ANYWHERE="1")
+  result = _run(_flags(tiny_model, sst2, output_dir, precision="bfloat16"),
+                env=anywhere)
   assert result.returncode == 0, result.stderr[-3000:]
   assert "the dense products take bfloat16 operands" in result.stdout
   reader = tf.train.load_checkpoint(str(output_dir))
@@ -718,3 +721,11 @@ def test_bfloat16_trains_with_float32_weights_and_window(tiny_model, sst2,
   assert "--use_fp16 is --precision float16; give one of them" in (
       refused.stderr + refused.stdout)
   assert "Traceback" not in refused.stderr
+  # Where the products are not native (oneDNN held below its bf16
+  # instructions, or oneDNN off), refused in one line unless asked.
+  slow = _run(_flags(tiny_model, sst2, tmp_path / "slow",
+                     precision="bfloat16"),
+              env=dict(os.environ, TF_ENABLE_ONEDNN_OPTS="0"))
+  assert slow.returncode != 0
+  assert "--precision bfloat16: this machine has no native bfloat16" in (
+      slow.stderr + slow.stdout)
