@@ -11,7 +11,7 @@ examples, accuracy.
 
   .venv-peer/bin/python benchmarks/peer_hf_trainer.py --model DIR \\
       --data DIR [--group_by_length] [--epochs 1] [--seed 42]
-      [--micro_batch 8 --accumulation 4]
+      [--micro_batch 8 --accumulation 4] [--bf16]
 """
 
 import argparse
@@ -36,6 +36,9 @@ def main():
   parser.add_argument("--group_by_length", action="store_true")
   parser.add_argument("--micro_batch", type=int, default=8)
   parser.add_argument("--accumulation", type=int, default=4)
+  parser.add_argument("--bf16", action="store_true",
+                      help="TrainingArguments(bf16=True): autocast to "
+                           "bfloat16 on the CPU")
   args = parser.parse_args()
 
   import numpy as np  # noqa: PLC0415
@@ -76,7 +79,7 @@ def main():
             group_by_length=args.group_by_length,
             per_device_eval_batch_size=64, save_strategy="no",
             report_to=[], logging_strategy="no", disable_tqdm=True,
-            use_cpu=True),
+            use_cpu=True, bf16=args.bf16),
         train_dataset=train,
         data_collator=transformers.DataCollatorWithPadding(tokenizer))
     started = time.perf_counter()

@@ -60,7 +60,12 @@ kernels are built for AVX either way.
 
   python benchmarks/peer_speed.py [--epochs 1] [--rounds 1] [--seed 42]
       [--splits 16x2,fastest] [--peer_splits 16x2] [--no_padded] [--avx2]
-      [--peer_python .venv-peer/bin/python]
+      [--precision bfloat16] [--peer_python .venv-peer/bin/python]
+
+With `--precision bfloat16`, both sides train in bfloat16: the main job
+with `--precision bfloat16` (bfloat16 products, float32 weights, slots and
+accumulators), Trainer with `bf16=True` (autocast); the floor stays
+float32's.
 
 The peer venv is made on first use (`--peer_python` names another): Python
 3.11's venv, `pip install --find-links /opt/wheels -r
@@ -269,12 +274,19 @@ def parse_split(flag, text):
   return micro, k
 
 
+# --precision bfloat16: each side's own bfloat16 (run_classifier.py
+# --precision bfloat16, Trainer's bf16=True); float32 against float32,
+# bfloat16 against bfloat16, never across.
+PRECISION = {"flags": [], "peer": []}
+
+
 def run_ours(root, epochs, seed, flags=(), env=None):
   output_dir = tempfile.mkdtemp(prefix="ours-", dir=root)
   started = time.perf_counter()
   done = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
-       f"--num_train_epochs={epochs}", f"--seed={seed}", *flags],
+       f"--num_train_epochs={epochs}", f"--seed={seed}", *flags,
+       *PRECISION["flags"]],
       cwd=ROOT, capture_output=True, text=True, check=False,
       env=None if env is None else dict(os.environ, **env))
   whole = time.perf_counter() - started
@@ -302,7 +314,7 @@ def run_peer(python, data, model, epochs, seed, grouped,
        "--model", model, "--data", data, f"--epochs={epochs}",
        f"--seed={seed}", f"--micro_batch={split[0]}",
        f"--accumulation={split[1]}",
-       *(["--group_by_length"] if grouped else [])],
+       *(["--group_by_length"] if grouped else []), *PRECISION["peer"]],
       capture_output=True, text=True, check=False)
   whole = time.perf_counter() - started
   line = next((li for li in done.stdout.splitlines()
@@ -338,13 +350,20 @@ def main():
   parser.add_argument("--peer_python", default=None,
                       help="a Python with torch and transformers "
                            "(default: .venv-peer, made on first use)")
+  parser.add_argument("--precision", choices=("float32", "bfloat16"),
+                      default="float32",
+                      help="both sides in this precision: bfloat16 is "
+                           "run_classifier.py --precision bfloat16 beside "
+                           "Trainer's bf16=True")
   args = parser.parse_args()
+  if args.precision == "bfloat16":
+    PRECISION.update(flags=["--precision=bfloat16"], peer=["--bf16"])
   if args.avx2:
     os.environ.update(AVX2)
   from models.bert import pretrained  # noqa: PLC0415
 
   python = peer_python(args.peer_python)
-  print(f"machine: {cpu_name()}" + (
+  print(f"machine: {cpu_name()}; both sides in {args.precision}" + (
       "; every library held to AVX2 (" +
       " ".join(f"{k}={v}" for k, v in AVX2.items()) + ")"
       if args.avx2 else ""), flush=True)

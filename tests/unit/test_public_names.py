@@ -71,6 +71,14 @@ _FRESH = {"TF_CPP_MIN_LOG_LEVEL": "3", "PATH": "/usr/bin",
           "ESTIMATOR_ACCUM_TEST_FORK": "0"}
 
 
+def _fresh_python(script):
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=_FRESH)
+  assert result.returncode == 0, result.stderr[-2000:]
+  return result
+
+
 @pytest.mark.parametrize("module", sorted(PUBLIC))
 def test_every_public_name_is_there_listed_and_documented(module):
   loaded = importlib.import_module(module)
@@ -100,10 +108,7 @@ def test_a_script_on_the_old_watchdog_name_runs_and_is_told():
   script = ("import tfconfig.health\n"
             "print(tfconfig.health.watch.__name__, "
             "tfconfig.health.DEFAULT_TIMEOUT)\n")
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=_FRESH)
-  assert result.returncode == 0, result.stderr[-2000:]
+  result = _fresh_python(script)
   assert result.stdout.split() == ["watch", "60.0"]
   assert ("DeprecationWarning: tfconfig.health.watch moved: use "
           "estimator_accum.distribution.health.watch") in result.stderr
@@ -116,9 +121,6 @@ def test_the_public_names_import_nothing_of_tf_estimator_until_asked():
             "print('tensorflow_estimator' in sys.modules)\n"
             "estimator_accum.EstimatorSpec\n"
             "print('tensorflow_estimator' in sys.modules)\n")
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300,
-                          env=_FRESH)
-  assert result.returncode == 0, result.stderr[-2000:]
+  result = _fresh_python(script)
   has_estimator = estimator_accum.releases.estimator() is not None
   assert result.stdout.split() == ["False", str(has_estimator)]
