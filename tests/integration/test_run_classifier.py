@@ -702,9 +702,19 @@ def test_bfloat16_trains_with_float32_weights_and_window(tiny_model, sst2,
   output_dir = tmp_path / "run"
   # On any CPU (CI's may have no native bfloat16): the numerics.
   anywhere = dict(os.environ, ESTIMATOR_ACCUM_BFLOAT16_ANYWHERE="1")
-  result = _run(_flags(tiny_model, sst2, output_dir, precision="bfloat16"),
-                env=anywhere)
+  result = _run(_flags(tiny_model, sst2, output_dir, precision="bfloat16",
+                       export_dir=tmp_path / "export"), env=anywhere)
   assert result.returncode == 0, result.stderr[-3000:]
+  # The export's serving signature takes and gives what float32's does.
+  from tensorflow.core.protobuf import saved_model_pb2  # noqa: PLC0415
+
+  [version] = list((tmp_path / "export").iterdir())
+  model = saved_model_pb2.SavedModel()
+  model.ParseFromString((version / "saved_model.pb").read_bytes())
+  signature = model.meta_graphs[0].signature_def["serving_default"]
+  assert sorted(signature.inputs) == ["input_ids", "input_mask",
+                                      "segment_ids"]
+  assert signature.outputs["probabilities"].dtype == tf.float32.as_datatype_enum
   assert "the dense products take bfloat16 operands" in result.stdout
   reader = tf.train.load_checkpoint(str(output_dir))
   dtypes = reader.get_variable_to_dtype_map()
