@@ -82,3 +82,24 @@ def test_a_parameter_server_job_with_an_evaluator(tmp_path):
   support.assert_weights_close(
       _weights(tmp_path / "run"), _expected(1),
       what=f"chief on the ps, TensorFlow {tf.__version__}")
+
+
+@pytest.mark.slow
+def test_a_multi_worker_job_with_an_evaluator(tmp_path):
+  """A chief and a worker under MultiWorkerMirroredStrategy, an evaluator
+  task on one device (the job script makes no strategy there): the
+  trainers end at the big batch, the evaluator evaluates the last
+  checkpoint."""
+  stdout = _launch(["--chief", "--workers", "1", "--evaluator",
+                    "--evaluator_wait", "120"], "multi_worker",
+                   tmp_path / "run")
+  lines = [line for line in stdout.splitlines()
+           if line.startswith("[evaluator:0] metrics ")]
+  assert len(lines) == 1, stdout[-3000:]
+  assert json.loads(lines[0].split(" metrics ", 1)[1])["global_step"] == (
+      K * UPDATES)
+  assert not any(line.startswith(("[chief:0] metrics", "[worker:0] metrics"))
+                 for line in stdout.splitlines())
+  support.assert_weights_close(
+      _weights(tmp_path / "run"), _expected(2),
+      what=f"chief and worker, TensorFlow {tf.__version__}")

@@ -3,7 +3,8 @@
 `train_and_evaluate`), as a user writes it for TensorFlow 2.15 and 2.21
 alike. Started by `python -m tfconfig launch`:
 
-  python -m tfconfig launch --workers 2 -- python tests/jobs/estimator_job.py multi_worker DIR
+  python -m tfconfig launch --workers 2 [--evaluator --evaluator_wait 60] -- \
+      python tests/jobs/estimator_job.py multi_worker DIR
   python -m tfconfig launch --chief --workers 0 --ps 1 --evaluator --evaluator_wait 60 -- \
       python tests/jobs/estimator_job.py parameter_server DIR
 
@@ -63,7 +64,8 @@ def main(kind, model_dir):
   position = task["index"] + (len(cluster.get("chief", []))
                               if task["type"] == "worker" else 0)
   strategy = None
-  if kind == "multi_worker":
+  # The evaluator evaluates on one device, outside the training cluster.
+  if kind == "multi_worker" and task["type"] != "evaluator":
     strategy = (
         tf.compat.v1.distribute.experimental.MultiWorkerMirroredStrategy())
   config = estimator_accum.RunConfig(
