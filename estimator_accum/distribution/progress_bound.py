@@ -39,6 +39,31 @@ CHECK_SECONDS = 1.0
 _STARTED = []
 
 
+def seconds_from_environment(name, default, zero_turns_off=None):
+  """The environment variable `name` as seconds > 0, or `default` unset;
+  with `zero_turns_off` (what 0 turns off), 0 too, given as None.
+
+  Raises:
+    ValueError: it is set to anything else (named, with its value).
+  """
+  value = os.environ.get(name)
+  if value is None:
+    return default
+  try:
+    seconds = float(value)
+  except ValueError:
+    seconds = -1.0
+  if zero_turns_off is None:
+    if not seconds > 0:
+      raise ValueError(f"{name} must be a number of seconds > 0, got "
+                       f"{value!r}.")
+    return seconds
+  if not seconds >= 0:
+    raise ValueError(f"{name} must be a number of seconds >= 0 (0 turns "
+                     f"{zero_turns_off} off), got {value!r}.")
+  return seconds or None
+
+
 def floor_from_environment():
   """The bound's floor in seconds, or None when it is off (0).
 
@@ -46,17 +71,8 @@ def floor_from_environment():
     ValueError: the variable is set to anything but a number >= 0 (named,
       with its value).
   """
-  value = os.environ.get(FLOOR_ENV)
-  if value is None:
-    return DEFAULT_FLOOR
-  try:
-    seconds = float(value)
-  except ValueError:
-    seconds = -1.0
-  if not seconds >= 0:
-    raise ValueError(f"{FLOOR_ENV} must be a number of seconds >= 0 (0 "
-                     f"turns the bound off), got {value!r}.")
-  return seconds or None
+  return seconds_from_environment(FLOOR_ENV, DEFAULT_FLOOR,
+                                  zero_turns_off="the bound")
 
 
 def bound(floor, longest):

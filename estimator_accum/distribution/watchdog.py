@@ -104,23 +104,9 @@ def _cluster():
   return config if len(training) >= 2 else None
 
 
-def seconds_from_environment(name, default):
-  """The environment variable `name` as seconds > 0, or `default` unset.
-
-  Raises:
-    ValueError: it is set to anything but a number > 0 (named, with it).
-  """
-  value = os.environ.get(name)
-  if value is None:
-    return default
-  try:
-    seconds = float(value)
-  except ValueError:
-    seconds = -1.0
-  if not seconds > 0:
-    raise ValueError(f"{name} must be a number of seconds > 0, got "
-                     f"{value!r}.")
-  return seconds
+# One parser of seconds from the environment (progress_bound's) for the
+# watchdog, the stop and the progress bound.
+seconds_from_environment = progress_bound.seconds_from_environment
 
 
 def _timeout():
