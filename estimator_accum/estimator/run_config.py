@@ -46,13 +46,7 @@ class RunConfig:
                experimental_max_worker_delay_secs=None,
                session_creation_timeout_secs=7200,
                checkpoint_save_graph_def=True):
-    given = {name: value for name, value in locals().items()
-             if name in _NOT_RUN and value is not None}
-    if given:
-      name, value = next(iter(given.items()))
-      raise ValueError(
-          f"RunConfig: {name}={_checks.short(value)} is not run by "
-          f"estimator_accum.Estimator ({_NOT_RUN[name]}); leave it None.")
+    _refuse_not_run(locals())
     steps_given = save_checkpoints_steps is not _DEFAULT
     secs_given = save_checkpoints_secs is not _DEFAULT
     steps = save_checkpoints_steps if steps_given else None
@@ -66,14 +60,13 @@ class RunConfig:
     for name, value in (("save_checkpoints_steps", steps),
                         ("save_checkpoints_secs", secs),
                         ("save_summary_steps", save_summary_steps),
-                        ("log_step_count_steps", log_step_count_steps),
-                        ("tf_random_seed", tf_random_seed)):
-      if value is not None and name != "tf_random_seed":
+                        ("log_step_count_steps", log_step_count_steps)):
+      if value is not None:
         _checks.check_positive_int(f"RunConfig: {name}", value, limit=2**62)
-      elif value is not None and (isinstance(value, bool) or
-                                  not isinstance(value, int)):
-        raise TypeError(f"RunConfig: tf_random_seed is an int or None, got "
-                        f"{_checks.short(value)}.")
+    if tf_random_seed is not None and (isinstance(tf_random_seed, bool) or
+                                       not isinstance(tf_random_seed, int)):
+      raise TypeError(f"RunConfig: tf_random_seed is an int or None, got "
+                      f"{_checks.short(tf_random_seed)}.")
     _checks.check_positive_int("RunConfig: keep_checkpoint_max",
                                keep_checkpoint_max or 1, limit=2**31)
     if session_config is not None and not isinstance(
@@ -92,16 +85,9 @@ class RunConfig:
         train_distribute=train_distribute,
         session_creation_timeout_secs=session_creation_timeout_secs,
         checkpoint_save_graph_def=checkpoint_save_graph_def)
-    self._read_cluster()
-
-  def _read_cluster(self):
-    config = tfc.from_environment()
-    cluster = {kind: list(addresses) for kind, addresses
-               in config.get(tfc.CLUSTER, {}).items()}
-    task = config.get(tfc.TASK) or {}
-    self._cluster = cluster
-    self._task_type = task.get(tfc.TYPE, tfc.WORKER)
-    self._task_id = int(task.get(tfc.INDEX, 0))
+    task = _environment_task()
+    self._cluster, self._task_type, self._task_id = (
+        task.cluster, task.task_type, task.task_id)
 
   def replace(self, **changes):
     """A RunConfig with `changes` made, as Estimator's `replace`."""
@@ -125,9 +111,7 @@ class RunConfig:
 
   @property
   def cluster_spec(self):
-    training = {kind: addresses for kind, addresses in self._cluster.items()
-                if kind != tfc.EVALUATOR}
-    return tf.train.ClusterSpec(training)
+    return tf.train.ClusterSpec(_training(self._cluster))
 
   @property
   def task_type(self):
@@ -176,6 +160,23 @@ class RunConfig:
     return f"RunConfig({shown})"
 
 
+def _refuse_not_run(values):
+  """Refuses, in one line, the first of `values` (name: value) that is one
+  of the arguments the library's Estimator does not run, given."""
+  for name, value in values.items():
+    if name in _NOT_RUN and value is not None:
+      raise ValueError(
+          f"RunConfig: {name}={_checks.short(value)} is not run by "
+          f"estimator_accum.Estimator ({_NOT_RUN[name]}); leave it None.")
+
+
+def _training(cluster):
+  """`cluster` without the evaluator (TensorFlow keeps it out of the
+  training cluster)."""
+  return {kind: addresses for kind, addresses in cluster.items()
+          if kind != tfc.EVALUATOR}
+
+
 @dataclasses.dataclass(frozen=True)
 class _Task:
   """Where a RunConfig's process stands in its cluster."""
@@ -184,31 +185,36 @@ class _Task:
   task_id: int
 
 
+def _environment_task():
+  """This process's place as TF_CONFIG gives it, the evaluator kept: no
+  cluster, a worker of index 0, where it names none."""
+  read = tfc.from_environment()
+  task = read.get(tfc.TASK) or {}
+  return _Task({kind: list(addresses) for kind, addresses
+                in read.get(tfc.CLUSTER, {}).items()},
+               task.get(tfc.TYPE, tfc.WORKER), int(task.get(tfc.INDEX, 0)))
+
+
 def task_of(config):
   """This process's place (cluster, type, index), as TF_CONFIG gives it
   (both RunConfigs read it; tf.estimator's keeps no cluster under a
   strategy), the evaluator kept; `config`'s where TF_CONFIG names none."""
-  read = tfc.from_environment()
-  if read.get(tfc.CLUSTER):
-    task = read.get(tfc.TASK) or {}
-    return _Task({kind: list(addresses) for kind, addresses
-                  in read[tfc.CLUSTER].items()},
-                 task.get(tfc.TYPE, tfc.WORKER), int(task.get(tfc.INDEX, 0)))
+  task = _environment_task()
+  if task.cluster:
+    return task
   return _Task({}, config.task_type or tfc.WORKER, int(config.task_id or 0))
 
 
 def settings_of(config, model_dir, runner_settings):
   """The runner's settings (`runner_settings`, its RunSettings type) of
   `config`, a tf.estimator RunConfig or the library's, on `model_dir`."""
-  for name in _NOT_RUN:
-    value = getattr(config, name, None)
-    if value is not None and not (name == "protocol" and value == "grpc"):
-      raise ValueError(
-          f"RunConfig: {name}={_checks.short(value)} is not run by "
-          f"estimator_accum.Estimator ({_NOT_RUN[name]}); leave it None.")
+  # (tf.estimator's RunConfig may say "grpc", the protocol there is.)
+  values = {name: getattr(config, name, None) for name in _NOT_RUN}
+  if values["protocol"] == "grpc":
+    values["protocol"] = None
+  _refuse_not_run(values)
   task = task_of(config)
-  training = {kind: addresses for kind, addresses in task.cluster.items()
-              if kind != tfc.EVALUATOR}
+  training = _training(task.cluster)
   strategy = config.train_distribute
   steps = config.save_checkpoints_steps
   secs = config.save_checkpoints_secs
