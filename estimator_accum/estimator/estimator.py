@@ -79,7 +79,7 @@ class Estimator:
       if value is not None:
         _checks.check_positive_int(f"Estimator.train: {name}", value,
                                    limit=2**62)
-    _check_input_fn("train", input_fn)
+    specs.check_input_fn("Estimator.train", input_fn)
     self._runner.train(input_fn, max_steps=max_steps, hooks=hooks or (),
                        steps=steps, saving_listeners=saving_listeners or (),
                        warm_start=self._warm_start)
@@ -89,7 +89,7 @@ class Estimator:
                name=None):
     """The metrics (with "loss" and "global_step") over `input_fn`'s data,
     or its first `steps` batches, at the latest checkpoint."""
-    _check_input_fn("evaluate", input_fn)
+    specs.check_input_fn("Estimator.evaluate", input_fn)
     if steps is not None:
       _checks.check_positive_int("Estimator.evaluate: steps", steps,
                                  limit=2**62)
@@ -100,7 +100,7 @@ class Estimator:
               checkpoint_path=None, yield_single_examples=True):
     """Yields the predictions over `input_fn`'s data at the latest
     checkpoint, one example at a time (or one batch)."""
-    _check_input_fn("predict", input_fn)
+    specs.check_input_fn("Estimator.predict", input_fn)
     return self._runner.predict(
         input_fn, predict_keys=predict_keys, hooks=hooks or (),
         checkpoint_path=checkpoint_path,
@@ -177,10 +177,3 @@ def _warm_start(warm_start_from):
              ("var_name_to_vocab_info", "var_name_to_prev_var_name")}
   return lambda: tf.compat.v1.train.warm_start(
       source, vars_to_warm_start=variables, **renames)
-
-
-def _check_input_fn(method, input_fn):
-  if not callable(input_fn):
-    raise TypeError(f"Estimator.{method}: input_fn is a function returning "
-                    f"a tf.data.Dataset or (features, labels), got "
-                    f"{type(input_fn).__name__}.")

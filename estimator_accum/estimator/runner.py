@@ -43,8 +43,8 @@ from estimator_accum.estimator import export as session_export
 from estimator_accum.estimator import specs
 
 __all__ = ["EVAL", "PREDICT", "TRAIN", "ModelSpec", "RunSettings",
-           "SessionEstimator", "call_as_estimator", "input_features",
-           "model_spec"]
+           "SessionEstimator", "call_as_estimator", "global_step_at",
+           "input_features", "model_spec"]
 
 # Estimator's ModeKeys, the same strings (on every release).
 TRAIN, EVAL, PREDICT = "train", "eval", "infer"
@@ -167,8 +167,8 @@ class SessionEstimator:
     no checkpoint yet (Estimator's `warm_start_from`)."""
     latest = self.latest_checkpoint()
     if steps is not None:
-      max_steps = _global_step_at(latest) + steps
-    elif max_steps is not None and _global_step_at(latest) >= max_steps:
+      max_steps = global_step_at(latest) + steps
+    elif max_steps is not None and global_step_at(latest) >= max_steps:
       return self
     strategy = self.config.train_distribute
     cluster = session_cluster.SessionCluster.of(
@@ -356,7 +356,8 @@ def _scaffold(spec, config):
   return scaffold
 
 
-def _global_step_at(checkpoint):
+def global_step_at(checkpoint):
+  """The global step `checkpoint` holds (0 for None: none yet)."""
   if checkpoint is None:
     return 0
   return int(tf.train.load_checkpoint(checkpoint).get_tensor(

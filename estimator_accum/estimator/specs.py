@@ -12,7 +12,7 @@ import typing
 from estimator_accum import _checks, releases
 
 __all__ = ["EstimatorSpec", "EvalSpec", "ModeKeys", "TrainSpec",
-           "of_this_release"]
+           "check_input_fn", "of_this_release"]
 
 
 class ModeKeys:
@@ -85,7 +85,7 @@ class TrainSpec(_TrainFields):
   __slots__ = ()
 
   def __new__(cls, input_fn, max_steps=None, hooks=()):
-    _check_input_fn("TrainSpec", input_fn)
+    check_input_fn("TrainSpec", input_fn)
     if max_steps is not None:
       max_steps = _checks.check_positive_int("TrainSpec: max_steps", max_steps,
                                            limit=2**62)
@@ -111,7 +111,7 @@ class EvalSpec(_EvalFields):
 
   def __new__(cls, input_fn, steps=100, name=None, hooks=(), exporters=(),
               start_delay_secs=120, throttle_secs=600):
-    _check_input_fn("EvalSpec", input_fn)
+    check_input_fn("EvalSpec", input_fn)
     if steps is not None:
       steps = _checks.check_positive_int("EvalSpec: steps", steps, limit=2**62)
     for label, value in (("start_delay_secs", start_delay_secs),
@@ -128,7 +128,8 @@ class EvalSpec(_EvalFields):
                            tuple(exporters), start_delay_secs, throttle_secs)
 
 
-def _check_input_fn(owner, input_fn):
+def check_input_fn(owner, input_fn):
+  """Refuses, naming `owner`, an input_fn that is not a function."""
   if not callable(input_fn):
     raise TypeError(f"{owner}: input_fn is a function returning a "
                     f"tf.data.Dataset or (features, labels); got "

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from clusterspec import config as tfc
 from estimator_accum import releases
-from estimator_accum.estimator import run_config, specs
+from estimator_accum.estimator import run_config, runner, specs
 
 __all__ = ["train_and_evaluate"]
 
@@ -118,19 +118,12 @@ def _one_process(estimator, train_spec, eval_spec):
                   max_steps=train_spec.max_steps,
                   saving_listeners=[_EvaluateAfterSaves(evaluation)])
   if evaluation.result is None or (
-      evaluation.step != _global_step(estimator)):
+      evaluation.step != runner.global_step_at(
+          estimator.latest_checkpoint())):
     # No save ran the listener's end (checkpoints off, or nothing left to
     # train): the latest checkpoint is evaluated here.
     evaluation.run(estimator.latest_checkpoint(), final=True)
   return evaluation.result, evaluation.exports
-
-
-def _global_step(estimator):
-  checkpoint = estimator.latest_checkpoint()
-  if checkpoint is None:
-    return None
-  return int(tf.train.load_checkpoint(checkpoint).get_tensor(
-      tf.compat.v1.GraphKeys.GLOBAL_STEP))
 
 
 def _evaluator(estimator, train_spec, eval_spec):
@@ -143,14 +136,11 @@ def _evaluator(estimator, train_spec, eval_spec):
   evaluation = _Evaluation(estimator, eval_spec, train_spec.max_steps)
   for checkpoint in tf.train.checkpoints_iterator(
       estimator.model_dir, min_interval_secs=eval_spec.throttle_secs):
-    step = int(tf.train.load_checkpoint(checkpoint).get_tensor(
-        tf.compat.v1.GraphKeys.GLOBAL_STEP))
-    final = step >= train_spec.max_steps
     evaluation.run(checkpoint)
     print(f"[estimator_accum] evaluated {checkpoint}: " + ", ".join(
         f"{name} {value:.6g}" for name, value in sorted(
             evaluation.result.items()) if getattr(value, "size", 1) == 1),
           flush=True)
-    if final:
+    if evaluation.step >= train_spec.max_steps:
       break
   return evaluation.result, evaluation.exports
