@@ -71,8 +71,9 @@ def cache_root():
   return os.path.join(_files.cache_dir(), "native")
 
 
-def _cpu_flags():
-  """The x86 vector extensions of this CPU that the build may use."""
+def cpu_flags():
+  """The x86 vector extensions of this CPU (its /proc/cpuinfo flags): what
+  the build may use, and what run_classifier.py asks of bfloat16."""
   if platform.machine() not in ("x86_64", "AMD64"):
     return set()
   try:
@@ -87,7 +88,7 @@ def _cpu_flags():
 
 def _vector_flags(kind):
   """The compiler's vector flags for a source of `kind` (`_SOURCES`)."""
-  cpu = _cpu_flags()
+  cpu = cpu_flags()
   if kind == "fast":
     return ["-mavx2", "-mfma"] if {"avx2", "fma"} <= cpu else []
   return ["-mavx", "-mno-fma"] if "avx" in cpu else []

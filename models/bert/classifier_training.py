@@ -4,13 +4,14 @@ model_fn's TrainingConfig from the flags, the Estimator (or, on TensorFlow
 step, and the lines that say how it trains and what it took."""
 
 import dataclasses
+import functools
 import os
 
 import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
-from estimator_accum import tf_private
+from estimator_accum import native, tf_private
 from estimator_accum.estimator import runner as session_runner
 from models import batch_plan
 from models.bert import classifier, modeling
@@ -267,6 +268,7 @@ def precision_problem(flags):
           f"{BFLOAT16_ANYWHERE}=1 to run it anyway.")
 
 
+@functools.cache
 def native_bfloat16():
   """(whether this process multiplies bfloat16 natively, what says so): a
   GPU of compute capability 8.0+ (Ampere on), else a CPU whose flags list
@@ -277,12 +279,7 @@ def native_bfloat16():
         "compute_capability", (0, 0))
     return (tuple(capability) >= (8, 0),
             f"GPU compute capability {capability[0]}.{capability[1]}")
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-      cpu_flags = set(cpuinfo.read().split())
-  except OSError:
-    cpu_flags = set()
-  found = sorted(cpu_flags & {"avx512_bf16", "amx_bf16"})
+  found = sorted(native.cpu_flags() & {"avx512_bf16", "amx_bf16"})
   if not found:
     return False, "the CPU lists neither avx512_bf16 nor amx_bf16"
   if not tf_private.onednn_enabled():
