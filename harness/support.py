@@ -421,6 +421,17 @@ def estimator_train(model_dir, optimizer_fn, data, micro_batch, k,
                      for name in weight_names()}
 
 
+def relative_distance(actual, expected):
+  """||actual - expected|| / ||expected|| over every tensor at once (dicts
+  by name, or sequences in order): one figure for how far a run's weights
+  are from another's, which a single entry's rounding does not decide."""
+  pairs = ([(actual[name], expected[name]) for name in expected]
+           if isinstance(expected, dict) else list(zip(actual, expected)))
+  return float(np.sqrt(sum(np.sum((np.asarray(a) - np.asarray(e)) ** 2)
+                           for a, e in pairs)) /
+               np.sqrt(sum(np.sum(np.asarray(e) ** 2) for _, e in pairs)))
+
+
 def assert_weights_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
   """Asserts two weight dicts agree, naming the variable and the worst error."""
   assert set(actual) == set(expected), (sorted(actual), sorted(expected))

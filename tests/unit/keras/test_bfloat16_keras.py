@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
+from harness import support
 
 K, MICRO_BATCH, EPOCHS = 4, 8, 3
 
@@ -41,12 +42,6 @@ def _trained(policy, optimizer, batch, seed):
   return [np.array(w) for w in model.get_weights()]
 
 
-def _distance(weights, reference):
-  return float(np.sqrt(sum(np.sum((w - r) ** 2)
-                           for w, r in zip(weights, reference))) /
-               np.sqrt(sum(np.sum(r ** 2) for r in reference)))
-
-
 def test_mixed_bfloat16_window_is_as_close_as_the_bfloat16_big_batch(
     bfloat16_policy):
   def adam():
@@ -61,8 +56,8 @@ def test_mixed_bfloat16_window_is_as_close_as_the_bfloat16_big_batch(
     # No loss scale: bfloat16 has float32's range (under Keras 2 the
     # wrapper serves the LossScaleOptimizer interface, its scale None).
     assert getattr(wrapped, "initial_scale", None) is None
-    big = _distance(bf16_big, fp32_big)
-    window = _distance(bf16_window, fp32_big)
+    big = support.relative_distance(bf16_big, fp32_big)
+    window = support.relative_distance(bf16_window, fp32_big)
     assert big > 1e-5 and window > 1e-5, (big, window)
     ratios.append(window / big)
   # bfloat16's rounding moves one seed's ratio by a quarter either way

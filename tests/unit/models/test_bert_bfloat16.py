@@ -8,12 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from harness import support
 from tests.helpers import native_kernels
-
-
-def _relative(actual, expected):
-  return float(np.linalg.norm(actual - expected) /
-               max(np.linalg.norm(expected), 1e-12))
 
 
 @pytest.mark.parametrize("layout", [
@@ -29,7 +25,7 @@ def test_bfloat16_products_give_float32_gradients_close_to_float32s(layout):
   # held to the scale of all of them.
   every, reference = (np.concatenate([g.ravel() for g in gradients])
                       for gradients in (actual, expected))
-  assert 0 < _relative(every, reference) < 0.02
+  assert 0 < support.relative_distance([every], [reference]) < 0.02
   scale = np.abs(reference).max()
   for gradient, one in zip(actual, expected):
     np.testing.assert_allclose(gradient, one, rtol=0.05, atol=0.02 * scale)

@@ -45,14 +45,6 @@ def _accumulated(optimizer_fn, data, compute_dtype):
       return {v.op.name: session.run(v) for v in variables}, dtypes
 
 
-def _distance(weights, reference):
-  """||weights - reference|| / ||reference|| over every weight at once (a
-  single entry's largest difference is bfloat16's luck on one element)."""
-  return float(np.sqrt(sum(np.sum((weights[n] - reference[n]) ** 2)
-                           for n in reference)) /
-               np.sqrt(sum(np.sum(reference[n] ** 2) for n in reference)))
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 def test_k_bfloat16_micro_batches_are_as_close_as_the_bfloat16_big_batch(
     optimizer):
@@ -67,8 +59,8 @@ def test_k_bfloat16_micro_batches_are_as_close_as_the_bfloat16_big_batch(
     bf16_window, dtypes = _accumulated(optimizer_fn, data, tf.bfloat16)
     assert dtypes == {tf.float32}
     assert all(value.dtype == np.float32 for value in bf16_window.values())
-    big = _distance(bf16_big, fp32_big)
-    window = _distance(bf16_window, fp32_big)
+    big = support.relative_distance(bf16_big, fp32_big)
+    window = support.relative_distance(bf16_window, fp32_big)
     # bfloat16 was used (its 8-bit mantissa moves the weights).
     assert big > 1e-5 and window > 1e-5, (big, window)
     ratios.append(window / big)
