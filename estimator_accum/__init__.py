@@ -11,6 +11,7 @@ from estimator_accum.checkpoints.full_disk import is_full_disk, remove_cut_saves
 from estimator_accum.checkpoints.integrity import resume_from_complete
 from estimator_accum.checkpoints.run_lock import hold as hold_run_lock
 from estimator_accum.checkpoints.saver_hook import LeanCheckpointSaverHook
+from estimator_accum.distribution import ports as _ports
 from estimator_accum.distribution.health import coordination_heartbeat
 from estimator_accum.distribution.health import watch as watch_cluster
 from estimator_accum.estimator import (
@@ -67,6 +68,11 @@ from estimator_accum.window.train_op import (
   build_accumulating_train_op,
   get_accumulation_state,
 )
+
+# A task of a TF_CONFIG cluster that no launcher closed has its port closed
+# to all but its cluster before any server of it starts (nothing above
+# starts one; estimator_accum/distribution/ports.py).
+_ports.close_own_port()
 
 __all__ = [
     "Estimator",

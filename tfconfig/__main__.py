@@ -38,8 +38,8 @@ import os
 import signal
 import sys
 
+from clusterspec import closing as closed
 from clusterspec import config as tfc
-from tfconfig import closed
 from tfconfig import launch as tfl
 
 
@@ -174,10 +174,11 @@ def _tfjob(args):
 
 
 def _guarded_exec(command, env, isolation, name):
-  """Closes this task's port (tfconfig/closed.py), then runs `command` in
+  """Closes this task's port (clusterspec/closing.py), then runs `command` in
   this process: the holder of its table is this process's child and dies
   with it, however it ends."""
   closure = closed.guard_task(json.loads(env["TF_CONFIG"]), isolation)
+  env = dict(env, **{closed.CLOSED_BY_ENV: f"tfconfig guard:{closure.mode}"})
   if closure.description:
     print(f"[tfconfig] {closure.description}", file=sys.stderr, flush=True)
   closure.keep_across_exec()

@@ -18,6 +18,7 @@ variables of one `srun` task with TensorFlow's own `SlurmClusterResolver`
 
 import re
 
+from clusterspec import closing as closed
 from clusterspec import config as tfc
 
 TFJOB_API_VERSION = "kubeflow.org/v1"
@@ -209,7 +210,16 @@ def tfjob_network_policy(manifest):
   pods, and only on TensorFlow's port. A TensorFlow server runs any graph
   sent to its port; without this, every pod of the cluster reaches it.
   It takes effect where the cluster's network plugin enforces
-  NetworkPolicies (Calico, Cilium and most managed clusters' plugins)."""
+  NetworkPolicies (Calico, Cilium and most managed clusters' plugins).
+  Each container of `manifest` is told so in its environment
+  (`ESTIMATOR_ACCUM_PORTS`): `estimator_accum` then writes no firewall of
+  its own in the pods, nor a line that their port is open."""
+  for spec in manifest["spec"]["tfReplicaSpecs"].values():
+    for container in spec["template"]["spec"]["containers"]:
+      env = container.setdefault("env", [])
+      if not any(item["name"] == closed.CLOSED_BY_ENV for item in env):
+        env.append({"name": closed.CLOSED_BY_ENV,
+                    "value": "tfjob:networkpolicy"})
   name = manifest["metadata"]["name"]
   namespace = manifest["metadata"].get("namespace", "default")
   job_pods = {"matchLabels": {JOB_NAME_LABEL: name}}

@@ -42,9 +42,9 @@ import sys
 import threading
 import time
 
+from clusterspec import closing as closed
 from clusterspec import config as tfc
 from clusterspec import health_format
-from tfconfig import closed
 from tfconfig.ports import (  # noqa: F401  (the launcher's names)
   free_ports,
   local_cluster,
@@ -266,7 +266,7 @@ def run_cluster(command, cluster, out=None, timeout=None, env=None,
   """Starts `command` once per task of `cluster`; returns an exit code.
 
   The tasks' ports are closed to every other host and local user for the
-  whole launch (`isolation`, tfconfig/closed.py), before any task starts.
+  whole launch (`isolation`, clusterspec/closing.py), before any task starts.
 
   Args:
     command: list of str, the program every task runs.
@@ -336,6 +336,7 @@ def _run_attempts(command, cluster, out, deadline, timeout, env,
           task_env = dict(env if env is not None else os.environ)
           task_env["TF_CONFIG"] = json.dumps(
               tfc.for_task(cluster, task_type, index))
+          task_env[closed.CLOSED_BY_ENV] = f"tfconfig launch:{closure.mode}"
           prefix = task_prefix(task_type, index) if task_prefix else []
           tasks.start(f"{task_type}:{index}", task_type,
                       list(prefix) + list(command), task_env)

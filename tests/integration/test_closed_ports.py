@@ -1,4 +1,4 @@
-"""A job's TensorFlow servers, attacked for real (tfconfig/closed.py).
+"""A job's TensorFlow servers, attacked for real (clusterspec/closing.py).
 
 Each attack is a real TensorFlow client (tests/helpers/attacks.py) that
 opens a session on a task's port and runs `tf.io.read_file` of a secret
@@ -125,8 +125,8 @@ def _processes(pattern):
 
 
 def _holders(launcher):
-  """Holder processes (tfconfig/closed.py) of the launcher `launcher`."""
-  return _processes(rf"tfconfig\.closed_holder [a-z-]+ {launcher}$")
+  """Holder processes (clusterspec/closing.py) of the launcher `launcher`."""
+  return _processes(rf"clusterspec\.closing_holder [a-z-]+ {launcher}$")
 
 
 @pytest.mark.parametrize("mode", ["open", "auto", "namespace"])
@@ -483,3 +483,157 @@ def test_guard_without_root_names_the_port_and_the_commands(stage):
   assert "tcp dport 23456 counter drop" in warning[0]
   assert "127.0.0.1" in warning[0] and "::1" in warning[0]
   assert "Traceback" not in result.stderr
+
+
+def _own_command_job(bed, stage, isolation=None):
+  """Two hosts of `bed` each run a task by a plain per-host command with
+  TF_CONFIG, no launcher and no guard: the task imports estimator_accum
+  (which closes its port) and then serves, reaching its peer. Returns the
+  processes once both served and reached each other."""
+  cluster = {"worker": [f"{bed.address(i)}:{testbed.PORT}" for i in (0, 1)]}
+  processes = []
+  for index in (0, 1):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+    env["TF_CONFIG"] = json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": index}})
+    if isolation:
+      env["ESTIMATOR_ACCUM_ISOLATION"] = isolation
+    processes.append(subprocess.Popen(
+        bed.exec_prefix(index) + [sys.executable, SERVER_ONLY, stage["stop"],
+                                  "--library", "--reach"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True))
+  outputs = [[] for _ in processes]
+  deadline = time.monotonic() + 150
+  for process, lines in zip(processes, outputs):
+    while not any(line.startswith("reached") for line in lines):
+      line = process.stdout.readline()
+      if not line or time.monotonic() > deadline:
+        for each in processes:
+          each.kill()
+        raise AssertionError("the own-command job did not start: " +
+                             "".join(sum(outputs, []))[-3000:])
+      lines.append(line)
+  return processes, outputs
+
+
+def _end_own_command_job(processes, outputs, stage):
+  open(stage["stop"], "w").close()
+  for process, lines in zip(processes, outputs):
+    out, _ = process.communicate(timeout=60)
+    lines.append(out)
+  return [p.returncode for p in processes], ["".join(o) for o in outputs]
+
+
+@pytest.mark.parametrize("isolation", [None, "open"])
+def test_own_per_host_command_is_closed_by_importing_the_library(
+    isolation, stage):
+  """A user's own per-host command with TF_CONFIG, no launcher: each of
+  two test-bed hosts runs `python task.py` that imports estimator_accum
+  and serves. The import closes its port before the server starts (as
+  root: a table admitting only the cluster's hosts). A third host (IPv4,
+  IPv6) and `nobody` on a job's host get nothing, the two tasks still
+  reach each other, and the tables go with the tasks. With
+  ESTIMATOR_ACCUM_ISOLATION=open (the control) the third host gets in."""
+  reason = testbed.available()
+  assert reason is None or not os.environ.get("CI"), reason
+  if reason:
+    pytest.skip(reason)
+  testbed.remove_leftovers(only_dead=True)
+  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}u")
+  with bed:
+    processes, outputs = _own_command_job(bed, stage, isolation)
+    try:
+      remote = attacks.attack(_bed_targets(bed, ["worker:0", "worker:1"]),
+                              stage["secret"], stage["drop"],
+                              bed.exec_prefix(2))
+      local = [] if isolation else attacks.attack(
+          [{"address": address, "task": "worker:0"} for address in (
+              f"127.0.0.1:{testbed.PORT}", f"[::1]:{testbed.PORT}",
+              f"{bed.address(0)}:{testbed.PORT}")],
+          stage["secret"], stage["drop"],
+          bed.exec_prefix(0) + attacks.as_user())
+      tables = [_tables(bed.exec_prefix(i)) for i in range(2)]
+    finally:
+      codes, texts = _end_own_command_job(processes, outputs, stage)
+    assert codes == [0, 0], texts
+    if isolation == "open":
+      _assert_all_in(remote, "own command, ESTIMATOR_ACCUM_ISOLATION=open")
+      assert tables == [[], []]
+      return
+    assert all(len(t) == 1 for t in tables), tables
+    for text in texts:
+      assert text.count("[estimator_accum] worker:") == 1, text
+      assert "admits only the cluster's" in text, text
+    _assert_none_in(remote, stage, "own command: a third host")
+    _assert_none_in(local, stage, "own command: another local user")
+    deadline = time.monotonic() + 10
+    while any(_tables(bed.exec_prefix(i)) for i in range(2)) and (
+        time.monotonic() < deadline):
+      time.sleep(0.1)
+    assert [_tables(bed.exec_prefix(i)) for i in range(3)] == [[], [], []]
+
+
+def test_own_command_without_root_names_its_open_port(stage):
+  """Not root, no launcher: importing estimator_accum in a task with
+  TF_CONFIG cannot write rules; it says so in one line naming the port
+  and the nft table that closes it, and the task goes on."""
+  python, path = _unprivileged_python()
+  config = {"cluster": {"worker": ["127.0.0.1:23458", "[::1]:23459"]},
+            "task": {"type": "worker", "index": 0}}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+  env.update(PYTHONPATH=path, TF_CONFIG=json.dumps(config),
+             TF_CPP_MIN_LOG_LEVEL="3", HOME=stage["dir"])
+  result = subprocess.run(
+      attacks.as_user() + [python, "-c", "import estimator_accum; "
+                           "print('TASK RAN')"],
+      cwd=stage["dir"], env=env, capture_output=True, text=True, timeout=180)
+  assert result.returncode == 0, result.stderr
+  assert "TASK RAN" in result.stdout
+  warning = [line for line in result.stderr.splitlines() if "OPEN" in line]
+  assert len(warning) == 1, result.stderr
+  assert warning[0].startswith("[estimator_accum] warning: worker:0's port "
+                               "23458 is OPEN"), warning[0]
+  assert "nft -f -" in warning[0] and "tcp dport 23458 counter drop" in (
+      warning[0])
+  assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("end", ["exit", "SIGKILL"])
+def test_the_librarys_table_goes_with_its_task(end, stage):
+  """The table estimator_accum's import writes for a task with TF_CONFIG
+  is held by a child of the task: it goes when the task exits or is
+  killed, and a process the launcher closed (ESTIMATOR_ACCUM_PORTS set)
+  writes none."""
+  config = {"cluster": {"worker": ["127.0.0.1:23460", "[::1]:23461"]},
+            "task": {"type": "worker", "index": 0}}
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+  env.update(TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3")
+  code = ("import sys, time, estimator_accum; print('imported', flush=True); "
+          "time.sleep(float(sys.argv[1]))")
+  with attacks.JobHost() as host:
+    closed_by_launcher = subprocess.run(
+        host.exec_prefix() + [sys.executable, "-c", code, "0"], cwd=ROOT,
+        env=dict(env, ESTIMATOR_ACCUM_PORTS="tfconfig launch:firewall"),
+        capture_output=True, text=True, timeout=180)
+    assert closed_by_launcher.returncode == 0, closed_by_launcher.stderr
+    assert "[estimator_accum]" not in closed_by_launcher.stderr
+    task = subprocess.Popen(
+        host.exec_prefix() + [sys.executable, "-c", code,
+                              "0.5" if end == "exit" else "60"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    assert task.stdout.readline().strip() == "imported", task.stderr.read()
+    assert len(_tables(host.exec_prefix())) == 1
+    assert len(_processes(rf"clusterspec\.closing_holder table {task.pid}$")) == 1
+    if end == "SIGKILL":
+      task.kill()
+    task.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _tables(host.exec_prefix()) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert _tables(host.exec_prefix()) == []
+    assert _processes(rf"clusterspec\.closing_holder table {task.pid}$") == []

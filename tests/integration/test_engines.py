@@ -262,10 +262,19 @@ def test_tfjob_comes_with_a_network_policy_for_its_pods_alone():
   port = job.spec.tf_replica_specs["Worker"].template.spec.containers[0].ports[0]
   assert [(p.protocol, p.port) for p in rule.ports] == [
       ("TCP", port.container_port)]
+  # The pods are told their port is closed by the policy, so that
+  # estimator_accum's import writes no firewall and no line of its own.
+  env = job.spec.tf_replica_specs["Worker"].template.spec.containers[0].env
+  assert ("ESTIMATOR_ACCUM_PORTS", "tfjob:networkpolicy") in [
+      (item.name, item.value) for item in env]
   alone = subprocess.run(
       [sys.executable, "-m", "tfconfig", "tfjob", "--no_network_policy",
        *MAIN_JOB], cwd=ROOT, capture_output=True, text=True, check=True)
-  assert [d["kind"] for d in yaml.safe_load_all(alone.stdout)] == ["TFJob"]
+  [lone] = yaml.safe_load_all(alone.stdout)
+  assert lone["kind"] == "TFJob"
+  lone_env = lone["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"][
+      "containers"][0]["env"]
+  assert "ESTIMATOR_ACCUM_PORTS" not in [item["name"] for item in lone_env]
 
 
 def test_tfjob_with_every_replica_type():

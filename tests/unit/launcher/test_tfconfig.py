@@ -397,7 +397,7 @@ def test_closing_rules_cover_both_families_and_other_users():
   test_closed_ports.py)."""
   import ipaddress  # noqa: PLC0415
 
-  from tfconfig import closed  # noqa: PLC0415
+  from clusterspec import closing as closed  # noqa: PLC0415
 
   rules = closed.one_host_rules("t", [2223, 2222, 2222], uid=1000)
   assert "table inet t {" in rules  # inet: IPv4 and IPv6 alike

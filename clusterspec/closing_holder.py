@@ -1,6 +1,6 @@
-"""The holder of a closed job's table or namespace (tfconfig/closed.py).
+"""The holder of a closed job's table or namespace (clusterspec/closing.py).
 
-`python -m tfconfig.closed_holder table|namespace|user-namespace OWNER`
+`python -m clusterspec.closing_holder table|namespace|user-namespace OWNER`
 (OWNER: the process id of its owner, for `ps` and the tests) reads
 its payload on stdin up to a line holding NUL (the nftables text, for
 `table`), makes the table or the namespace, writes `ready` (or one line

@@ -41,6 +41,10 @@ MODES = ("auto", "firewall", "namespace", "open")
 HOST_MODES = ("auto", "firewall", "open")
 TABLE_PREFIX = "estimator_accum_"
 OPEN_FLAG = "--isolation open"
+# Set in a task's environment by what closed (or opened, on request) its
+# port: `estimator_accum` then leaves the port alone on import
+# (estimator_accum/distribution/ports.py).
+CLOSED_BY_ENV = "ESTIMATOR_ACCUM_PORTS"
 
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
@@ -253,10 +257,10 @@ def _holder_preexec():
 
 
 def _start_holder(kind, payload=""):
-  """Starts `python -m tfconfig.closed_holder KIND`; returns the process
+  """Starts `python -m clusterspec.closing_holder KIND`; returns the process
   once it said it is ready, or raises ClosingError with its line."""
   process = subprocess.Popen(
-      [sys.executable, "-m", "tfconfig.closed_holder", kind,
+      [sys.executable, "-m", "clusterspec.closing_holder", kind,
        str(os.getpid())],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
       text=True, start_new_session=True, preexec_fn=_holder_preexec,
@@ -371,14 +375,15 @@ def _task_address(tf_config):
   return f"{kind}:{index}", addresses[index]
 
 
-def guard_task(tf_config, mode="auto", log=None):
+def guard_task(tf_config, mode="auto", log=None, prefix="[tfconfig]"):
   """Closes this task's port (from `tf_config`, TF_CONFIG as a dict) to
   every address but its cluster's hosts', and to every local user but
   this one. Returns a Closure.
 
   Where this process may not write a firewall (not root), mode 'auto'
-  goes on with the port open and writes one line on `log` naming the
-  port and the commands that close it; mode 'firewall' raises.
+  goes on with the port open and writes one line on `log` (after
+  `prefix`) naming the port and the commands that close it; mode
+  'firewall' raises.
   """
   log = log or sys.stderr
   if mode not in HOST_MODES:
@@ -395,7 +400,7 @@ def guard_task(tf_config, mode="auto", log=None):
               "TF_CONFIG, so its peers' addresses are unknown")
     if mode == "firewall":
       raise ClosingError(f"cannot close {name}'s port {port}: {reason}")
-    log.write(f"[tfconfig] warning: {name}'s port {port} is OPEN to every "
+    log.write(f"{prefix} warning: {name}'s port {port} is OPEN to every "
               f"host and local user ({reason})\n")
     log.flush()
     return Closure("open")
@@ -418,7 +423,7 @@ def guard_task(tf_config, mode="auto", log=None):
   flat = peer_rules(manual, port, peers, ports).replace("\n", " ")
   table = manual
   log.write(
-      f"[tfconfig] warning: {name}'s port {port} is OPEN to every host and "
+      f"{prefix} warning: {name}'s port {port} is OPEN to every host and "
       f"local user ({reason}); to close it, as root: nft -f - <<< "
       f"'{flat.strip()}' (and nft delete table inet {table} after the "
       "job)\n")
