@@ -367,6 +367,17 @@ def _bed_targets(bed, tasks):
           for address in (bed.address(index), f"[{bed.address6(index)}]")]
 
 
+def _bed(tag):
+  """A three-host test bed of this test's own (skipped where the machine
+  cannot make one, failed in CI), after removing the beds of dead runs."""
+  reason = testbed.available()
+  assert reason is None or not os.environ.get("CI"), reason
+  if reason:
+    pytest.skip(reason)
+  testbed.remove_leftovers(only_dead=True)
+  return testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}{tag}")
+
+
 def test_multi_host_job_admits_only_its_peers(stage):
   """Two hosts of a test bed run the job, each task behind `tfconfig
   guard` (what `launch --netns` puts before every task); a third host on
@@ -374,12 +385,7 @@ def test_multi_host_job_admits_only_its_peers(stage):
   job's host over loopback and the host's own address. Nothing gets in;
   the job's own tasks keep talking (the job ends normally); no table is
   left in any host."""
-  reason = testbed.available()
-  assert reason is None or not os.environ.get("CI"), reason
-  if reason:
-    pytest.skip(reason)
-  testbed.remove_leftovers(only_dead=True)
-  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}c")
+  bed = _bed("c")
   with bed:
     process, ports, tasks, lines = _start(
         [], ["--netns", bed.name, "--workers", "2"], stage["stop"])
@@ -410,11 +416,7 @@ def test_multi_host_job_admits_only_its_peers(stage):
 def test_multi_host_job_open_lets_the_third_host_in(stage):
   """The control of the test above: `--isolation open` on the same bed,
   and the third host's attack gets in."""
-  reason = testbed.available()
-  assert reason is None or not os.environ.get("CI"), reason
-  if reason:
-    pytest.skip(reason)
-  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}o")
+  bed = _bed("o")
   with bed:
     process, _, tasks, lines = _start(
         [], ["--netns", bed.name, "--workers", "2", "--isolation", "open"],
@@ -536,12 +538,7 @@ def test_own_per_host_command_is_closed_by_importing_the_library(
   IPv6) and `nobody` on a job's host get nothing, the two tasks still
   reach each other, and the tables go with the tasks. With
   ESTIMATOR_ACCUM_ISOLATION=open (the control) the third host gets in."""
-  reason = testbed.available()
-  assert reason is None or not os.environ.get("CI"), reason
-  if reason:
-    pytest.skip(reason)
-  testbed.remove_leftovers(only_dead=True)
-  bed = testbed.TestBed(3, name=f"{testbed.PREFIX}{os.getpid()}u")
+  bed = _bed("u")
   with bed:
     processes, outputs = _own_command_job(bed, stage, isolation)
     try:
