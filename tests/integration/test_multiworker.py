@@ -371,8 +371,10 @@ def test_a_job_that_stands_still_ends_at_its_bound_and_restarts_exactly(
   assert "[worker:1] stalling before micro-batch 4" in said
   line = re.search(r"\[worker:0\] \[tfconfig\] worker:0: no progress for "
                    r"(\d+) s: .*bound of (\d+) s.*exiting with 152", said)
-  assert line, said[-3000:]
-  assert int(line.group(2)) == 8 and int(line.group(1)) >= 8
+  assert line, [text for text in said.splitlines() if "progress" in text]
+  # The bound is 20x the job's longest step or save so far, at least the
+  # floor: above 8 s where a loaded machine made a step take over 0.4 s.
+  assert int(line.group(2)) >= 8 and int(line.group(1)) >= int(line.group(2))
   # Where it waits: inside a session's run, called from Estimator's train.
   assert re.search(r"\[worker:0\] \[tfconfig\]   File .*session.py.* in "
                    r"_call_tf_sessionrun", said), said[-3000:]
