@@ -84,8 +84,23 @@ def train_spec(loss, optimizer, params, log_every=200):
     loss = estimator_accum.reportable_loss(loss)
   else:
     train_op = optimizer.minimize(loss, tf.compat.v1.train.get_global_step())
-  return tf.estimator.EstimatorSpec(tf.estimator.ModeKeys.TRAIN, loss=loss,
-                                    train_op=train_op, training_hooks=hooks)
+  return estimator_accum.EstimatorSpec(
+      estimator_accum.ModeKeys.TRAIN, loss=loss, train_op=train_op,
+      training_hooks=hooks)
+
+
+def estimator(model_fn, **kwargs):
+  """The examples' Estimator of `model_fn`: tf.estimator's where
+  TensorFlow has it (2.15), else `estimator_accum.Estimator` (2.16+), the
+  same arguments. The model_fns, their specs (`estimator_accum.EstimatorSpec`,
+  `ModeKeys`), RunConfig and train_and_evaluate are written once through
+  the library's names, which are tf.estimator's on 2.15."""
+  from estimator_accum import releases  # noqa: PLC0415
+
+  tf_estimator = releases.estimator()
+  kind = (estimator_accum.Estimator if tf_estimator is None else
+          tf_estimator.Estimator)
+  return kind(model_fn, **kwargs)
 
 
 # Exit code of an example whose training diverged or whose evaluation is

@@ -80,6 +80,9 @@ class Estimator:
         _checks.check_positive_int(f"Estimator.train: {name}", value,
                                    limit=2**62)
     specs.check_input_fn("Estimator.train", input_fn)
+    reason = run_config.untrainable(self._config)
+    if reason:
+      raise ValueError(f"Estimator.train: {reason}")
     self._runner.train(input_fn, max_steps=max_steps, hooks=hooks or (),
                        steps=steps, saving_listeners=saving_listeners or (),
                        warm_start=self._warm_start)

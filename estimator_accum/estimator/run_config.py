@@ -17,7 +17,7 @@ from clusterspec import config as tfc
 from estimator_accum import _checks
 from estimator_accum.distribution import replicas
 
-__all__ = ["RunConfig", "settings_of"]
+__all__ = ["RunConfig", "settings_of", "untrainable"]
 
 _DEFAULT = object()
 # Estimator's checkpoint interval when neither is given.
@@ -205,6 +205,25 @@ def task_of(config):
   return _Task({}, config.task_type or tfc.WORKER, int(config.task_id or 0))
 
 
+def untrainable(config):
+  """Why `config` cannot train here (a cluster of several training tasks,
+  no ps and no train_distribute), else None. Asked when training starts:
+  the same Estimator evaluates, predicts and exports in any task."""
+  task = task_of(config)
+  if (config.train_distribute is not None or task.cluster.get(tfc.PS) or
+      task.task_type == tfc.EVALUATOR):
+    return None
+  trainers, _ = tfc.trainer_position(_training(task.cluster),
+                                     task.task_type, 0)
+  if trainers <= 1:
+    return None
+  return (f"TF_CONFIG names {trainers} training tasks and no ps, and "
+          f"RunConfig(train_distribute=None): give train_distribute="
+          f"tf.compat.v1.distribute.experimental."
+          f"MultiWorkerMirroredStrategy() to train them as one, or ps "
+          f"tasks to train between graphs.")
+
+
 def settings_of(config, model_dir, runner_settings):
   """The runner's settings (`runner_settings`, its RunSettings type) of
   `config`, a tf.estimator RunConfig or the library's, on `model_dir`."""
@@ -231,15 +250,6 @@ def settings_of(config, model_dir, runner_settings):
     parameter_servers = {tfc.CLUSTER: training,
                          tfc.TASK: {tfc.TYPE: task.task_type,
                                     tfc.INDEX: task.task_id}}
-  elif strategy is None and task.task_type != tfc.EVALUATOR:
-    trainers, _ = tfc.trainer_position(training, task.task_type, 0)
-    if trainers > 1:
-      raise ValueError(
-          f"TF_CONFIG names {trainers} training tasks and no ps, and "
-          f"RunConfig(train_distribute=None): give train_distribute="
-          f"tf.compat.v1.distribute.experimental."
-          f"MultiWorkerMirroredStrategy() to train them as one, or ps "
-          f"tasks to train between graphs.")
   return runner_settings(
       model_dir=model_dir, tf_random_seed=config.tf_random_seed,
       session_config=config.session_config,

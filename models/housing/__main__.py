@@ -19,8 +19,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # First: TensorFlow loaded with its load-time lines held back.
 from models import quiet_import  # noqa: E402, F401, I001
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
+
+import estimator_accum  # noqa: E402
 
 from data import housing  # noqa: E402
 from estimator_accum.distribution import health  # noqa: E402
@@ -60,9 +61,9 @@ def train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
 
 def _train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
                         strategy):
-  estimator = tf.estimator.Estimator(
+  estimator = training.estimator(
       model_fn, model_dir=model_dir,
-      config=tf.estimator.RunConfig(
+      config=estimator_accum.RunConfig(
           tf_random_seed=0, train_distribute=strategy,
           log_step_count_steps=10_000,
           save_checkpoints_steps=values.save_checkpoints_steps,
@@ -79,10 +80,10 @@ def _train_and_evaluate(values, model_dir, train, evaluation, k, micro_batch,
     workers = strategy.num_replicas_in_sync
     window = workers * micro_batch * k
     steps = values.epochs * (len(train["price"]) // window) * k
-    tf.estimator.train_and_evaluate(
-        estimator, tf.estimator.TrainSpec(train_input, max_steps=steps),
-        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
-                              throttle_secs=0))
+    estimator_accum.train_and_evaluate(
+        estimator, estimator_accum.TrainSpec(train_input, max_steps=steps),
+        estimator_accum.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                                 throttle_secs=0))
     training.remove_own_worker_checkpoints(model_dir)
   metrics = estimator.evaluate(lambda: housing.input_fn(evaluation, 64))
   training.check_finite("housing", metrics)

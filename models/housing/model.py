@@ -10,6 +10,7 @@ params:
 
 import tensorflow as tf
 
+import estimator_accum
 from models import training
 
 NUM_FEATURES = 13
@@ -23,12 +24,12 @@ def model_fn(features, labels, mode, params):
   bias = tf.compat.v1.get_variable(
       "linear/bias", [1], initializer=tf.compat.v1.constant_initializer(22.0))
   predictions = tf.squeeze(tf.matmul(features, weights) + bias, axis=1)
-  if mode == tf.estimator.ModeKeys.PREDICT:
-    return tf.estimator.EstimatorSpec(mode, predictions={"price": predictions})
+  if mode == estimator_accum.ModeKeys.PREDICT:
+    return estimator_accum.EstimatorSpec(mode, predictions={"price": predictions})
   loss = tf.reduce_mean(tf.square(predictions - labels))
-  if mode == tf.estimator.ModeKeys.EVAL:
+  if mode == estimator_accum.ModeKeys.EVAL:
     rmse = tf.compat.v1.metrics.root_mean_squared_error(labels, predictions)
-    return tf.estimator.EstimatorSpec(mode, loss=loss,
+    return estimator_accum.EstimatorSpec(mode, loss=loss,
                                       eval_metric_ops={"rmse": rmse})
   optimizer = tf.compat.v1.train.MomentumOptimizer(params["learning_rate"],
                                                    0.9)

@@ -95,13 +95,13 @@ def _run_holding(values, model_dir, train, test, k, micro_batch, strategy,
                  workers):
   per_step = micro_batch * workers
   micro_batches = values.epochs * len(train["labels"]) // per_step // k * k
-  config = tf.estimator.RunConfig(
+  config = estimator_accum.RunConfig(
       model_dir=model_dir, tf_random_seed=0, train_distribute=strategy,
       # Every micro-batch's loss: the plot draws each window's mean.
       save_summary_steps=1, log_step_count_steps=10_000,
       save_checkpoints_steps=values.save_checkpoints_steps,
       keep_checkpoint_max=values.keep_checkpoint_max)
-  estimator = tf.estimator.Estimator(
+  estimator = training.estimator(
       model_fn, config=config,
       params=dict(k=k, learning_rate=values.learning_rate))
   label = (f"batch {micro_batch} x k={k}" if k > 1 else f"batch {micro_batch}")
@@ -121,11 +121,11 @@ def _run_holding(values, model_dir, train, test, k, micro_batch, strategy,
   if strategy is None:
     estimator.train(train_input, max_steps=micro_batches)
   else:
-    tf.estimator.train_and_evaluate(
-        estimator, tf.estimator.TrainSpec(train_input,
-                                          max_steps=micro_batches),
-        tf.estimator.EvalSpec(train_input, steps=1, start_delay_secs=0,
-                              throttle_secs=0))
+    estimator_accum.train_and_evaluate(
+        estimator, estimator_accum.TrainSpec(train_input,
+                                             max_steps=micro_batches),
+        estimator_accum.EvalSpec(train_input, steps=1, start_delay_secs=0,
+                                 throttle_secs=0))
     training.remove_own_worker_checkpoints(model_dir)
   metrics = estimator.evaluate(lambda: mnist.input_fn(test, 100))
   training.check_finite("mnist", metrics)

@@ -11,6 +11,7 @@ params:
 import tensorflow as tf
 import tf_slim as slim
 
+import estimator_accum
 from models import training
 
 
@@ -38,15 +39,15 @@ def cnn(images):
 def model_fn(features, labels, mode, params):
   logits = cnn(features)
   predictions = tf.argmax(logits, axis=-1, output_type=tf.int32)
-  if mode == tf.estimator.ModeKeys.PREDICT:
-    return tf.estimator.EstimatorSpec(mode, predictions={
+  if mode == estimator_accum.ModeKeys.PREDICT:
+    return estimator_accum.EstimatorSpec(mode, predictions={
         "digit": predictions,
         "probabilities": tf.nn.softmax(logits, axis=-1)})
   loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
       labels=labels, logits=logits))
-  if mode == tf.estimator.ModeKeys.EVAL:
+  if mode == estimator_accum.ModeKeys.EVAL:
     accuracy = tf.compat.v1.metrics.accuracy(labels, predictions)
-    return tf.estimator.EstimatorSpec(mode, loss=loss,
+    return estimator_accum.EstimatorSpec(mode, loss=loss,
                                       eval_metric_ops={"accuracy": accuracy})
   optimizer = tf.compat.v1.train.MomentumOptimizer(params["learning_rate"],
                                                    0.9)

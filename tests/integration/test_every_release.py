@@ -506,3 +506,40 @@ def test_multi_worker_mirrored_strategy_in_a_plain_graph(name, tmp_path):
     support.assert_weights_close(
         {key: np.array(value) for key, value in worker.items()}, expected,
         what=f"a worker, TensorFlow {tf.__version__}")
+
+
+@pytest.mark.slow
+def test_the_examples_run_on_every_release(tmp_path):
+  """The examples are written once through the library's names
+  (`estimator_accum.RunConfig`, `EstimatorSpec`, `ModeKeys`,
+  `train_and_evaluate`; tf.estimator's Estimator on 2.15, the library's
+  on 2.16+): housing trains accumulated and plain to the same weights,
+  and MNIST trains on two MultiWorkerMirroredStrategy workers and exports
+  a SavedModel that serves."""
+  housing = subprocess.run(
+      [sys.executable, "-m", "models.housing", "--model_dir",
+       str(tmp_path / "housing")], cwd=ROOT, capture_output=True, text=True,
+      timeout=300, check=False)
+  said = housing.stdout + housing.stderr
+  assert housing.returncode == 0, said[-3000:]
+  difference = re.search(r"largest relative weight difference: (\S+)", said)
+  assert difference and float(difference.group(1)) <= 1e-5, said[-2000:]
+  mnist = subprocess.run(
+      [sys.executable, "-m", "tfconfig", "launch", "--workers", "2",
+       "--timeout", "300", "--", sys.executable, "-m", "models.mnist",
+       "--strategy", "multi_worker", "--k", "2", "--nocompare", "--epochs",
+       "1", "--model_dir", str(tmp_path / "mnist"), "--export_dir",
+       str(tmp_path / "export")], cwd=ROOT, capture_output=True, text=True,
+      timeout=400, check=False)
+  said = mnist.stdout + mnist.stderr
+  assert mnist.returncode == 0, said[-3000:]
+  assert re.search(r"\[worker:0\] b8_k2_w2: test accuracy 0\.[89]", said), (
+      said[-2000:])
+  exported = re.search(r"exported for serving to (\S+) ", said)
+  assert exported, said[-2000:]
+  serving = tf.saved_model.load(exported.group(1)).signatures[
+      "serving_default"]
+  outputs = serving(images=tf.zeros([3, 28, 28, 1]))
+  assert outputs["probabilities"].shape == (3, 10)
+  np.testing.assert_allclose(
+      np.sum(outputs["probabilities"].numpy(), axis=1), 1.0, rtol=1e-5)

@@ -258,11 +258,24 @@ def test_the_librarys_run_config_reads_tf_config(monkeypatch):
     RunConfig(save_summary_steps=0)
 
 
-def test_a_cluster_without_a_strategy_or_ps_is_refused(monkeypatch, tmp_path):
+def test_a_cluster_without_a_strategy_or_ps_trains_nothing_but_exports(
+    monkeypatch, tmp_path, data):
+  """Several training tasks with neither a strategy nor ps tasks cannot
+  train as one: `train` says so in one line. The same Estimator still
+  evaluates and exports in such a task (a chief exporting after the
+  job, as the examples' do)."""
+  _estimator(tmp_path).train(_input_fn(data, MICRO_BATCH), max_steps=K)
   monkeypatch.setenv("TF_CONFIG", (
       '{"cluster": {"chief": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]}, '
-      '"task": {"type": "worker", "index": 0}}'))
-  with pytest.raises(ValueError, match="TF_CONFIG names 2 training tasks "
-                     "and no ps"):
-    estimator_accum.Estimator(model_fn, config=estimator_accum.RunConfig(
-        model_dir=str(tmp_path)))
+      '"task": {"type": "chief", "index": 0}}'))
+  estimator = estimator_accum.Estimator(
+      model_fn, config=estimator_accum.RunConfig(model_dir=str(tmp_path)),
+      params={"optimizer": support.V1_OPTIMIZERS["adam"]})
+  with pytest.raises(ValueError, match="Estimator.train: TF_CONFIG names 2 "
+                     "training tasks and no ps"):
+    estimator.train(_input_fn(data, MICRO_BATCH), max_steps=2 * K)
+  assert estimator.evaluate(_input_fn(data, MICRO_BATCH))["global_step"] == K
+  path = estimator.export_saved_model(str(tmp_path / "export"),
+                                      _serving_input)
+  assert tf.io.gfile.exists(os.path.join(
+      path.decode() if isinstance(path, bytes) else path, "saved_model.pb"))
