@@ -25,6 +25,7 @@ how many left a worker's `tmp_worker_*` directory (non-chief saves) behind.
 
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -76,6 +77,9 @@ def run(tree, job, epochs):
   ended = time.perf_counter()
   leftovers = [name for _, dirs, _ in os.walk(model_dir) for name in dirs
                if name.startswith("tmp_worker")]
+  # A run_classifier run leaves ~800 MB (checkpoints, features): 40 runs
+  # filled this machine's disk before the runs were removed.
+  shutil.rmtree(model_dir, ignore_errors=True)
   if last is None:
     return None, None, None, leftovers, process.returncode
   return last - first, ended - last, ended - said, leftovers, (
