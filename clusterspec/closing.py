@@ -375,7 +375,8 @@ def _task_address(tf_config):
   return f"{kind}:{index}", addresses[index]
 
 
-def guard_task(tf_config, mode="auto", log=None, prefix="[tfconfig]"):
+def guard_task(tf_config, mode="auto", log=None, prefix="[tfconfig]",
+               open_flag=OPEN_FLAG):
   """Closes this task's port (from `tf_config`, TF_CONFIG as a dict) to
   every address but its cluster's hosts', and to every local user but
   this one. Returns a Closure.
@@ -383,7 +384,8 @@ def guard_task(tf_config, mode="auto", log=None, prefix="[tfconfig]"):
   Where this process may not write a firewall (not root), mode 'auto'
   goes on with the port open and writes one line on `log` (after
   `prefix`) naming the port and the commands that close it; mode
-  'firewall' raises.
+  'firewall' raises. Mode 'open' holds nothing; its description names
+  `open_flag`, what asked for it.
   """
   log = log or sys.stderr
   if mode not in HOST_MODES:
@@ -393,7 +395,9 @@ def guard_task(tf_config, mode="auto", log=None, prefix="[tfconfig]"):
   name, address = _task_address(tf_config)
   _, port = _split_address(address)
   if mode == "open":
-    return Closure("open", description=f"{name}: port {port} open ({OPEN_FLAG})")
+    return Closure("open", description=(
+        f"{name}: port {port} left open to every host and local user "
+        f"({open_flag})"))
   peers, ports, unresolved = resolve_peers(tf_config.get("cluster") or {})
   if unresolved:
     reason = (f"cannot resolve {', '.join(sorted(set(unresolved)))} from "

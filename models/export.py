@@ -14,6 +14,7 @@ import os
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum import releases
 from models import training
 
 
@@ -23,7 +24,7 @@ def export_tensor_model(model_fn, model_dir, export_dir, name, shape,
   `name` is `dtype` [batch, *shape]. Returns the version directory."""
   estimator = training.estimator(model_fn, model_dir=model_dir,
                                  config=_local_config(), params=params)
-  tf_estimator = getattr(tf, "estimator", None)
+  tf_estimator = releases.estimator()
 
   def receiver():
     inputs = tf.compat.v1.placeholder(dtype, [None, *shape], name=name)

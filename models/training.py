@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import estimator_accum
 from clusterspec import config as tfc
+from estimator_accum import releases
 from estimator_accum.checkpoints import full_disk, integrity, run_lock
 
 
@@ -95,8 +96,6 @@ def estimator(model_fn, **kwargs):
   same arguments. The model_fns, their specs (`estimator_accum.EstimatorSpec`,
   `ModeKeys`), RunConfig and train_and_evaluate are written once through
   the library's names, which are tf.estimator's on 2.15."""
-  from estimator_accum import releases  # noqa: PLC0415
-
   tf_estimator = releases.estimator()
   kind = (estimator_accum.Estimator if tf_estimator is None else
           tf_estimator.Estimator)

@@ -74,19 +74,12 @@ def close_own_port(environ=None, log=None):
   if mode not in closed.HOST_MODES:
     raise PortsError(f"{SETTING}={mode!r}: one of "
                      f"{', '.join(closed.HOST_MODES)}")
-  if mode == "open":
-    task = config["task"]
-    address = config["cluster"][task["type"]][int(task.get("index", 0))]
-    description = (f"{task['type']}:{int(task.get('index', 0))}: port "
-                   f"{address.rpartition(':')[2]} left open to every host "
-                   f"and local user ({SETTING}=open)")
-    closure = closed.Closure("open", description=description)
-  else:
-    try:
-      closure = closed.guard_task(config, mode, log=log,
-                                  prefix="[estimator_accum]")
-    except closed.ClosingError as error:
-      raise PortsError(f"{SETTING}={mode}: {error}") from None
+  try:
+    closure = closed.guard_task(config, mode, log=log,
+                                prefix="[estimator_accum]",
+                                open_flag=f"{SETTING}=open")
+  except closed.ClosingError as error:
+    raise PortsError(f"{SETTING}={mode}: {error}") from None
   if closure.description:
     log.write(f"[estimator_accum] {closure.description}\n")
     log.flush()

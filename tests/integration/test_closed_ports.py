@@ -487,6 +487,13 @@ def test_guard_without_root_names_the_port_and_the_commands(stage):
   assert "Traceback" not in result.stderr
 
 
+def _unclosed_environment():
+  """This environment without what says a task's port was closed or how to
+  close it: a task started by the user's own command."""
+  return {k: v for k, v in os.environ.items()
+          if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+
+
 def _own_command_job(bed, stage, isolation=None):
   """Two hosts of `bed` each run a task by a plain per-host command with
   TF_CONFIG, no launcher and no guard: the task imports estimator_accum
@@ -495,8 +502,7 @@ def _own_command_job(bed, stage, isolation=None):
   cluster = {"worker": [f"{bed.address(i)}:{testbed.PORT}" for i in (0, 1)]}
   processes = []
   for index in (0, 1):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+    env = _unclosed_environment()
     env["TF_CONFIG"] = json.dumps(
         {"cluster": cluster, "task": {"type": "worker", "index": index}})
     if isolation:
@@ -579,8 +585,7 @@ def test_own_command_without_root_names_its_open_port(stage):
   python, path = _unprivileged_python()
   config = {"cluster": {"worker": ["127.0.0.1:23458", "[::1]:23459"]},
             "task": {"type": "worker", "index": 0}}
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+  env = _unclosed_environment()
   env.update(PYTHONPATH=path, TF_CONFIG=json.dumps(config),
              TF_CPP_MIN_LOG_LEVEL="3", HOME=stage["dir"])
   result = subprocess.run(
@@ -606,8 +611,7 @@ def test_the_librarys_table_goes_with_its_task(end, stage):
   writes none."""
   config = {"cluster": {"worker": ["127.0.0.1:23460", "[::1]:23461"]},
             "task": {"type": "worker", "index": 0}}
-  env = {k: v for k, v in os.environ.items()
-         if k not in ("ESTIMATOR_ACCUM_PORTS", "ESTIMATOR_ACCUM_ISOLATION")}
+  env = _unclosed_environment()
   env.update(TF_CONFIG=json.dumps(config), TF_CPP_MIN_LOG_LEVEL="3")
   code = ("import sys, time, estimator_accum; print('imported', flush=True); "
           "time.sleep(float(sys.argv[1]))")
