@@ -60,9 +60,13 @@ kernel of `estimator_accum.native` off (`ESTIMATOR_ACCUM_NATIVE=0`:
 keyed dropout, the GELU and the layer norms in TensorFlow's own ops) and on
 (the default).
 
+With `--trees .,DIR`, each variant runs from each tree (this checkout and
+another, e.g. a `git worktree` of an earlier commit), interleaved: a
+change's speed against the code before it, on the same data and machine.
+
   python benchmarks/main_job_speed.py [--epochs 0.1] [--rounds 2] [--cpu_paths]
       [--splits] [--threads] [--dropout] [--native] [--grappler]
-      [--skip WORD,...]
+      [--skip WORD,...] [--trees .,DIR]
 """
 
 import os
@@ -155,14 +159,15 @@ LOG_EXAMPLES = 160
 WARM_EXAMPLES = 320
 
 
-def _run(flags, epochs, root, name, env=None, micro_batch=MICRO_BATCH):
+def _run(flags, epochs, root, name, env=None, micro_batch=MICRO_BATCH,
+         tree=ROOT):
   output_dir = os.path.join(root, re.sub(r"\W+", "_", name))
   log_every = max(1, LOG_EXAMPLES // micro_batch)
   result = subprocess.run(
       [sys.executable, "run_classifier.py", f"--output_dir={output_dir}",
        f"--num_train_epochs={epochs}", "--do_eval=false",
        f"--log_every={log_every}", *flags],
-      cwd=ROOT, capture_output=True, text=True,
+      cwd=tree, capture_output=True, text=True,
       env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {})))
   found = bench.TRAINED.search(result.stdout)
   warm = WARM_EXAMPLES // micro_batch
@@ -210,7 +215,15 @@ def main():
   parser.add_argument("--skip", default="",
                       help="comma-separated words: leave out the variants "
                            "whose name holds one (today's always runs)")
+  parser.add_argument("--trees", default=".",
+                      help="comma-separated checkouts to run each variant "
+                           "from (relative to this one), interleaved")
   args = parser.parse_args()
+  trees = [os.path.abspath(os.path.join(ROOT, tree))
+           for tree in args.trees.split(",") if tree.strip()]
+  for tree in trees:
+    if not os.path.isfile(os.path.join(tree, "run_classifier.py")):
+      parser.error(f"--trees: {tree} holds no run_classifier.py")
   skipped = [word.strip() for word in args.skip.split(",") if word.strip()]
   environments = (CPU_PATHS if args.cpu_paths else
                   THREADS if args.threads else
@@ -221,21 +234,29 @@ def main():
                   ATTENTION if args.attention else None)
   if environments:
     variants = {name: (flags, env, MICRO_BATCH)
-                for name, (flags, env) in environments.items()}
+                for index, (name, (flags, env)) in
+                enumerate(environments.items())
+                if index == 0 or not any(word in name for word in skipped)}
   elif args.splits:
     variants = SPLITS
   else:
     variants = {name: (flags, {}, MICRO_BATCH) for index, (name, flags) in
                 enumerate(VARIANTS.items())
                 if index == 0 or not any(word in name for word in skipped)}
+  if len(trees) > 1:
+    variants = {f"{name} [{os.path.relpath(tree, ROOT)}]":
+                (*variant, tree)
+                for name, variant in variants.items() for tree in trees}
+  else:
+    variants = {name: (*variant, ROOT) for name, variant in variants.items()}
   seconds = {name: [] for name in variants}
   totals = {name: [] for name in variants}
   with tempfile.TemporaryDirectory() as root:
     for round_index in range(args.rounds):
-      for name, (flags, env, micro_batch) in variants.items():
+      for name, (flags, env, micro_batch, tree) in variants.items():
         micro_batches, took, rates = _run(flags, args.epochs, root,
                                           f"{name}_{round_index}", env,
-                                          micro_batch)
+                                          micro_batch, tree)
         seconds[name] += [1.0 / rate for rate in rates]
         totals[name].append(took)
         print(f"round {round_index + 1}: {name}: {micro_batches} "

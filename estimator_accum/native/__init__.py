@@ -57,7 +57,8 @@ from estimator_accum import _files
 # do).
 _SOURCES = {"keyed_dropout.cc": "fast", "attention.cc": "fast",
             "gelu.cc": "tensorflow's",
-            "normalize.cc": "tensorflow's"}
+            "normalize.cc": "tensorflow's",
+            "accumulate.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 OFF = "ESTIMATOR_ACCUM_NATIVE"
 
@@ -310,6 +311,16 @@ def normalize_op():
     return ops.ea_normalize(inputs, epsilon=epsilon)[0]
 
   return normalize
+
+
+def accumulate_op():
+  """A function (total, value, weight) -> the op adding `weight` (a float32
+  scalar) times `value` (bfloat16 or float16) into `total` (a float32
+  resource variable's handle) in one pass (`EaAccumulate`, accumulate.cc:
+  the values of a cast and an add bit for bit); None where `load()` is
+  None."""
+  ops = load()
+  return None if ops is None else ops.ea_accumulate
 
 
 def attention_op():

@@ -18,6 +18,7 @@ Its variables are made by the build's `state_variables.StateVariables`.
 
 import tensorflow as tf
 
+from estimator_accum import native
 from estimator_accum.checkpoints.state_variables import (
   StateVariables,
   unfolded_zeros,
@@ -52,6 +53,35 @@ def rows_to_slices(total, rows):
   touched = touched_rows(rows)
   return tf.IndexedSlices(tf.gather(total, touched), touched,
                           tf.shape(total, out_type=tf.int64))
+
+
+def _one_pass_add(total, gradient, weight):
+  """The op adding `weight` (None: 1) times `gradient` into the float32
+  `total` in one pass where `gradient` is a bfloat16 or float16 tensor cast
+  to float32 (a low-precision product's gradient reaching its float32
+  variable), through identities (their control inputs kept): the native
+  kernel reads the narrow tensor itself, and the cast, when nothing else
+  reads it, is never computed. The same values bit for bit as the cast and
+  the add. None where that does not apply or the kernels are not built."""
+  if (not isinstance(gradient, tf.Tensor) or gradient.dtype != tf.float32
+      or total.dtype.base_dtype != tf.float32):
+    return None
+  controls = []
+  while gradient.op.type == "Identity":
+    controls.extend(gradient.op.control_inputs)
+    gradient = gradient.op.inputs[0]
+  if gradient.op.type != "Cast":
+    return None
+  narrow = gradient.op.inputs[0]
+  if narrow.dtype not in (tf.bfloat16, tf.float16):
+    return None
+  add = native.accumulate_op()
+  if add is None:
+    return None
+  with tf.name_scope("one_pass_add"), tf.control_dependencies(controls):
+    weight = (tf.ones([], tf.float32) if weight is None
+              else tf.cast(weight, tf.float32))
+    return add(total.handle, narrow, weight)
 
 
 class Accumulator:
@@ -119,6 +149,9 @@ class Accumulator:
     """
     dtype = self.total.dtype.base_dtype
     if not self.is_sparse:
+      one_pass = _one_pass_add(self.total, gradient, weight)
+      if one_pass is not None:
+        return one_pass
       value = tf.cast(tf.convert_to_tensor(gradient), dtype)
       if weight is None:
         return self.total.assign_add(value, read_value=False)
