@@ -68,6 +68,7 @@ from estimator_accum.window.train_op import (
   build_accumulating_train_op,
   get_accumulation_state,
 )
+from estimator_accum.window.window_copies import cast_once_per_window
 
 # A task of a TF_CONFIG cluster that no launcher closed has its port closed
 # to all but its cluster before any server of it starts (nothing above
@@ -113,6 +114,7 @@ __all__ = [
     "train_halving_on_oom",
     "window_batches",
     "build_accumulating_train_op",
+    "cast_once_per_window",
     "get_accumulation_state",
     "is_divergence",
     "keyed_dropout",

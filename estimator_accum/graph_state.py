@@ -27,6 +27,9 @@ OWNERS = {
     "window_statistics": ("estimator_accum.window.batch_norm",
                           "each batch_norm layer's WindowStatistics, until "
                           "a train op claims them"),
+    "window_copies": ("estimator_accum.window.window_copies",
+                      "each variable's narrow copy made by "
+                      "cast_once_per_window, and the train op remaking it"),
     "reported_losses": ("estimator_accum.window.reports",
                         "the losses reportable_loss was given"),
     "progress": ("estimator_accum.window.progress",

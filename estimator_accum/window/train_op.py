@@ -52,6 +52,7 @@ from estimator_accum.window import (
   progress,
   reductions,
   trained_checks,
+  window_copies,
 )
 from estimator_accum.window import reports as window_reports
 from estimator_accum.window.batch_norm import close_window_statistics
@@ -155,7 +156,8 @@ def accumulating_train_op(batch, optimizer, settings, *, global_step):
       scaler = _loss_scale.LossScaler(loss_scale_config, settings.name,
                                       StateVariables(),
                                       unscales=batch.loss is not None)
-    trained = batch.gradients(scaler, dict(settings.gradient_options))
+    with window_copies.gradients_of(settings.name):
+      trained = batch.gradients(scaler, dict(settings.gradient_options))
     trained_checks.check_ref_variables(trained, optimizer)
     name_window_state(trained)
     trained_checks.check_distinct_names(trained)

@@ -19,7 +19,7 @@ reset and count; always, count the micro-batch.
 
 import tensorflow as tf
 
-from estimator_accum.window import reports
+from estimator_accum.window import reports, window_copies
 from estimator_accum.window.accumulate import Accumulation
 from estimator_accum.window.bookkeeping import Bookkeeping
 from estimator_accum.window.communication import Communication
@@ -126,7 +126,8 @@ class Window:
         name="end_of_window")
     counters = self._books.count_micro_batch(cross_replica, status, done,
                                              position, examples)
-    if settings.after_update is None:
+    if (settings.after_update is None and
+        not window_copies.claimed(settings.name)):
       return tf.group(*counters, name="train_op")
     with tf.control_dependencies(counters):
       after = tf.cond(tf.equal(status, _STATUS_APPLIED),

@@ -66,7 +66,7 @@ def create_model(bert_config, is_training, features, num_labels,
                  compute_type=tf.float32, classifier_dropout=0.1,
                  recompute=False, unpadded=False, pooled_only=False,
                  keyed_dropout=False, dropout_seed=0, fused_attention=True,
-                 product_type=None):
+                 product_type=None, window_copies=False):
   """Returns (logits, probabilities) for features from bert_features.
 
   Packed rows (`example_ids` in the features, `models.bert.packing`):
@@ -91,7 +91,7 @@ def create_model(bert_config, is_training, features, num_labels,
       max_examples=features["label_ids"].shape[-1] if packed else None,
       unpadded=unpadded, pooled_only=pooled_only, dropout_keys=keys,
       dropout_seed=dropout_seed, fused_attention=fused_attention,
-      product_type=product_type)
+      product_type=product_type, window_copies=window_copies)
   pooled = model.get_pooled_output()
   hidden_size = pooled.shape[-1]
   output_weights = tf.compat.v1.get_variable(
@@ -138,7 +138,9 @@ def model_fn_builder(bert_config, training):
         training.classifier_dropout, training.recompute, training.unpadded,
         training.pooled_only, training.keyed_dropout, training.dropout_seed,
         training.fused_attention,
-        tf.bfloat16 if training.precision == "bfloat16" else None)
+        tf.bfloat16 if training.precision == "bfloat16" else None,
+        # The accumulating train op below remakes them after each update.
+        window_copies=is_training)
     if training.init_checkpoint:
       mapping, _ = modeling.get_assignment_map_from_checkpoint(
           tf.compat.v1.trainable_variables(), training.init_checkpoint)

@@ -131,7 +131,7 @@ class BertModel:
                compute_type=tf.float32, recompute=False, example_ids=None,
                max_examples=None, unpadded=False, pooled_only=False,
                dropout_keys=None, dropout_seed=0, fused_attention=True,
-               product_type=None):
+               product_type=None, window_copies=False):
     """Builds the encoder in the current graph.
 
     Args:
@@ -204,6 +204,12 @@ class BertModel:
         softmax, attention, dropout, the loss. Gradients reach the
         variables in float32. Where the CPU (AVX512-BF16, AMX) or GPU
         multiplies bfloat16 natively.
+      window_copies: with `product_type`, in a training graph whose loss
+        goes to `estimator_accum.build_accumulating_train_op`: the
+        kernels' `product_type` operands read from copies the train op
+        remakes after each update (`estimator_accum.cast_once_per_window`),
+        not cast from the float32 kernels each micro-batch: the same
+        values and gradients, one cast of the weights a window, not k.
 
     Raises:
       ValueError: if input_ids is not of rank 2, or is longer than
@@ -257,7 +263,7 @@ class BertModel:
     self._compute_type = tf.as_dtype(compute_type)
     self._dense = functools.partial(
         _dense, products=None if product_type is None else
-        tf.as_dtype(product_type))
+        tf.as_dtype(product_type), copies=bool(window_copies and is_training))
     self._one_hot = use_one_hot_embeddings
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
@@ -843,15 +849,21 @@ def _initializer(stddev):
 
 
 def _dense(inputs, units, name, initializer_range, activation=None,
-           products=None):
+           products=None, copies=False):
   """A dense layer with Google's variable names `<name>/kernel`, `/bias`;
   with `products` (a dtype), its product's operands in that dtype, the
-  result back in `inputs`' dtype."""
+  result back in `inputs`' dtype (`copies`: the kernel's operand from its
+  copy made once a window, `estimator_accum.cast_once_per_window`)."""
   kernel, bias = dense_variables(inputs, units, name, initializer_range)
   axes = [[inputs.shape.rank - 1], [0]]
   if products is not None and products != inputs.dtype:
-    output = tf.cast(tf.tensordot(tf.cast(inputs, products),
-                                  tf.cast(kernel, products), axes),
+    if copies and inputs.dtype == tf.float32:
+      with tf.compat.v1.variable_scope(name, reuse=True):
+        narrow = estimator_accum.cast_once_per_window(
+            tf.compat.v1.get_variable("kernel"), products)
+    else:
+      narrow = tf.cast(kernel, products)
+    output = tf.cast(tf.tensordot(tf.cast(inputs, products), narrow, axes),
                      inputs.dtype) + bias
   else:
     output = tf.tensordot(inputs, kernel, axes) + bias
