@@ -20,6 +20,11 @@ weights. Where a copy could be read by others than its own train op (under
 a distribution strategy, a variable on another job's device: parameter
 servers), and outside graph mode or inside a function, the call is the
 plain cast.
+
+A copy follows the variable through the train op's updates and session
+starts only: a variable assigned by other ops inside a running session (a
+hook restoring earlier weights into it) leaves its copy as it was until the
+next update or session.
 """
 
 import contextlib
