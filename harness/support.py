@@ -441,6 +441,17 @@ def assert_weights_close(actual, expected, rtol=1e-5, atol=1e-6, what=""):
         err_msg=f"{what}: variable {name} differs from big-batch training")
 
 
+def assert_weights_identical(actual, expected, what=""):
+  """Asserts two weight dicts are the same bit for bit (float32 compared
+  as their bits: -0.0 is not 0.0, a NaN equals its own bits)."""
+  assert set(actual) == set(expected), (sorted(actual), sorted(expected))
+  for name in sorted(expected):
+    np.testing.assert_array_equal(
+        np.asarray(actual[name]).view(np.uint32),
+        np.asarray(expected[name]).view(np.uint32),
+        err_msg=f"{what}: variable {name} differs")
+
+
 def assert_trained_like_big_batch(estimator, actual, expected, micro_batches,
                                   updates, what):
   """The accumulating run moved every weight, matches the big batch, and

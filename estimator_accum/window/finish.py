@@ -16,7 +16,7 @@ from absl import logging
 
 from estimator_accum import tf_private
 from estimator_accum.distribution import apply
-from estimator_accum.window import apply_order, trained_checks, window_copies
+from estimator_accum.window import apply_order, trained_checks
 from estimator_accum.window.accumulators import rows_to_slices
 from estimator_accum.window.gradient_ops import (
   cast_gradient,
@@ -181,15 +181,11 @@ class Finish:
   def after_update(self):
     """True branch: the user's `after_update` ops, once per applied update,
     after the micro-batch's work and counters (as a big-batch recipe's ops
-    under `tf.control_dependencies([train_op])` run), and the train op's
-    copies remade from the updated variables (`cast_once_per_window`)."""
-    created = []
-    if self._settings.after_update is not None:
-      with self.outer_name_scope(), tf.variable_creator_scope(
-          apply.create_outside_control_flow):
-        created = self._settings.after_update()
+    under `tf.control_dependencies([train_op])` run)."""
+    with self.outer_name_scope(), tf.variable_creator_scope(
+        apply.create_outside_control_flow):
+      created = self._settings.after_update()
     created = [op for op in tf.nest.flatten(created) if op is not None]
-    created += window_copies.remade(self._settings.name)
     with tf.control_dependencies(created):
       return tf.no_op()
 

@@ -130,10 +130,19 @@ class Window:
         not window_copies.claimed(settings.name)):
       return tf.group(*counters, name="train_op")
     with tf.control_dependencies(counters):
-      after = tf.cond(tf.equal(status, _STATUS_APPLIED),
-                      self._finish.after_update, tf.no_op,
-                      name="after_update")
+      after = tf.cond(tf.equal(status, _STATUS_APPLIED), self._after_update,
+                      tf.no_op, name="after_update")
     return tf.group(*counters, after, name="train_op")
+
+  def _after_update(self):
+    """True branch: the train op's copies remade from the updated
+    variables (`cast_once_per_window`), and the user's `after_update`."""
+    settings = self._plan.settings
+    created = window_copies.remade(settings.name)
+    if settings.after_update is not None:
+      created.append(self._finish.after_update())
+    with tf.control_dependencies(created):
+      return tf.no_op()
 
   def _end_window(self, cross_replica, position, accumulated):
     """True branch: form, check and apply the window; reset it; count it."""

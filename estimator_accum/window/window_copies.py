@@ -71,10 +71,6 @@ def gradients_of(train_op_name):
     _TAKING.name = before
 
 
-def _plain(variable, dtype):
-  return tf.cast(variable, dtype)
-
-
 def _is_shared(variable):
   """True where others than the train op could read a copy: a strategy's
   replicas or workers, or a variable placed on another job's device."""
@@ -120,7 +116,7 @@ def cast_once_per_window(variable, dtype):
   graph = tf.compat.v1.get_default_graph()
   if (tf.executing_eagerly() or graph.building_function or
       _is_shared(variable)):
-    return _plain(variable, dtype)
+    return tf.cast(variable, dtype)
   name = variable_base_name(variable)
   copies = _copies(graph)
   entry = copies.get((name, dtype))

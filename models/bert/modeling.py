@@ -854,36 +854,35 @@ def _dense(inputs, units, name, initializer_range, activation=None,
   with `products` (a dtype), its product's operands in that dtype, the
   result back in `inputs`' dtype (`copies`: the kernel's operand from its
   copy made once a window, `estimator_accum.cast_once_per_window`)."""
-  kernel, bias = dense_variables(inputs, units, name, initializer_range)
+  variable, bias = dense_variables(inputs, units, name, initializer_range)
+  dtype = inputs.dtype
+  kernel, bias = tf.cast(variable, dtype), tf.cast(bias, dtype)
   axes = [[inputs.shape.rank - 1], [0]]
-  if products is not None and products != inputs.dtype:
-    if copies and inputs.dtype == tf.float32:
-      with tf.compat.v1.variable_scope(name, reuse=True):
-        narrow = estimator_accum.cast_once_per_window(
-            tf.compat.v1.get_variable("kernel"), products)
-    else:
-      narrow = tf.cast(kernel, products)
+  if products is not None and products != dtype:
+    narrow = (estimator_accum.cast_once_per_window(variable, products)
+              if copies and dtype == tf.float32
+              else tf.cast(kernel, products))
     output = tf.cast(tf.tensordot(tf.cast(inputs, products), narrow, axes),
-                     inputs.dtype) + bias
+                     dtype) + bias
   else:
     # BiasAdd, not a broadcast add: Grappler fuses a product and its
     # BiasAdd into one kernel (oneDNN's matmul with its bias), and the
     # bias's gradient is one BiasAddGrad, not a broadcast's Sum and
-    # reshapes (steady float32 training 1.11x, docs/bert.md).
+    # reshapes (steady float32 training 1.10x, docs/bert.md).
     output = tf.nn.bias_add(tf.tensordot(inputs, kernel, axes), bias)
   return activation(output) if activation else output
 
 
 def dense_variables(inputs, units, name, initializer_range):
-  """A dense layer's `<name>/kernel` and `/bias` (made or reused), cast to
-  `inputs`' dtype."""
+  """A dense layer's `<name>/kernel` and `/bias` variables (made or
+  reused)."""
   with tf.compat.v1.variable_scope(name):
     kernel = tf.compat.v1.get_variable(
         "kernel", [inputs.shape[-1], units],
         initializer=_initializer(initializer_range))
     bias = tf.compat.v1.get_variable(
         "bias", [units], initializer=tf.compat.v1.zeros_initializer())
-  return tf.cast(kernel, inputs.dtype), tf.cast(bias, inputs.dtype)
+  return kernel, bias
 
 
 def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False):

@@ -77,6 +77,4 @@ def test_window_copies_train_as_the_casts_bit_for_bit(layout):
   # Every layer's six kernels and the pooler's.
   assert len(copies) == 2 * 6 + 1, copies
   assert all(name.endswith("/kernel/bfloat16_copy") for name in copies)
-  for name, value in expected.items():
-    np.testing.assert_array_equal(actual[name].view(np.uint32),
-                                  value.view(np.uint32), err_msg=name)
+  support.assert_weights_identical(actual, expected, f"layout {layout}")

@@ -184,11 +184,9 @@ def _assert_the_same_training(tmp_path, dtype, replicas):
   one_pass, kinds = _trained(tmp_path, dtype, replicas, "1")
   plain, plain_kinds = _trained(tmp_path, dtype, replicas, "0")
   assert "EaAccumulate" in kinds and "EaAccumulate" not in plain_kinds
-  start = support.initial_weights()
-  for name, value in plain.items():
-    assert not np.array_equal(value, start[name]), f"{name} did not move"
-    np.testing.assert_array_equal(one_pass[name].view(np.uint32),
-                                  value.view(np.uint32), err_msg=name)
+  support.assert_weights_moved(plain, f"{dtype}, {replicas} replica(s)")
+  support.assert_weights_identical(one_pass, plain,
+                                   f"{dtype}, {replicas} replica(s)")
 
 
 @pytest.mark.parametrize("dtype", sorted(NARROW))

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import estimator_accum
+from harness import support
 
 K, MICRO_BATCH, UPDATES = 4, 8, 3
 v1 = tf.compat.v1
@@ -76,13 +77,6 @@ OPTIMIZERS = {"sgd": lambda: v1.train.GradientDescentOptimizer(0.5),
               "adam": lambda: v1.train.AdamOptimizer(0.05)}
 
 
-def _assert_bit_for_bit(actual, expected):
-  assert sorted(actual) == sorted(expected)
-  for name, value in expected.items():
-    np.testing.assert_array_equal(actual[name].view(np.uint32),
-                                  value.view(np.uint32), err_msg=name)
-
-
 @pytest.mark.parametrize("dtype", [tf.bfloat16, tf.float16],
                          ids=["bfloat16", "float16"])
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
@@ -91,7 +85,7 @@ def test_training_is_the_casts_bit_for_bit(optimizer, dtype):
   expected, plain_names = _trained(_cast, OPTIMIZERS[optimizer], data, dtype)
   actual, names = _trained(estimator_accum.cast_once_per_window,
                            OPTIMIZERS[optimizer], data, dtype)
-  _assert_bit_for_bit(actual, expected)
+  support.assert_weights_identical(actual, expected)
   copies = [name for name in names if name not in plain_names]
   assert sorted(copies) == [f"hidden/kernel/{dtype.name}_copy",
                             f"logits/kernel/{dtype.name}_copy"], names
@@ -107,7 +101,7 @@ def test_a_skipped_window_keeps_its_copy():
   expected, _ = _trained(_cast, OPTIMIZERS["adam"], data, nan_at=K + 1)
   actual, _ = _trained(estimator_accum.cast_once_per_window,
                        OPTIMIZERS["adam"], data, nan_at=K + 1)
-  _assert_bit_for_bit(actual, expected)
+  support.assert_weights_identical(actual, expected)
 
 
 def _model_fn(narrow):
@@ -147,7 +141,7 @@ def test_a_resume_mid_window_makes_the_copy_from_the_restored_weights(
     saved = [n for n, _ in tf.train.list_variables(
         estimator.latest_checkpoint())]
     assert not [n for n in saved if "_copy" in n], saved
-  _assert_bit_for_bit(weights["copies"], weights["cast"])
+  support.assert_weights_identical(weights["copies"], weights["cast"])
 
 
 def test_a_gradient_outside_the_accumulating_train_op_is_an_error():
