@@ -7,7 +7,7 @@
 // times while it is in cache, and written once. Forward, the same Eigen
 // reductions (a row's lanes summed in the same order) and element-wise
 // arithmetic as TensorFlow's Mean, Sub, Square, AddV2, Rsqrt and Mul: their
-// values bit for bit where Eigen is built alike (AVX, no fused
+// values bit for bit where Eigen is built alike (no fused
 // multiply-add). Backward, the gradient's closed form,
 //   dx = r (dy - mean(dy) - c r^2 mean(dy c)),  c = x - mean, r = rstd,
 // within float rounding of TensorFlow's (its ops sum in another order).
