@@ -19,6 +19,12 @@ values of TensorFlow's ops bit for bit (the same Eigen reductions and
 functors, built as its wheels build Eigen); the GELU's gradient too, the
 normalization's within float rounding (its closed form).
 
+What follows a bfloat16 product in a dense layer (`products.cc`): its
+widening and bias (`bias_widen_op`), or those and the GELU narrowed again
+for the next product (`bias_gelu_op`), one pass each way where
+TensorFlow's ops take two to four: the forward values bit for bit, the
+gradients within float rounding.
+
 `load()` compiles the kernels once per TensorFlow, compiler and CPU
 (`g++`, or `$CXX`, with TensorFlow's own `tf.sysconfig` flags; the
 sources of one kind of vector flags in one unit, so TensorFlow's headers
@@ -58,7 +64,8 @@ from estimator_accum import _files
 _SOURCES = {"keyed_dropout.cc": "fast", "attention.cc": "fast",
             "gelu.cc": "tensorflow's",
             "normalize.cc": "tensorflow's",
-            "accumulate.cc": "tensorflow's"}
+            "accumulate.cc": "tensorflow's",
+            "products.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 OFF = "ESTIMATOR_ACCUM_NATIVE"
 
@@ -275,6 +282,15 @@ def load():
   def _gelu_gradient(op, gradient):
     return ops.ea_gelu_grad(gradient, op.inputs[0])
 
+  def _bias_gelu_gradient(op, gradient, slopes_gradient):
+    # The slopes are the wrapper's own (never handed out).
+    del slopes_gradient
+    return list(ops.ea_bias_gelu_grad(gradient, op.outputs[1]))
+
+  def _bias_widen_gradient(op, gradient):
+    del op
+    return list(ops.ea_bias_widen_grad(gradient))
+
   def _normalize_gradient(op, gradient, *statistics):
     # The op's mean and rstd are its wrapper's own (never handed out):
     # their gradients are the zeros TensorFlow fills in.
@@ -285,6 +301,8 @@ def load():
   for name, function in (("EaKeyedDropout", _gradient),
                          ("EaAttention", _attention_gradient),
                          ("EaGelu", _gelu_gradient),
+                         ("EaBiasGelu", _bias_gelu_gradient),
+                         ("EaBiasWiden", _bias_widen_gradient),
                          ("EaNormalize", _normalize_gradient)):
     with contextlib.suppress(KeyError):  # registered by an earlier load()
       tf.RegisterGradient(name)(function)
@@ -303,6 +321,32 @@ def gelu_op():
   registered; None where `load()` is None."""
   ops = load()
   return None if ops is None else ops.ea_gelu
+
+
+def bias_widen_op():
+  """A function (products, bias) -> `products` (bfloat16 [..., n]) widened
+  to float32 plus `bias` (float32 [n]) in one pass (`EaBiasWiden`,
+  products.cc: the cast's and the add's values bit for bit; its gradient,
+  the products' in bfloat16 and the bias's in one pass, registered); None
+  where `load()` is None."""
+  ops = load()
+  return None if ops is None else ops.ea_bias_widen
+
+
+def bias_gelu_op():
+  """A function (products, bias) -> the exact GELU of `products`
+  (bfloat16 [..., n]) widened to float32 plus `bias` (float32 [n]),
+  rounded to bfloat16, in one pass (`EaBiasGelu`, products.cc: the values
+  of the cast, the add, EaGelu and the cast bit for bit; its gradient, one
+  pass, registered); None where `load()` is None."""
+  ops = load()
+  if ops is None:
+    return None
+
+  def bias_gelu(products, bias):
+    return ops.ea_bias_gelu(products, bias)[0]
+
+  return bias_gelu
 
 
 def normalize_op():

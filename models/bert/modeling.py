@@ -263,7 +263,8 @@ class BertModel:
     self._compute_type = tf.as_dtype(compute_type)
     self._dense = functools.partial(
         _dense, products=None if product_type is None else
-        tf.as_dtype(product_type), copies=bool(window_copies and is_training))
+        tf.as_dtype(product_type), copies=bool(window_copies and is_training),
+        kernels=self._is_training)
     self._one_hot = use_one_hot_embeddings
 
     with tf.compat.v1.variable_scope(scope, default_name="bert"):
@@ -488,7 +489,7 @@ class BertModel:
                             config.initializer_range, activation=activation)
     with tf.compat.v1.variable_scope("output"):
       output = self._dense(intermediate, config.hidden_size, "dense",
-                      config.initializer_range)
+                           config.initializer_range, dtype=attention.dtype)
       return _layer_norm(
           self._dropout(output, config.hidden_dropout_prob, query_keys) +
           attention, config.layer_norm_eps, one_pass=self._is_training)
@@ -849,21 +850,31 @@ def _initializer(stddev):
 
 
 def _dense(inputs, units, name, initializer_range, activation=None,
-           products=None, copies=False):
+           products=None, copies=False, dtype=None, kernels=False):
   """A dense layer with Google's variable names `<name>/kernel`, `/bias`;
   with `products` (a dtype), its product's operands in that dtype, the
-  result back in `inputs`' dtype (`copies`: the kernel's operand from its
-  copy made once a window, `estimator_accum.cast_once_per_window`)."""
+  result back in `dtype` (default `inputs`' dtype; `copies`: the kernel's
+  operand from its copy made once a window,
+  `estimator_accum.cast_once_per_window`). `kernels` (a training graph):
+  a bfloat16 product's widening and bias by the native kernel where it
+  serves, and with `gelu_exact` the GELU too, given in bfloat16 for the
+  next product (`native.bias_widen_op`, `bias_gelu_op`: the values of the
+  ops they replace)."""
   variable, bias = dense_variables(inputs, units, name, initializer_range)
-  dtype = inputs.dtype
+  dtype = tf.as_dtype(dtype or inputs.dtype)
   kernel, bias = tf.cast(variable, dtype), tf.cast(bias, dtype)
   axes = [[inputs.shape.rank - 1], [0]]
   if products is not None and products != dtype:
     narrow = (estimator_accum.cast_once_per_window(variable, products)
               if copies and dtype == tf.float32
               else tf.cast(kernel, products))
-    output = tf.cast(tf.tensordot(tf.cast(inputs, products), narrow, axes),
-                     dtype) + bias
+    product = tf.tensordot(tf.cast(inputs, products), narrow, axes)
+    kernels = kernels and products == tf.bfloat16 and dtype == tf.float32
+    if kernels and activation is gelu_exact and native.bias_gelu_op():
+      return native.bias_gelu_op()(product, bias)
+    widen = native.bias_widen_op() if kernels else None
+    output = (widen(product, bias) if widen is not None
+              else tf.cast(product, dtype) + bias)
   else:
     # BiasAdd, not a broadcast add: Grappler fuses a product and its
     # BiasAdd into one kernel (oneDNN's matmul with its bias), and the

@@ -1,0 +1,358 @@
+// What follows a bfloat16 matrix product in a dense layer (models.bert's
+// product_type), each in one pass over the product where TensorFlow's ops
+// take several, forward and backward:
+//   EaBiasWiden: the product widened to float32 and its bias added (a cast
+//     and an add); its gradient gives the product's gradient in bfloat16
+//     and the bias's (a cast and a sum).
+//   EaBiasGelu: that, then the exact GELU rounded to bfloat16 for the next
+//     product (a cast, an add, EaGelu and a cast), keeping the GELU's slope
+//     in float32 for the backward pass, which is then the slope times the
+//     incoming gradient (where EaGeluGrad recomputes erf and exp).
+// The forward outputs are those ops' bit for bit (the same float
+// arithmetic, Eigen's erf, and its rounding to bfloat16); the gradients
+// within float rounding of theirs: the bias's is summed in double over
+// fixed blocks of rows, the same sum on any number of threads. Built and
+// loaded by estimator_accum/native/__init__.py.
+#define EIGEN_USE_THREADS
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tensorflow/core/util/work_sharder.h"
+#include "unsupported/Eigen/CXX11/Tensor"
+#include "unsupported/Eigen/SpecialFunctions"
+
+namespace estimator_accum {
+namespace products {
+namespace {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::bfloat16;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// EaGelu's constants (gelu.cc): 1 / sqrt(2) and sqrt(2 / pi).
+constexpr float kInverseRootTwo = 0.70710678118654752440f;
+constexpr float kRootTwoOverPi = 0.79788456080286535588f;
+
+// The products' shape, its last dimension the bias's.
+absl::Status ProductAndBias(InferenceContext* c) {
+  ShapeHandle products, bias;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &products));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bias));
+  if (c->RankKnown(products)) {
+    ::tensorflow::shape_inference::DimensionHandle width;
+    TF_RETURN_IF_ERROR(
+        c->Merge(c->Dim(products, -1), c->Dim(bias, 0), &width));
+  }
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, products);
+  return absl::OkStatus();
+}
+
+// The bias's shape: a vector of the last dimension of `shape`.
+ShapeHandle BiasShape(InferenceContext* c, ShapeHandle shape) {
+  return c->RankKnown(shape) ? c->Vector(c->Dim(shape, -1))
+                             : c->Vector(c->UnknownDim());
+}
+
+REGISTER_OP("EaBiasGelu")
+    .Input("products: bfloat16")
+    .Input("bias: float")
+    .Output("outputs: bfloat16")
+    .Output("slopes: float")
+    .SetShapeFn(ProductAndBias);
+
+REGISTER_OP("EaBiasGeluGrad")
+    .Input("gradients: bfloat16")
+    .Input("slopes: float")
+    .Output("backprops: bfloat16")
+    .Output("bias_gradient: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle shape;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1), &shape));
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(shape, 1, &shape));
+      c->set_output(0, shape);
+      c->set_output(1, BiasShape(c, shape));
+      return absl::OkStatus();
+    });
+
+REGISTER_OP("EaBiasWiden")
+    .Input("products: bfloat16")
+    .Input("bias: float")
+    .Output("outputs: float")
+    .SetShapeFn(ProductAndBias);
+
+REGISTER_OP("EaBiasWidenGrad")
+    .Input("gradients: float")
+    .Output("backprops: bfloat16")
+    .Output("bias_gradient: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle shape;
+      TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &shape));
+      c->set_output(0, shape);
+      c->set_output(1, BiasShape(c, shape));
+      return absl::OkStatus();
+    });
+
+// `function(begin, end)` over [0, count), split over TensorFlow's CPU
+// threads (`cost` each).
+template <typename Function>
+void Sharded(OpKernelContext* context, int64_t count, int64_t cost,
+             Function function) {
+  const auto* threads = context->device()->tensorflow_cpu_worker_threads();
+  ::tensorflow::Shard(threads->num_threads, threads->workers, count, cost,
+                      function);
+}
+
+// bfloat16's bits widened to float (exact), and a float rounded to the
+// nearest bfloat16, ties to even, NaN to a quiet NaN of its sign: Eigen's
+// conversions (TensorFlow's Cast), in plain arithmetic the compiler
+// vectorizes.
+inline float Widen(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+inline uint16_t Narrow(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, sizeof(word));
+  const uint32_t rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;
+  const uint32_t nan = ((word >> 16) & 0x8000u) | 0x7fc0u;
+  // A select, not a branch: the loops around it stay vectorized.
+  return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? nan
+                                                                  : rounded);
+}
+
+template <typename T>
+using Span = Eigen::TensorMap<Eigen::Tensor<T, 1, Eigen::RowMajor>>;
+
+// The width of `products`' rows, or false with an error on the context
+// where `products` has no rows or `bias` is not a vector of their width.
+bool ProductWidth(OpKernelContext* context, const Tensor& products,
+                  const Tensor& bias, int64_t* width) {
+  if (products.dims() < 1) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        "products must have rank >= 1, got shape " +
+        products.shape().DebugString()));
+    return false;
+  }
+  *width = products.dim_size(products.dims() - 1);
+  if (bias.dims() != 1 || bias.dim_size(0) != *width) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        "bias must be a vector of the products' last dimension " +
+        std::to_string(*width) + ", got shape " +
+        bias.shape().DebugString()));
+    return false;
+  }
+  return true;
+}
+
+const uint16_t* Bits(const Tensor& tensor) {
+  return reinterpret_cast<const uint16_t*>(tensor.flat<bfloat16>().data());
+}
+
+uint16_t* Bits(Tensor* tensor) {
+  return reinterpret_cast<uint16_t*>(tensor->flat<bfloat16>().data());
+}
+
+// A gradient's backward pass: `row(i, sum)` for each row i of `gradients`
+// writes the row's backprops and adds its float32 values into `sum` (a
+// double a column), over fixed blocks of rows on TensorFlow's threads;
+// the blocks' sums, added in order, are the bias's gradient (output 1).
+// `width` is the rows' (gradients' last dimension); `cost` a row's.
+template <typename Row>
+void BackwardOverRows(OpKernelContext* context, const Tensor& gradients,
+                      int64_t cost, Row row) {
+  OP_REQUIRES(context, gradients.dims() >= 1,
+              absl::InvalidArgumentError(
+                  "gradients must have rank >= 1, got shape " +
+                  gradients.shape().DebugString()));
+  const int64_t width = gradients.dim_size(gradients.dims() - 1);
+  Tensor* bias_gradient = nullptr;
+  OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({width}),
+                                                   &bias_gradient));
+  float* db = bias_gradient->flat<float>().data();
+  std::fill(db, db + width, 0.0f);
+  if (gradients.NumElements() == 0) return;
+  const int64_t rows = gradients.NumElements() / width;
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks * width, 0.0);
+  Sharded(context, blocks, kBlock * cost, [&](int64_t begin, int64_t end) {
+    for (int64_t block = begin; block < end; ++block) {
+      for (int64_t i = block * kBlock;
+           i < std::min(rows, (block + 1) * kBlock); ++i) {
+        row(i, partial.data() + block * width);
+      }
+    }
+  });
+  for (int64_t j = 0; j < width; ++j) {
+    double total = 0.0;
+    for (int64_t block = 0; block < blocks; ++block) {
+      total += partial[block * width + j];
+    }
+    db[j] = static_cast<float>(total);
+  }
+}
+
+class BiasWidenOp : public OpKernel {
+ public:
+  explicit BiasWidenOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& products = context->input(0);
+    const Tensor& bias = context->input(1);
+    int64_t width;
+    if (!ProductWidth(context, products, bias, &width)) return;
+    Tensor* outputs = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, products.shape(), &outputs));
+    if (products.NumElements() == 0) return;
+    const uint16_t* p = Bits(products);
+    const float* b = bias.flat<float>().data();
+    float* y = outputs->flat<float>().data();
+    Sharded(context, products.NumElements() / width, width * 2,
+            [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint16_t* __restrict pi = p + i * width;
+        float* __restrict yi = y + i * width;
+        // As Cast and AddV2.
+        for (int64_t j = 0; j < width; ++j) yi[j] = Widen(pi[j]) + b[j];
+      }
+    });
+  }
+};
+
+class BiasWidenGradOp : public OpKernel {
+ public:
+  explicit BiasWidenGradOp(OpKernelConstruction* context)
+      : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& gradients = context->input(0);
+    Tensor* backprops = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, gradients.shape(), &backprops));
+    const float* g = gradients.flat<float>().data();
+    uint16_t* dx = Bits(backprops);
+    const int64_t width =
+        gradients.dims() ? gradients.dim_size(gradients.dims() - 1) : 0;
+    BackwardOverRows(context, gradients, width * 3,
+                     [&](int64_t i, double* __restrict sum) {
+      const float* __restrict gi = g + i * width;
+      uint16_t* __restrict out = dx + i * width;
+      for (int64_t j = 0; j < width; ++j) {
+        out[j] = Narrow(gi[j]);  // As Cast
+        sum[j] += gi[j];
+      }
+    });
+  }
+};
+
+class BiasGeluOp : public OpKernel {
+ public:
+  explicit BiasGeluOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& products = context->input(0);
+    const Tensor& bias = context->input(1);
+    int64_t width;
+    if (!ProductWidth(context, products, bias, &width)) return;
+    Tensor *outputs, *slopes;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, products.shape(), &outputs));
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(1, products.shape(), &slopes));
+    if (products.NumElements() == 0) return;
+    const uint16_t* p = Bits(products);
+    const float* b = bias.flat<float>().data();
+    uint16_t* y = Bits(outputs);
+    float* s = slopes->flat<float>().data();
+    Sharded(context, products.NumElements() / width, width * 40,
+            [&](int64_t begin, int64_t end) {
+      std::vector<float> buffers(3 * width);
+      float* __restrict x = buffers.data();
+      float* __restrict e = x + width;
+      float* __restrict g = e + width;
+      Span<float> erfs(e, width), gaussians(g, width);
+      Span<const float> xs(x, width);
+      for (int64_t i = begin; i < end; ++i) {
+        const uint16_t* __restrict pi = p + i * width;
+        // As Cast and AddV2.
+        for (int64_t j = 0; j < width; ++j) x[j] = Widen(pi[j]) + b[j];
+        // EaGelu's erf, and exp(-u^2) for the slope.
+        erfs = (xs * kInverseRootTwo).erf();
+        gaussians = (-((xs * kInverseRootTwo) * (xs * kInverseRootTwo))).exp();
+        uint16_t* __restrict yi = y + i * width;
+        float* __restrict si = s + i * width;
+        for (int64_t j = 0; j < width; ++j) {
+          const float half = x[j] * 0.5f, one_plus = e[j] + 1.0f;
+          yi[j] = Narrow(half * one_plus);  // EaGelu's product, then Cast
+          // d/dx of 0.5 x (1 + erf(u)), u = x / sqrt(2).
+          si[j] = one_plus * 0.5f + g[j] * (kRootTwoOverPi * half);
+        }
+      }
+    });
+  }
+};
+
+class BiasGeluGradOp : public OpKernel {
+ public:
+  explicit BiasGeluGradOp(OpKernelConstruction* context)
+      : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& gradients = context->input(0);
+    const Tensor& slopes = context->input(1);
+    OP_REQUIRES(context, gradients.shape() == slopes.shape(),
+                absl::InvalidArgumentError(
+                    "gradients and slopes must have the same shape, got " +
+                    gradients.shape().DebugString() + " and " +
+                    slopes.shape().DebugString()));
+    Tensor* backprops = nullptr;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, gradients.shape(), &backprops));
+    const uint16_t* dy = Bits(gradients);
+    const float* s = slopes.flat<float>().data();
+    uint16_t* dx = Bits(backprops);
+    const int64_t width =
+        gradients.dims() ? gradients.dim_size(gradients.dims() - 1) : 0;
+    BackwardOverRows(context, gradients, width * 4,
+                     [&](int64_t i, double* __restrict sum) {
+      const uint16_t* __restrict gi = dy + i * width;
+      const float* __restrict si = s + i * width;
+      uint16_t* __restrict out = dx + i * width;
+      for (int64_t j = 0; j < width; ++j) {
+        const float product = Widen(gi[j]) * si[j];
+        out[j] = Narrow(product);
+        sum[j] += product;
+      }
+    });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("EaBiasWiden").Device(::tensorflow::DEVICE_CPU), BiasWidenOp);
+REGISTER_KERNEL_BUILDER(
+    Name("EaBiasWidenGrad").Device(::tensorflow::DEVICE_CPU),
+    BiasWidenGradOp);
+REGISTER_KERNEL_BUILDER(
+    Name("EaBiasGelu").Device(::tensorflow::DEVICE_CPU), BiasGeluOp);
+REGISTER_KERNEL_BUILDER(
+    Name("EaBiasGeluGrad").Device(::tensorflow::DEVICE_CPU), BiasGeluGradOp);
+
+}  // namespace
+}  // namespace products
+}  // namespace estimator_accum
