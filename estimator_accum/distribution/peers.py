@@ -8,7 +8,7 @@ heartbeat. The watchdog that acts on them is `health.py`'s.
 import time
 
 from clusterspec import config as tfc
-from estimator_accum import tf_private
+from estimator_accum import runtime_private
 
 __all__ = ["OUTLIVE_SECONDS", "Peer", "coordination_heartbeat",
            "coordination_leader", "hosts_coordination_service",
@@ -101,10 +101,10 @@ def coordination_heartbeat(seconds, config=None):
   cluster = (config or {}).get(tfc.CLUSTER, {})
   task = (config or {}).get(tfc.TASK, {})
   if (task.get(tfc.TYPE) not in tfc.TRAINING_TYPES or tfc.PS in cluster or
-      tf_private.coordination_service_configured()):
+      runtime_private.coordination_service_configured()):
     return False
   leader, index = coordination_leader(cluster)
-  tf_private.configure_coordination_service(
+  runtime_private.configure_coordination_service(
       f"/job:{leader}/replica:0/task:{index}", seconds * 1000,
       [(job, len(cluster[job])) for job in tfc.TRAINING_TYPES
        if job in cluster])

@@ -26,7 +26,7 @@ import time
 import tensorflow as tf
 
 from clusterspec.health_format import SESSION_LOST_EXIT
-from estimator_accum import tf_private
+from estimator_accum import runtime_private
 from estimator_accum.distribution import health
 
 _INSTALLED = []
@@ -71,7 +71,7 @@ def install(task_name):
          "checkpoint")
     os._exit(SESSION_LOST_EXIT)
 
-  tf_private.on_session_remade(end)
+  runtime_private.on_session_remade(end)
   _INSTALLED.append(task_name)
 
 

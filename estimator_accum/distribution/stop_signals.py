@@ -24,7 +24,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import runtime_private
 from estimator_accum.distribution import stop_exit, stop_requests, stop_state
 from estimator_accum.distribution.stop_state import STOP, STOPPED_EXIT
 
@@ -145,14 +145,14 @@ def _watch_notice():
   """Waits, in a thread, for a SIGTERM TensorFlow's coordination service
   recorded (on this task or a peer) and stops as for one of ours."""
   if STOP.notice_watched or not (
-      tf_private.coordination_service_configured()):
+      runtime_private.coordination_service_configured()):
     return
   if not STOP.take("notice_watched"):  # (the keeper and the main thread)
     return
 
   def wait():
     try:
-      task = tf_private.wait_for_coordination_service_value(_NOTICE_KEY)
+      task = runtime_private.wait_for_coordination_service_value(_NOTICE_KEY)
     except tf.errors.OpError:
       return  # the service ended with the job
     stop_state.say(

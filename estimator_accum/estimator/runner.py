@@ -182,32 +182,9 @@ class SessionEstimator:
           if strategy else self._train_op(input_fn))
       if warm_start is not None and latest is None:
         warm_start()
-      scaffold = _scaffold(spec, self.config)
-      # Every worker restores the latest checkpoint (or initializes, the
-      # strategy broadcasting the first worker's values); where it saves:
-      # SessionCluster.saver_hooks.
-      saves = cluster.save_directory(self.model_dir)
-      stop = ([tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
-              if max_steps is not None else [])
-      with tf.compat.v1.train.MonitoredTrainingSession(
-          master=cluster.master,
-          is_chief=cluster.is_chief or not cluster.shared_variables,
-          checkpoint_dir=self.model_dir, summary_dir=saves,
-          scaffold=scaffold,
-          hooks=[*stop, *spec.training_hooks, *hooks,
-                 *cluster.saver_hooks(self.model_dir, scaffold,
-                                      self.config.save_checkpoints_steps,
-                                      self.config.save_at_start,
-                                      self.config.save_checkpoints_secs,
-                                      saving_listeners)],
-          chief_only_hooks=list(getattr(spec, "training_chief_hooks", ())),
-          save_checkpoint_steps=None, save_checkpoint_secs=None,
-          save_summaries_steps=(self.config.save_summary_steps
-                                if saves is not None else None),
-          log_step_count_steps=(self.config.log_step_count_steps
-                                if saves is not None else None),
-          save_graph_def=False,
-          config=cluster.session_config) as session:
+      with _training_session(self.config, cluster, spec, max_steps,
+                             [*spec.training_hooks, *hooks],
+                             saving_listeners) as session:
         while not session.should_stop():
           session.run(train_op)
     return self
@@ -312,6 +289,37 @@ class SessionEstimator:
     return session_export.export_saved_model(
         build_predict, export_dir_base, serving_input_receiver_fn,
         checkpoint)
+
+
+def _training_session(config, cluster, spec, max_steps, hooks,
+                      saving_listeners):
+  """The MonitoredTrainingSession a run trains in on `cluster` (a
+  SessionCluster): `hooks` and the spec's chief-only hooks, a stop at
+  `max_steps` (None: none), the settings' saves (each worker restores the
+  latest checkpoint or initializes, the strategy broadcasting the first
+  worker's values; where it saves: SessionCluster.saver_hooks) and
+  summaries."""
+  scaffold = _scaffold(spec, config)
+  saves = cluster.save_directory(config.model_dir)
+  stop = ([tf.compat.v1.train.StopAtStepHook(last_step=max_steps)]
+          if max_steps is not None else [])
+  return tf.compat.v1.train.MonitoredTrainingSession(
+      master=cluster.master,
+      is_chief=cluster.is_chief or not cluster.shared_variables,
+      checkpoint_dir=config.model_dir, summary_dir=saves, scaffold=scaffold,
+      hooks=[*stop, *hooks,
+             *cluster.saver_hooks(config.model_dir, scaffold,
+                                  config.save_checkpoints_steps,
+                                  config.save_at_start,
+                                  config.save_checkpoints_secs,
+                                  saving_listeners)],
+      chief_only_hooks=list(getattr(spec, "training_chief_hooks", ())),
+      save_checkpoint_steps=None, save_checkpoint_secs=None,
+      save_summaries_steps=(config.save_summary_steps
+                            if saves is not None else None),
+      log_step_count_steps=(config.log_step_count_steps
+                            if saves is not None else None),
+      save_graph_def=False, config=cluster.session_config)
 
 
 def _kept(predictions, keys):

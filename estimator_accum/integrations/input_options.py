@@ -15,13 +15,13 @@ prefetch of one element.
 
 import tensorflow as tf
 
-from estimator_accum import tf_private
+from estimator_accum import runtime_private
 
 __all__ = ["without_autotune"]
 
 # A distribution strategy's per-device datasets carry their own
 # autotuning thread, which no input_fn reaches: off, on import.
-tf_private.per_device_datasets_without_autotune()
+runtime_private.per_device_datasets_without_autotune()
 
 
 def without_autotune(dataset):

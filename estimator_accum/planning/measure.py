@@ -10,7 +10,7 @@ import time
 
 import tensorflow as tf
 
-from estimator_accum import _checks, tf_private
+from estimator_accum import _checks, runtime_private
 from estimator_accum.planning.plan import Measurement
 
 __all__ = ["built_step", "check_build", "check_memory_statistics",
@@ -30,7 +30,7 @@ def free_device_memory(device):
   """The bytes TensorFlow's allocator may use on a GPU `device` (its memory
   limit: what was free when TensorFlow started, less a reserve)."""
   index = int(device.rsplit(":", 1)[-1])
-  gpus = [d for d in tf_private.local_devices()
+  gpus = [d for d in runtime_private.local_devices()
           if d.device_type == "GPU"]
   return int(gpus[index].memory_limit)
 

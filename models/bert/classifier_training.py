@@ -11,7 +11,7 @@ import tensorflow as tf
 
 import estimator_accum
 from data import bert_features
-from estimator_accum import native, tf_private
+from estimator_accum import native, runtime_private
 from estimator_accum.estimator import runner as session_runner
 from models import batch_plan
 from models.bert import classifier, modeling
@@ -282,7 +282,7 @@ def native_bfloat16():
   found = sorted(native.cpu_flags() & {"avx512_bf16", "amx_bf16"})
   if not found:
     return False, "the CPU lists neither avx512_bf16 nor amx_bf16"
-  if not tf_private.onednn_enabled():
+  if not runtime_private.onednn_enabled():
     return False, ("TensorFlow's oneDNN kernels are off "
                    "(TF_ENABLE_ONEDNN_OPTS=0)")
   return True, f"CPU: {', '.join(found)}"

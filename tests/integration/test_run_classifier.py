@@ -573,9 +573,9 @@ def test_the_script_runs_onednn_unless_told_otherwise(setting, on):
     env["TF_ENABLE_ONEDNN_OPTS"] = setting
   done = subprocess.run(
       [sys.executable, "-c", "import os\nimport run_classifier\n"
-       "from estimator_accum import tf_private\n"
+       "from estimator_accum import runtime_private\n"
        "print(os.environ['TF_ENABLE_ONEDNN_OPTS'], "
-       "tf_private.onednn_enabled())"],
+       "runtime_private.onednn_enabled())"],
       env=env, capture_output=True, text=True, timeout=TIMEOUT)
   assert done.returncode == 0, done.stderr[-3000:]
   # (The setting is what the script asked for on any CPU; the kernels, what

@@ -1,4 +1,5 @@
-"""Each function of estimator_accum.tf_private against the installed
+"""Each function of estimator_accum's doors to private TensorFlow and
+Keras (tf_private, runtime_private, keras_private) against the installed
 TensorFlow: an upgrade that moves a private name fails here."""
 
 import importlib
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from estimator_accum import keras_private, releases, tf_private
+from estimator_accum import keras_private, releases, runtime_private, tf_private
 from tests.helpers import one_worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -299,13 +300,13 @@ def test_keep_keras2_backups_keeps_that_many(tmp_path):
 
 
 def test_local_devices_include_the_cpu():
-  assert any(d.device_type == "CPU" for d in tf_private.local_devices())
+  assert any(d.device_type == "CPU" for d in runtime_private.local_devices())
 
 
 @pytest.mark.parametrize("setting", ["0", "1"])
 def test_onednn_enabled_follows_tf_enable_onednn_opts(setting):
-  script = ("from estimator_accum import tf_private\n"
-            "print(tf_private.onednn_enabled())\n")
+  script = ("from estimator_accum import runtime_private\n"
+            "print(runtime_private.onednn_enabled())\n")
   env = dict(os.environ, TF_ENABLE_ONEDNN_OPTS=setting,
              TF_CPP_MIN_LOG_LEVEL="3")
   done = subprocess.run([sys.executable, "-c", script], capture_output=True,
@@ -318,11 +319,11 @@ def test_the_coordination_service_configured_in_a_fresh_process():
   script = textwrap.dedent("""
       import json, os
       os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
-      from estimator_accum import tf_private
-      assert not tf_private.coordination_service_configured()
-      tf_private.configure_coordination_service(
+      from estimator_accum import runtime_private
+      assert not runtime_private.coordination_service_configured()
+      runtime_private.configure_coordination_service(
           "/job:worker/replica:0/task:0", 5000, [("worker", 2)])
-      assert tf_private.coordination_service_configured()
+      assert runtime_private.coordination_service_configured()
       print("configured")
   """)
   done = subprocess.run([sys.executable, "-c", script], capture_output=True,
@@ -358,11 +359,11 @@ def test_a_coordination_service_value_is_waited_for_in_a_fresh_process():
       os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
       import tensorflow as tf
       from tensorflow.python.eager import context
-      from estimator_accum import tf_private
+      from estimator_accum import runtime_private
       tf.distribute.MultiWorkerMirroredStrategy()
       got = []
       waiter = threading.Thread(target=lambda: got.append(
-          tf_private.wait_for_coordination_service_value("probe")))
+          runtime_private.wait_for_coordination_service_value("probe")))
       waiter.start()
       time.sleep(0.5)
       assert not got
@@ -487,7 +488,7 @@ def test_keras3_clip_gradients_clips_as_the_optimizer_does():
 
 
 def test_the_recoverable_session_is_the_one_monitored_sessions_use():
-  recoverable = tf_private.recoverable_session_class()
+  recoverable = runtime_private.recoverable_session_class()
   for name in ("close", "_create_session", "run"):
     assert callable(getattr(recoverable, name)), name
   with tf.Graph().as_default():
@@ -505,8 +506,8 @@ def test_per_device_datasets_carry_autotuning_off():
     multi_device_iterator_ops,
   )
 
-  tf_private.per_device_datasets_without_autotune()
-  tf_private.per_device_datasets_without_autotune()  # idempotent
+  runtime_private.per_device_datasets_without_autotune()
+  runtime_private.per_device_datasets_without_autotune()  # idempotent
   with tf.Graph().as_default() as graph:
     multi_device_iterator_ops.MultiDeviceIterator(
         tf.data.Dataset.range(8), ["/cpu:0"])
@@ -526,9 +527,9 @@ def test_a_session_remade_after_an_abort_is_told_in_a_fresh_process():
       import os
       os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
       import tensorflow as tf
-      from estimator_accum import tf_private
+      from estimator_accum import runtime_private
       told = []
-      tf_private.on_session_remade(told.append)
+      runtime_private.on_session_remade(told.append)
 
       class AbortOnce(tf.compat.v1.train.SessionRunHook):
         runs = 0
