@@ -67,6 +67,7 @@ _SOURCES = {"keyed_dropout.cc": "fast", "attention.cc": "fast",
             "accumulate.cc": "tensorflow's",
             "products.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_HEADER = "common.h"  # what the sources share (#include "common.h")
 OFF = "ESTIMATOR_ACCUM_NATIVE"
 
 
@@ -149,7 +150,7 @@ def _key(compiler):
   """What the library depends on: the sources, the command, TensorFlow,
   the compiler's version and the machine."""
   digest = hashlib.sha256()
-  for name in _SOURCES:
+  for name in (*_SOURCES, _HEADER):
     with open(os.path.join(_HERE, name), "rb") as source:
       digest.update(source.read())
   try:

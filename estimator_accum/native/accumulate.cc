@@ -8,23 +8,14 @@
 // (built without fused multiply-add, as TensorFlow's wheels build Eigen).
 // Built and loaded by estimator_accum/native/__init__.py against the
 // running TensorFlow.
-#define EIGEN_USE_THREADS
 
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
+#include "common.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
-#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/kernels/training_op_helpers.h"
-#include "unsupported/Eigen/CXX11/Tensor"
 
 namespace estimator_accum {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
 
 REGISTER_OP("EaAccumulate")
     .Input("total: resource")

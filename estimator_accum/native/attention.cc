@@ -13,24 +13,13 @@
 // function: a padded key's probability there is exp(-10000 + ...) = 0 in
 // float32. It keeps the probabilities (before dropout) for the gradient.
 // Built and loaded by estimator_accum/native/__init__.py.
-#include <cstdint>
 #include <type_traits>
-#include <vector>
 
+#include "common.h"
 #include "Eigen/Core"
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
 
 namespace estimator_accum {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
 
 using RowMajor =
     Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -233,15 +222,12 @@ class Attention {
     for (int64_t b = 0; b < examples_; ++b) {
       longest = std::max<int64_t>(longest, starts_[b + 1] - starts_[b]);
     }
-    const auto* threads =
-        context->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(threads->num_threads, threads->workers, items,
-                        /*cost_per_unit=*/longest * longest * head_size_ * 8,
-                        [&](int64_t begin, int64_t end) {
-                          for (int64_t item = begin; item < end; ++item) {
-                            work(item / heads_, item % heads_);
-                          }
-                        });
+    Sharded(context, items, /*cost=*/longest * longest * head_size_ * 8,
+            [&](int64_t begin, int64_t end) {
+              for (int64_t item = begin; item < end; ++item) {
+                work(item / heads_, item % heads_);
+              }
+            });
   }
 
   int heads_;

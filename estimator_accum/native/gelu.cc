@@ -5,21 +5,12 @@
 // exp, as TensorFlow's own kernels use them; a few units in the last place
 // apart where the compiler fuses a product and a sum). Built and loaded by
 // estimator_accum/native/__init__.py against the running TensorFlow.
-#define EIGEN_USE_THREADS
 
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "unsupported/Eigen/CXX11/Tensor"
+#include "common.h"
 #include "unsupported/Eigen/SpecialFunctions"
 
 namespace estimator_accum {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
 
 // 1 / sqrt(2) and sqrt(2 / pi) = (2 / sqrt(pi)) / sqrt(2), rounded to
 // float once: the constants Grappler folds TensorFlow's ops into.
@@ -68,11 +59,7 @@ class GeluGradOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& gradients = context->input(0);
     const Tensor& inputs = context->input(1);
-    OP_REQUIRES(context, gradients.shape() == inputs.shape(),
-                absl::InvalidArgumentError(
-                    "gradients and inputs must have the same shape, got " +
-                    gradients.shape().DebugString() + " and " +
-                    inputs.shape().DebugString()));
+    if (!SameShape(context, gradients, "gradients", inputs, "inputs")) return;
     Tensor* backprops = nullptr;
     OP_REQUIRES_OK(context, context->forward_input_or_allocate_output(
                                 {0}, 0, inputs.shape(), &backprops));

@@ -4,20 +4,10 @@
 // TensorFlow ops, bit for bit; its gradient is the same op on the incoming
 // gradient (the mask and the scale are the same). Built and loaded by
 // estimator_accum/native/__init__.py against the running TensorFlow.
-#include <cstdint>
-
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
+#include "common.h"
 
 namespace estimator_accum {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
 
 REGISTER_OP("EaKeyedDropout")
     .Input("inputs: float")
@@ -101,9 +91,7 @@ class KeyedDropoutOp : public OpKernel {
         }
       }
     };
-    const auto* threads = context->device()->tensorflow_cpu_worker_threads();
-    ::tensorflow::Shard(threads->num_threads, threads->workers, height,
-                        /*cost_per_unit=*/width * 8, rows_from_to);
+    Sharded(context, height, /*cost=*/width * 8, rows_from_to);
   }
 
  private:

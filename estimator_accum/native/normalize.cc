@@ -12,24 +12,11 @@
 //   dx = r (dy - mean(dy) - c r^2 mean(dy c)),  c = x - mean, r = rstd,
 // within float rounding of TensorFlow's (its ops sum in another order).
 // Built and loaded by estimator_accum/native/__init__.py.
-#define EIGEN_USE_THREADS
 
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
-#include "unsupported/Eigen/CXX11/Tensor"
+#include "common.h"
 
 namespace estimator_accum {
 namespace {
-
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 using Column = Eigen::TensorMap<Eigen::Tensor<float, 1, Eigen::RowMajor>>;
 
@@ -99,16 +86,6 @@ TensorShape RowStatisticsShape(const Tensor& inputs) {
 // a matrix's rows.
 using Row = Eigen::TensorMap<Eigen::Tensor<const float, 1, Eigen::RowMajor>>;
 
-// `function(begin, end)` over rows [0, rows), split over TensorFlow's CPU
-// threads (`cost` per row).
-template <typename Function>
-void OverRows(OpKernelContext* context, int64_t rows, int64_t cost,
-              Function function) {
-  const auto* threads = context->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(threads->num_threads, threads->workers, rows, cost,
-                      function);
-}
-
 class NormalizeOp : public OpKernel {
  public:
   explicit NormalizeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -142,7 +119,7 @@ class NormalizeOp : public OpKernel {
     // Each row's mean and variance (kept in rstd): TensorFlow's Mean (the
     // sum, then divided by the count) of the row and of its centred
     // values' squares.
-    OverRows(context, rows, width * 6, [&](int64_t begin, int64_t end) {
+    Sharded(context, rows, width * 6, [&](int64_t begin, int64_t end) {
       Eigen::Tensor<float, 0, Eigen::RowMajor> sum;
       for (int64_t i = begin; i < end; ++i) {
         Row row(x + i * width, width);
@@ -160,7 +137,7 @@ class NormalizeOp : public OpKernel {
     statistics.device(context->eigen_device<Eigen::ThreadPoolDevice>()) =
         (statistics + epsilon_).rsqrt();
     // (x - mean) * rstd: a difference, then a product, as Sub and Mul.
-    OverRows(context, rows, width * 3, [&](int64_t begin, int64_t end) {
+    Sharded(context, rows, width * 3, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const float m = mean[i], r = rstd[i];
         const float* __restrict in = x + i * width;
@@ -184,11 +161,7 @@ class NormalizeGradOp : public OpKernel {
     const Tensor& inputs = context->input(1);
     const Tensor& mean_in = context->input(2);
     const Tensor& rstd_in = context->input(3);
-    OP_REQUIRES(context, gradients.shape() == inputs.shape(),
-                absl::InvalidArgumentError(
-                    "gradients and inputs must have the same shape, got " +
-                    gradients.shape().DebugString() + " and " +
-                    inputs.shape().DebugString()));
+    if (!SameShape(context, gradients, "gradients", inputs, "inputs")) return;
     int64_t rows, width;
     if (!RowsAndWidth(context, inputs, &rows, &width)) return;
     const TensorShape statistics = RowStatisticsShape(inputs);
@@ -208,7 +181,7 @@ class NormalizeGradOp : public OpKernel {
     const float* mean = mean_in.flat<float>().data();
     const float* rstd = rstd_in.flat<float>().data();
     float* dx = backprops->flat<float>().data();
-    OverRows(context, rows, width * 10, [&](int64_t begin, int64_t end) {
+    Sharded(context, rows, width * 10, [&](int64_t begin, int64_t end) {
       // The row's two means in double: the closed form subtracts them
       // from each element, so their rounding would reach every one.
       Eigen::Tensor<double, 0, Eigen::RowMajor> sum;

@@ -13,33 +13,17 @@
 // within float rounding of theirs: the bias's is summed in double over
 // fixed blocks of rows, the same sum on any number of threads. Built and
 // loaded by estimator_accum/native/__init__.py.
-#define EIGEN_USE_THREADS
 
-#include <algorithm>
-#include <cstdint>
 #include <cstring>
-#include <string>
-#include <vector>
 
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
-#include "tensorflow/core/util/work_sharder.h"
-#include "unsupported/Eigen/CXX11/Tensor"
+#include "common.h"
 #include "unsupported/Eigen/SpecialFunctions"
 
 namespace estimator_accum {
 namespace products {
 namespace {
 
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
-using ::tensorflow::OpKernelContext;
-using ::tensorflow::Tensor;
-using ::tensorflow::TensorShape;
 using ::tensorflow::bfloat16;
-using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 // EaGelu's constants (gelu.cc): 1 / sqrt(2) and sqrt(2 / pi).
 constexpr float kInverseRootTwo = 0.70710678118654752440f;
@@ -103,16 +87,6 @@ REGISTER_OP("EaBiasWidenGrad")
       c->set_output(1, BiasShape(c, shape));
       return absl::OkStatus();
     });
-
-// `function(begin, end)` over [0, count), split over TensorFlow's CPU
-// threads (`cost` each).
-template <typename Function>
-void Sharded(OpKernelContext* context, int64_t count, int64_t cost,
-             Function function) {
-  const auto* threads = context->device()->tensorflow_cpu_worker_threads();
-  ::tensorflow::Shard(threads->num_threads, threads->workers, count, cost,
-                      function);
-}
 
 // bfloat16's bits widened to float (exact), and a float rounded to the
 // nearest bfloat16, ties to even, NaN to a quiet NaN of its sign: Eigen's
@@ -316,11 +290,7 @@ class BiasGeluGradOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& gradients = context->input(0);
     const Tensor& slopes = context->input(1);
-    OP_REQUIRES(context, gradients.shape() == slopes.shape(),
-                absl::InvalidArgumentError(
-                    "gradients and slopes must have the same shape, got " +
-                    gradients.shape().DebugString() + " and " +
-                    slopes.shape().DebugString()));
+    if (!SameShape(context, gradients, "gradients", slopes, "slopes")) return;
     Tensor* backprops = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, gradients.shape(), &backprops));
