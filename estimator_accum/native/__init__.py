@@ -231,6 +231,46 @@ def _attention_gradient(op, gradient, probs_gradient):
                                     **attributes), None, None, None, None]
 
 
+def _register_gradients(ops):
+  """Registers the gradients of the loaded kernels' ops (`ops`), once a
+  process (an earlier `load()`'s stay)."""
+
+  def _gradient(op, gradient):
+    # The same mask and scale on the incoming gradient.
+    return [ops.ea_keyed_dropout(
+        gradient, op.inputs[1], op.inputs[2],
+        threshold=op.get_attr("threshold"), scale=op.get_attr("scale")),
+            None, None]
+
+  def _gelu_gradient(op, gradient):
+    return ops.ea_gelu_grad(gradient, op.inputs[0])
+
+  def _bias_gelu_gradient(op, gradient, slopes_gradient):
+    # The slopes are the wrapper's own (never handed out).
+    del slopes_gradient
+    return list(ops.ea_bias_gelu_grad(gradient, op.outputs[1]))
+
+  def _bias_widen_gradient(op, gradient):
+    del op
+    return list(ops.ea_bias_widen_grad(gradient))
+
+  def _normalize_gradient(op, gradient, *statistics):
+    # The op's mean and rstd are its wrapper's own (never handed out):
+    # their gradients are the zeros TensorFlow fills in.
+    del statistics
+    return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
+                                 op.outputs[2])
+
+  for name, function in (("EaKeyedDropout", _gradient),
+                         ("EaAttention", _attention_gradient),
+                         ("EaGelu", _gelu_gradient),
+                         ("EaBiasGelu", _bias_gelu_gradient),
+                         ("EaBiasWiden", _bias_widen_gradient),
+                         ("EaNormalize", _normalize_gradient)):
+    with contextlib.suppress(KeyError):  # registered by an earlier load()
+      tf.RegisterGradient(name)(function)
+
+
 @functools.cache
 def load():
   """The loaded kernels (a module of op wrappers), or None with the reason
@@ -273,40 +313,7 @@ def load():
          f"function, slower); {OFF}=0 to say nothing")
     return None
 
-  def _gradient(op, gradient):
-    # The same mask and scale on the incoming gradient.
-    return [ops.ea_keyed_dropout(
-        gradient, op.inputs[1], op.inputs[2],
-        threshold=op.get_attr("threshold"), scale=op.get_attr("scale")),
-            None, None]
-
-  def _gelu_gradient(op, gradient):
-    return ops.ea_gelu_grad(gradient, op.inputs[0])
-
-  def _bias_gelu_gradient(op, gradient, slopes_gradient):
-    # The slopes are the wrapper's own (never handed out).
-    del slopes_gradient
-    return list(ops.ea_bias_gelu_grad(gradient, op.outputs[1]))
-
-  def _bias_widen_gradient(op, gradient):
-    del op
-    return list(ops.ea_bias_widen_grad(gradient))
-
-  def _normalize_gradient(op, gradient, *statistics):
-    # The op's mean and rstd are its wrapper's own (never handed out):
-    # their gradients are the zeros TensorFlow fills in.
-    del statistics
-    return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
-                                 op.outputs[2])
-
-  for name, function in (("EaKeyedDropout", _gradient),
-                         ("EaAttention", _attention_gradient),
-                         ("EaGelu", _gelu_gradient),
-                         ("EaBiasGelu", _bias_gelu_gradient),
-                         ("EaBiasWiden", _bias_widen_gradient),
-                         ("EaNormalize", _normalize_gradient)):
-    with contextlib.suppress(KeyError):  # registered by an earlier load()
-      tf.RegisterGradient(name)(function)
+  _register_gradients(ops)
   return ops
 
 

@@ -1,6 +1,6 @@
 // What the native kernels' sources share: TensorFlow's headers, the names
-// they use from it, work split over TensorFlow's CPU threads, and the
-// check that two inputs have one shape. In an anonymous namespace: each
+// they use from it, work split over TensorFlow's CPU threads, a tensor's
+// rows and width, and the check that two inputs have one shape. In an anonymous namespace: each
 // unit of sources (built with its own vector flags) keeps its own copy.
 #ifndef ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 #define ESTIMATOR_ACCUM_NATIVE_COMMON_H_
@@ -39,6 +39,22 @@ void Sharded(OpKernelContext* context, int64_t count, int64_t cost,
   const auto* threads = context->device()->tensorflow_cpu_worker_threads();
   ::tensorflow::Shard(threads->num_threads, threads->workers, count, cost,
                       function);
+}
+
+// The rows (all but the last axis, flattened) and the width (the last
+// axis) of `tensor`, the argument `name`; false, with an error on the
+// context naming it, where it has no axis.
+inline bool RowsAndWidth(OpKernelContext* context, const Tensor& tensor,
+                         const char* name, int64_t* rows, int64_t* width) {
+  if (tensor.dims() < 1) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        std::string(name) + " must have rank >= 1, got shape " +
+        tensor.shape().DebugString()));
+    return false;
+  }
+  *width = tensor.dim_size(tensor.dims() - 1);
+  *rows = *width == 0 ? 0 : tensor.NumElements() / *width;
+  return true;
 }
 
 // Whether `a` and `b` have one shape; else false, with an error on the

@@ -61,20 +61,6 @@ REGISTER_OP("EaNormalizeGrad")
       return absl::OkStatus();
     });
 
-// rows x width of `inputs` (rank >= 1), or an error on the context.
-bool RowsAndWidth(OpKernelContext* context, const Tensor& inputs,
-                  int64_t* rows, int64_t* width) {
-  if (inputs.dims() < 1) {
-    context->CtxFailure(absl::InvalidArgumentError(
-        "inputs must have rank >= 1, got shape " +
-        inputs.shape().DebugString()));
-    return false;
-  }
-  *width = inputs.dim_size(inputs.dims() - 1);
-  *rows = *width == 0 ? 0 : inputs.NumElements() / *width;
-  return true;
-}
-
 TensorShape RowStatisticsShape(const Tensor& inputs) {
   TensorShape shape = inputs.shape();
   shape.set_dim(shape.dims() - 1, 1);
@@ -95,7 +81,7 @@ class NormalizeOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& inputs = context->input(0);
     int64_t rows, width;
-    if (!RowsAndWidth(context, inputs, &rows, &width)) return;
+    if (!RowsAndWidth(context, inputs, "inputs", &rows, &width)) return;
     Tensor *outputs, *mean_out, *rstd_out;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, inputs.shape(), &outputs));
@@ -163,7 +149,7 @@ class NormalizeGradOp : public OpKernel {
     const Tensor& rstd_in = context->input(3);
     if (!SameShape(context, gradients, "gradients", inputs, "inputs")) return;
     int64_t rows, width;
-    if (!RowsAndWidth(context, inputs, &rows, &width)) return;
+    if (!RowsAndWidth(context, inputs, "inputs", &rows, &width)) return;
     const TensorShape statistics = RowStatisticsShape(inputs);
     OP_REQUIRES(context,
                 mean_in.shape() == statistics && rstd_in.shape() == statistics,

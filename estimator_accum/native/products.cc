@@ -112,17 +112,11 @@ inline uint16_t Narrow(float value) {
 template <typename T>
 using Span = Eigen::TensorMap<Eigen::Tensor<T, 1, Eigen::RowMajor>>;
 
-// The width of `products`' rows, or false with an error on the context
-// where `products` has no rows or `bias` is not a vector of their width.
-bool ProductWidth(OpKernelContext* context, const Tensor& products,
-                  const Tensor& bias, int64_t* width) {
-  if (products.dims() < 1) {
-    context->CtxFailure(absl::InvalidArgumentError(
-        "products must have rank >= 1, got shape " +
-        products.shape().DebugString()));
-    return false;
-  }
-  *width = products.dim_size(products.dims() - 1);
+// The rows and width of `products`, or false with an error on the context
+// where `products` has no axis or `bias` is not a vector of its width.
+bool RowsOfProducts(OpKernelContext* context, const Tensor& products,
+                    const Tensor& bias, int64_t* rows, int64_t* width) {
+  if (!RowsAndWidth(context, products, "products", rows, width)) return false;
   if (bias.dims() != 1 || bias.dim_size(0) != *width) {
     context->CtxFailure(absl::InvalidArgumentError(
         "bias must be a vector of the products' last dimension " +
@@ -141,34 +135,31 @@ uint16_t* Bits(Tensor* tensor) {
   return reinterpret_cast<uint16_t*>(tensor->flat<bfloat16>().data());
 }
 
-// A gradient's backward pass: `row(i, sum)` for each row i of `gradients`
-// writes the row's backprops and adds its float32 values into `sum` (a
-// double a column), over fixed blocks of rows on TensorFlow's threads;
-// the blocks' sums, added in order, are the bias's gradient (output 1).
-// `width` is the rows' (gradients' last dimension); `cost` a row's.
+// A gradient's backward pass: `row(offset, width, sum)` for each row of
+// `gradients` (its elements from `offset`, `width` of them) writes the
+// row's backprops and adds its float32 values into `sum` (a double a
+// column), over fixed blocks of rows on TensorFlow's threads; the blocks'
+// sums, added in order, are the bias's gradient (output 1). `cost` is an
+// element's.
 template <typename Row>
 void BackwardOverRows(OpKernelContext* context, const Tensor& gradients,
                       int64_t cost, Row row) {
-  OP_REQUIRES(context, gradients.dims() >= 1,
-              absl::InvalidArgumentError(
-                  "gradients must have rank >= 1, got shape " +
-                  gradients.shape().DebugString()));
-  const int64_t width = gradients.dim_size(gradients.dims() - 1);
+  int64_t rows, width;
+  if (!RowsAndWidth(context, gradients, "gradients", &rows, &width)) return;
   Tensor* bias_gradient = nullptr;
   OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({width}),
                                                    &bias_gradient));
   float* db = bias_gradient->flat<float>().data();
   std::fill(db, db + width, 0.0f);
-  if (gradients.NumElements() == 0) return;
-  const int64_t rows = gradients.NumElements() / width;
   constexpr int64_t kBlock = 64;
   const int64_t blocks = (rows + kBlock - 1) / kBlock;
   std::vector<double> partial(blocks * width, 0.0);
-  Sharded(context, blocks, kBlock * cost, [&](int64_t begin, int64_t end) {
+  Sharded(context, blocks, kBlock * width * cost,
+          [&](int64_t begin, int64_t end) {
     for (int64_t block = begin; block < end; ++block) {
       for (int64_t i = block * kBlock;
            i < std::min(rows, (block + 1) * kBlock); ++i) {
-        row(i, partial.data() + block * width);
+        row(i * width, width, partial.data() + block * width);
       }
     }
   });
@@ -188,16 +179,15 @@ class BiasWidenOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& products = context->input(0);
     const Tensor& bias = context->input(1);
-    int64_t width;
-    if (!ProductWidth(context, products, bias, &width)) return;
+    int64_t rows, width;
+    if (!RowsOfProducts(context, products, bias, &rows, &width)) return;
     Tensor* outputs = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, products.shape(), &outputs));
-    if (products.NumElements() == 0) return;
     const uint16_t* p = Bits(products);
     const float* b = bias.flat<float>().data();
     float* y = outputs->flat<float>().data();
-    Sharded(context, products.NumElements() / width, width * 2,
+    Sharded(context, rows, width * 2,
             [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const uint16_t* __restrict pi = p + i * width;
@@ -221,12 +211,11 @@ class BiasWidenGradOp : public OpKernel {
                    context->allocate_output(0, gradients.shape(), &backprops));
     const float* g = gradients.flat<float>().data();
     uint16_t* dx = Bits(backprops);
-    const int64_t width =
-        gradients.dims() ? gradients.dim_size(gradients.dims() - 1) : 0;
-    BackwardOverRows(context, gradients, width * 3,
-                     [&](int64_t i, double* __restrict sum) {
-      const float* __restrict gi = g + i * width;
-      uint16_t* __restrict out = dx + i * width;
+    BackwardOverRows(context, gradients, /*cost=*/3,
+                     [&](int64_t offset, int64_t width,
+                         double* __restrict sum) {
+      const float* __restrict gi = g + offset;
+      uint16_t* __restrict out = dx + offset;
       for (int64_t j = 0; j < width; ++j) {
         out[j] = Narrow(gi[j]);  // As Cast
         sum[j] += gi[j];
@@ -242,19 +231,18 @@ class BiasGeluOp : public OpKernel {
   void Compute(OpKernelContext* context) override {
     const Tensor& products = context->input(0);
     const Tensor& bias = context->input(1);
-    int64_t width;
-    if (!ProductWidth(context, products, bias, &width)) return;
+    int64_t rows, width;
+    if (!RowsOfProducts(context, products, bias, &rows, &width)) return;
     Tensor *outputs, *slopes;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, products.shape(), &outputs));
     OP_REQUIRES_OK(context,
                    context->allocate_output(1, products.shape(), &slopes));
-    if (products.NumElements() == 0) return;
     const uint16_t* p = Bits(products);
     const float* b = bias.flat<float>().data();
     uint16_t* y = Bits(outputs);
     float* s = slopes->flat<float>().data();
-    Sharded(context, products.NumElements() / width, width * 40,
+    Sharded(context, rows, width * 40,
             [&](int64_t begin, int64_t end) {
       std::vector<float> buffers(3 * width);
       float* __restrict x = buffers.data();
@@ -297,13 +285,12 @@ class BiasGeluGradOp : public OpKernel {
     const uint16_t* dy = Bits(gradients);
     const float* s = slopes.flat<float>().data();
     uint16_t* dx = Bits(backprops);
-    const int64_t width =
-        gradients.dims() ? gradients.dim_size(gradients.dims() - 1) : 0;
-    BackwardOverRows(context, gradients, width * 4,
-                     [&](int64_t i, double* __restrict sum) {
-      const uint16_t* __restrict gi = dy + i * width;
-      const float* __restrict si = s + i * width;
-      uint16_t* __restrict out = dx + i * width;
+    BackwardOverRows(context, gradients, /*cost=*/4,
+                     [&](int64_t offset, int64_t width,
+                         double* __restrict sum) {
+      const uint16_t* __restrict gi = dy + offset;
+      const float* __restrict si = s + offset;
+      uint16_t* __restrict out = dx + offset;
       for (int64_t j = 0; j < width; ++j) {
         const float product = Widen(gi[j]) * si[j];
         out[j] = Narrow(product);

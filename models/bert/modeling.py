@@ -870,8 +870,10 @@ def _dense(inputs, units, name, initializer_range, activation=None,
               else tf.cast(kernel, products))
     product = tf.tensordot(tf.cast(inputs, products), narrow, axes)
     kernels = kernels and products == tf.bfloat16 and dtype == tf.float32
-    if kernels and activation is gelu_exact and native.bias_gelu_op():
-      return native.bias_gelu_op()(product, bias)
+    gelu = (native.bias_gelu_op() if kernels and activation is gelu_exact
+            else None)
+    if gelu is not None:
+      return gelu(product, bias)
     widen = native.bias_widen_op() if kernels else None
     output = (widen(product, bias) if widen is not None
               else tf.cast(product, dtype) + bias)
