@@ -12,12 +12,14 @@ padded layout's function to float32 rounding (models.bert's
 `fused_attention`).
 
 The exact (erf) GELU in one pass forward and one backward (`gelu.cc`),
-where TensorFlow's ops take five and seven, and layer normalization's
-normalization over the last axis (`normalize.cc`) in three passes forward
-and three backward where they take eight and about sixteen: forward, the
-values of TensorFlow's ops bit for bit (the same Eigen reductions and
-functors, built as its wheels build Eigen); the GELU's gradient too, the
-normalization's within float rounding (its closed form).
+where TensorFlow's ops take five and seven, and layer normalization over
+the last axis (`normalize.cc`) in three passes forward and three backward
+where they take eight and about sixteen: forward, the values of
+TensorFlow's ops bit for bit (the same Eigen reductions and functors,
+built as its wheels build Eigen); the GELU's gradient too, the
+normalization's within float rounding (its closed form). The whole layer
+norm (`layer_norm_op`: gamma and beta too, and optionally the output
+rounded to bfloat16 for the product that reads it) is one op each way.
 
 What follows a bfloat16 product in a dense layer (`products.cc`): its
 widening and bias (`bias_widen_op`), or those and the GELU narrowed again
@@ -261,12 +263,25 @@ def _register_gradients(ops):
     return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
                                  op.outputs[2])
 
+  def _layer_norm_gradient(op, gradient, *rest):
+    # The twin's gradient (where the op has one), then the statistics'
+    # (the op's own, never handed out: TensorFlow's zeros).
+    twins = op.get_attr("twins")
+    narrow = [tf.zeros_like(op.outputs[1]) if g is None else g
+              for g in rest[:twins]]
+    if gradient is None:
+      gradient = tf.zeros_like(op.outputs[0])
+    return list(ops.ea_layer_norm_grad(
+        gradient, narrow, op.inputs[0], op.inputs[1], op.outputs[1 + twins],
+        op.outputs[2 + twins]))
+
   for name, function in (("EaKeyedDropout", _gradient),
                          ("EaAttention", _attention_gradient),
                          ("EaGelu", _gelu_gradient),
                          ("EaBiasGelu", _bias_gelu_gradient),
                          ("EaBiasWiden", _bias_widen_gradient),
-                         ("EaNormalize", _normalize_gradient)):
+                         ("EaNormalize", _normalize_gradient),
+                         ("EaLayerNorm", _layer_norm_gradient)):
     with contextlib.suppress(KeyError):  # registered by an earlier load()
       tf.RegisterGradient(name)(function)
 
@@ -369,6 +384,26 @@ def normalize_op():
     return ops.ea_normalize(inputs, epsilon=epsilon)[0]
 
   return normalize
+
+
+def layer_norm_op():
+  """A function (inputs, gamma, beta, epsilon, narrow=False) -> layer
+  normalization of `inputs` (float32 [..., n]) over its last axis times
+  `gamma` plus `beta` (float32 [n]) in few passes (`EaLayerNorm`,
+  normalize.cc: the values of `normalize_op()`'s, the product and the add
+  bit for bit); with `narrow`, the pair (that, it rounded to bfloat16 as a
+  Cast) for a bfloat16 product to read; its gradient, one op taking both
+  outputs', registered. None where `load()` is None."""
+  ops = load()
+  if ops is None:
+    return None
+
+  def layer_norm(inputs, gamma, beta, epsilon, narrow=False):
+    outputs = ops.ea_layer_norm(inputs, gamma, beta, epsilon=epsilon,
+                                twins=int(bool(narrow)))
+    return (outputs[0], outputs[1][0]) if narrow else outputs[0]
+
+  return layer_norm
 
 
 def accumulate_op():

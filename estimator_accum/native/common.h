@@ -1,7 +1,8 @@
 // What the native kernels' sources share: TensorFlow's headers, the names
 // they use from it, work split over TensorFlow's CPU threads, a tensor's
-// rows and width, and the check that two inputs have one shape. In an anonymous namespace: each
-// unit of sources (built with its own vector flags) keeps its own copy.
+// rows and width, the check that two inputs have one shape, and
+// bfloat16's conversions. In an anonymous namespace: each unit of sources
+// (built with its own vector flags) keeps its own copy.
 #ifndef ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 #define ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@ using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
+using ::tensorflow::bfloat16;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
@@ -57,6 +60,15 @@ inline bool RowsAndWidth(OpKernelContext* context, const Tensor& tensor,
   return true;
 }
 
+// Whether `status` is OK; else false, with it on the context (a kernel's
+// or its construction's).
+template <typename Context>
+bool Ok(Context* context, const absl::Status& status) {
+  if (status.ok()) return true;
+  context->CtxFailure(status);
+  return false;
+}
+
 // Whether `a` and `b` have one shape; else false, with an error on the
 // context: "<a_name> and <b_name> must have the same shape, got ...".
 inline bool SameShape(OpKernelContext* context, const Tensor& a,
@@ -68,6 +80,67 @@ inline bool SameShape(OpKernelContext* context, const Tensor& a,
       " must have the same shape, got " + a.shape().DebugString() +
       " and " + b.shape().DebugString()));
   return false;
+}
+
+// Column sums over rows, over fixed blocks of 64 rows on TensorFlow's
+// threads, the blocks' sums (double) then added in order: the same sums
+// on any number of threads. `block(begin, end, sums)` adds rows
+// [begin, end)'s `count` vectors of `width` into sums[c * width + j]
+// (zeros at first); `outputs[c]` (`width` floats) get the totals. `cost`
+// is an element's.
+template <typename Block>
+void ColumnSums(OpKernelContext* context, int64_t rows, int64_t width,
+                int count, int64_t cost, float* const* outputs, Block block) {
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (rows + kBlock - 1) / kBlock;
+  const int64_t stride = count * width;
+  std::vector<double> partial(blocks * stride, 0.0);
+  Sharded(context, blocks, kBlock * width * cost,
+          [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      block(b * kBlock, std::min(rows, (b + 1) * kBlock),
+            partial.data() + b * stride);
+    }
+  });
+  for (int c = 0; c < count; ++c) {
+    for (int64_t j = 0; j < width; ++j) {
+      double total = 0.0;
+      for (int64_t b = 0; b < blocks; ++b) {
+        total += partial[b * stride + c * width + j];
+      }
+      outputs[c][j] = static_cast<float>(total);
+    }
+  }
+}
+
+// bfloat16's bits widened to float (exact), and a float rounded to the
+// nearest bfloat16, ties to even, NaN to a quiet NaN of its sign: Eigen's
+// conversions (TensorFlow's Cast), in plain arithmetic the compiler
+// vectorizes.
+inline float Widen(uint16_t bits) {
+  const uint32_t word = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &word, sizeof(value));
+  return value;
+}
+
+inline uint16_t Narrow(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, sizeof(word));
+  const uint32_t rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;
+  const uint32_t nan = ((word >> 16) & 0x8000u) | 0x7fc0u;
+  // A select, not a branch: the loops around it stay vectorized.
+  return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? nan
+                                                                  : rounded);
+}
+
+// A bfloat16 tensor's elements as their bits.
+inline const uint16_t* Bits(const Tensor& tensor) {
+  return reinterpret_cast<const uint16_t*>(tensor.flat<bfloat16>().data());
+}
+
+inline uint16_t* Bits(Tensor* tensor) {
+  return reinterpret_cast<uint16_t*>(tensor->flat<bfloat16>().data());
 }
 
 }  // namespace

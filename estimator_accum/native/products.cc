@@ -14,16 +14,12 @@
 // fixed blocks of rows, the same sum on any number of threads. Built and
 // loaded by estimator_accum/native/__init__.py.
 
-#include <cstring>
-
 #include "common.h"
 #include "unsupported/Eigen/SpecialFunctions"
 
 namespace estimator_accum {
 namespace products {
 namespace {
-
-using ::tensorflow::bfloat16;
 
 // EaGelu's constants (gelu.cc): 1 / sqrt(2) and sqrt(2 / pi).
 constexpr float kInverseRootTwo = 0.70710678118654752440f;
@@ -88,27 +84,6 @@ REGISTER_OP("EaBiasWidenGrad")
       return absl::OkStatus();
     });
 
-// bfloat16's bits widened to float (exact), and a float rounded to the
-// nearest bfloat16, ties to even, NaN to a quiet NaN of its sign: Eigen's
-// conversions (TensorFlow's Cast), in plain arithmetic the compiler
-// vectorizes.
-inline float Widen(uint16_t bits) {
-  const uint32_t word = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &word, sizeof(value));
-  return value;
-}
-
-inline uint16_t Narrow(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, sizeof(word));
-  const uint32_t rounded = (word + 0x7fffu + ((word >> 16) & 1u)) >> 16;
-  const uint32_t nan = ((word >> 16) & 0x8000u) | 0x7fc0u;
-  // A select, not a branch: the loops around it stay vectorized.
-  return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? nan
-                                                                  : rounded);
-}
-
 template <typename T>
 using Span = Eigen::TensorMap<Eigen::Tensor<T, 1, Eigen::RowMajor>>;
 
@@ -127,20 +102,11 @@ bool RowsOfProducts(OpKernelContext* context, const Tensor& products,
   return true;
 }
 
-const uint16_t* Bits(const Tensor& tensor) {
-  return reinterpret_cast<const uint16_t*>(tensor.flat<bfloat16>().data());
-}
-
-uint16_t* Bits(Tensor* tensor) {
-  return reinterpret_cast<uint16_t*>(tensor->flat<bfloat16>().data());
-}
-
 // A gradient's backward pass: `row(offset, width, sum)` for each row of
 // `gradients` (its elements from `offset`, `width` of them) writes the
 // row's backprops and adds its float32 values into `sum` (a double a
-// column), over fixed blocks of rows on TensorFlow's threads; the blocks'
-// sums, added in order, are the bias's gradient (output 1). `cost` is an
-// element's.
+// column); the columns' sums (`ColumnSums`) are the bias's gradient
+// (output 1). `cost` is an element's.
 template <typename Row>
 void BackwardOverRows(OpKernelContext* context, const Tensor& gradients,
                       int64_t cost, Row row) {
@@ -149,27 +115,11 @@ void BackwardOverRows(OpKernelContext* context, const Tensor& gradients,
   Tensor* bias_gradient = nullptr;
   OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({width}),
                                                    &bias_gradient));
-  float* db = bias_gradient->flat<float>().data();
-  std::fill(db, db + width, 0.0f);
-  constexpr int64_t kBlock = 64;
-  const int64_t blocks = (rows + kBlock - 1) / kBlock;
-  std::vector<double> partial(blocks * width, 0.0);
-  Sharded(context, blocks, kBlock * width * cost,
-          [&](int64_t begin, int64_t end) {
-    for (int64_t block = begin; block < end; ++block) {
-      for (int64_t i = block * kBlock;
-           i < std::min(rows, (block + 1) * kBlock); ++i) {
-        row(i * width, width, partial.data() + block * width);
-      }
-    }
+  float* sums[] = {bias_gradient->flat<float>().data()};
+  ColumnSums(context, rows, width, 1, cost, sums,
+             [&](int64_t begin, int64_t end, double* sum) {
+    for (int64_t i = begin; i < end; ++i) row(i * width, width, sum);
   });
-  for (int64_t j = 0; j < width; ++j) {
-    double total = 0.0;
-    for (int64_t block = 0; block < blocks; ++block) {
-      total += partial[block * width + j];
-    }
-    db[j] = static_cast<float>(total);
-  }
 }
 
 class BiasWidenOp : public OpKernel {

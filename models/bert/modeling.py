@@ -261,6 +261,11 @@ class BertModel:
       token_type_ids = tf.zeros_like(input_ids)
     self._config = config
     self._compute_type = tf.as_dtype(compute_type)
+    # A layer norm read by one bfloat16 product gives it its twin.
+    self._narrow_twins = bool(
+        is_training and product_type is not None and
+        tf.as_dtype(product_type) == tf.bfloat16 and
+        self._compute_type == tf.float32)
     self._dense = functools.partial(
         _dense, products=None if product_type is None else
         tf.as_dtype(product_type), copies=bool(window_copies and is_training),
@@ -474,10 +479,16 @@ class BertModel:
       with tf.compat.v1.variable_scope("output"):
         attention = self._dense(context, config.hidden_size, "dense",
                            config.initializer_range)
+        # Its bfloat16 twin (the next product's operand) from the same
+        # pass where the products are bfloat16.
         attention = _layer_norm(
             self._dropout(attention, config.hidden_dropout_prob,
                           query_keys) + query_input,
-            config.layer_norm_eps, one_pass=self._is_training)
+            config.layer_norm_eps, one_pass=self._is_training,
+            narrow=self._narrow_twins)
+        narrow = None
+        if self._narrow_twins:
+          attention, narrow = attention
     with tf.compat.v1.variable_scope("intermediate"):
       activation = _ACTIVATIONS[config.hidden_act]
       if activation is gelu_exact and not self._is_training:
@@ -485,8 +496,10 @@ class BertModel:
         # any process (a server) runs, the kernel's values (as the layer
         # norms': one_pass in training graphs only).
         activation = _gelu_ops
-      intermediate = self._dense(attention, config.intermediate_size, "dense",
-                            config.initializer_range, activation=activation)
+      intermediate = self._dense(
+          attention, config.intermediate_size, "dense",
+          config.initializer_range, activation=activation,
+          narrow_inputs=narrow)
     with tf.compat.v1.variable_scope("output"):
       output = self._dense(intermediate, config.hidden_size, "dense",
                            config.initializer_range, dtype=attention.dtype)
@@ -850,7 +863,8 @@ def _initializer(stddev):
 
 
 def _dense(inputs, units, name, initializer_range, activation=None,
-           products=None, copies=False, dtype=None, kernels=False):
+           products=None, copies=False, dtype=None, kernels=False,
+           narrow_inputs=None):
   """A dense layer with Google's variable names `<name>/kernel`, `/bias`;
   with `products` (a dtype), its product's operands in that dtype, the
   result back in `dtype` (default `inputs`' dtype; `copies`: the kernel's
@@ -859,7 +873,8 @@ def _dense(inputs, units, name, initializer_range, activation=None,
   a bfloat16 product's widening and bias by the native kernel where it
   serves, and with `gelu_exact` the GELU too, given in bfloat16 for the
   next product (`native.bias_widen_op`, `bias_gelu_op`: the values of the
-  ops they replace)."""
+  ops they replace). `narrow_inputs`: `inputs` already in `products`' dtype
+  (a layer norm's twin), read in place of their cast."""
   variable, bias = dense_variables(inputs, units, name, initializer_range)
   dtype = tf.as_dtype(dtype or inputs.dtype)
   kernel, bias = tf.cast(variable, dtype), tf.cast(bias, dtype)
@@ -868,7 +883,9 @@ def _dense(inputs, units, name, initializer_range, activation=None,
     narrow = (estimator_accum.cast_once_per_window(variable, products)
               if copies and dtype == tf.float32
               else tf.cast(kernel, products))
-    product = tf.tensordot(tf.cast(inputs, products), narrow, axes)
+    operand = (tf.cast(inputs, products) if narrow_inputs is None
+               else narrow_inputs)
+    product = tf.tensordot(operand, narrow, axes)
     kernels = kernels and products == tf.bfloat16 and dtype == tf.float32
     gelu = (native.bias_gelu_op() if kernels and activation is gelu_exact
             else None)
@@ -898,8 +915,17 @@ def dense_variables(inputs, units, name, initializer_range):
   return kernel, bias
 
 
-def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False):
-  """Layer normalization over the last axis, variables `<scope>/beta|gamma`."""
+def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False,
+                narrow=False):
+  """Layer normalization over the last axis, variables `<scope>/beta|gamma`.
+
+  `one_pass` (a training graph): the native kernel where it serves, the
+  normalization, gamma and beta in one op each way (`native.layer_norm_op`:
+  the values of the ops it replaces bit for bit, gamma's and beta's
+  gradients within float rounding). `narrow`: returns the pair (output,
+  its bfloat16 copy made in the same pass, or None where the kernel does
+  not serve or `inputs` are not float32), for a bfloat16 product to read
+  in place of a cast."""
   with tf.compat.v1.variable_scope(scope):
     size = inputs.shape[-1]
     beta = tf.compat.v1.get_variable(
@@ -908,8 +934,17 @@ def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False):
         "gamma", [size], initializer=tf.compat.v1.ones_initializer())
   dtype = inputs.dtype
   inputs = tf.cast(inputs, tf.float32)  # Statistics in float32.
-  return tf.cast(normalize_last_axis(inputs, epsilon, one_pass=one_pass) *
-                 gamma + beta, dtype)
+  fused = native.layer_norm_op() if one_pass else None
+  twin = None
+  if fused is None:
+    output = normalize_last_axis(inputs, epsilon, one_pass=one_pass) * gamma
+    output += beta
+  elif narrow and dtype == tf.float32:
+    output, twin = fused(inputs, gamma, beta, epsilon, narrow=True)
+  else:
+    output = fused(inputs, gamma, beta, epsilon)
+  output = tf.cast(output, dtype)
+  return (output, twin) if narrow else output
 
 
 def normalize_last_axis(inputs, epsilon, one_pass=False):

@@ -19,12 +19,13 @@ def loaded():
   return ops
 
 
-def tiny_bert(training=True, config=None, **model_arguments):
+def tiny_bert(training=True, config=None, inspect=None, **model_arguments):
   """(the gradients of every trained variable in training, else the
   pooled output; the graph's op types) of a 2-layer BERT of hidden size 16
   (`config`: BertConfig fields over those) on 3 rows of 9 tokens, one
   padded after 6. `model_arguments` go to BertModel (numpy arrays as
-  constants of its graph)."""
+  constants of its graph); `inspect`, if given, is called with the graph
+  before it runs."""
   bert_config = modeling.BertConfig(
       **dict(dict(vocab_size=50, hidden_size=16, num_hidden_layers=2,
                   num_attention_heads=2, intermediate_size=24),
@@ -44,8 +45,10 @@ def tiny_bert(training=True, config=None, **model_arguments):
       loss = tf.reduce_sum(tf.square(fetches))
       fetches = [tf.convert_to_tensor(g) for g in tf.gradients(
           loss, tf.compat.v1.trainable_variables())]
-    types = {op.type for op in
-             tf.compat.v1.get_default_graph().get_operations()}
+    graph = tf.compat.v1.get_default_graph()
+    if inspect is not None:
+      inspect(graph)
+    types = {op.type for op in graph.get_operations()}
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       return session.run(fetches), types
