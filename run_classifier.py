@@ -45,7 +45,8 @@ from models.bert.classifier_errors import (
   UsageError,
 )
 from models.script_flags import FlagValues
-from models.training import DISK_FULL_EXIT_CODE, resume_from_complete
+from models.training import (DISK_FULL_EXIT_CODE, end_finished_run,
+                             resume_from_complete)
 
 FLAGS = classifier_flags.FLAGS
 # --sort_eval_by_length sorts the dev split this many batches at a time
@@ -390,6 +391,8 @@ def main(argv):
           "--clip_norm (or raise --max_consecutive_skipped_windows).",
           file=sys.stderr)
     sys.exit(DIVERGED_EXIT_CODE)
+  # Finished: the exit without Python's teardown of TensorFlow's objects.
+  end_finished_run()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The training half of the examples' model_fns, with or without
 accumulation."""
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -17,6 +18,20 @@ import estimator_accum
 from clusterspec import config as tfc
 from estimator_accum import releases
 from estimator_accum.checkpoints import full_disk, integrity, run_lock
+
+
+def end_finished_run():
+  """Ends a script whose run finished: the exit handlers run (the
+  library's, absl's, TensorFlow's), the summary writers and the streams
+  are flushed, then the process exits with 0 without Python's teardown of
+  TensorFlow's graphs, sessions and modules, which took 1.2 s of the main
+  job's run (2026-12-07) and keeps nothing."""
+  tf.compat.v1.summary.FileWriterCache.clear()
+  atexit._run_exitfuncs()  # noqa: SLF001 (CPython's: what exit runs first)
+  for stream in (sys.stdout, sys.stderr):
+    with contextlib.suppress(OSError, ValueError):
+      stream.flush()
+  os._exit(0)
 
 
 def default_model_dir(prefix):

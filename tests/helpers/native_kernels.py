@@ -19,6 +19,15 @@ def loaded():
   return ops
 
 
+def threads_config(threads):
+  """A session's config running ops one at a time on `threads` threads
+  each (None: TensorFlow's defaults)."""
+  if threads is None:
+    return None
+  return tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
+                                  inter_op_parallelism_threads=1)
+
+
 def tiny_bert(training=True, config=None, inspect=None, **model_arguments):
   """(the gradients of every trained variable in training, else the
   pooled output; the graph's op types) of a 2-layer BERT of hidden size 16

@@ -99,3 +99,38 @@ def test_a_worker_removes_its_own_checkpoint_copies_at_its_end(
   training.remove_own_worker_checkpoints(str(tmp_path))
   assert own.exists() is not removed
   assert other.exists()
+
+
+def test_a_finished_run_exits_after_its_handlers_writers_and_streams(
+    tmp_path):
+  # The script's end without Python's teardown: what the teardown would
+  # have done for a run is done first (exit handlers, a summary event not
+  # yet flushed, a line still in stdout's buffer), and the exit is 0.
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+
+  marker = tmp_path / "handler_ran"
+  program = f"""
+import atexit
+import tensorflow as tf
+from models import training
+tf.compat.v1.disable_eager_execution()
+atexit.register(lambda: open({str(marker)!r}, "w").close())
+writer = tf.compat.v1.summary.FileWriterCache.get({str(tmp_path)!r})
+writer.add_summary(tf.compat.v1.Summary(value=[
+    tf.compat.v1.Summary.Value(tag="loss", simple_value=0.5)]), 7)
+print("the run's last line")
+training.end_finished_run()
+print("not reached")
+"""
+  done = subprocess.run([sys.executable, "-c", program], capture_output=True,
+                        text=True, cwd=os.path.dirname(os.path.dirname(
+                            os.path.dirname(os.path.dirname(__file__)))),
+                        timeout=120, check=False)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.splitlines()[-1:] == ["the run's last line"], done.stdout
+  assert marker.exists()
+  events = [event for path in tmp_path.glob("events.out.tfevents.*")
+            for event in tf.compat.v1.train.summary_iterator(str(path))]
+  assert [(e.step, v.tag, v.simple_value) for e in events
+          for v in e.summary.value] == [(7, "loss", 0.5)]

@@ -34,10 +34,6 @@ def _run(function, values, narrow=True, threads=None):
   `values` (inputs, gamma, beta, the output's and the twin's incoming
   gradients)."""
   x_value, gamma_value, beta_value, dy_value, dn_value = values
-  config = None
-  if threads is not None:
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1)
   with tf.Graph().as_default():
     x = tf.compat.v1.placeholder(tf.float32, x_value.shape)
     gamma = tf.compat.v1.placeholder(tf.float32, gamma_value.shape)
@@ -50,6 +46,7 @@ def _run(function, values, narrow=True, threads=None):
                              [x, gamma, beta], [dy] + ([dn] if narrow else []))
     types = {op.type for op in tf.compat.v1.get_default_graph()
              .get_operations()}
+    config = native_kernels.threads_config(threads)
     with tf.compat.v1.Session(config=config) as session:
       done = session.run([y] + ([twin] if narrow else []) + gradients,
                          {x: x_value, gamma: gamma_value, beta: beta_value,

@@ -40,16 +40,13 @@ def _unfused_widen(products, bias):
 def _run(function, products, bias, upstream, threads=None):
   """(outputs, d products, d bias) of `function` on fed values (the
   incoming gradient `upstream` of the outputs' dtype)."""
-  config = None
-  if threads is not None:
-    config = tf.compat.v1.ConfigProto(intra_op_parallelism_threads=threads,
-                                      inter_op_parallelism_threads=1)
   with tf.Graph().as_default():
     p = tf.compat.v1.placeholder(tf.bfloat16, products.shape)
     b = tf.compat.v1.placeholder(tf.float32, bias.shape)
     dy = tf.compat.v1.placeholder(upstream.dtype, upstream.shape)
     y = function(p, b)
     gradients = tf.gradients(y, [p, b], dy)
+    config = native_kernels.threads_config(threads)
     with tf.compat.v1.Session(config=config) as session:
       return session.run([y, *gradients],
                          {p: products, b: bias, dy: upstream})
