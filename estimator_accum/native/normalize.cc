@@ -18,8 +18,9 @@
 // (as a Cast) for the bfloat16 product that reads it. Its gradient takes
 // both outputs' gradients (the twin's widened and added, as the Cast's
 // gradient and an AddN) and gives the input's (EaNormalizeGrad's values
-// on the gradient times gamma) and gamma's and beta's, summed in double
-// over fixed blocks of rows (the same on any number of threads).
+// on the gradient times gamma) and gamma's and beta's, summed in float
+// within fixed blocks of 64 rows, then in double over the blocks (the
+// same on any number of threads).
 // Built and loaded by estimator_accum/native/__init__.py.
 
 #include "common.h"
