@@ -1,7 +1,7 @@
 // What the native kernels' sources share: TensorFlow's headers, the names
 // they use from it, work split over TensorFlow's CPU threads, a tensor's
-// rows and width, the check that two inputs have one shape, and
-// bfloat16's conversions. In an anonymous namespace: each unit of sources
+// rows and width, the checks that two inputs have one shape and that a
+// vector has a tensor's width, and bfloat16's conversions. In an anonymous namespace: each unit of sources
 // (built with its own vector flags) keeps its own copy.
 #ifndef ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 #define ESTIMATOR_ACCUM_NATIVE_COMMON_H_
@@ -58,6 +58,29 @@ inline bool RowsAndWidth(OpKernelContext* context, const Tensor& tensor,
   *width = tensor.dim_size(tensor.dims() - 1);
   *rows = *width == 0 ? 0 : tensor.NumElements() / *width;
   return true;
+}
+
+// Whether `vector` (the argument `name`) is a vector of `width`, the last
+// dimension of the argument `of`; else false, with an error on the
+// context: "<name> must be a vector of the <of>' last dimension ...".
+inline bool IsVectorOfWidth(OpKernelContext* context, const Tensor& vector,
+                            const char* name, const char* of,
+                            int64_t width) {
+  if (vector.dims() == 1 && vector.dim_size(0) == width) return true;
+  context->CtxFailure(absl::InvalidArgumentError(
+      std::string(name) + " must be a vector of the " + of +
+      "' last dimension " + std::to_string(width) + ", got shape " +
+      vector.shape().DebugString()));
+  return false;
+}
+
+// Shape functions: merges the last dimension of `shape` (rank >= 1, or
+// unknown) with the length of `vector` (rank 1).
+inline absl::Status MergeLastDimension(InferenceContext* c, ShapeHandle shape,
+                                       ShapeHandle vector) {
+  if (!c->RankKnown(shape)) return absl::OkStatus();
+  ::tensorflow::shape_inference::DimensionHandle width;
+  return c->Merge(c->Dim(shape, -1), c->Dim(vector, 0), &width);
 }
 
 // Whether `status` is OK; else false, with it on the context (a kernel's

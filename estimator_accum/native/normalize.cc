@@ -80,10 +80,7 @@ absl::Status LayerNormShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &gamma));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &beta));
   TF_RETURN_IF_ERROR(c->Merge(gamma, beta, &gamma));
-  if (c->RankKnown(inputs)) {
-    ::tensorflow::shape_inference::DimensionHandle width;
-    TF_RETURN_IF_ERROR(c->Merge(c->Dim(inputs, -1), c->Dim(gamma, 0), &width));
-  }
+  TF_RETURN_IF_ERROR(MergeLastDimension(c, inputs, gamma));
   TF_RETURN_IF_ERROR(RowShape(c, inputs, &rows));
   const int outputs = c->num_outputs();
   for (int i = 0; i < outputs - 2; ++i) c->set_output(i, inputs);
@@ -217,17 +214,6 @@ void RowBackward(const float* __restrict dy, const float* __restrict x,
   }
 }
 
-// False, with an error naming it, where `tensor` (the argument `name`) is
-// not a vector of `width`.
-bool IsRowVector(OpKernelContext* context, const Tensor& tensor,
-                 const char* name, int64_t width) {
-  if (tensor.dims() == 1 && tensor.dim_size(0) == width) return true;
-  context->CtxFailure(absl::InvalidArgumentError(
-      std::string(name) + " must be a vector of the inputs' last dimension " +
-      std::to_string(width) + ", got shape " + tensor.shape().DebugString()));
-  return false;
-}
-
 // False, with an error, where `twins` is neither 0 nor 1.
 bool TwinsAttr(OpKernelConstruction* context, int* twins) {
   if (!Ok(context, context->GetAttr("twins", twins))) return false;
@@ -339,8 +325,8 @@ class LayerNormOp : public OpKernel {
     const Tensor& beta = context->input(2);
     int64_t rows, width;
     if (!RowsAndWidth(context, inputs, "inputs", &rows, &width) ||
-        !IsRowVector(context, gamma, "gamma", width) ||
-        !IsRowVector(context, beta, "beta", width)) {
+        !IsVectorOfWidth(context, gamma, "gamma", "inputs", width) ||
+        !IsVectorOfWidth(context, beta, "beta", "inputs", width)) {
       return;
     }
     Tensor *outputs, *narrow = nullptr;
@@ -403,7 +389,7 @@ class LayerNormGradOp : public OpKernel {
     }
     int64_t rows, width;
     if (!RowsAndWidth(context, inputs, "inputs", &rows, &width) ||
-        !IsRowVector(context, gamma, "gamma", width) ||
+        !IsVectorOfWidth(context, gamma, "gamma", "inputs", width) ||
         !StatisticsFit(context, inputs, mean_in, rstd_in)) {
       return;
     }
@@ -427,10 +413,13 @@ class LayerNormGradOp : public OpKernel {
     // double over the blocks.
     ColumnSums(context, rows, width, 2, /*cost=*/16, sums,
                [&](int64_t begin, int64_t end, double* __restrict sum) {
+      // The block's sums (gamma's, then beta's: `sum`'s layout), then a
+      // row's gradient with the twin's and its product with gamma.
       std::vector<float> buffers(4 * width, 0.0f);
-      float* __restrict gamma_sum = buffers.data();
-      float* __restrict beta_sum = gamma_sum + width;
-      float* __restrict g = beta_sum + width;
+      float* block_sums = buffers.data();
+      float* __restrict gamma_sum = block_sums;
+      float* __restrict beta_sum = block_sums + width;
+      float* __restrict g = block_sums + 2 * width;
       float* __restrict h = g + width;
       for (int64_t i = begin; i < end; ++i) {
         const float* xi = x + i * width;
@@ -445,7 +434,7 @@ class LayerNormGradOp : public OpKernel {
                            beta_sum, h);
         RowBackward(h, xi, mean[i], rstd[i], width, dx + i * width);
       }
-      for (int64_t j = 0; j < 2 * width; ++j) sum[j] += gamma_sum[j];
+      for (int64_t j = 0; j < 2 * width; ++j) sum[j] += block_sums[j];
     });
   }
 

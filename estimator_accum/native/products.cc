@@ -30,11 +30,7 @@ absl::Status ProductAndBias(InferenceContext* c) {
   ShapeHandle products, bias;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &products));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bias));
-  if (c->RankKnown(products)) {
-    ::tensorflow::shape_inference::DimensionHandle width;
-    TF_RETURN_IF_ERROR(
-        c->Merge(c->Dim(products, -1), c->Dim(bias, 0), &width));
-  }
+  TF_RETURN_IF_ERROR(MergeLastDimension(c, products, bias));
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, products);
   return absl::OkStatus();
 }
@@ -91,15 +87,8 @@ using Span = Eigen::TensorMap<Eigen::Tensor<T, 1, Eigen::RowMajor>>;
 // where `products` has no axis or `bias` is not a vector of its width.
 bool RowsOfProducts(OpKernelContext* context, const Tensor& products,
                     const Tensor& bias, int64_t* rows, int64_t* width) {
-  if (!RowsAndWidth(context, products, "products", rows, width)) return false;
-  if (bias.dims() != 1 || bias.dim_size(0) != *width) {
-    context->CtxFailure(absl::InvalidArgumentError(
-        "bias must be a vector of the products' last dimension " +
-        std::to_string(*width) + ", got shape " +
-        bias.shape().DebugString()));
-    return false;
-  }
-  return true;
+  return RowsAndWidth(context, products, "products", rows, width) &&
+         IsVectorOfWidth(context, bias, "bias", "products", *width);
 }
 
 // A gradient's backward pass: `row(offset, width, sum)` for each row of
