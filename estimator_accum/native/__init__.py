@@ -19,7 +19,10 @@ TensorFlow's ops bit for bit (the same Eigen reductions and functors,
 built as its wheels build Eigen); the GELU's gradient too, the
 normalization's within float rounding (its closed form). The whole layer
 norm (`layer_norm_op`: gamma and beta too, and optionally the output
-rounded to bfloat16 for the product that reads it) is one op each way.
+rounded to bfloat16 for the product that reads it) is one op each way,
+and so is a transformer's residual block after its product
+(`residual_layer_norm_op`: the product's bias, keyed dropout, the
+residual's add and the layer norm).
 
 What follows a bfloat16 product in a dense layer (`products.cc`): its
 widening and bias (`bias_widen_op`), or those and the GELU narrowed again
@@ -275,13 +278,35 @@ def _register_gradients(ops):
         gradient, narrow, op.inputs[0], op.inputs[1], op.outputs[1 + twins],
         op.outputs[2 + twins]))
 
+  def _residual_layer_norm_gradient(op, gradient, *rest):
+    # The twin's gradient (where the op has one); the statistics' and the
+    # sums' are the op's own (never handed out: TensorFlow's zeros).
+    twins, biases = op.get_attr("twins"), op.get_attr("biases")
+    narrow = [tf.zeros_like(op.outputs[1]) if g is None else g
+              for g in rest[:twins]]
+    if gradient is None:
+      gradient = tf.zeros_like(op.outputs[0])
+    inputs = list(op.inputs)
+    gamma, rows, columns = (inputs[2 + biases], inputs[4 + biases],
+                            inputs[5 + biases])
+    residual, products, bias, gamma_gradient, beta_gradient = (
+        ops.ea_residual_layer_norm_grad(
+            gradient, narrow, op.outputs[3 + twins], gamma,
+            op.outputs[1 + twins], op.outputs[2 + twins], rows, columns,
+            T=op.get_attr("T"), biases=biases,
+            threshold=op.get_attr("threshold"), scale=op.get_attr("scale")))
+    return [products, *bias, residual, gamma_gradient, beta_gradient, None,
+            None]
+
   for name, function in (("EaKeyedDropout", _gradient),
                          ("EaAttention", _attention_gradient),
                          ("EaGelu", _gelu_gradient),
                          ("EaBiasGelu", _bias_gelu_gradient),
                          ("EaBiasWiden", _bias_widen_gradient),
                          ("EaNormalize", _normalize_gradient),
-                         ("EaLayerNorm", _layer_norm_gradient)):
+                         ("EaLayerNorm", _layer_norm_gradient),
+                         ("EaResidualLayerNorm",
+                          _residual_layer_norm_gradient)):
     with contextlib.suppress(KeyError):  # registered by an earlier load()
       tf.RegisterGradient(name)(function)
 
@@ -404,6 +429,33 @@ def layer_norm_op():
     return (outputs[0], outputs[1][0]) if narrow else outputs[0]
 
   return layer_norm
+
+
+def residual_layer_norm_op():
+  """A function (products, bias, residual, gamma, beta, epsilon, dropout,
+  narrow=False) -> the layer norm (gamma, beta: float32 [n]) of keyed
+  dropout of `products` (float32 or bfloat16 [..., n]) widened to float32
+  plus `bias` (float32 [n], or None) plus `residual` (float32, `products`'
+  shape), in one op each way (`EaResidualLayerNorm`, normalize.cc: the
+  values of EaBiasWiden, EaKeyedDropout, AddV2 and EaLayerNorm bit for bit,
+  their gradients too). `dropout`: (rows, columns, threshold, scale), the
+  keyed dropout's words (`keyed_dropout.words`) and scale. With `narrow`,
+  the pair (that, it rounded to bfloat16) for a bfloat16 product to read.
+  None where `load()` is None."""
+  ops = load()
+  if ops is None:
+    return None
+
+  def residual_layer_norm(products, bias, residual, gamma, beta, epsilon,
+                          dropout, narrow=False):
+    rows, columns, threshold, scale = dropout
+    outputs = ops.ea_residual_layer_norm(
+        products, [] if bias is None else [bias], residual, gamma, beta,
+        rows, columns, epsilon=epsilon, threshold=threshold, scale=scale,
+        twins=int(bool(narrow)))
+    return (outputs[0], outputs[1][0]) if narrow else outputs[0]
+
+  return residual_layer_norm
 
 
 def accumulate_op():

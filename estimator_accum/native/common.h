@@ -1,7 +1,8 @@
 // What the native kernels' sources share: TensorFlow's headers, the names
 // they use from it, work split over TensorFlow's CPU threads, a tensor's
 // rows and width, the checks that two inputs have one shape and that a
-// vector has a tensor's width, and bfloat16's conversions. In an anonymous namespace: each unit of sources
+// vector has a tensor's width, keyed dropout's keep test, and bfloat16's
+// conversions. In an anonymous namespace: each unit of sources
 // (built with its own vector flags) keeps its own copy.
 #ifndef ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 #define ESTIMATOR_ACCUM_NATIVE_COMMON_H_
@@ -155,6 +156,27 @@ inline uint16_t Narrow(float value) {
   // A select, not a branch: the loops around it stay vectorized.
   return static_cast<uint16_t>((word & 0x7fffffffu) > 0x7f800000u ? nan
                                                                   : rounded);
+}
+
+// Keyed dropout's keep test (estimator_accum.window.keyed_dropout): all
+// ones where lowbias32 of a row's word xor a column's word, without its
+// last xor-shift (the test reads the high bits), is at least `threshold`,
+// else zero: a mask for a float's bits (a dropped element is +0.0, inf
+// and NaN too, as tf.where's), branch-free for the loops around it.
+inline uint32_t KeepMask(uint32_t row_word, uint32_t column_word,
+                         uint32_t threshold) {
+  uint32_t h = row_word ^ column_word;
+  h ^= h >> 16;
+  h *= 0x7FEB352Du;
+  h ^= h >> 15;
+  h *= 0x846CA68Bu;
+  return 0u - static_cast<uint32_t>(h >= threshold);
+}
+
+// `value` * `scale` where `keep` (KeepMask) is all ones, else +0.0.
+inline float Dropped(float value, float scale, uint32_t keep) {
+  return __builtin_bit_cast(float,
+                            __builtin_bit_cast(uint32_t, value * scale) & keep);
 }
 
 // A bfloat16 tensor's elements as their bits.

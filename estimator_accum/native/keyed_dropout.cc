@@ -72,22 +72,10 @@ class KeyedDropoutOp : public OpKernel {
       for (int64_t row = begin; row < end; ++row) {
         const uint32_t word = row_words[row];
         const float* __restrict x = in + row * width;
-        // The output's words, written as bits: a dropped element's are
-        // cleared (+0.0, whatever the input was: inf and NaN too, as
-        // tf.where's), in a branch-free loop the compiler vectorizes.
-        uint32_t* __restrict y = reinterpret_cast<uint32_t*>(out + row * width);
+        float* __restrict y = out + row * width;
         const uint32_t* __restrict column = column_words;
-        const int64_t columns_in_row = width;
-        for (int64_t c = 0; c < columns_in_row; ++c) {
-          uint32_t h = word ^ column[c];
-          h ^= h >> 16;
-          h *= 0x7FEB352Du;
-          h ^= h >> 15;
-          h *= 0x846CA68Bu;
-          // The keep test reads the high bits: lowbias32's last xor-shift
-          // would add nothing (as in keyed_dropout.keep_mask).
-          const uint32_t keep = 0u - static_cast<uint32_t>(h >= threshold);
-          y[c] = __builtin_bit_cast(uint32_t, x[c] * scale) & keep;
+        for (int64_t c = 0; c < width; ++c) {
+          y[c] = Dropped(x[c], scale, KeepMask(word, column[c], threshold));
         }
       }
     };

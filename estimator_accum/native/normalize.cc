@@ -21,6 +21,15 @@
 // on the gradient times gamma) and gamma's and beta's, summed in float
 // within fixed blocks of 64 rows, then in double over the blocks (the
 // same on any number of threads).
+//
+// EaResidualLayerNorm is a transformer's residual block after its dense
+// product, in the same passes: the product (bfloat16, widened, with its
+// bias; or float32, its bias added by oneDNN's product), keyed dropout
+// (EaKeyedDropout's masks), the residual's add and the layer norm; its
+// gradient gives the residual's, the product's (in its dtype) and the
+// bias's, gamma's and beta's. The values of EaBiasWiden, EaKeyedDropout,
+// AddV2 and EaLayerNorm bit for bit, forward and backward (the bias's
+// gradient summed as EaBiasWidenGrad sums it).
 // Built and loaded by estimator_accum/native/__init__.py.
 
 #include "common.h"
@@ -119,6 +128,94 @@ REGISTER_OP("EaLayerNormGrad")
       c->set_output(0, shape);
       c->set_output(1, c->input(c->num_inputs() - 3));
       c->set_output(2, c->input(c->num_inputs() - 3));
+      return absl::OkStatus();
+    });
+
+// The residual layer norm's shapes: `products` (rank >= 1), a `bias`
+// vector of its last dimension where `biases` is 1, the `residual` of its
+// shape, gamma and beta vectors of its last dimension, dropout's `rows`
+// words (its shape without the last axis) and `columns` words (a vector
+// of its last dimension); outputs its shape (`twins` + 1 of them), the
+// rows' statistics, then its shape (the sum the layer norm normalized).
+absl::Status ResidualLayerNormShape(InferenceContext* c) {
+  int biases;
+  TF_RETURN_IF_ERROR(c->GetAttr("biases", &biases));
+  ShapeHandle inputs, vector, rows, leading;
+  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &inputs));
+  TF_RETURN_IF_ERROR(c->Merge(inputs, c->input(1 + biases), &inputs));
+  for (int i = 0; i < biases; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &vector));
+    TF_RETURN_IF_ERROR(MergeLastDimension(c, inputs, vector));
+  }
+  for (int i = 2 + biases; i <= 3 + biases; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &vector));
+    TF_RETURN_IF_ERROR(MergeLastDimension(c, inputs, vector));
+  }
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(5 + biases), 1, &vector));
+  TF_RETURN_IF_ERROR(MergeLastDimension(c, inputs, vector));
+  if (c->RankKnown(inputs)) {
+    TF_RETURN_IF_ERROR(c->Subshape(inputs, 0, -1, &leading));
+    TF_RETURN_IF_ERROR(c->Merge(leading, c->input(4 + biases), &leading));
+  }
+  TF_RETURN_IF_ERROR(RowShape(c, inputs, &rows));
+  const int outputs = c->num_outputs();
+  for (int i = 0; i < outputs - 3; ++i) c->set_output(i, inputs);
+  c->set_output(outputs - 3, rows);
+  c->set_output(outputs - 2, rows);
+  c->set_output(outputs - 1, inputs);
+  return absl::OkStatus();
+}
+
+REGISTER_OP("EaResidualLayerNorm")
+    .Input("products: T")
+    .Input("bias: biases * float")
+    .Input("residual: float")
+    .Input("gamma: float")
+    .Input("beta: float")
+    .Input("rows: uint32")
+    .Input("columns: uint32")
+    .Attr("T: {float, bfloat16}")
+    .Attr("biases: int >= 0 = 0")
+    .Attr("epsilon: float")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Attr("twins: int >= 0 = 0")
+    .Output("outputs: float")
+    .Output("narrow: twins * bfloat16")
+    .Output("mean: float")
+    .Output("rstd: float")
+    .Output("sums: float")
+    .SetShapeFn(ResidualLayerNormShape);
+
+REGISTER_OP("EaResidualLayerNormGrad")
+    .Input("gradients: float")
+    .Input("narrow_gradients: twins * bfloat16")
+    .Input("sums: float")
+    .Input("gamma: float")
+    .Input("mean: float")
+    .Input("rstd: float")
+    .Input("rows: uint32")
+    .Input("columns: uint32")
+    .Attr("T: {float, bfloat16}")
+    .Attr("biases: int >= 0 = 0")
+    .Attr("threshold: int")
+    .Attr("scale: float")
+    .Attr("twins: int >= 0 = 0")
+    .Output("residual_gradient: float")
+    .Output("products_gradient: T")
+    .Output("bias_gradient: biases * float")
+    .Output("gamma_gradient: float")
+    .Output("beta_gradient: float")
+    .SetShapeFn([](InferenceContext* c) {
+      const int twins = c->num_inputs() - 7;
+      ShapeHandle shape;
+      TF_RETURN_IF_ERROR(c->Merge(c->input(0), c->input(1 + twins), &shape));
+      const int outputs = c->num_outputs();
+      c->set_output(0, shape);
+      c->set_output(1, shape);
+      for (int i = 2; i < outputs; ++i) {
+        c->set_output(i, c->input(2 + twins));
+      }
       return absl::OkStatus();
     });
 
@@ -245,6 +342,76 @@ void GammaBetaAndScaled(const float* __restrict g, const float* __restrict x,
   }
 }
 
+// The layer norm's output of `inputs` ([rows, width] floats) from its
+// rows' `mean` and `rstd`: (x - mean) * rstd * gamma + beta, and where
+// `narrow` is given, that rounded to bfloat16 (a Cast) into it.
+void ScaleAndShift(OpKernelContext* context, const Tensor& inputs,
+                   const float* mean, const float* rstd, const Tensor& gamma,
+                   const Tensor& beta, Tensor* outputs, Tensor* narrow,
+                   int64_t rows, int64_t width) {
+  const float* x = inputs.flat<float>().data();
+  const float* g = gamma.flat<float>().data();
+  const float* b = beta.flat<float>().data();
+  float* y = outputs->flat<float>().data();
+  uint16_t* n = narrow ? Bits(narrow) : nullptr;
+  Sharded(context, rows, width * 5, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float m = mean[i], r = rstd[i];
+      const float* __restrict in = x + i * width;
+      float* __restrict out = y + i * width;
+      // As Sub and Mul, then Mul by gamma and AddV2 of beta.
+      for (int64_t j = 0; j < width; ++j) {
+        out[j] = (in[j] - m) * r * g[j] + b[j];
+      }
+      if (n == nullptr) continue;
+      uint16_t* __restrict twin = n + i * width;
+      for (int64_t j = 0; j < width; ++j) twin[j] = Narrow(out[j]);
+    }
+  });
+}
+
+// The layer norm's backward pass over rows: for each row i, its output's
+// gradient (`dy`, plus the bfloat16 twin's `dn` widened where given), its
+// input `x`, `mean` and `rstd` give the input's gradient into `dx`;
+// gamma's and beta's gradients are summed in float over each block of
+// rows, then in double over the blocks, into outputs[0] and outputs[1].
+// `after(i, dx_row, sum)` (where not null) then reads the row's input
+// gradient, with `sum` the block's doubles past gamma's and beta's
+// (`extra` vectors of `width` more sums, outputs[2...]).
+template <typename After>
+void LayerNormBackward(OpKernelContext* context, const float* dy,
+                       const uint16_t* dn, const float* x, const float* gm,
+                       const float* mean, const float* rstd, int64_t rows,
+                       int64_t width, float* dx, float* const* outputs,
+                       int extra, int64_t cost, After after) {
+  ColumnSums(context, rows, width, 2 + extra, cost, outputs,
+             [&](int64_t begin, int64_t end, double* __restrict sum) {
+    // The block's sums (gamma's, then beta's: `sum`'s layout), then a
+    // row's gradient with the twin's and its product with gamma.
+    std::vector<float> buffers(4 * width, 0.0f);
+    float* block_sums = buffers.data();
+    float* __restrict gamma_sum = block_sums;
+    float* __restrict beta_sum = block_sums + width;
+    float* __restrict g = block_sums + 2 * width;
+    float* __restrict h = g + width;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* xi = x + i * width;
+      const float* gi = dy + i * width;
+      if (dn != nullptr) {
+        // The output's gradient and (AddN) the twin's, widened (the
+        // Cast's gradient).
+        Widened(gi, dn + i * width, width, g);
+        gi = g;
+      }
+      GammaBetaAndScaled(gi, xi, mean[i], rstd[i], gm, width, gamma_sum,
+                         beta_sum, h);
+      RowBackward(h, xi, mean[i], rstd[i], width, dx + i * width);
+      after(i, dx + i * width, sum + 2 * width);
+    }
+    for (int64_t j = 0; j < 2 * width; ++j) sum[j] += block_sums[j];
+  });
+}
+
 class NormalizeOp : public OpKernel {
  public:
   explicit NormalizeOp(OpKernelConstruction* context) : OpKernel(context) {
@@ -342,25 +509,8 @@ class LayerNormOp : public OpKernel {
         inputs.NumElements() == 0) {
       return;
     }
-    const float* x = inputs.flat<float>().data();
-    const float* g = gamma.flat<float>().data();
-    const float* b = beta.flat<float>().data();
-    float* y = outputs->flat<float>().data();
-    uint16_t* n = narrow ? Bits(narrow) : nullptr;
-    Sharded(context, rows, width * 5, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const float m = mean[i], r = rstd[i];
-        const float* __restrict in = x + i * width;
-        float* __restrict out = y + i * width;
-        // As Sub and Mul, then Mul by gamma and AddV2 of beta.
-        for (int64_t j = 0; j < width; ++j) {
-          out[j] = (in[j] - m) * r * g[j] + b[j];
-        }
-        if (n == nullptr) continue;
-        uint16_t* __restrict twin = n + i * width;
-        for (int64_t j = 0; j < width; ++j) twin[j] = Narrow(out[j]);
-      }
-    });
+    ScaleAndShift(context, inputs, mean, rstd, gamma, beta, outputs, narrow,
+                  rows, width);
   }
 
  private:
@@ -409,37 +559,272 @@ class LayerNormGradOp : public OpKernel {
     float* dx = backprops->flat<float>().data();
     float* sums[] = {gamma_gradient->flat<float>().data(),
                      beta_gradient->flat<float>().data()};
-    // gamma's and beta's sums in float over each block's rows, then in
-    // double over the blocks.
-    ColumnSums(context, rows, width, 2, /*cost=*/16, sums,
-               [&](int64_t begin, int64_t end, double* __restrict sum) {
-      // The block's sums (gamma's, then beta's: `sum`'s layout), then a
-      // row's gradient with the twin's and its product with gamma.
-      std::vector<float> buffers(4 * width, 0.0f);
-      float* block_sums = buffers.data();
-      float* __restrict gamma_sum = block_sums;
-      float* __restrict beta_sum = block_sums + width;
-      float* __restrict g = block_sums + 2 * width;
-      float* __restrict h = g + width;
-      for (int64_t i = begin; i < end; ++i) {
-        const float* xi = x + i * width;
-        const float* gi = dy + i * width;
-        if (dn != nullptr) {
-          // The output's gradient and (AddN) the twin's, widened (the
-          // Cast's gradient).
-          Widened(gi, dn + i * width, width, g);
-          gi = g;
-        }
-        GammaBetaAndScaled(gi, xi, mean[i], rstd[i], gm, width, gamma_sum,
-                           beta_sum, h);
-        RowBackward(h, xi, mean[i], rstd[i], width, dx + i * width);
-      }
-      for (int64_t j = 0; j < 2 * width; ++j) sum[j] += block_sums[j];
-    });
+    LayerNormBackward(context, dy, dn, x, gm, mean, rstd, rows, width, dx,
+                      sums, /*extra=*/0, /*cost=*/16,
+                      [](int64_t, const float*, double*) {});
   }
 
  private:
   int twins_ = 0;
+};
+
+// A float32 or bfloat16 tensor's elements, and their conversions to and
+// from float (bfloat16's as TensorFlow's Cast; float's none).
+template <typename T>
+struct Elements;
+
+template <>
+struct Elements<float> {
+  using Type = float;
+  static const float* Of(const Tensor& tensor) {
+    return tensor.flat<float>().data();
+  }
+  static float* Of(Tensor* tensor) { return tensor->flat<float>().data(); }
+  static float Load(float value) { return value; }
+  static float Store(float value) { return value; }
+};
+
+template <>
+struct Elements<bfloat16> {
+  using Type = uint16_t;
+  static const uint16_t* Of(const Tensor& tensor) { return Bits(tensor); }
+  static uint16_t* Of(Tensor* tensor) { return Bits(tensor); }
+  static float Load(uint16_t bits) { return Widen(bits); }
+  static uint16_t Store(float value) { return Narrow(value); }
+};
+
+// The residual layer norm's attributes: `biases` and `twins` (0 or 1
+// each), keyed dropout's `threshold` and `scale`; false with an error
+// where one is out of range.
+struct ResidualAttributes {
+  int biases = 0;
+  int twins = 0;
+  uint32_t threshold = 0;
+  float scale = 1.0f;
+
+  bool Read(OpKernelConstruction* context) {
+    int64_t threshold_attr;
+    if (!TwinsAttr(context, &twins) ||
+        !Ok(context, context->GetAttr("biases", &biases)) ||
+        !Ok(context, context->GetAttr("threshold", &threshold_attr)) ||
+        !Ok(context, context->GetAttr("scale", &scale))) {
+      return false;
+    }
+    if (biases != 0 && biases != 1) {
+      context->CtxFailure(absl::InvalidArgumentError(
+          "biases must be 0 or 1 (a bias added to the products or none), "
+          "got " + std::to_string(biases)));
+      return false;
+    }
+    if (threshold_attr < 0 || threshold_attr > 0xFFFFFFFFll) {
+      context->CtxFailure(absl::InvalidArgumentError(
+          "threshold must be in [0, 2**32), got " +
+          std::to_string(threshold_attr)));
+      return false;
+    }
+    threshold = static_cast<uint32_t>(threshold_attr);
+    return true;
+  }
+};
+
+// Whether `rows` holds a word for each row of `of` (its shape without the
+// last axis) and `columns` one for each of its `width` columns; else
+// false, with an error naming them.
+bool DropoutWordsFit(OpKernelContext* context, const Tensor& of,
+                     const char* of_name, const Tensor& rows,
+                     const Tensor& columns, int64_t width) {
+  bool fits = rows.dims() == of.dims() - 1;
+  for (int axis = 0; fits && axis < rows.dims(); ++axis) {
+    fits = rows.dim_size(axis) == of.dim_size(axis);
+  }
+  if (!fits) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        std::string("rows must have the shape of ") + of_name +
+        " without its last axis, got " + rows.shape().DebugString() +
+        " for " + of.shape().DebugString()));
+    return false;
+  }
+  return IsVectorOfWidth(context, columns, "columns", of_name, width);
+}
+
+// EaResidualLayerNorm: the layer norm of keyed dropout of (products
+// widened, plus bias) plus the residual, `sums` that sum. The ops it
+// replaces: EaBiasWiden (or a float32 product's BiasAdd, fused into it by
+// Grappler, before this op), EaKeyedDropout, AddV2 and EaLayerNorm; their
+// values bit for bit (the same float arithmetic, in their order).
+template <typename T>
+class ResidualLayerNormOp : public OpKernel {
+ public:
+  explicit ResidualLayerNormOp(OpKernelConstruction* context)
+      : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("epsilon", &epsilon_));
+    attributes_.Read(context);
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int biases = attributes_.biases, twins = attributes_.twins;
+    const Tensor& products = context->input(0);
+    const Tensor& residual = context->input(1 + biases);
+    const Tensor& gamma = context->input(2 + biases);
+    const Tensor& beta = context->input(3 + biases);
+    const Tensor& row_words = context->input(4 + biases);
+    const Tensor& column_words = context->input(5 + biases);
+    int64_t rows, width;
+    if (!RowsAndWidth(context, products, "products", &rows, &width) ||
+        (biases && !IsVectorOfWidth(context, context->input(1), "bias",
+                                    "products", width)) ||
+        !SameShape(context, residual, "residual", products, "products") ||
+        !IsVectorOfWidth(context, gamma, "gamma", "products", width) ||
+        !IsVectorOfWidth(context, beta, "beta", "products", width) ||
+        !DropoutWordsFit(context, products, "products", row_words,
+                         column_words, width)) {
+      return;
+    }
+    Tensor *outputs, *narrow = nullptr, *sums;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, products.shape(), &outputs));
+    if (twins) {
+      OP_REQUIRES_OK(context,
+                     context->allocate_output(1, products.shape(), &narrow));
+    }
+    OP_REQUIRES_OK(context, context->allocate_output(3 + twins,
+                                                     products.shape(), &sums));
+    using E = Elements<T>;
+    const typename E::Type* p = E::Of(products);
+    const float* b = biases ? context->input(1).flat<float>().data() : nullptr;
+    const float* r = residual.flat<float>().data();
+    const uint32_t* words = row_words.flat<uint32_t>().data();
+    const uint32_t* column = column_words.flat<uint32_t>().data();
+    float* x = sums->flat<float>().data();
+    const uint32_t threshold = attributes_.threshold;
+    const float scale = attributes_.scale;
+    Sharded(context, rows, width * 12, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const typename E::Type* __restrict pi = p + i * width;
+        const float* __restrict ri = r + i * width;
+        float* __restrict xi = x + i * width;
+        const uint32_t word = words[i];
+        // As Cast and AddV2 (EaBiasWiden), EaKeyedDropout, then AddV2 of
+        // the residual.
+        if (b != nullptr) {
+          for (int64_t j = 0; j < width; ++j) {
+            xi[j] = Dropped(E::Load(pi[j]) + b[j], scale,
+                            KeepMask(word, column[j], threshold)) +
+                    ri[j];
+          }
+        } else {
+          for (int64_t j = 0; j < width; ++j) {
+            xi[j] = Dropped(E::Load(pi[j]), scale,
+                            KeepMask(word, column[j], threshold)) +
+                    ri[j];
+          }
+        }
+      }
+    });
+    float *mean, *rstd;
+    if (!Statistics(context, *sums, 1 + twins, epsilon_, rows, width, &mean,
+                    &rstd) ||
+        products.NumElements() == 0) {
+      return;
+    }
+    ScaleAndShift(context, *sums, mean, rstd, gamma, beta, outputs, narrow,
+                  rows, width);
+  }
+
+ private:
+  float epsilon_;
+  ResidualAttributes attributes_;
+};
+
+// Its gradient: EaLayerNormGrad's (the residual's gradient, gamma's and
+// beta's), then the dropout's mask and scale on it (EaKeyedDropout) as
+// the products' gradient, rounded to bfloat16 (EaBiasWidenGrad's Cast)
+// where they are, and the bias's: that gradient's columns summed in double
+// over the same blocks of rows as EaBiasWidenGrad's. The same values bit
+// for bit as those ops'.
+template <typename T>
+class ResidualLayerNormGradOp : public OpKernel {
+ public:
+  explicit ResidualLayerNormGradOp(OpKernelConstruction* context)
+      : OpKernel(context) {
+    attributes_.Read(context);
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const int biases = attributes_.biases, twins = attributes_.twins;
+    const Tensor& gradients = context->input(0);
+    const Tensor* narrow = twins ? &context->input(1) : nullptr;
+    const Tensor& inputs = context->input(1 + twins);
+    const Tensor& gamma = context->input(2 + twins);
+    const Tensor& mean_in = context->input(3 + twins);
+    const Tensor& rstd_in = context->input(4 + twins);
+    const Tensor& row_words = context->input(5 + twins);
+    const Tensor& column_words = context->input(6 + twins);
+    if (!SameShape(context, gradients, "gradients", inputs, "sums")) return;
+    if (narrow && !SameShape(context, *narrow, "narrow_gradients", inputs,
+                             "sums")) {
+      return;
+    }
+    int64_t rows, width;
+    if (!RowsAndWidth(context, inputs, "sums", &rows, &width) ||
+        !IsVectorOfWidth(context, gamma, "gamma", "sums", width) ||
+        !StatisticsFit(context, inputs, mean_in, rstd_in) ||
+        !DropoutWordsFit(context, inputs, "sums", row_words, column_words,
+                         width)) {
+      return;
+    }
+    Tensor *backprops, *products_gradient, *bias_gradient = nullptr;
+    Tensor *gamma_gradient, *beta_gradient;
+    OP_REQUIRES_OK(context,
+                   context->allocate_output(0, inputs.shape(), &backprops));
+    OP_REQUIRES_OK(context, context->allocate_output(1, inputs.shape(),
+                                                     &products_gradient));
+    if (biases) {
+      OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(),
+                                                       &bias_gradient));
+    }
+    OP_REQUIRES_OK(context, context->allocate_output(2 + biases,
+                                                     gamma.shape(),
+                                                     &gamma_gradient));
+    OP_REQUIRES_OK(context, context->allocate_output(3 + biases,
+                                                     gamma.shape(),
+                                                     &beta_gradient));
+    using E = Elements<T>;
+    typename E::Type* dp = E::Of(products_gradient);
+    const uint32_t* words = row_words.flat<uint32_t>().data();
+    const uint32_t* column = column_words.flat<uint32_t>().data();
+    const uint32_t threshold = attributes_.threshold;
+    const float scale = attributes_.scale;
+    float* sums[] = {gamma_gradient->flat<float>().data(),
+                     beta_gradient->flat<float>().data(),
+                     biases ? bias_gradient->flat<float>().data() : nullptr};
+    LayerNormBackward(
+        context, gradients.flat<float>().data(),
+        narrow ? Bits(*narrow) : nullptr, inputs.flat<float>().data(),
+        gamma.flat<float>().data(), mean_in.flat<float>().data(),
+        rstd_in.flat<float>().data(), rows, width,
+        backprops->flat<float>().data(), sums, biases, /*cost=*/24,
+        [&](int64_t i, const float* __restrict dx, double* __restrict sum) {
+          typename E::Type* __restrict out = dp + i * width;
+          const uint32_t word = words[i];
+          if (biases) {
+            for (int64_t j = 0; j < width; ++j) {
+              const float d =
+                  Dropped(dx[j], scale, KeepMask(word, column[j], threshold));
+              out[j] = E::Store(d);
+              sum[j] += d;
+            }
+          } else {
+            for (int64_t j = 0; j < width; ++j) {
+              out[j] = E::Store(
+                  Dropped(dx[j], scale, KeepMask(word, column[j], threshold)));
+            }
+          }
+        });
+  }
+
+ private:
+  ResidualAttributes attributes_;
 };
 
 REGISTER_KERNEL_BUILDER(
@@ -452,6 +837,23 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("EaLayerNormGrad").Device(::tensorflow::DEVICE_CPU),
     LayerNormGradOp);
+
+REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNorm")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<float>("T"),
+                        ResidualLayerNormOp<float>);
+REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNorm")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<bfloat16>("T"),
+                        ResidualLayerNormOp<bfloat16>);
+REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNormGrad")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<float>("T"),
+                        ResidualLayerNormGradOp<float>);
+REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNormGrad")
+                            .Device(::tensorflow::DEVICE_CPU)
+                            .TypeConstraint<bfloat16>("T"),
+                        ResidualLayerNormGradOp<bfloat16>);
 
 }  // namespace
 }  // namespace estimator_accum

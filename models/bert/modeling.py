@@ -477,15 +477,10 @@ class BertModel:
             context = tf.gather_nd(
                 tf.reshape(context, [-1, config.hidden_size]), real)
       with tf.compat.v1.variable_scope("output"):
-        attention = self._dense(context, config.hidden_size, "dense",
-                           config.initializer_range)
         # Its bfloat16 twin (the next product's operand) from the same
         # pass where the products are bfloat16.
-        attention = _layer_norm(
-            self._dropout(attention, config.hidden_dropout_prob,
-                          query_keys) + query_input,
-            config.layer_norm_eps, one_pass=self._is_training,
-            narrow=self._narrow_twins)
+        attention = self._add_and_norm(context, query_input, query_keys,
+                                       narrow=self._narrow_twins)
         narrow = None
         if self._narrow_twins:
           attention, narrow = attention
@@ -501,11 +496,42 @@ class BertModel:
           config.initializer_range, activation=activation,
           narrow_inputs=narrow)
     with tf.compat.v1.variable_scope("output"):
-      output = self._dense(intermediate, config.hidden_size, "dense",
-                           config.initializer_range, dtype=attention.dtype)
-      return _layer_norm(
-          self._dropout(output, config.hidden_dropout_prob, query_keys) +
-          attention, config.layer_norm_eps, one_pass=self._is_training)
+      return self._add_and_norm(intermediate, attention, query_keys,
+                                dtype=attention.dtype)
+
+  def _add_and_norm(self, inputs, residual, row_keys, narrow=False,
+                    **dense):
+    """The layer norm (`LayerNorm`) of the dropout (`row_keys`) of the
+    dense product of `inputs` (`dense`, more of `_dense`'s arguments) plus
+    `residual`; with `narrow`, `_layer_norm`'s pair. In a training graph
+    with keyed dropout, all after the product is one native op each way
+    (`native.residual_layer_norm_op`: the bias, the dropout reading a
+    bfloat16 product, the add and the layer norm; the values of the ops
+    it replaces bit for bit)."""
+    config = self._config
+    rate = config.hidden_dropout_prob
+    fused = (native.residual_layer_norm_op()
+             if self._is_training and self._keys is not None and rate and
+             self._compute_type == tf.float32 and
+             keyed_dropout.word_dtype() == tf.uint32 else None)
+    if fused is None:
+      output = self._dense(inputs, config.hidden_size, "dense",
+                           config.initializer_range, **dense)
+      return _layer_norm(self._dropout(output, rate, row_keys) + residual,
+                         config.layer_norm_eps, one_pass=self._is_training,
+                         narrow=narrow)
+    product, bias = self._dense(inputs, config.hidden_size, "dense",
+                                config.initializer_range, split_bias=True,
+                                **dense)
+    gamma, beta = _layer_norm_variables(config.hidden_size)
+    # `_dropout`'s masks: the same site, words and scale.
+    scope = tf.compat.v1.get_variable_scope().name
+    rows, columns, threshold = keyed_dropout.words(
+        rate, row_keys, tf.shape(product)[-1], seed=self._seed,
+        site=f"{scope}/")
+    return fused(product, bias, residual, gamma, beta, config.layer_norm_eps,
+                 (rows, columns, threshold, 1.0 / (1.0 - rate)),
+                 narrow=narrow)
 
   def get_pooled_output(self):
     """float32 Tensor [batch_size, hidden_size]: tanh(dense([CLS] output));
@@ -864,7 +890,7 @@ def _initializer(stddev):
 
 def _dense(inputs, units, name, initializer_range, activation=None,
            products=None, copies=False, dtype=None, kernels=False,
-           narrow_inputs=None):
+           narrow_inputs=None, split_bias=False):
   """A dense layer with Google's variable names `<name>/kernel`, `/bias`;
   with `products` (a dtype), its product's operands in that dtype, the
   result back in `dtype` (default `inputs`' dtype; `copies`: the kernel's
@@ -874,7 +900,10 @@ def _dense(inputs, units, name, initializer_range, activation=None,
   serves, and with `gelu_exact` the GELU too, given in bfloat16 for the
   next product (`native.bias_widen_op`, `bias_gelu_op`: the values of the
   ops they replace). `narrow_inputs`: `inputs` already in `products`' dtype
-  (a layer norm's twin), read in place of their cast."""
+  (a layer norm's twin), read in place of their cast. `split_bias` (no
+  `activation`): the pair (the product, its bias) for an op that adds the
+  bias itself: a bfloat16 product before its widening (the bias float32),
+  else the product with its bias added (BiasAdd) and None."""
   variable, bias = dense_variables(inputs, units, name, initializer_range)
   dtype = tf.as_dtype(dtype or inputs.dtype)
   kernel, bias = tf.cast(variable, dtype), tf.cast(bias, dtype)
@@ -887,6 +916,8 @@ def _dense(inputs, units, name, initializer_range, activation=None,
                else narrow_inputs)
     product = tf.tensordot(operand, narrow, axes)
     kernels = kernels and products == tf.bfloat16 and dtype == tf.float32
+    if split_bias and kernels:
+      return product, bias
     gelu = (native.bias_gelu_op() if kernels and activation is gelu_exact
             else None)
     if gelu is not None:
@@ -900,6 +931,8 @@ def _dense(inputs, units, name, initializer_range, activation=None,
     # bias's gradient is one BiasAddGrad, not a broadcast's Sum and
     # reshapes (steady float32 training 1.10x, docs/bert.md).
     output = tf.nn.bias_add(tf.tensordot(inputs, kernel, axes), bias)
+  if split_bias:
+    return output, None
   return activation(output) if activation else output
 
 
@@ -926,12 +959,7 @@ def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False,
   its bfloat16 copy made in the same pass, or None where the kernel does
   not serve or `inputs` are not float32), for a bfloat16 product to read
   in place of a cast."""
-  with tf.compat.v1.variable_scope(scope):
-    size = inputs.shape[-1]
-    beta = tf.compat.v1.get_variable(
-        "beta", [size], initializer=tf.compat.v1.zeros_initializer())
-    gamma = tf.compat.v1.get_variable(
-        "gamma", [size], initializer=tf.compat.v1.ones_initializer())
+  gamma, beta = _layer_norm_variables(inputs.shape[-1], scope)
   dtype = inputs.dtype
   inputs = tf.cast(inputs, tf.float32)  # Statistics in float32.
   fused = native.layer_norm_op() if one_pass else None
@@ -945,6 +973,17 @@ def _layer_norm(inputs, epsilon, scope="LayerNorm", one_pass=False,
     output = fused(inputs, gamma, beta, epsilon)
   output = tf.cast(output, dtype)
   return (output, twin) if narrow else output
+
+
+def _layer_norm_variables(size, scope="LayerNorm"):
+  """A layer norm's (gamma, beta), `<scope>/gamma|beta` (made or
+  reused)."""
+  with tf.compat.v1.variable_scope(scope):
+    beta = tf.compat.v1.get_variable(
+        "beta", [size], initializer=tf.compat.v1.zeros_initializer())
+    gamma = tf.compat.v1.get_variable(
+        "gamma", [size], initializer=tf.compat.v1.ones_initializer())
+  return gamma, beta
 
 
 def normalize_last_axis(inputs, epsilon, one_pass=False):
