@@ -80,22 +80,31 @@ REGISTER_OP("EaNormalizeGrad")
       return absl::OkStatus();
     });
 
+// A layer norm's outputs' shapes: the inputs' (the output and its twins),
+// the rows' mean and rstd, then `sums` more of the inputs' shape.
+absl::Status LayerNormOutputs(InferenceContext* c, ShapeHandle inputs,
+                              int sums) {
+  ShapeHandle rows;
+  TF_RETURN_IF_ERROR(RowShape(c, inputs, &rows));
+  const int outputs = c->num_outputs();
+  for (int i = 0; i < outputs; ++i) {
+    const bool statistic = i >= outputs - 2 - sums && i < outputs - sums;
+    c->set_output(i, statistic ? rows : inputs);
+  }
+  return absl::OkStatus();
+}
+
 // The layer norm's shapes: `inputs` (rank >= 1), its gamma and beta
 // vectors of its last dimension; outputs the inputs' shape (`twins` + 1
 // of them) then the rows' statistics.
 absl::Status LayerNormShape(InferenceContext* c) {
-  ShapeHandle inputs, rows, gamma, beta;
+  ShapeHandle inputs, gamma, beta;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &inputs));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &gamma));
   TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &beta));
   TF_RETURN_IF_ERROR(c->Merge(gamma, beta, &gamma));
   TF_RETURN_IF_ERROR(MergeLastDimension(c, inputs, gamma));
-  TF_RETURN_IF_ERROR(RowShape(c, inputs, &rows));
-  const int outputs = c->num_outputs();
-  for (int i = 0; i < outputs - 2; ++i) c->set_output(i, inputs);
-  c->set_output(outputs - 2, rows);
-  c->set_output(outputs - 1, rows);
-  return absl::OkStatus();
+  return LayerNormOutputs(c, inputs, /*sums=*/0);
 }
 
 REGISTER_OP("EaLayerNorm")
@@ -140,7 +149,7 @@ REGISTER_OP("EaLayerNormGrad")
 absl::Status ResidualLayerNormShape(InferenceContext* c) {
   int biases;
   TF_RETURN_IF_ERROR(c->GetAttr("biases", &biases));
-  ShapeHandle inputs, vector, rows, leading;
+  ShapeHandle inputs, vector, leading;
   TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &inputs));
   TF_RETURN_IF_ERROR(c->Merge(inputs, c->input(1 + biases), &inputs));
   for (int i = 0; i < biases; ++i) {
@@ -157,13 +166,7 @@ absl::Status ResidualLayerNormShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->Subshape(inputs, 0, -1, &leading));
     TF_RETURN_IF_ERROR(c->Merge(leading, c->input(4 + biases), &leading));
   }
-  TF_RETURN_IF_ERROR(RowShape(c, inputs, &rows));
-  const int outputs = c->num_outputs();
-  for (int i = 0; i < outputs - 3; ++i) c->set_output(i, inputs);
-  c->set_output(outputs - 3, rows);
-  c->set_output(outputs - 2, rows);
-  c->set_output(outputs - 1, inputs);
-  return absl::OkStatus();
+  return LayerNormOutputs(c, inputs, /*sums=*/1);
 }
 
 REGISTER_OP("EaResidualLayerNorm")
@@ -370,20 +373,50 @@ void ScaleAndShift(OpKernelContext* context, const Tensor& inputs,
   });
 }
 
-// The layer norm's backward pass over rows: for each row i, its output's
-// gradient (`dy`, plus the bfloat16 twin's `dn` widened where given), its
-// input `x`, `mean` and `rstd` give the input's gradient into `dx`;
-// gamma's and beta's gradients are summed in float over each block of
-// rows, then in double over the blocks, into outputs[0] and outputs[1].
-// `after(i, dx_row, sum)` (where not null) then reads the row's input
-// gradient, with `sum` the block's doubles past gamma's and beta's
-// (`extra` vectors of `width` more sums, outputs[2...]).
+// A layer norm gradient's first inputs: the output's gradient, the twin's
+// (`twins` of them), the layer norm's input (the op's argument `name`),
+// gamma and the rows' statistics; `Read` checks their shapes (false, with
+// an error naming them, where one does not fit).
+struct GradientInputs {
+  const Tensor *gradients, *narrow, *inputs, *gamma, *mean, *rstd;
+  int64_t rows, width;
+
+  bool Read(OpKernelContext* context, int twins, const char* name) {
+    gradients = &context->input(0);
+    narrow = twins ? &context->input(1) : nullptr;
+    inputs = &context->input(1 + twins);
+    gamma = &context->input(2 + twins);
+    mean = &context->input(3 + twins);
+    rstd = &context->input(4 + twins);
+    return SameShape(context, *gradients, "gradients", *inputs, name) &&
+           (narrow == nullptr ||
+            SameShape(context, *narrow, "narrow_gradients", *inputs,
+                      name)) &&
+           RowsAndWidth(context, *inputs, name, &rows, &width) &&
+           IsVectorOfWidth(context, *gamma, "gamma", name, width) &&
+           StatisticsFit(context, *inputs, *mean, *rstd);
+  }
+};
+
+// The layer norm's backward pass over the rows of `in`: for each row i,
+// its output's gradient (plus the bfloat16 twin's widened, where given),
+// input, mean and rstd give the input's gradient into `dx`; gamma's and
+// beta's gradients are summed in float over each block of rows, then in
+// double over the blocks, into outputs[0] and outputs[1]. `after(i,
+// dx_row, sum)` then reads the row's input gradient, with `sum` the
+// block's doubles past gamma's and beta's (`extra` vectors of `width`
+// more sums, outputs[2...]).
 template <typename After>
-void LayerNormBackward(OpKernelContext* context, const float* dy,
-                       const uint16_t* dn, const float* x, const float* gm,
-                       const float* mean, const float* rstd, int64_t rows,
-                       int64_t width, float* dx, float* const* outputs,
-                       int extra, int64_t cost, After after) {
+void LayerNormBackward(OpKernelContext* context, const GradientInputs& in,
+                       float* dx, float* const* outputs, int extra,
+                       int64_t cost, After after) {
+  const float* dy = in.gradients->flat<float>().data();
+  const uint16_t* dn = in.narrow ? Bits(*in.narrow) : nullptr;
+  const float* x = in.inputs->flat<float>().data();
+  const float* gm = in.gamma->flat<float>().data();
+  const float* mean = in.mean->flat<float>().data();
+  const float* rstd = in.rstd->flat<float>().data();
+  const int64_t rows = in.rows, width = in.width;
   ColumnSums(context, rows, width, 2 + extra, cost, outputs,
              [&](int64_t begin, int64_t end, double* __restrict sum) {
     // The block's sums (gamma's, then beta's: `sum`'s layout), then a
@@ -526,41 +559,19 @@ class LayerNormGradOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* context) override {
-    const Tensor& gradients = context->input(0);
-    const Tensor* narrow = twins_ ? &context->input(1) : nullptr;
-    const Tensor& inputs = context->input(1 + twins_);
-    const Tensor& gamma = context->input(2 + twins_);
-    const Tensor& mean_in = context->input(3 + twins_);
-    const Tensor& rstd_in = context->input(4 + twins_);
-    if (!SameShape(context, gradients, "gradients", inputs, "inputs")) return;
-    if (narrow && !SameShape(context, *narrow, "narrow_gradients", inputs,
-                             "inputs")) {
-      return;
-    }
-    int64_t rows, width;
-    if (!RowsAndWidth(context, inputs, "inputs", &rows, &width) ||
-        !IsVectorOfWidth(context, gamma, "gamma", "inputs", width) ||
-        !StatisticsFit(context, inputs, mean_in, rstd_in)) {
-      return;
-    }
+    GradientInputs in;
+    if (!in.Read(context, twins_, "inputs")) return;
     Tensor *backprops, *gamma_gradient, *beta_gradient;
-    OP_REQUIRES_OK(context,
-                   context->allocate_output(0, inputs.shape(), &backprops));
-    OP_REQUIRES_OK(context, context->allocate_output(1, gamma.shape(),
+    OP_REQUIRES_OK(context, context->allocate_output(0, in.inputs->shape(),
+                                                     &backprops));
+    OP_REQUIRES_OK(context, context->allocate_output(1, in.gamma->shape(),
                                                      &gamma_gradient));
-    OP_REQUIRES_OK(context, context->allocate_output(2, gamma.shape(),
+    OP_REQUIRES_OK(context, context->allocate_output(2, in.gamma->shape(),
                                                      &beta_gradient));
-    const float* dy = gradients.flat<float>().data();
-    const uint16_t* dn = narrow ? Bits(*narrow) : nullptr;
-    const float* x = inputs.flat<float>().data();
-    const float* gm = gamma.flat<float>().data();
-    const float* mean = mean_in.flat<float>().data();
-    const float* rstd = rstd_in.flat<float>().data();
-    float* dx = backprops->flat<float>().data();
     float* sums[] = {gamma_gradient->flat<float>().data(),
                      beta_gradient->flat<float>().data()};
-    LayerNormBackward(context, dy, dn, x, gm, mean, rstd, rows, width, dx,
-                      sums, /*extra=*/0, /*cost=*/16,
+    LayerNormBackward(context, in, backprops->flat<float>().data(), sums,
+                      /*extra=*/0, /*cost=*/16,
                       [](int64_t, const float*, double*) {});
   }
 
@@ -752,24 +763,14 @@ class ResidualLayerNormGradOp : public OpKernel {
 
   void Compute(OpKernelContext* context) override {
     const int biases = attributes_.biases, twins = attributes_.twins;
-    const Tensor& gradients = context->input(0);
-    const Tensor* narrow = twins ? &context->input(1) : nullptr;
-    const Tensor& inputs = context->input(1 + twins);
-    const Tensor& gamma = context->input(2 + twins);
-    const Tensor& mean_in = context->input(3 + twins);
-    const Tensor& rstd_in = context->input(4 + twins);
+    GradientInputs in;
+    if (!in.Read(context, twins, "sums")) return;
+    const Tensor& inputs = *in.inputs;
+    const Tensor& gamma = *in.gamma;
+    const int64_t width = in.width;
     const Tensor& row_words = context->input(5 + twins);
     const Tensor& column_words = context->input(6 + twins);
-    if (!SameShape(context, gradients, "gradients", inputs, "sums")) return;
-    if (narrow && !SameShape(context, *narrow, "narrow_gradients", inputs,
-                             "sums")) {
-      return;
-    }
-    int64_t rows, width;
-    if (!RowsAndWidth(context, inputs, "sums", &rows, &width) ||
-        !IsVectorOfWidth(context, gamma, "gamma", "sums", width) ||
-        !StatisticsFit(context, inputs, mean_in, rstd_in) ||
-        !DropoutWordsFit(context, inputs, "sums", row_words, column_words,
+    if (!DropoutWordsFit(context, inputs, "sums", row_words, column_words,
                          width)) {
       return;
     }
@@ -799,11 +800,8 @@ class ResidualLayerNormGradOp : public OpKernel {
                      beta_gradient->flat<float>().data(),
                      biases ? bias_gradient->flat<float>().data() : nullptr};
     LayerNormBackward(
-        context, gradients.flat<float>().data(),
-        narrow ? Bits(*narrow) : nullptr, inputs.flat<float>().data(),
-        gamma.flat<float>().data(), mean_in.flat<float>().data(),
-        rstd_in.flat<float>().data(), rows, width,
-        backprops->flat<float>().data(), sums, biases, /*cost=*/24,
+        context, in, backprops->flat<float>().data(), sums, biases,
+        /*cost=*/24,
         [&](int64_t i, const float* __restrict dx, double* __restrict sum) {
           typename E::Type* __restrict out = dp + i * width;
           const uint32_t word = words[i];
@@ -838,22 +836,19 @@ REGISTER_KERNEL_BUILDER(
     Name("EaLayerNormGrad").Device(::tensorflow::DEVICE_CPU),
     LayerNormGradOp);
 
-REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNorm")
-                            .Device(::tensorflow::DEVICE_CPU)
-                            .TypeConstraint<float>("T"),
-                        ResidualLayerNormOp<float>);
-REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNorm")
-                            .Device(::tensorflow::DEVICE_CPU)
-                            .TypeConstraint<bfloat16>("T"),
-                        ResidualLayerNormOp<bfloat16>);
-REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNormGrad")
-                            .Device(::tensorflow::DEVICE_CPU)
-                            .TypeConstraint<float>("T"),
-                        ResidualLayerNormGradOp<float>);
-REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNormGrad")
-                            .Device(::tensorflow::DEVICE_CPU)
-                            .TypeConstraint<bfloat16>("T"),
-                        ResidualLayerNormGradOp<bfloat16>);
+// The residual layer norm and its gradient, for a product's dtype.
+#define EA_REGISTER_RESIDUAL_LAYER_NORM(T)                              \
+  REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNorm")                   \
+                              .Device(::tensorflow::DEVICE_CPU)         \
+                              .TypeConstraint<T>("T"),                  \
+                          ResidualLayerNormOp<T>);                      \
+  REGISTER_KERNEL_BUILDER(Name("EaResidualLayerNormGrad")               \
+                              .Device(::tensorflow::DEVICE_CPU)         \
+                              .TypeConstraint<T>("T"),                  \
+                          ResidualLayerNormGradOp<T>)
+
+EA_REGISTER_RESIDUAL_LAYER_NORM(float);
+EA_REGISTER_RESIDUAL_LAYER_NORM(bfloat16);
 
 }  // namespace
 }  // namespace estimator_accum
