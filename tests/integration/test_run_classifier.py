@@ -584,6 +584,54 @@ def test_the_script_runs_onednn_unless_told_otherwise(setting, on):
       done.stdout + done.stderr[-2000:])
 
 
+_CACHE_PROBE = """
+import os
+import run_classifier
+import numpy as np
+import tensorflow as tf
+tf.compat.v1.disable_eager_execution()
+x = tf.compat.v1.placeholder(tf.bfloat16, [None, 8])
+product = tf.matmul(x, tf.ones([8, 8], tf.bfloat16))
+# One thread runs the ops: TensorFlow's own cache of kernels (1,024) is a
+# thread's.
+config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1,
+                                  use_per_session_threads=True)
+with tf.compat.v1.Session(config=config) as session:
+  # 1,100 row counts, then the first again: TensorFlow's cache has let it
+  # go, and oneDNN's is asked for its kernel.
+  for rows in list(range(1, 1101)) + [1]:
+    session.run(product, {x: np.ones([rows, 8], np.float32)})
+print("capacity", os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], flush=True)
+"""
+
+
+@pytest.mark.parametrize("setting", [None, "1024"])
+def test_the_script_keeps_onednns_kernels_for_every_row_count(setting):
+  # A product's kernel for a row count seen 1,100 shapes ago is still in
+  # oneDNN's cache (16384 kernels) where the script sets it, and built
+  # again at oneDNN's default of 1024 (a user's setting wins).
+  env = {k: v for k, v in os.environ.items()
+         if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+  env.update(ESTIMATOR_ACCUM_TEST_FORK="0", TF_CPP_MIN_LOG_LEVEL="3",
+             ONEDNN_VERBOSE="2", TF_ENABLE_ONEDNN_OPTS="1")
+  if setting is not None:
+    env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = setting
+  done = subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env,
+                        capture_output=True, text=True, timeout=TIMEOUT)
+  assert done.returncode == 0, done.stderr[-3000:]
+  lines = done.stdout.splitlines()
+  assert lines[-1] == f"capacity {setting or 16384}", lines[-3:]
+  # (oneDNN 3.2's lines, TensorFlow 2.15's, begin "onednn_verbose,create:";
+  # later ones "onednn_verbose,v1,primitive,create:".)
+  builds = [re.search(r",create:(cache_\w+),", line).group(1)
+            for line in lines
+            if line.startswith("onednn_verbose,") and ",create:" in line and
+            ",matmul," in line and ",1x8:8x8," in line]
+  # The first row count's kernel: built, then asked for once more.
+  again = "cache_hit" if setting is None else "cache_miss"
+  assert builds == ["cache_miss", again], builds
+
+
 @pytest.mark.estimator
 @pytest.mark.memory
 def test_recompute_trains_and_reports_its_peak_and_time(sst2, tmp_path):
