@@ -71,15 +71,6 @@ REGISTER_OP("EaAttentionGrad")
       return absl::OkStatus();
     });
 
-// lowbias32 without its last xor-shift, as keyed_dropout.cc's keep test.
-inline uint32_t Mixed(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x7FEB352Du;
-  h ^= h >> 15;
-  h *= 0x846CA68Bu;
-  return h;
-}
-
 // What the forward and backward kernels share: the attributes, the checked
 // inputs and each example's place among the kept probabilities.
 class Attention {
@@ -89,13 +80,7 @@ class Attention {
     OP_REQUIRES(context, heads_ >= 1,
                 absl::InvalidArgumentError("heads must be at least 1"));
     OP_REQUIRES_OK(context, context->GetAttr("divisor", &divisor_));
-    int64_t threshold;
-    OP_REQUIRES_OK(context, context->GetAttr("threshold", &threshold));
-    OP_REQUIRES(context, threshold >= 0 && threshold <= 0xFFFFFFFFll,
-                absl::InvalidArgumentError(
-                    "threshold must be in [0, 2**32)"));
-    threshold_ = static_cast<uint32_t>(threshold);
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+    DropoutAttrs(context, &threshold_, &scale_);
   }
 
   // Checks the inputs; fills the sizes and `offsets_` (each example's
@@ -179,11 +164,7 @@ class Attention {
     const uint32_t threshold = threshold_;
     const float scale = scale_;
     for (int64_t j = 0; j < n; ++j) {
-      const uint32_t keep =
-          0u - static_cast<uint32_t>(Mixed(row_word ^ columns[j]) >=
-                                     threshold);
-      out[j] = __builtin_bit_cast(
-          float, __builtin_bit_cast(uint32_t, in[j] * scale) & keep);
+      out[j] = Dropped(in[j], scale, KeepMask(row_word, columns[j], threshold));
     }
   }
 

@@ -1,8 +1,8 @@
 // What the native kernels' sources share: TensorFlow's headers, the names
 // they use from it, work split over TensorFlow's CPU threads, a tensor's
 // rows and width, the checks that two inputs have one shape and that a
-// vector has a tensor's width, keyed dropout's keep test, and bfloat16's
-// conversions. In an anonymous namespace: each unit of sources
+// vector has a tensor's width, keyed dropout's keep test and attributes,
+// and bfloat16's conversions. In an anonymous namespace: each unit of sources
 // (built with its own vector flags) keeps its own copy.
 #ifndef ESTIMATOR_ACCUM_NATIVE_COMMON_H_
 #define ESTIMATOR_ACCUM_NATIVE_COMMON_H_
@@ -177,6 +177,50 @@ inline uint32_t KeepMask(uint32_t row_word, uint32_t column_word,
 inline float Dropped(float value, float scale, uint32_t keep) {
   return __builtin_bit_cast(float,
                             __builtin_bit_cast(uint32_t, value * scale) & keep);
+}
+
+// Keyed dropout's attributes: `threshold` (the keep test's bound, in
+// [0, 2**32)) and `scale`; false, with an error naming the threshold and
+// its value, where it is out of range.
+inline bool DropoutAttrs(OpKernelConstruction* context, uint32_t* threshold,
+                         float* scale) {
+  int64_t value;
+  if (!Ok(context, context->GetAttr("threshold", &value)) ||
+      !Ok(context, context->GetAttr("scale", scale))) {
+    return false;
+  }
+  if (value < 0 || value > 0xFFFFFFFFll) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        "threshold must be in [0, 2**32), got " + std::to_string(value)));
+    return false;
+  }
+  *threshold = static_cast<uint32_t>(value);
+  return true;
+}
+
+// Whether keyed dropout's `rows` words hold one for each row of `of` (the
+// argument `of_name`: its shape without the last axis) and its `columns`
+// words one for each of its `width` columns; else false, with an error
+// naming them.
+inline bool DropoutWordsFit(OpKernelContext* context, const Tensor& of,
+                            const char* of_name, const Tensor& rows,
+                            const Tensor& columns, int64_t width) {
+  if (columns.dims() != 1 || columns.dim_size(0) != width) {
+    context->CtxFailure(absl::InvalidArgumentError(
+        std::string("columns must hold one word a column of ") + of_name +
+        ", got shape " + columns.shape().DebugString()));
+    return false;
+  }
+  bool fits = rows.dims() == of.dims() - 1;
+  for (int axis = 0; fits && axis < rows.dims(); ++axis) {
+    fits = rows.dim_size(axis) == of.dim_size(axis);
+  }
+  if (fits) return true;
+  context->CtxFailure(absl::InvalidArgumentError(
+      std::string("rows must have the shape of ") + of_name +
+      " without its last axis, got " + rows.shape().DebugString() +
+      " for " + of.shape().DebugString()));
+  return false;
 }
 
 // A bfloat16 tensor's elements as their bits.

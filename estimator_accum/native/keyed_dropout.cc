@@ -25,42 +25,22 @@ class KeyedDropoutOp : public OpKernel {
  public:
   explicit KeyedDropoutOp(OpKernelConstruction* context)
       : OpKernel(context) {
-    int64_t threshold;
-    OP_REQUIRES_OK(context, context->GetAttr("threshold", &threshold));
-    OP_REQUIRES(context, threshold >= 0 && threshold <= 0xFFFFFFFFll,
-                absl::InvalidArgumentError(
-                    "threshold must be in [0, 2**32)"));
-    threshold_ = static_cast<uint32_t>(threshold);
-    OP_REQUIRES_OK(context, context->GetAttr("scale", &scale_));
+    DropoutAttrs(context, &threshold_, &scale_);
   }
 
   void Compute(OpKernelContext* context) override {
     const Tensor& inputs = context->input(0);
     const Tensor& rows = context->input(1);
     const Tensor& columns = context->input(2);
-    OP_REQUIRES(context, inputs.dims() >= 1,
-                absl::InvalidArgumentError("inputs must have rank >= 1"));
-    OP_REQUIRES(context, columns.dims() == 1,
-                absl::InvalidArgumentError("columns must be a vector"));
-    const int64_t width = inputs.dim_size(inputs.dims() - 1);
-    OP_REQUIRES(context, columns.dim_size(0) == width,
-                absl::InvalidArgumentError(
-                    "columns must hold one word a column of inputs"));
-    OP_REQUIRES(context, rows.dims() == inputs.dims() - 1,
-                absl::InvalidArgumentError(
-                    "rows must have the shape of inputs without its last "
-                    "axis"));
-    for (int axis = 0; axis < rows.dims(); ++axis) {
-      OP_REQUIRES(context, rows.dim_size(axis) == inputs.dim_size(axis),
-                  absl::InvalidArgumentError(
-                      "rows must have the shape of inputs without its last "
-                      "axis"));
+    int64_t height, width;
+    if (!RowsAndWidth(context, inputs, "inputs", &height, &width) ||
+        !DropoutWordsFit(context, inputs, "inputs", rows, columns, width)) {
+      return;
     }
     Tensor* outputs = nullptr;
     OP_REQUIRES_OK(context,
                    context->allocate_output(0, inputs.shape(), &outputs));
-    const int64_t height = rows.NumElements();
-    if (height == 0 || width == 0) return;
+    if (height == 0) return;
     const float* in = inputs.flat<float>().data();
     const uint32_t* row_words = rows.flat<uint32_t>().data();
     const uint32_t* column_words = columns.flat<uint32_t>().data();

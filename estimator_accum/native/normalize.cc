@@ -614,11 +614,9 @@ struct ResidualAttributes {
   float scale = 1.0f;
 
   bool Read(OpKernelConstruction* context) {
-    int64_t threshold_attr;
     if (!TwinsAttr(context, &twins) ||
         !Ok(context, context->GetAttr("biases", &biases)) ||
-        !Ok(context, context->GetAttr("threshold", &threshold_attr)) ||
-        !Ok(context, context->GetAttr("scale", &scale))) {
+        !DropoutAttrs(context, &threshold, &scale)) {
       return false;
     }
     if (biases != 0 && biases != 1) {
@@ -627,36 +625,9 @@ struct ResidualAttributes {
           "got " + std::to_string(biases)));
       return false;
     }
-    if (threshold_attr < 0 || threshold_attr > 0xFFFFFFFFll) {
-      context->CtxFailure(absl::InvalidArgumentError(
-          "threshold must be in [0, 2**32), got " +
-          std::to_string(threshold_attr)));
-      return false;
-    }
-    threshold = static_cast<uint32_t>(threshold_attr);
     return true;
   }
 };
-
-// Whether `rows` holds a word for each row of `of` (its shape without the
-// last axis) and `columns` one for each of its `width` columns; else
-// false, with an error naming them.
-bool DropoutWordsFit(OpKernelContext* context, const Tensor& of,
-                     const char* of_name, const Tensor& rows,
-                     const Tensor& columns, int64_t width) {
-  bool fits = rows.dims() == of.dims() - 1;
-  for (int axis = 0; fits && axis < rows.dims(); ++axis) {
-    fits = rows.dim_size(axis) == of.dim_size(axis);
-  }
-  if (!fits) {
-    context->CtxFailure(absl::InvalidArgumentError(
-        std::string("rows must have the shape of ") + of_name +
-        " without its last axis, got " + rows.shape().DebugString() +
-        " for " + of.shape().DebugString()));
-    return false;
-  }
-  return IsVectorOfWidth(context, columns, "columns", of_name, width);
-}
 
 // EaResidualLayerNorm: the layer norm of keyed dropout of (products
 // widened, plus bias) plus the residual, `sums` that sum. The ops it

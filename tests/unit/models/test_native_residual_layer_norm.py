@@ -198,7 +198,8 @@ def test_bad_shapes_and_attributes_are_errors_naming_them():
          r"rows must have the shape of products without its last axis, "
          r"got \[3\] for \[2,3\]"),
         (columns, np.ones([2], np.uint32),
-         r"columns must be a vector of the products' last dimension 3"),
+         r"columns must hold one word a column of products, got shape "
+         r"\[2\]"),
         (p, np.float32(1), r"products must have rank >= 1, got shape \[\]"),
     ]
     stats = {mean: np.ones([2, 1], np.float32),
