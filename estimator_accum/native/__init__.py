@@ -60,6 +60,7 @@ import sys
 import tensorflow as tf
 
 from estimator_accum import _files
+from estimator_accum.native import gradients
 
 # Each source with the vector extensions it is built for ("fast": the
 # CPU's widest with fused multiply-add, for integer work and single
@@ -226,91 +227,6 @@ def _build(compiler, library):
   return None
 
 
-def _attention_gradient(op, gradient, probs_gradient):
-  """EaAttention's gradient (by the loaded EaAttentionGrad): the kept
-  probabilities are the op's own (never handed out)."""
-  del probs_gradient
-  attributes = {name: op.get_attr(name)
-                for name in ("heads", "divisor", "threshold", "scale")}
-  return [*load().ea_attention_grad(*op.inputs, op.outputs[1], gradient,
-                                    **attributes), None, None, None, None]
-
-
-def _register_gradients(ops):
-  """Registers the gradients of the loaded kernels' ops (`ops`), once a
-  process (an earlier `load()`'s stay)."""
-
-  def _gradient(op, gradient):
-    # The same mask and scale on the incoming gradient.
-    return [ops.ea_keyed_dropout(
-        gradient, op.inputs[1], op.inputs[2],
-        threshold=op.get_attr("threshold"), scale=op.get_attr("scale")),
-            None, None]
-
-  def _gelu_gradient(op, gradient):
-    return ops.ea_gelu_grad(gradient, op.inputs[0])
-
-  def _bias_gelu_gradient(op, gradient, slopes_gradient):
-    # The slopes are the wrapper's own (never handed out).
-    del slopes_gradient
-    return list(ops.ea_bias_gelu_grad(gradient, op.outputs[1]))
-
-  def _bias_widen_gradient(op, gradient):
-    del op
-    return list(ops.ea_bias_widen_grad(gradient))
-
-  def _normalize_gradient(op, gradient, *statistics):
-    # The op's mean and rstd are its wrapper's own (never handed out):
-    # their gradients are the zeros TensorFlow fills in.
-    del statistics
-    return ops.ea_normalize_grad(gradient, op.inputs[0], op.outputs[1],
-                                 op.outputs[2])
-
-  def _layer_norm_gradient(op, gradient, *rest):
-    # The twin's gradient (where the op has one), then the statistics'
-    # (the op's own, never handed out: TensorFlow's zeros).
-    twins = op.get_attr("twins")
-    narrow = [tf.zeros_like(op.outputs[1]) if g is None else g
-              for g in rest[:twins]]
-    if gradient is None:
-      gradient = tf.zeros_like(op.outputs[0])
-    return list(ops.ea_layer_norm_grad(
-        gradient, narrow, op.inputs[0], op.inputs[1], op.outputs[1 + twins],
-        op.outputs[2 + twins]))
-
-  def _residual_layer_norm_gradient(op, gradient, *rest):
-    # The twin's gradient (where the op has one); the statistics' and the
-    # sums' are the op's own (never handed out: TensorFlow's zeros).
-    twins, biases = op.get_attr("twins"), op.get_attr("biases")
-    narrow = [tf.zeros_like(op.outputs[1]) if g is None else g
-              for g in rest[:twins]]
-    if gradient is None:
-      gradient = tf.zeros_like(op.outputs[0])
-    inputs = list(op.inputs)
-    gamma, rows, columns = (inputs[2 + biases], inputs[4 + biases],
-                            inputs[5 + biases])
-    residual, products, bias, gamma_gradient, beta_gradient = (
-        ops.ea_residual_layer_norm_grad(
-            gradient, narrow, op.outputs[3 + twins], gamma,
-            op.outputs[1 + twins], op.outputs[2 + twins], rows, columns,
-            T=op.get_attr("T"), biases=biases,
-            threshold=op.get_attr("threshold"), scale=op.get_attr("scale")))
-    return [products, *bias, residual, gamma_gradient, beta_gradient, None,
-            None]
-
-  for name, function in (("EaKeyedDropout", _gradient),
-                         ("EaAttention", _attention_gradient),
-                         ("EaGelu", _gelu_gradient),
-                         ("EaBiasGelu", _bias_gelu_gradient),
-                         ("EaBiasWiden", _bias_widen_gradient),
-                         ("EaNormalize", _normalize_gradient),
-                         ("EaLayerNorm", _layer_norm_gradient),
-                         ("EaResidualLayerNorm",
-                          _residual_layer_norm_gradient)):
-    with contextlib.suppress(KeyError):  # registered by an earlier load()
-      tf.RegisterGradient(name)(function)
-
-
 @functools.cache
 def load():
   """The loaded kernels (a module of op wrappers), or None with the reason
@@ -353,7 +269,7 @@ def load():
          f"function, slower); {OFF}=0 to say nothing")
     return None
 
-  _register_gradients(ops)
+  gradients.register(ops)
   return ops
 
 

@@ -376,9 +376,19 @@ class BertModel:
     tf.nn.dropout."""
     if self._keys is None or not rate:
       return _dropout(inputs, rate)
-    scope = tf.compat.v1.get_variable_scope().name
     return keyed_dropout.keyed_dropout(inputs, rate, row_keys,
-                                       seed=self._seed, site=f"{scope}/{site}")
+                                       seed=self._seed, site=self._site(site))
+
+  def _site(self, site):
+    """Keyed dropout's site: `site` in the variable scope."""
+    return f"{tf.compat.v1.get_variable_scope().name}/{site}"
+
+  def _dropout_words(self, rate, row_keys, width, site=""):
+    """(rows, columns, threshold, scale): `_dropout`'s masks at `site` for
+    `width` columns, for a native op that drops inside."""
+    rows, columns, threshold = keyed_dropout.words(
+        rate, row_keys, width, seed=self._seed, site=self._site(site))
+    return rows, columns, threshold, 1.0 / (1.0 - rate)
 
   def _fused_op(self):
     """The native attention op (`native.attention_op`) where this model's
@@ -401,10 +411,8 @@ class BertModel:
                   for name in ("key", "value"))
     rate = config.attention_probs_dropout_prob
     if rate:
-      scope = tf.compat.v1.get_variable_scope().name
-      rows, columns, threshold = keyed_dropout.words(
-          rate, query_grid, length, seed=self._seed, site=f"{scope}/probs")
-      scale = 1.0 / (1.0 - rate)
+      rows, columns, threshold, scale = self._dropout_words(
+          rate, query_grid, length, "probs")
     else:
       rows = tf.zeros([0, 0, 0], tf.uint32)
       columns, threshold, scale = tf.zeros([0], tf.uint32), 0, 1.0
@@ -524,13 +532,8 @@ class BertModel:
                                 config.initializer_range, split_bias=True,
                                 **dense)
     gamma, beta = _layer_norm_variables(config.hidden_size)
-    # `_dropout`'s masks: the same site, words and scale.
-    scope = tf.compat.v1.get_variable_scope().name
-    rows, columns, threshold = keyed_dropout.words(
-        rate, row_keys, tf.shape(product)[-1], seed=self._seed,
-        site=f"{scope}/")
     return fused(product, bias, residual, gamma, beta, config.layer_norm_eps,
-                 (rows, columns, threshold, 1.0 / (1.0 - rate)),
+                 self._dropout_words(rate, row_keys, tf.shape(product)[-1]),
                  narrow=narrow)
 
   def get_pooled_output(self):
