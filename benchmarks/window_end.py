@@ -18,10 +18,13 @@ the window's own work. In one run:
                in use before it (the BFC allocator, which holds tensors as a
                GPU does: TF_CPU_ALLOCATOR_USE_BFC=true)
 
-each with TensorFlow's ops (today's default) and with `fused_apply=True`
+each with TensorFlow's ops (`one_pass=False`), with `fused_apply=True`
 (XLA compiles the whole apply into one function, which updates the
-variables in place), and how far apart the two runs' weights are after the
-same updates.
+variables in place) and with AdamWeightDecay's one native pass a variable
+(the default on the CPU: `EaAdamWeightDecay`, in place, no compile), and
+how far apart the runs' weights are after the same updates (the one pass
+and TensorFlow's ops bit for bit, or the benchmark fails, where the
+gradients are dense).
 
 With `--sparse_embedding`, the word embeddings' gradient is a lookup's, as
 in the main job (tf.IndexedSlices: each micro-batch looks up 2,048 token
@@ -101,7 +104,8 @@ def _traced_step(session, op):
 LOOKUPS = 2048  # token ids a micro-batch looks up (--sparse_embedding)
 
 
-def _window_steps(shapes, repeats, fused, trace=False, sparse=None):
+def _window_steps(shapes, repeats, fused, one_pass, trace=False,
+                  sparse=None):
   """(accumulating step, applying step) median seconds, the applying step's
   peak bytes above those in use before it, and the weights after. The
   variable at index `sparse` (if any) gets its gradient from a lookup."""
@@ -128,8 +132,11 @@ def _window_steps(shapes, repeats, fused, trace=False, sparse=None):
       terms.append(tf.reduce_sum(variable * scale))
     loss = tf.add_n(terms)
     train_op = estimator_accum.build_accumulating_train_op(
-        loss, optimization.make_optimizer("adamw", 1e-5), 2, clip_norm=1.0,
-        fused_apply=fused)
+        loss, optimization.AdamWeightDecayOptimizer(
+            1e-5, weight_decay_rate=0.01,
+            exclude_from_weight_decay=list(
+                optimization.DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY),
+            one_pass=one_pass), 2, clip_norm=1.0, fused_apply=fused)
     with tf.compat.v1.Session() as session:
       session.run(tf.compat.v1.global_variables_initializer())
       start = session.run(variables)
@@ -183,10 +190,12 @@ def main():
       markdown=True, formats={"ms": ".1f", "x floor": ".2f",
                               "peak MB": ".0f"})
   weights = {}
-  for fused in (False, True):
-    apply_kind = "fused_apply (XLA)" if fused else "TensorFlow's ops"
-    accumulate, apply, peak, weights[fused], traced = _window_steps(
-        shapes, args.repeats, fused, args.trace, sparse)
+  kinds = {"TensorFlow's ops": (False, False),
+           "fused_apply (XLA)": (True, False),
+           "one native pass (the default)": (True, True)}
+  for apply_kind, (fused, one_pass) in kinds.items():
+    accumulate, apply, peak, weights[apply_kind], traced = _window_steps(
+        shapes, args.repeats, fused, one_pass, args.trace, sparse)
     if traced:
       print(f"an applying micro-batch, {apply_kind}, traced: " + ", ".join(
           f"{kind} {ms:.1f} ms" for kind, ms in traced.most_common(8)),
@@ -200,12 +209,24 @@ def main():
                 "peak MB": peak / 2**20})
   rows.add(part="floor (8 x 4 bytes a parameter at copy bandwidth)",
            ms=floor * 1e3, **{"x floor": 1.0, "peak MB": ""})
-  (plain, moved), (fused, _) = weights[False], weights[True]
-  worst = max(float(np.max(np.abs(a - b))) for a, b in zip(plain, fused))
-  print(f"weights after {args.repeats + 3} updates, fused against "
-        f"TensorFlow's ops: at most {worst:.1e} apart, {worst / moved:.1e} "
-        f"of the most any weight moved ({moved:.1e})")
-  return rows.exit_code()
+  plain, moved = weights.pop("TensorFlow's ops")
+  for apply_kind, (weights_of, _) in weights.items():
+    worst = max(float(np.max(np.abs(a - b)))
+                for a, b in zip(plain, weights_of))
+    print(f"weights after {args.repeats + 3} updates, {apply_kind} against "
+          f"TensorFlow's ops: at most {worst:.1e} apart, "
+          f"{worst / moved:.1e} of the most any weight moved ({moved:.1e})")
+  # The one pass computes TensorFlow's ops' values: bit for bit, or this
+  # benchmark fails. (Not with --sparse_embedding: the lookup's repeated
+  # rows are added into the table's sums in an order that varies from run
+  # to run, TensorFlow's ops against themselves too.)
+  one_pass, _ = weights["one native pass (the default)"]
+  identical = args.sparse_embedding or all(
+      np.array_equal(a, b) for a, b in zip(plain, one_pass))
+  if not identical:
+    print("FAILED: the one native pass's weights are not TensorFlow's ops' "
+          "bit for bit")
+  return rows.exit_code() or (0 if identical else 1)
 
 
 if __name__ == "__main__":

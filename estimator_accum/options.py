@@ -256,7 +256,12 @@ OPTIONS = (
            "orders some arithmetic differently). Off, said in a line, on "
            "TensorFlow 2.15 with XLA's persistent cache over the CPU "
            "(TF_XLA_FLAGS), where every XLA compile on a CPU fails. False: "
-           "TensorFlow's ops, one by one."),
+           "TensorFlow's ops, one by one. Either way, on one replica, an "
+           "optimizer that applies in one pass (its applies_in_one_pass: "
+           "models.bert's AdamWeightDecay on the CPU, one native op a "
+           "variable, TensorFlow's ops' values bit for bit) is handed the "
+           "window and its scale and nothing is compiled for the apply; "
+           "True then still zeroes the window's sums in place."),
     Option("after_update", None, _check_after_update,
            "a callable with no arguments, or None: what a big-batch recipe "
            "runs after its train op every step, such as an "

@@ -30,6 +30,12 @@ for the next product (`bias_gelu_op`), one pass each way where
 TensorFlow's ops take two to four: the forward values bit for bit, the
 gradients within float rounding.
 
+google-research/bert's AdamWeightDecay update of a variable in one pass,
+in place (`adam_weight_decay.cc`, `adam_weight_decay_op`): the window's
+gradient times its scale, the moments, the step and the three writes,
+where TensorFlow's ops take about ten passes and XLA a compile at the
+run's start; the values of TensorFlow's ops bit for bit.
+
 `load()` compiles the kernels once per TensorFlow, compiler and CPU
 (`g++`, or `$CXX`, with TensorFlow's own `tf.sysconfig` flags; the
 sources of one kind of vector flags in one unit, so TensorFlow's headers
@@ -71,6 +77,7 @@ _SOURCES = {"keyed_dropout.cc": "fast", "attention.cc": "fast",
             "gelu.cc": "tensorflow's",
             "normalize.cc": "tensorflow's",
             "accumulate.cc": "tensorflow's",
+            "adam_weight_decay.cc": "tensorflow's",
             "products.cc": "tensorflow's"}
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _HEADER = "common.h"  # what the sources share (#include "common.h")
@@ -382,6 +389,19 @@ def accumulate_op():
   None."""
   ops = load()
   return None if ops is None else ops.ea_accumulate
+
+
+def adam_weight_decay_op():
+  """A function (variable, m, v, gradient, scale, learning_rate, beta_1,
+  one_minus_beta_1, beta_2, one_minus_beta_2, epsilon, weight_decay_rate,
+  *, decay) -> the op updating the float32 resource variables `variable`,
+  `m` and `v` (their handles) in place by google-research/bert's
+  AdamWeightDecay with the gradient `gradient` times `scale` (every
+  argument from `scale` on a float32 scalar), in one pass
+  (`EaAdamWeightDecay`, adam_weight_decay.cc: the values of TensorFlow's
+  ops bit for bit); None where `load()` is None."""
+  ops = load()
+  return None if ops is None else ops.ea_adam_weight_decay
 
 
 def attention_op():

@@ -6,7 +6,10 @@ whether it is finite, the clipping scale, and hands the optimizer the
 result, one variable at a time with `sequential_apply`; with
 `fused_apply`, XLA compiles the whole apply as one function that updates
 the variables in place (or, where it cannot, each variable's update
-apart). After an applied update it runs the user's `after_update`.
+apart). On one replica, an optimizer that `applies_in_one_pass`
+(models.bert's AdamWeightDecay on the CPU: one native op a variable) is
+handed the window's gradients and their scale instead, fused_apply or
+not. After an applied update it runs the user's `after_update`.
 """
 
 import contextlib
@@ -73,13 +76,17 @@ class Finish:
   def apply(self, cross_replica, gradients, scale, moved):
     """The optimizer's update of every replica's copy, after `moved` (the
     batch_norm layers' moving statistics)."""
+    dense = sparse_apply_is_dense_apply(self._optimizer)
+    apart = compiled_apart_because(
+        cross_replica.alone, gradients, self._variables,
+        worker_device=self._plan.variables.local_device,
+        sparse_as_dense=dense)
+    if apart is None and applies_in_one_pass(self._optimizer,
+                                             self._variables):
+      return self._apply_in_one_pass(cross_replica, gradients, scale, moved,
+                                     dense)
     traced = False
     if self._settings.fused_apply:
-      dense = sparse_apply_is_dense_apply(self._optimizer)
-      apart = compiled_apart_because(
-          cross_replica.alone, gradients, self._variables,
-          worker_device=self._plan.variables.local_device,
-          sparse_as_dense=dense)
       if apart is None:
         if dense:
           gradients = [_densified(g, v)
@@ -108,6 +115,23 @@ class Finish:
       if self._settings.sequential_apply:
         apply_order.chain(replica_gates, made)
     return applied
+
+  def _apply_in_one_pass(self, cross_replica, gradients, scale, moved,
+                         dense):
+    """One replica, an optimizer that `applies_in_one_pass`: it is handed
+    the window's gradients and their scale (`gradients_scaled_by`), and
+    updates each variable in one op, fused_apply or not: the values of
+    the product and TensorFlow's ops, with no compile. A sparse gradient
+    it densifies is densified first, as for the compiled apply."""
+    if dense:
+      gradients = [_densified(g, v) for g, v in zip(gradients,
+                                                     self._variables)]
+    gradients = [cast_gradient(g, a.variable.dtype.base_dtype)
+                 for g, a in zip(gradients, self._accumulators)]
+    with tf.control_dependencies(moved), self.outer_name_scope(), (
+        self._optimizer.gradients_scaled_by(scale)):
+      return apply.apply_reduced(cross_replica, self._optimizer, gradients,
+                                 self._variables)
 
   def _apply_compiled(self, cross_replica, gradients, scale, moved):
     """fused_apply on one replica with dense gradients: the gradients'
@@ -241,6 +265,20 @@ def sparse_apply_is_dense_apply(optimizer):
   unique: each sum is one row, exactly), made before the function instead
   of inside the optimizer."""
   return getattr(optimizer, SPARSE_APPLY_IS_DENSE_APPLY, False) is True
+
+
+APPLIES_IN_ONE_PASS = "applies_in_one_pass"
+
+
+def applies_in_one_pass(optimizer, variables):
+  """Whether `optimizer` says (its method `applies_in_one_pass(variables)`
+  returning True) that it can apply the window's gradients to `variables`
+  times a scale in one op each: its `gradients_scaled_by(scale)` context
+  then open while it is handed them, unscaled (models.bert's
+  AdamWeightDecay on the CPU: a native kernel, the values of TensorFlow's
+  ops bit for bit)."""
+  says = getattr(optimizer, APPLIES_IN_ONE_PASS, None)
+  return callable(says) and says(list(variables)) is True
 
 
 def _densified(gradient, variable):

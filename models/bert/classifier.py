@@ -44,7 +44,9 @@ class TrainingConfig:
   recompute: bool = False
   # Where the window's accumulators live: "device", "host" or "sharded".
   accumulator_placement: str = "device"
-  # XLA compiles each variable's update at the window's end (fused_apply).
+  # The window's end in one pass a variable (fused_apply: XLA where
+  # AdamWeightDecay's native op does not apply, and the sums zeroed in
+  # place).
   fused_apply: bool = False
   # The layers' dense parts compute real tokens only (BertModel unpadded).
   unpadded: bool = False

@@ -152,9 +152,10 @@ def planning_step(flags, setup, training, train_file, arranged=False):
   only --do_train measures). `arranged`: on batches as the run trains on
   them instead (each cut to its longest example, its window sorted or
   packed by the flags): what --micro_batch_size fastest times, with the
-  window's end as TensorFlow's ops (--fused_apply's XLA compile took 3.7 s
-  of each split's ~10 s; one apply a window, the same for every split, so
-  it does not change which split is fastest)."""
+  window's end not compiled (--fused_apply's XLA compile took 3.7 s of
+  each split's ~10 s; one apply a window, the same for every split, so it
+  does not change which split is fastest; adamw's update is its native
+  op's either way)."""
 
   def build(micro_batch, k, recompute=False,
             accumulator_placement="device"):

@@ -9,6 +9,13 @@ subclasses built from the standard slot machinery, so they work inside
 named like Google's (`<var>/adam_m`, `<var>/adam_v`), and sparse gradients are
 applied densely, as Google's code does, so every row's moments decay.
 
+On the CPU, AdamWeightDecay applies the window's gradient to each variable
+in one native pass (`applies_in_one_pass`, `gradients_scaled_by`: the
+window's end hands it the gradient and its scale, and the one op
+`EaAdamWeightDecay` does the product, the moments, the step and the
+writes in place), the values of TensorFlow's ops bit for bit, with no
+compile.
+
 `learning_rate_schedule` is Google's warmup-then-linear-decay, driven by the
 number of optimizer updates (not micro-batches): with accumulation that is
 `estimator_accum.update_count(k)`.
@@ -20,11 +27,13 @@ so a script written for Google's code gains accumulation with one argument
 steps, micro-batches here, as that script also passes them as `max_steps`.
 """
 
+import contextlib
 import re
 
 import tensorflow as tf
 
 import estimator_accum
+from estimator_accum import native
 
 DEFAULT_EXCLUDE_FROM_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "bias")
 OPTIMIZERS = ("adamw", "lamb")
@@ -209,9 +218,54 @@ class AdamWeightDecayOptimizer(_BertAdamBase):
 
   def __init__(self, learning_rate, weight_decay_rate=0.0, beta_1=0.9,
                beta_2=0.999, epsilon=1e-6, exclude_from_weight_decay=None,
-               name="AdamWeightDecayOptimizer"):
+               name="AdamWeightDecayOptimizer", one_pass=True):
     super().__init__(learning_rate, weight_decay_rate, beta_1, beta_2,
                      epsilon, exclude_from_weight_decay, name)
+    if not isinstance(one_pass, bool):
+      raise ValueError(f"one_pass={one_pass!r}: must be True (the native "
+                       f"one-pass update where it loads) or False "
+                       f"(TensorFlow's ops)")
+    self.one_pass = one_pass
+    self._one_pass_scale = None
+
+  def applies_in_one_pass(self, variables):
+    """Whether `gradients_scaled_by` applies to every one of `variables`:
+    each a float32 resource variable on the CPU (no device set counts:
+    the native kernels load only where no GPU is), the native kernels
+    loaded. estimator_accum's window end asks this first."""
+    if not self.one_pass or native.adam_weight_decay_op() is None:
+      return False
+    return all(isinstance(v, tf.Variable) and hasattr(v, "handle") and
+               v.dtype.base_dtype == tf.float32 and
+               "GPU" not in (v.device or "").upper() for v in variables)
+
+  @contextlib.contextmanager
+  def gradients_scaled_by(self, scale):
+    """While open, the gradients handed to `apply_gradients` are applied
+    times `scale` (a float32 scalar tensor, or None for 1), each variable
+    in one op (`EaAdamWeightDecay`): the product `gradient * scale`, the
+    moments and the step as TensorFlow's ops compute them, bit for bit,
+    and no tensor of the model's size made. For the variables
+    `applies_in_one_pass` accepts."""
+    self._one_pass_scale = (tf.constant(1.0, tf.float32) if scale is None
+                            else tf.convert_to_tensor(scale, tf.float32))
+    try:
+      yield
+    finally:
+      self._one_pass_scale = None
+
+  def _resource_apply_dense(self, grad, var):
+    scale = self._one_pass_scale
+    if scale is None:
+      return super()._resource_apply_dense(grad, var)
+    constant = self._constants
+    return native.adam_weight_decay_op()(
+        var.handle, self.get_slot(var, "m").handle,
+        self.get_slot(var, "v").handle, tf.cast(grad, tf.float32), scale,
+        self._lr_t, constant["beta_1"], constant["one_minus_beta_1"],
+        constant["beta_2"], constant["one_minus_beta_2"],
+        constant["epsilon"], constant["weight_decay_rate"],
+        decay=self._do_use_weight_decay(var))
 
   def _update(self, var, next_m, next_v):
     update = next_m / (tf.sqrt(next_v) + self._constant("epsilon", next_v))

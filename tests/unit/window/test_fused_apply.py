@@ -26,9 +26,20 @@ from tests.helpers import session_threads, tanh_stack
 # XLA's marks and the window end's peak, on the graph Grappler makes.
 pytestmark = pytest.mark.grappler
 
+
+
+def _bert_optimizer(name, learning_rate):
+  """BERT's `name` optimizer through TensorFlow's ops (XLA's case here):
+  AdamWeightDecay's one native pass, which takes the apply on the CPU
+  without XLA, is test_one_pass_apply.py's."""
+  optimizer = optimization.make_optimizer(name, learning_rate)
+  if name == "adamw":
+    optimizer.one_pass = False
+  return optimizer
+
+
 OPTIMIZERS = {
-    "google_adam_weight_decay": lambda: optimization.make_optimizer(
-        "adamw", 0.05),
+    "google_adam_weight_decay": lambda: _bert_optimizer("adamw", 0.05),
     "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.1),
     "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
     "keras_legacy_adam": lambda: tf.keras.optimizers.legacy.Adam(0.1),
@@ -56,7 +67,7 @@ MORE_OPTIMIZERS = {
     "keras_legacy_nadam": lambda: tf.keras.optimizers.legacy.Nadam(0.1),
     "keras_legacy_adamax": lambda: tf.keras.optimizers.legacy.Adamax(0.1),
     "keras_legacy_ftrl": lambda: tf.keras.optimizers.legacy.Ftrl(0.1),
-    "bert_lamb": lambda: optimization.make_optimizer("lamb", 0.05),
+    "bert_lamb": lambda: _bert_optimizer("lamb", 0.05),
     # As users have it from google-research/bert: slots by get_variable.
     "google_style_adam_weight_decay": lambda: GoogleStyleAdamWeightDecay(
         0.05, weight_decay_rate=0.01, exclude_from_weight_decay=["bias"]),
@@ -319,7 +330,7 @@ def test_a_sparse_gradient_that_bert_optimizers_densify_compiles_whole(
   graph = tf.Graph()
   with caplog.at_level("INFO", logger="absl"):
     fused = _sparse_weights(
-        True, lambda: optimization.make_optimizer(name, 0.05), graph)
+        True, lambda: _bert_optimizer(name, 0.05), graph)
   assert not [r.getMessage() for r in caplog.records
               if "compiled apart" in r.getMessage()]
   compiled = [f for f in _compiled_functions(graph)
@@ -328,8 +339,7 @@ def test_a_sparse_gradient_that_bert_optimizers_densify_compiles_whole(
   types = collections.Counter(n.op for n in compiled[0].node_def)
   assert types["AssignVariableOp"] == 3 * 2, types  # table and kernel
   assert _scopes(graph) == {}
-  plain = _sparse_weights(False, lambda: optimization.make_optimizer(name,
-                                                                     0.05))
+  plain = _sparse_weights(False, lambda: _bert_optimizer(name, 0.05))
   start = np.random.RandomState(0).randn(20, 4)
   assert not np.allclose(plain["table"][[1, 2, 5, 7]], start[[1, 2, 5, 7]])
   assert not np.allclose(plain["table"][0], start[0])  # decayed, untouched
@@ -354,7 +364,7 @@ def _two_device_weights(fused_apply):
     loss = tf.reduce_sum(tf.square(tf.tanh(
         tf.matmul(tf.matmul(x, kernels[0]), kernels[1]))))
     op = estimator_accum.build_accumulating_train_op(
-        loss, optimization.make_optimizer("adamw", 0.05), 2, clip_norm=1.0,
+        loss, _bert_optimizer("adamw", 0.05), 2, clip_norm=1.0,
         log_every_n_micro_batches=None, fused_apply=fused_apply)
     config = tf.compat.v1.ConfigProto(device_count={"CPU": 2})
     with tf.compat.v1.Session(config=config) as session:
