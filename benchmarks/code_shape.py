@@ -32,7 +32,7 @@ from harness import bench, code_facts  # noqa: E402
 
 # The window's parts: the classes that make one window's graph.
 WINDOW_PARTS = ("Window", "Accumulation", "Communication", "Finish",
-                "Bookkeeping")
+                "OptimizerApply", "Bookkeeping")
 LIBRARY = ("estimator_accum", "tfconfig")
 
 

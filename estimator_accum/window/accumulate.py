@@ -11,7 +11,12 @@ import tensorflow as tf
 
 from estimator_accum.checkpoints.state_variables import variable_base_name
 from estimator_accum.distribution import replicas
-from estimator_accum.window import communication, finish, reductions, sharded
+from estimator_accum.window import (
+  communication,
+  optimizer_apply,
+  reductions,
+  sharded,
+)
 from estimator_accum.window.accumulators import Accumulator
 from estimator_accum.window.batch_norm import claim_window_statistics
 from estimator_accum.window.compact import CompactSparseAccumulator
@@ -169,8 +174,8 @@ class Accumulation:
 
   def _zeroed_in_place(self):
     """(op, the accumulators it does not zero). With fused_apply, where a
-    compiled function can write the dense sums (`finish.compiled_apart_
-    because`: one replica of no strategy, its own task's device, resource
+    compiled function can write the dense sums
+    (`optimizer_apply.compiled_apart_because`: one replica of no strategy, its own task's device, resource
     variables), they are zeroed by one XLA-compiled function, which writes
     each in place: no buffer of zeros the size of an accumulator (what
     `assign(fill)` makes, one per accumulator, at the window's end, beside
@@ -178,7 +183,7 @@ class Accumulation:
     dense = [a for a in self.accumulators if a.kind == "dense"]
     totals = [a.total for a in dense]
     if (not self._plan.settings.fused_apply or not totals or
-        finish.compiled_apart_because(
+        optimizer_apply.compiled_apart_because(
             replicas.alone(self._plan.replicas), (), totals,
             worker_device=self._plan.variables.local_device) is not None):
       return None, self.accumulators
